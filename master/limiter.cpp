@@ -1,0 +1,136 @@
+// In-memory limiter state: hash map per domain + one intrusive LRU list.
+#include "master/limiter.hpp"
+
+#include <algorithm>
+
+namespace smockron::master {
+
+struct limiter::entry {
+  rules::state st;
+  std::size_t domain = 0;
+  const std::string* key = nullptr;  // points into the owning map node (stable)
+  std::int64_t touched_us = 0;
+  entry* prev = nullptr;
+  entry* next = nullptr;
+};
+
+namespace {
+std::int64_t horizon_of(const std::vector<rules::limits>& domains) {
+  std::int64_t h = 0;
+  for (const auto& l : domains) h = std::max(h, l.max_window_us() + l.max_future_us);
+  return h;
+}
+}  // namespace
+
+limiter::limiter(std::vector<rules::limits> domains, std::size_t max_identifiers)
+    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)),
+      horizon_us_(horizon_of(limits_)) {}
+
+limiter::~limiter() {
+  for (entry* e = head_; e;) {
+    entry* n = e->next;
+    delete e;
+    e = n;
+  }
+}
+
+void limiter::unlink(entry* e) {
+  (e->prev ? e->prev->next : head_) = e->next;
+  (e->next ? e->next->prev : tail_) = e->prev;
+  e->prev = e->next = nullptr;
+}
+
+void limiter::push_front(entry* e) {
+  e->prev = nullptr;
+  e->next = head_;
+  if (head_) head_->prev = e;
+  head_ = e;
+  if (!tail_) tail_ = e;
+}
+
+void limiter::erase(entry* e) {
+  unlink(e);
+  maps_[e->domain].erase(maps_[e->domain].find(*e->key));
+  delete e;
+  --size_;
+}
+
+rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
+  map& m = maps_[domain];
+  auto it = m.find(identifier);
+  entry* en;
+  if (it == m.end()) {
+    if (e.kind == rules::event_kind::rejected) return {};  // nothing to record, nothing known
+    if (size_ >= max_identifiers_) {
+      ++evictions_;
+      erase(tail_);
+    }
+    en = new entry;
+    auto [pos, inserted] = m.emplace(std::string(identifier), en);
+    (void)inserted;
+    en->domain = domain;
+    en->key = &pos->first;
+    ++size_;
+    push_front(en);
+  } else {
+    en = it->second;
+    if (en != head_) {
+      unlink(en);
+      push_front(en);
+    }
+  }
+  en->touched_us = now_us;
+  return rules::apply(limits_[domain], en->st, e, now_us);
+}
+
+std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
+  std::size_t removed = 0;
+  entry* e = tail_;
+  while (e && budget-- > 0) {
+    entry* prev = e->prev;
+    if (rules::expired(limits_[e->domain], e->st, now_us)) {
+      erase(e);
+      ++removed;
+    } else if (e->touched_us >= now_us - horizon_us_) {
+      break;  // everything closer to the head was touched even more recently
+    }
+    e = prev;
+  }
+  expirations_ += removed;
+  return removed;
+}
+
+void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<std::optional<std::size_t>>& old_index) {
+  std::vector<map> maps(domains.size());
+  std::vector<bool> kept(maps_.size(), false);
+  for (std::size_t i = 0; i < domains.size(); ++i) {
+    if (!old_index[i]) continue;
+    const std::size_t old = *old_index[i];
+    kept[old] = true;
+    // A changed algorithm or rule count makes old state meaningless.
+    const bool compatible = limits_[old].algo == domains[i].algo && limits_[old].rules.size() == domains[i].rules.size();
+    maps[i] = std::move(maps_[old]);
+    for (auto& [key, en] : maps[i]) {
+      en->domain = i;
+      if (!compatible) en->st.times.clear();
+    }
+  }
+  for (std::size_t old = 0; old < maps_.size(); ++old) {
+    if (kept[old]) continue;
+    for (auto& [key, en] : maps_[old]) {
+      unlink(en);
+      delete en;
+      --size_;
+    }
+  }
+  maps_ = std::move(maps);
+  limits_ = std::move(domains);
+  horizon_us_ = horizon_of(limits_);
+}
+
+const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {
+  auto it = maps_[domain].find(identifier);
+  return it == maps_[domain].end() ? nullptr : &it->second->st;
+}
+
+}  // namespace smockron::master

@@ -1,0 +1,61 @@
+// The master's in-memory store: rule state per (domain, identifier), with a
+// hard cap on tracked identifiers (least recently used evicted) and bounded
+// sweeps of expired state. One atomic operation: apply(). Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "smockron/rules.hpp"
+#include "smockron/string_hash.hpp"
+
+namespace smockron::master {
+
+class limiter {
+public:
+  limiter(std::vector<rules::limits> domains, std::size_t max_identifiers);
+  limiter(const limiter&) = delete;
+  limiter& operator=(const limiter&) = delete;
+  ~limiter();
+
+  /// Records `e` for (domain, identifier) and returns the decision.
+  rules::decision apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us);
+
+  /// Removes expired state, examining at most `budget` of the least recently
+  /// used entries. Returns how many were removed.
+  std::size_t sweep(std::int64_t now_us, std::size_t budget);
+
+  /// Replaces the domains. `old_index[i]` is the index new domain i had before
+  /// (its state is kept) or nullopt (it starts empty). Dropped domains lose their state.
+  void reconfigure(std::vector<rules::limits> domains, const std::vector<std::optional<std::size_t>>& old_index);
+
+  std::size_t tracked() const { return size_; }
+  std::size_t tracked(std::size_t domain) const { return maps_[domain].size(); }
+  std::uint64_t evictions() const { return evictions_; }
+  std::uint64_t expirations() const { return expirations_; }
+  const rules::state* find(std::size_t domain, std::string_view identifier) const;
+
+private:
+  struct entry;
+  using map = string_map<entry*>;
+
+  void unlink(entry* e);
+  void push_front(entry* e);
+  void erase(entry* e);
+
+  std::vector<rules::limits> limits_;
+  std::vector<map> maps_;
+  std::size_t max_identifiers_;
+  std::size_t size_ = 0;
+  std::int64_t horizon_us_ = 0;  ///< longest time any state can matter (window + clock skew)
+  entry* head_ = nullptr;        ///< most recently used
+  entry* tail_ = nullptr;        ///< least recently used
+  std::uint64_t evictions_ = 0;
+  std::uint64_t expirations_ = 0;
+};
+
+}  // namespace smockron::master

@@ -1,0 +1,87 @@
+// smockron-master: receives accounting messages from gatekeepers, applies the
+// rules and publishes DELAY_UNTIL. Admin endpoint and signals run on a second
+// thread; the accounting loop owns the main thread.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "master/service.hpp"
+#include "smockron/admin_server.hpp"
+#include "smockron/daemon.hpp"
+#include "smockron/version.hpp"
+
+namespace asio = boost::asio;
+using namespace smockron;
+
+int main(int argc, char** argv) {
+  int exit_code = 0;
+  auto start = daemon::prepare(argc, argv, "smockron-master", {}, "", [](const config::config& c) { return c.master.has_value(); },
+                               "master", exit_code);
+  if (!start) return exit_code;
+  const config::master_config& cfg = *start->cfg.master;
+  auto log = log::get("master");
+
+  zmq::context_t zmq_ctx(1);
+  metrics::registry registry;
+  std::unique_ptr<master::service> svc;
+  try {
+    svc = std::make_unique<master::service>(cfg, zmq_ctx, system_clock::instance(), registry);
+  } catch (const zmq::error_t& e) {
+    log->critical("cannot bind accounting {} / control {}: {}", cfg.accounting, cfg.control, e.what());
+    return 1;
+  }
+
+  std::atomic<bool> stop{false};
+  asio::io_context ioc(1);
+  std::unique_ptr<admin_server> admin;
+  try {
+    admin = std::make_unique<admin_server>(ioc, cfg.admin, [&](std::string_view path) -> admin_server::response {
+      if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
+      if (path == "/livez") {
+        return svc->alive(std::chrono::seconds(5)) ? admin_server::response{200, "text/plain", "ok\n"}
+                                                   : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
+      }
+      if (path == "/readyz") return {200, "text/plain", "ready\n"};
+      if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
+      return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+    });
+  } catch (const std::exception& e) {
+    log->critical("cannot bind admin endpoint {}: {}", cfg.admin.to_string(), e.what());
+    return 1;
+  }
+
+  asio::signal_set signals(ioc, SIGINT, SIGTERM, SIGHUP);
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        log->info("SIGHUP: reloading configuration");
+        svc->request_reload([&]() -> std::optional<config::master_config> {
+          auto next = daemon::reload(start->options, "master");
+          if (next && next->master) return std::move(*next->master);
+          if (next) log->error("reload rejected: no [master] table");
+          return std::nullopt;
+        });
+        wait_signal();
+        return;
+      }
+      log->info("signal {}: shutting down", sig);
+      stop = true;
+    });
+  };
+  wait_signal();
+  std::thread admin_thread([&] { ioc.run(); });
+
+  log->info("smockron-master {} accounting={} control={} admin={} domains={}", version_string, cfg.accounting,
+            cfg.control, cfg.admin.to_string(), cfg.domains.size());
+  svc->run(stop);
+
+  admin->stop();
+  ioc.stop();
+  admin_thread.join();
+  log->info("stopped");
+  return 0;
+}

@@ -1,0 +1,278 @@
+// The master's accounting loop (see service.hpp).
+#include "master/service.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace smockron::master {
+namespace {
+
+std::vector<rules::limits> compile(const config::master_config& cfg) {
+  std::vector<rules::limits> out;
+  for (const auto& d : cfg.domains) out.push_back(d.compile(cfg.max_clock_skew));
+  return out;
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::int64_t ceil_ms(std::int64_t us) { return (us + 999) / 1000; }
+
+}  // namespace
+
+service::service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg)
+    : cfg_(cfg),
+      clock_(clk),
+      metrics_(reg),
+      accounting_(ctx, zmq::socket_type::sub),
+      control_(ctx, zmq::socket_type::pub),
+      limiter_(compile(cfg), cfg.max_identifiers),
+      unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
+                                      "Accounting messages for a domain this master does not own")),
+      control_sent_(reg.add_counter("smockron_master_control_messages_total", "DELAY_UNTIL messages published")),
+      control_dropped_(reg.add_counter("smockron_master_control_dropped_total",
+                                       "DELAY_UNTIL messages dropped because the send queue was full")),
+      evictions_(reg.add_counter("smockron_master_evictions_total",
+                                 "Tracked identifiers evicted (least recently used) at max_identifiers")),
+      expirations_(reg.add_counter("smockron_master_expirations_total", "Tracked identifiers expired by the sweep")),
+      reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
+      reload_failures_(reg.add_counter("smockron_master_reload_failures_total",
+                                       "Reloads rejected because the new configuration was invalid")),
+      latency_(reg.add_histogram("smockron_master_processing_seconds",
+                                 "Time to process one accounting message (decode, rules, publish)",
+                                 metrics::exponential_buckets(1e-6, 2, 18))),
+      log_(log::get("master")) {
+  for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
+    decode_errors_[i] = &reg.add_counter(
+        "smockron_master_decode_errors_total", "Malformed accounting messages by reason",
+        metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
+  }
+  reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
+                   [this] { return static_cast<double>(limiter_.tracked()); });
+  accounting_.set(zmq::sockopt::rcvhwm, static_cast<int>(cfg.accounting_hwm));
+  accounting_.set(zmq::sockopt::rcvbuf, 4 * 1024 * 1024);
+  control_.set(zmq::sockopt::sndhwm, static_cast<int>(cfg.control_hwm));
+  control_.set(zmq::sockopt::linger, 0);
+  accounting_.set(zmq::sockopt::linger, 0);
+  accounting_.bind(cfg.accounting);
+  control_.bind(cfg.control);
+  install_domains(cfg);
+  heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
+}
+
+void service::install_domains(const config::master_config& cfg) {
+  // Subscribe to exactly the owned domains: topic = name + "\0" makes the
+  // ZeroMQ prefix match exact, so masters can split domains between them.
+  for (const auto& d : domains_) {
+    if (!cfg.find_domain(d.name)) accounting_.set(zmq::sockopt::unsubscribe, d.name + std::string(1, '\0'));
+  }
+  std::vector<domain_slot> slots;
+  domain_index_.clear();
+  for (const auto& d : cfg.domains) {
+    domain_slot s;
+    s.name = d.name;
+    s.limits = d.compile(cfg.max_clock_skew);
+    for (auto st : {wire::status::accepted, wire::status::delayed, wire::status::rejected}) {
+      s.messages[static_cast<int>(st)] = &metrics_.add_counter(
+          "smockron_master_accounting_messages_total", "Accounting messages processed by domain and status",
+          metrics::labels({{"domain", d.name}, {"status", wire::to_string(st)}}));
+    }
+    s.tracked = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers",
+                                    "Tracked identifiers per domain", metrics::labels({{"domain", d.name}}));
+    const bool existed = std::any_of(domains_.begin(), domains_.end(), [&](const auto& o) { return o.name == d.name; });
+    if (!existed) accounting_.set(zmq::sockopt::subscribe, d.name + std::string(1, '\0'));
+    domain_index_.emplace(d.name, slots.size());
+    slots.push_back(std::move(s));
+  }
+  domains_ = std::move(slots);
+}
+
+void service::reconfigure(const config::master_config& next) {
+  std::vector<std::optional<std::size_t>> old_index;
+  for (const auto& d : next.domains) {
+    auto it = domain_index_.find(d.name);
+    old_index.push_back(it == domain_index_.end() ? std::nullopt : std::optional<std::size_t>(it->second));
+  }
+  for (const auto& d : domains_) {
+    if (!next.find_domain(d.name)) d.tracked->set(0);
+  }
+  limiter_.reconfigure(compile(next), old_index);
+  install_domains(next);
+  {
+    std::lock_guard lock(status_mutex_);
+    const auto endpoints = std::tie(cfg_.accounting, cfg_.control, cfg_.admin);
+    if (endpoints != std::tie(next.accounting, next.control, next.admin)) {
+      log_->warn("reload: endpoint changes take effect only after a restart");
+    }
+    const auto keep_accounting = cfg_.accounting, keep_control = cfg_.control;
+    const auto keep_admin = cfg_.admin;
+    cfg_ = next;
+    cfg_.accounting = keep_accounting;
+    cfg_.control = keep_control;
+    cfg_.admin = keep_admin;
+  }
+  reloads_.inc();
+  log_->info("configuration reloaded: {} domain(s)", domains_.size());
+}
+
+void service::request_reload(std::function<std::optional<config::master_config>()> loader) {
+  {
+    std::lock_guard lock(status_mutex_);
+    reload_loader_ = std::move(loader);
+  }
+  reload_requested_ = true;
+}
+
+void service::log_bad(std::string_view what, std::string_view detail) {
+  std::uint64_t suppressed = 0;
+  if (bad_input_log_.allow(clock_.steady_now(), suppressed)) {
+    if (suppressed > 0) log_->warn("{}: {} ({} similar messages suppressed)", what, detail, suppressed);
+    else log_->warn("{}: {}", what, detail);
+  }
+}
+
+void service::handle(std::span<const std::string_view> frames, bool truncated) {
+  const auto started = clock_.steady_now();
+  auto msg = truncated ? wire::result<wire::accounting>(wire::decode_error::frame_count)
+                       : wire::decode_accounting(frames);
+  if (!msg) {
+    decode_errors_[static_cast<int>(msg.error())]->inc();
+    log_bad("malformed accounting message", wire::to_string(msg.error()));
+    return;
+  }
+  const auto it = domain_index_.find(msg->domain);
+  if (it == domain_index_.end()) {
+    unknown_domain_.inc();
+    log_bad("accounting message for unknown domain", msg->domain);
+    return;
+  }
+  domain_slot& d = domains_[it->second];
+  d.messages[static_cast<int>(msg->state)]->inc();
+  const std::int64_t now_us = clock_.wall_us();
+  rules::event e;
+  switch (msg->state) {
+    case wire::status::accepted: e = {rules::event_kind::accepted, msg->received_ms * 1000}; break;
+    case wire::status::delayed: e = {rules::event_kind::delayed, msg->delayed_ms * 1000}; break;
+    case wire::status::rejected: e = {rules::event_kind::rejected, msg->received_ms * 1000}; break;
+  }
+  const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
+  if (dec.throttled && dec.next_us > now_us) publish(d, msg->identifier, dec);
+  d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
+  latency_.observe(std::chrono::duration<double>(clock_.steady_now() - started).count());
+}
+
+void service::publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec) {
+  wire::delay_until m;
+  m.domain = d.name;
+  m.identifier = identifier;
+  m.next_ms = ceil_ms(dec.next_us);
+  m.interval_ms = std::max<std::int64_t>(1, (dec.interval_us + 500) / 1000);
+  auto enc = wire::encode(m, scratch_);
+  if (enc && zmq_util::send(control_, enc->view())) control_sent_.inc();
+  else control_dropped_.inc();
+}
+
+void service::sweep(std::int64_t now_us) {
+  const std::size_t removed = limiter_.sweep(now_us, 10'000);
+  expirations_.inc(removed);
+  evictions_.inc(limiter_.evictions() - reported_evictions_);
+  reported_evictions_ = limiter_.evictions();
+  for (std::size_t i = 0; i < domains_.size(); ++i) domains_[i].tracked->set(static_cast<double>(limiter_.tracked(i)));
+}
+
+std::size_t service::poll_once(std::chrono::milliseconds timeout) {
+  std::size_t n = 0;
+  // Drain what is ready; only block in poll when the queue is empty.
+  while (n < 65536 && zmq_util::recv(accounting_, in_, zmq::recv_flags::dontwait)) {
+    handle(in_.frames(), in_.truncated);
+    ++n;
+  }
+  if (n == 0) {
+    zmq::pollitem_t item{accounting_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) > 0) {
+      while (n < 65536 && zmq_util::recv(accounting_, in_, zmq::recv_flags::dontwait)) {
+        handle(in_.frames(), in_.truncated);
+        ++n;
+      }
+    }
+  }
+  const auto now = clock_.steady_now();
+  heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  if (now >= next_sweep_) {
+    sweep(clock_.wall_us());
+    next_sweep_ = now + cfg_.sweep_interval;
+  }
+  if (reload_requested_.exchange(false)) {
+    std::function<std::optional<config::master_config>()> loader;
+    {
+      std::lock_guard lock(status_mutex_);
+      loader = reload_loader_;
+    }
+    if (auto next = loader ? loader() : std::nullopt) reconfigure(*next);
+    else reload_failures_.inc();
+  }
+  return n;
+}
+
+void service::run(const std::atomic<bool>& stop) {
+  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.sweep_interval);
+  while (!stop.load(std::memory_order_relaxed)) {
+    try {
+      poll_once(std::max(tick, std::chrono::milliseconds(1)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      if (e.num() == ETERM) return;
+      log_->error("accounting loop: {}", e.what());
+    }
+  }
+}
+
+bool service::alive(std::chrono::steady_clock::duration max_stall) const {
+  const auto beat = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
+  return clock_.steady_now() - beat < max_stall;
+}
+
+std::string service::status_json() const {
+  std::lock_guard lock(status_mutex_);
+  std::string out = "{\"store\":\"";
+  out += cfg_.store == config::store_kind::memory ? "memory" : "redis";
+  out += "\",\"max_identifiers\":" + std::to_string(cfg_.max_identifiers);
+  out += ",\"domains\":[";
+  bool first = true;
+  for (const auto& d : cfg_.domains) {
+    if (!first) out += ",";
+    first = false;
+    out += "{\"name\":\"" + json_escape(d.name) + "\",\"algorithm\":\"";
+    out += d.algorithm == rules::algorithm::gcra ? "gcra" : "sliding-log";
+    out += "\",\"rules\":[";
+    for (std::size_t i = 0; i < d.rules.size(); ++i) {
+      if (i) out += ",";
+      out += "{\"rate\":\"" + format_rate(d.rules[i].r) + "\",\"burst\":" + std::to_string(d.rules[i].burst) + "}";
+    }
+    const auto* g = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
+                                        metrics::labels({{"domain", d.name}}));
+    out += "],\"tracked_identifiers\":" + std::to_string(static_cast<std::uint64_t>(g->value())) + "}";
+  }
+  out += "]}";
+  return out;
+}
+
+}  // namespace smockron::master

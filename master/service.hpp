@@ -1,0 +1,102 @@
+// smockron-master's accounting loop: receives accounting messages on the SUB
+// socket (subscribed to the configured domains only), applies the rules via
+// the limiter, publishes DELAY_UNTIL on the PUB socket, and keeps metrics.
+// All ZeroMQ sockets and the limiter live on the thread that calls run().
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "master/limiter.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/config.hpp"
+#include "smockron/log.hpp"
+#include "smockron/metrics.hpp"
+#include "smockron/string_hash.hpp"
+#include "smockron/wire.hpp"
+#include "smockron/zmq_util.hpp"
+
+namespace smockron::master {
+
+class service {
+public:
+  /// Binds both sockets; throws zmq::error_t if an endpoint cannot be bound (start-up only).
+  service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
+
+  /// Runs until `stop` becomes true (checked at least every sweep interval).
+  void run(const std::atomic<bool>& stop);
+
+  /// Waits up to `timeout` for messages and processes what is ready; returns the count processed.
+  std::size_t poll_once(std::chrono::milliseconds timeout);
+
+  /// Processes one accounting message given as frames.
+  void handle(std::span<const std::string_view> frames, bool truncated = false);
+
+  /// Asks the loop to reload; `loader` runs on the loop thread and returns
+  /// the new config, or nothing to keep the current one.
+  void request_reload(std::function<std::optional<config::master_config>()> loader);
+
+  /// Applies a new configuration (domains, rules, limits); endpoints need a restart.
+  void reconfigure(const config::master_config& next);
+
+  /// JSON for /status (thread-safe).
+  std::string status_json() const;
+  /// True while the loop has run recently (for /livez; thread-safe).
+  bool alive(std::chrono::steady_clock::duration max_stall) const;
+
+  const limiter& state() const { return limiter_; }
+
+private:
+  struct domain_slot {
+    std::string name;
+    rules::limits limits;
+    metrics::counter* messages[3] = {};  // by wire::status
+    metrics::gauge* tracked = nullptr;
+  };
+  void install_domains(const config::master_config& cfg);
+  void publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec);
+  void sweep(std::int64_t now_us);
+  void log_bad(std::string_view what, std::string_view detail);
+
+  config::master_config cfg_;
+  const clock& clock_;
+  metrics::registry& metrics_;
+  zmq::socket_t accounting_;
+  zmq::socket_t control_;
+  limiter limiter_;
+  std::vector<domain_slot> domains_;
+  string_map<std::size_t> domain_index_;
+  zmq_util::multipart in_;
+  wire::scratch scratch_;
+  std::chrono::steady_clock::time_point next_sweep_{};
+
+  metrics::counter* decode_errors_[wire::decode_error_count] = {};
+  metrics::counter& unknown_domain_;
+  metrics::counter& control_sent_;
+  metrics::counter& control_dropped_;
+  metrics::counter& evictions_;
+  metrics::counter& expirations_;
+  metrics::counter& reloads_;
+  metrics::counter& reload_failures_;
+  metrics::histogram& latency_;
+  std::uint64_t reported_evictions_ = 0;
+
+  std::shared_ptr<spdlog::logger> log_;
+  log::rate_limiter bad_input_log_;
+
+  std::atomic<bool> reload_requested_{false};
+  std::function<std::optional<config::master_config>()> reload_loader_;
+  mutable std::mutex status_mutex_;  // guards cfg_ reads from the admin thread and reload_loader_
+  std::atomic<std::int64_t> heartbeat_ns_{0};
+};
+
+}  // namespace smockron::master

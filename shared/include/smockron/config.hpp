@@ -1,0 +1,142 @@
+// Configuration of both daemons: one TOML schema (DESIGN.md "Interface
+// contract"), parsed once into immutable structs and validated whole. Every
+// error carries file:line:column and the key path; unknown keys are errors.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "smockron/net.hpp"
+#include "smockron/rules.hpp"
+#include "smockron/units.hpp"
+
+namespace smockron::config {
+
+using std::chrono::microseconds;
+
+/// One configuration problem, located in the source.
+struct error {
+  std::string file;
+  std::uint32_t line = 0;  ///< 0 when the problem has no single location
+  std::uint32_t column = 0;
+  std::string key;  ///< dotted key path, e.g. "master.domains.api.rules[0].rate"
+  std::string message;
+};
+/// "file:line:col: key: message".
+std::string format(const error& e);
+
+struct rule_config {
+  rate r;
+  std::int64_t burst = 1;
+};
+
+struct domain_config {
+  std::string name;
+  rules::algorithm algorithm = rules::algorithm::sliding_log;
+  std::vector<rule_config> rules;
+
+  /// The engine's form of these rules.
+  rules::limits compile(microseconds max_clock_skew) const;
+};
+
+enum class store_kind : std::uint8_t { memory, redis };
+
+struct master_config {
+  std::string accounting = "tcp://127.0.0.1:10004";  ///< SUB bind
+  std::string control = "tcp://127.0.0.1:10005";     ///< PUB bind
+  host_port admin{"127.0.0.1", 9105};
+  store_kind store = store_kind::memory;
+  std::string redis = "redis://127.0.0.1:6379/0";
+  std::uint64_t max_identifiers = 1'000'000;
+  microseconds max_clock_skew = std::chrono::seconds(60);
+  std::int64_t accounting_hwm = 1'000'000;  ///< ZMQ receive high-water mark (messages)
+  std::int64_t control_hwm = 1'000'000;     ///< ZMQ send high-water mark (messages)
+  microseconds sweep_interval = std::chrono::milliseconds(100);
+  std::string log_level;  ///< empty = CLI / default
+  std::vector<domain_config> domains;  ///< sorted by name
+
+  const domain_config* find_domain(std::string_view name) const;
+};
+
+struct identifier_source {
+  enum class kind : std::uint8_t { ip, header, cookie, query, token, jwt };
+  kind type = kind::ip;
+  std::string name;  ///< header/cookie/query name or JWT claim
+  friend bool operator==(const identifier_source&, const identifier_source&) = default;
+};
+/// "ip", "header:X-API-Key", "cookie:session", "query:key", "token", "jwt:sub".
+std::optional<identifier_source> parse_identifier_source(std::string_view text);
+std::string to_string(const identifier_source& s);
+
+struct upstream_config {
+  std::string name;
+  std::vector<host_port> servers;
+  microseconds fail_timeout = std::chrono::seconds(10);  ///< how long a failing server is marked down
+  std::int64_t keepalive = 64;                           ///< idle pooled connections per worker
+};
+
+struct route_config {
+  std::string host = "*";  ///< exact, "*", or "*.suffix"
+  std::string path = "/";  ///< prefix
+  std::string domain;
+  std::string upstream;
+  std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
+};
+
+struct jwt_config {
+  std::string hs256_secret;     ///< HMAC secret; empty = none
+  std::string public_key_file;  ///< PEM RSA or EC public key (RS256 / ES256); empty = none
+  microseconds leeway = std::chrono::seconds(30);
+  bool verify() const { return !hs256_secret.empty() || !public_key_file.empty(); }
+};
+
+struct proxy_config {
+  host_port listen{"0.0.0.0", 8080};
+  host_port admin{"127.0.0.1", 9106};
+  std::int64_t threads = 0;  ///< 0 = one per core
+  std::vector<std::string> accounting{"tcp://127.0.0.1:10004"};
+  std::vector<std::string> control{"tcp://127.0.0.1:10005"};
+  microseconds max_delay = std::chrono::seconds(5);
+  std::int64_t max_held = 10'000;
+  std::vector<cidr> trusted_proxies;
+  microseconds header_timeout = std::chrono::seconds(10);
+  microseconds body_timeout = std::chrono::seconds(60);
+  microseconds idle_timeout = std::chrono::seconds(60);
+  microseconds connect_timeout = std::chrono::seconds(2);
+  microseconds upstream_timeout = std::chrono::seconds(60);
+  microseconds grace_period = std::chrono::seconds(10);
+  std::uint64_t max_header_bytes = 16 * 1024;
+  std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
+  double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
+  bool access_log = false;
+  bool fail_closed = false;  ///< reject instead of pass when the gate cannot decide
+  std::int64_t accounting_hwm = 100'000;
+  jwt_config jwt;
+  std::string log_level;
+  std::vector<upstream_config> upstreams;
+  std::vector<route_config> routes;
+
+  const upstream_config* find_upstream(std::string_view name) const;
+};
+
+struct config {
+  std::string source;  ///< file the config came from ("<defaults>" when none)
+  std::optional<master_config> master;
+  std::optional<proxy_config> proxy;
+};
+
+struct load_result {
+  std::optional<config> cfg;  ///< set only when there are no errors
+  std::vector<error> errors;
+};
+
+/// Parses and validates a file.
+load_result load_file(const std::string& path);
+/// Parses and validates TOML text; `source_name` is used in error locations.
+load_result load_string(std::string_view text, const std::string& source_name);
+
+}  // namespace smockron::config

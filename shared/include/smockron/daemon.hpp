@@ -1,0 +1,29 @@
+// Start-up steps common to both daemons: command line, configuration
+// (file or embedded defaults), --check, --version and the log level.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "smockron/cli.hpp"
+#include "smockron/config.hpp"
+
+namespace smockron::daemon {
+
+struct startup {
+  cli::options options;
+  config::config cfg;
+};
+
+/// Handles --help/--version/--check and loading. Returns the loaded config to
+/// run with, or nothing with `exit_code` set (0 for --version/--check success).
+std::optional<startup> prepare(int argc, char** argv, const std::string& program, const std::vector<std::string>& extra_flags,
+                               const std::string& extra_help, bool (*has_section)(const config::config&),
+                               const std::string& section, int& exit_code);
+
+/// Reloads the file given on the command line (or the embedded defaults) and
+/// logs every error; nothing on failure.
+std::optional<config::config> reload(const cli::options& options, const std::string& component);
+
+}  // namespace smockron::daemon

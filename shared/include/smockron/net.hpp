@@ -1,0 +1,38 @@
+// Small network value types shared by config and both daemons: host:port
+// endpoints and CIDR ranges. Parsing never throws.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace smockron {
+
+/// "host:port" or "[v6]:port".
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string to_string() const;
+  friend bool operator==(const host_port&, const host_port&) = default;
+};
+std::optional<host_port> parse_host_port(std::string_view text);
+
+/// An IPv4 or IPv6 address as 16 bytes (IPv4 mapped into ::ffff:0:0/96).
+struct ip_address {
+  std::array<std::uint8_t, 16> bytes{};
+  friend bool operator==(const ip_address&, const ip_address&) = default;
+};
+std::optional<ip_address> parse_ip(std::string_view text);
+
+/// "10.0.0.0/8", "::1/128", or a bare address (full-length prefix).
+struct cidr {
+  ip_address base;
+  int prefix_bits = 128;  ///< in the 128-bit space (IPv4 /8 is stored as 104)
+  bool contains(const ip_address& a) const;
+  friend bool operator==(const cidr&, const cidr&) = default;
+};
+std::optional<cidr> parse_cidr(std::string_view text);
+
+}  // namespace smockron

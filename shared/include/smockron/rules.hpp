@@ -1,0 +1,72 @@
+// The rate-limiting logic: a pure function of (limits, state, event, now).
+// Two algorithms: the spec's sliding log (default) and GCRA. Time is in
+// microseconds since the epoch; the wire's milliseconds are converted at the edge.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace smockron::rules {
+
+enum class algorithm : std::uint8_t { sliding_log, gcra };
+
+/// One rule: `burst` requests may be made before `1/rate` spacing applies.
+struct rule {
+  std::int64_t interval_us = 0;  ///< 1/rate
+  std::int64_t burst = 1;
+  /// The spec's "past (burst / rate)".
+  std::int64_t window_us() const { return interval_us * burst; }
+};
+
+/// The compiled, immutable limits of one domain.
+struct limits {
+  algorithm algo = algorithm::sliding_log;
+  std::vector<rule> rules;
+  /// Timestamps further than this ahead of the master's clock are clamped
+  /// (a gatekeeper with a fast clock must not lock a client out for hours).
+  std::int64_t max_future_us = 60'000'000;
+
+  std::size_t max_burst() const;
+  std::int64_t max_window_us() const;
+};
+
+/// Kind of accounting event.
+enum class event_kind : std::uint8_t { accepted, delayed, rejected };
+
+/// An accounting event: `at_us` is the receive time for accepted requests and
+/// the delayed time for delayed ones (rejected events do not enter the history).
+struct event {
+  event_kind kind = event_kind::accepted;
+  std::int64_t at_us = 0;
+};
+
+/// Per (domain, identifier) state. Sliding log: ascending timestamps, at most
+/// max_burst() of them. GCRA: one theoretical arrival time per rule.
+struct state {
+  std::vector<std::int64_t> times;
+};
+
+/// Outcome of an evaluation.
+struct decision {
+  bool throttled = false;         ///< next request is not allowed at `now`
+  std::int64_t next_us = 0;       ///< when the next request is allowed (valid if throttled)
+  std::int64_t interval_us = 0;   ///< 1/rate of the rule that set next_us (pacing hint)
+};
+
+/// Records `e` in `s` and evaluates when the next request is allowed.
+///
+/// Several DELAYED events with the same timestamp (several gatekeepers that
+/// released requests at the same DELAY_UNTIL instant) each count as a use:
+/// a delayed request whose slot was already consumed is recorded at the next
+/// free slot, so the long-run admitted rate stays at the configured rate.
+decision apply(const limits& l, state& s, event e, std::int64_t now_us);
+
+/// Evaluates without recording anything.
+decision evaluate(const limits& l, const state& s, std::int64_t now_us);
+
+/// True when `s` can no longer affect any decision at or after `now_us`
+/// (dropping it is equivalent to keeping it).
+bool expired(const limits& l, const state& s, std::int64_t now_us);
+
+}  // namespace smockron::rules

@@ -1,0 +1,115 @@
+// The Smockron wire protocol (spec/smockron-protocol.md): accounting messages
+// (gatekeeper -> master) and control messages (master -> gatekeepers).
+// Pure functions over frames; decoding is strict and total, never throws and
+// never allocates; encoding writes into caller-owned scratch space.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace smockron::wire {
+
+/// Bounds on frame sizes. Anything larger is rejected as frame_too_large.
+inline constexpr std::size_t max_domain_bytes = 255;
+inline constexpr std::size_t max_identifier_bytes = 1024;
+inline constexpr std::size_t max_loginfo_bytes = 4096;
+/// Largest timestamp accepted: 9999-12-31T23:59:59.999Z in ms.
+inline constexpr std::int64_t max_timestamp_ms = 253'402'300'799'999;
+/// Longest decimal we accept in a numeric frame (more digits is out of range).
+inline constexpr std::size_t max_number_digits = 15;
+
+enum class status : std::uint8_t { accepted, delayed, rejected };
+
+/// "ACCEPTED", "DELAYED", "REJECTED".
+std::string_view to_string(status s);
+
+/// Every way a message can be malformed.
+enum class decode_error : std::uint8_t {
+  frame_count,             ///< wrong number of frames
+  frame_too_large,         ///< a frame exceeds its bound
+  domain_not_terminated,   ///< domain frame lacks the trailing "\0"
+  domain_empty,            ///< domain frame is just "\0"
+  domain_contains_null,    ///< a "\0" inside the domain name
+  identifier_empty,        ///< identifier frame is empty
+  unknown_status,          ///< status is not ACCEPTED/DELAYED/REJECTED
+  unknown_command,         ///< control command other than DELAY_UNTIL
+  timestamp_empty,         ///< a required numeric frame is empty
+  timestamp_not_numeric,   ///< a numeric frame has a non-digit
+  timestamp_out_of_range,  ///< a numeric frame is beyond max_timestamp_ms
+  delayed_missing,         ///< DELAYED without a delayed timestamp
+  delayed_unexpected,      ///< ACCEPTED/REJECTED with a non-empty delayed frame
+  interval_invalid,        ///< DELAY_UNTIL interval frame not a positive number
+};
+inline constexpr std::size_t decode_error_count = 14;
+
+/// Stable snake_case name of an error (used as a metrics label).
+std::string_view to_string(decode_error e);
+
+/// Accounting message: [domain\0, status, identifier, received_ms, delayed_ms|"", (loginfo)].
+struct accounting {
+  std::string_view domain;
+  status state = status::accepted;
+  std::string_view identifier;
+  std::int64_t received_ms = 0;
+  std::int64_t delayed_ms = 0;  ///< meaningful only when state == delayed
+  std::string_view loginfo;     ///< optional, empty = frame omitted on encode
+};
+
+/// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].
+struct delay_until {
+  std::string_view domain;
+  std::string_view identifier;
+  std::int64_t next_ms = 0;
+  std::int64_t interval_ms = 0;  ///< 0 = frame 4 omitted (wire addition, optional)
+};
+
+/// Either a decoded value or an error. A tiny expected<> for C++20.
+template <class T>
+class result {
+public:
+  result(T v) : value_(v), ok_(true) {}
+  result(decode_error e) : error_(e), ok_(false) {}
+  explicit operator bool() const { return ok_; }
+  const T& value() const { return value_; }
+  const T* operator->() const { return &value_; }
+  decode_error error() const { return error_; }
+
+private:
+  T value_{};
+  decode_error error_{};
+  bool ok_;
+};
+
+/// Frames of one message as views; at most 8 frames are ever examined.
+using frames = std::span<const std::string_view>;
+
+result<accounting> decode_accounting(frames f);
+result<delay_until> decode_delay_until(frames f);
+
+/// Parses an ASCII decimal timestamp frame (shared with tests and tools).
+result<std::int64_t> parse_timestamp(std::string_view frame);
+
+/// Storage for an encoded message: the frames point into this object and the
+/// caller's input strings, so it must outlive the frames' use.
+struct scratch {
+  std::array<char, max_domain_bytes + 1> domain{};
+  std::array<char, 20> number_a{};
+  std::array<char, 20> number_b{};
+};
+
+/// Up to six frames and how many are used.
+struct encoded {
+  std::array<std::string_view, 6> frame{};
+  std::size_t count = 0;
+  std::span<const std::string_view> view() const { return {frame.data(), count}; }
+};
+
+/// Encodes; returns nothing if a field exceeds its bound or the domain has a "\0".
+std::optional<encoded> encode(const accounting& m, scratch& s);
+std::optional<encoded> encode(const delay_until& m, scratch& s);
+
+}  // namespace smockron::wire

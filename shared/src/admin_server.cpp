@@ -1,0 +1,90 @@
+// Admin HTTP endpoint on Beast, one coroutine per connection.
+#include "smockron/admin_server.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+namespace smockron {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+
+struct admin_server::impl : std::enable_shared_from_this<impl> {
+  impl(asio::io_context& ioc, handler h) : acceptor(ioc), on_request(std::move(h)) {}
+
+  asio::awaitable<void> accept_loop() {
+    auto self = shared_from_this();
+    for (;;) {
+      auto [ec, socket] = co_await acceptor.async_accept(use_nothrow);
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      if (ec) continue;  // e.g. EMFILE: keep serving
+      asio::co_spawn(acceptor.get_executor(), serve(std::move(socket)), asio::detached);
+    }
+  }
+
+  asio::awaitable<void> serve(tcp::socket socket) {
+    auto self = shared_from_this();
+    beast::tcp_stream stream(std::move(socket));
+    beast::flat_buffer buffer(8192);
+    http::request_parser<http::empty_body> parser;
+    parser.header_limit(8192);
+    stream.expires_after(std::chrono::seconds(5));
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_nothrow);
+    (void)n;
+    if (ec) co_return;
+    const auto& req = parser.get();
+    std::string_view target = req.target();
+    target = target.substr(0, target.find('?'));
+    response r;
+    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      r = {405, "text/plain; charset=utf-8", "method not allowed\n"};
+    } else {
+      r = on_request(target);
+    }
+    http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+    res.set(http::field::server, "smockron-admin");
+    res.set(http::field::content_type, r.content_type);
+    res.keep_alive(false);
+    res.body() = req.method() == http::verb::head ? std::string() : std::move(r.body);
+    res.prepare_payload();
+    stream.expires_after(std::chrono::seconds(5));
+    co_await http::async_write(stream, res, use_nothrow);
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  tcp::acceptor acceptor;
+  handler on_request;
+};
+
+admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handler h)
+    : impl_(std::make_shared<impl>(ioc, std::move(h))) {
+  const tcp::endpoint ep(asio::ip::make_address(listen.host), listen.port);
+  impl_->acceptor.open(ep.protocol());
+  impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
+  impl_->acceptor.bind(ep);
+  impl_->acceptor.listen();
+  asio::co_spawn(ioc, impl_->accept_loop(), asio::detached);
+}
+
+admin_server::~admin_server() { stop(); }
+
+std::uint16_t admin_server::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void admin_server::stop() {
+  asio::post(impl_->acceptor.get_executor(), [i = impl_] {
+    beast::error_code ignored;
+    i->acceptor.close(ignored);
+  });
+}
+
+}  // namespace smockron

@@ -1,0 +1,509 @@
+// TOML configuration loading and validation (toml++). Exceptions stay inside
+// this file: callers get a load_result with every error at once.
+#include "smockron/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace smockron::config {
+namespace {
+
+std::string_view type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date/time";
+  }
+}
+
+// Collects errors for one source file.
+class sink {
+public:
+  explicit sink(std::string file) : file_(std::move(file)) {}
+
+  void add(const toml::source_region& where, std::string key, std::string message) {
+    errors_.push_back({file_, where.begin.line, where.begin.column, std::move(key), std::move(message)});
+  }
+  void add(const toml::node& where, std::string key, std::string message) {
+    add(where.source(), std::move(key), std::move(message));
+  }
+  std::vector<error>& errors() { return errors_; }
+
+private:
+  std::string file_;
+  std::vector<error> errors_;
+};
+
+// Reads the keys of one table, remembering which ones were consumed so that
+// finish() can report the unknown ones.
+class reader {
+public:
+  reader(const toml::table& t, std::string path, sink& s) : table_(t), path_(std::move(path)), sink_(s) {}
+  reader(const reader&) = delete;
+  reader& operator=(const reader&) = delete;
+  ~reader() { finish(); }
+
+  std::string key(std::string_view k) const { return path_.empty() ? std::string(k) : path_ + "." + std::string(k); }
+  const toml::table& table() const { return table_; }
+  sink& errors() { return sink_; }
+
+  const toml::node* get(std::string_view k) {
+    known_.insert(std::string(k));
+    return table_.get(k);
+  }
+
+  template <class T>
+  const T* typed(std::string_view k, std::string_view expected) {
+    const toml::node* n = get(k);
+    if (!n) return nullptr;
+    if (const T* v = n->as<T>()) return v;
+    sink_.add(*n, key(k), "expected " + std::string(expected) + ", got " + std::string(type_name(*n)));
+    return nullptr;
+  }
+
+  void string(std::string_view k, std::string& out) {
+    if (auto* v = typed<toml::value<std::string>>(k, "a string")) out = v->get();
+  }
+  void boolean(std::string_view k, bool& out) {
+    if (auto* v = typed<toml::value<bool>>(k, "a boolean")) out = v->get();
+  }
+  void integer(std::string_view k, std::int64_t& out, std::int64_t min, std::int64_t max) {
+    if (auto* v = typed<toml::value<std::int64_t>>(k, "an integer")) {
+      if (v->get() < min || v->get() > max) {
+        sink_.add(*v, key(k), "must be between " + std::to_string(min) + " and " + std::to_string(max));
+      } else {
+        out = v->get();
+      }
+    }
+  }
+  void unsigned_integer(std::string_view k, std::uint64_t& out, std::uint64_t min, std::uint64_t max) {
+    std::int64_t v = static_cast<std::int64_t>(out);
+    integer(k, v, static_cast<std::int64_t>(min), static_cast<std::int64_t>(max));
+    out = static_cast<std::uint64_t>(v);
+  }
+  void real(std::string_view k, double& out, double min, double max) {
+    const toml::node* n = get(k);
+    if (!n) return;
+    std::optional<double> v = n->is_integer() ? std::optional<double>(static_cast<double>(*n->value<std::int64_t>()))
+                                              : n->value_exact<double>();
+    if (!v) {
+      sink_.add(*n, key(k), "expected a number, got " + std::string(type_name(*n)));
+    } else if (*v < min || *v > max) {
+      sink_.add(*n, key(k), "must be between " + std::to_string(min) + " and " + std::to_string(max));
+    } else {
+      out = *v;
+    }
+  }
+  void duration(std::string_view k, microseconds& out, microseconds min = microseconds(0)) {
+    auto* v = typed<toml::value<std::string>>(k, "a duration string such as \"5s\"");
+    if (!v) return;
+    auto parsed = parse_duration(v->get());
+    if (auto* err = std::get_if<std::string>(&parsed)) {
+      sink_.add(*v, key(k), *err);
+    } else if (std::get<microseconds>(parsed) < min) {
+      sink_.add(*v, key(k), "must be at least " + format_duration(min));
+    } else {
+      out = std::get<microseconds>(parsed);
+    }
+  }
+  void size(std::string_view k, std::uint64_t& out, std::uint64_t min, std::uint64_t max) {
+    const toml::node* n = get(k);
+    if (!n) return;
+    parse_result<std::uint64_t> parsed = std::string("expected a size such as \"16KiB\" or an integer");
+    if (auto i = n->value_exact<std::int64_t>(); i && *i >= 0) parsed = static_cast<std::uint64_t>(*i);
+    else if (auto s = n->value_exact<std::string>()) parsed = parse_size(*s);
+    if (auto* err = std::get_if<std::string>(&parsed)) {
+      sink_.add(*n, key(k), *err);
+    } else if (std::get<std::uint64_t>(parsed) < min || std::get<std::uint64_t>(parsed) > max) {
+      sink_.add(*n, key(k), "must be between " + std::to_string(min) + " and " + std::to_string(max) + " bytes");
+    } else {
+      out = std::get<std::uint64_t>(parsed);
+    }
+  }
+  void address(std::string_view k, host_port& out) {
+    auto* v = typed<toml::value<std::string>>(k, "a \"host:port\" string");
+    if (!v) return;
+    if (auto hp = parse_host_port(v->get())) out = *hp;
+    else sink_.add(*v, key(k), "invalid address \"" + v->get() + "\" (expected host:port or [v6]:port)");
+  }
+  // Strings of an array, each checked by `check` (returns an error message or "").
+  template <class Check>
+  void string_list(std::string_view k, std::vector<std::string>& out, Check check) {
+    const toml::node* n = get(k);
+    if (!n) return;
+    std::vector<std::string> values;
+    if (auto* s = n->as_string()) {
+      values.push_back(s->get());  // a single string is accepted as a one-element list
+      if (auto msg = check(s->get()); !msg.empty()) sink_.add(*s, key(k), msg);
+    } else if (auto* a = n->as_array()) {
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        const std::string item_key = key(k) + "[" + std::to_string(i) + "]";
+        if (auto* s2 = (*a)[i].as_string()) {
+          if (auto msg = check(s2->get()); !msg.empty()) sink_.add(*s2, item_key, msg);
+          values.push_back(s2->get());
+        } else {
+          sink_.add((*a)[i], item_key, "expected a string, got " + std::string(type_name((*a)[i])));
+        }
+      }
+    } else {
+      sink_.add(*n, key(k), "expected an array of strings, got " + std::string(type_name(*n)));
+      return;
+    }
+    out = std::move(values);
+  }
+
+private:
+  void finish() {
+    for (auto&& [k, v] : table_) {
+      if (!known_.contains(std::string(k.str()))) {
+        sink_.add(k.source(), key(k.str()), "unknown key (check the spelling; unknown keys are errors)");
+      }
+    }
+  }
+
+  const toml::table& table_;
+  std::string path_;
+  sink& sink_;
+  std::set<std::string, std::less<>> known_;
+};
+
+std::string check_zmq_endpoint(std::string_view e) {
+  for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {
+    if (e.starts_with(scheme) && e.size() > scheme.size()) return {};
+  }
+  return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port, ipc://path or inproc://name)";
+}
+
+std::string check_domain_name(std::string_view name) {
+  if (name.empty()) return "domain name must not be empty";
+  if (name.size() > 255) return "domain name longer than 255 bytes";
+  if (name.find('\0') != std::string_view::npos) return "domain name must not contain \\0";
+  return {};
+}
+
+void read_rule(const toml::node& n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+  const auto* t = n.as_table();
+  if (!t) {
+    s.add(n, path, "expected a table { rate = \"10/s\", burst = 20 }, got " + std::string(type_name(n)));
+    return;
+  }
+  reader r(*t, path, s);
+  rule_config rule;
+  if (auto* rate_node = r.typed<toml::value<std::string>>("rate", "a rate string such as \"10/s\"")) {
+    auto parsed = parse_rate(rate_node->get());
+    if (auto* err = std::get_if<std::string>(&parsed)) s.add(*rate_node, r.key("rate"), *err);
+    else rule.r = std::get<rate>(parsed);
+  } else if (!t->contains("rate")) {
+    s.add(n, r.key("rate"), "missing (every rule needs a rate)");
+  }
+  r.integer("burst", rule.burst, 1, 1'000'000);
+  if (rule.r.count > 0) out.push_back(rule);
+}
+
+void read_domain(std::string_view name, const toml::node& n, const std::string& path, sink& s,
+                 std::vector<domain_config>& out) {
+  domain_config d;
+  d.name = std::string(name);
+  if (auto msg = check_domain_name(name); !msg.empty()) s.add(n, path, msg);
+  const auto* t = n.as_table();
+  if (!t) {
+    s.add(n, path, "expected a table, got " + std::string(type_name(n)));
+    return;
+  }
+  reader r(*t, path, s);
+  std::string algo = "sliding-log";
+  if (auto* a = r.typed<toml::value<std::string>>("algorithm", "a string")) {
+    algo = a->get();
+    if (algo == "sliding-log") d.algorithm = rules::algorithm::sliding_log;
+    else if (algo == "gcra") d.algorithm = rules::algorithm::gcra;
+    else s.add(*a, r.key("algorithm"), "unknown algorithm \"" + algo + "\" (use \"sliding-log\" or \"gcra\")");
+  }
+  if (const toml::node* rules_node = r.get("rules")) {
+    if (const auto* arr = rules_node->as_array()) {
+      for (std::size_t i = 0; i < arr->size(); ++i) {
+        read_rule((*arr)[i], r.key("rules") + "[" + std::to_string(i) + "]", s, d.rules);
+      }
+    } else {
+      s.add(*rules_node, r.key("rules"), "expected an array of rules, got " + std::string(type_name(*rules_node)));
+    }
+  }
+  out.push_back(std::move(d));
+}
+
+master_config read_master(const toml::table& t, sink& s) {
+  master_config m;
+  reader r(t, "master", s);
+  if (auto* e = r.typed<toml::value<std::string>>("accounting", "a ZeroMQ endpoint string")) {
+    if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
+    else m.accounting = e->get();
+  }
+  if (auto* e = r.typed<toml::value<std::string>>("control", "a ZeroMQ endpoint string")) {
+    if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.control", msg);
+    else m.control = e->get();
+  }
+  r.address("admin", m.admin);
+  if (auto* st = r.typed<toml::value<std::string>>("store", "\"memory\" or \"redis\"")) {
+    if (st->get() == "memory") m.store = store_kind::memory;
+    else if (st->get() == "redis") m.store = store_kind::redis;
+    else s.add(*st, "master.store", "unknown store \"" + st->get() + "\" (use \"memory\" or \"redis\")");
+  }
+  if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
+    if (!rd->get().starts_with("redis://")) s.add(*rd, "master.redis", "expected redis://host:port/db");
+    else m.redis = rd->get();
+  }
+  r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
+  r.duration("max_clock_skew", m.max_clock_skew);
+  r.integer("accounting_hwm", m.accounting_hwm, 0, 1'000'000'000);
+  r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
+  r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));
+  r.string("log_level", m.log_level);
+  if (const toml::node* domains = r.get("domains")) {
+    if (const auto* dt = domains->as_table()) {
+      for (auto&& [k, v] : *dt) read_domain(k.str(), v, "master.domains." + std::string(k.str()), s, m.domains);
+    } else {
+      s.add(*domains, "master.domains", "expected a table of domains, got " + std::string(type_name(*domains)));
+    }
+  }
+  std::sort(m.domains.begin(), m.domains.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return m;
+}
+
+void read_upstreams(reader& r, proxy_config& p) {
+  const toml::node* n = r.get("upstreams");
+  if (!n) return;
+  const auto* t = n->as_table();
+  if (!t) {
+    r.errors().add(*n, "proxy.upstreams", "expected a table of upstreams, got " + std::string(type_name(*n)));
+    return;
+  }
+  for (auto&& [k, v] : *t) {
+    const std::string path = "proxy.upstreams." + std::string(k.str());
+    const auto* ut = v.as_table();
+    if (!ut) {
+      r.errors().add(v, path, "expected a table with servers = [\"host:port\"], got " + std::string(type_name(v)));
+      continue;
+    }
+    reader ur(*ut, path, r.errors());
+    upstream_config u;
+    u.name = std::string(k.str());
+    std::vector<std::string> servers;
+    ur.string_list("servers", servers, [](std::string_view s) {
+      return parse_host_port(s) ? std::string() : "invalid server \"" + std::string(s) + "\" (expected host:port)";
+    });
+    for (const auto& s : servers) {
+      if (auto hp = parse_host_port(s)) u.servers.push_back(*hp);
+    }
+    if (servers.empty()) r.errors().add(v, path + ".servers", "an upstream needs at least one server");
+    ur.duration("fail_timeout", u.fail_timeout);
+    ur.integer("keepalive", u.keepalive, 0, 100'000);
+    p.upstreams.push_back(std::move(u));
+  }
+}
+
+void read_routes(reader& r, proxy_config& p) {
+  const toml::node* n = r.get("routes");
+  if (!n) return;
+  const auto* arr = n->as_array();
+  if (!arr) {
+    r.errors().add(*n, "proxy.routes", "expected an array of tables ([[proxy.routes]]), got " + std::string(type_name(*n)));
+    return;
+  }
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const std::string path = "proxy.routes[" + std::to_string(i) + "]";
+    const auto* rt = (*arr)[i].as_table();
+    if (!rt) {
+      r.errors().add((*arr)[i], path, "expected a table, got " + std::string(type_name((*arr)[i])));
+      continue;
+    }
+    reader rr(*rt, path, r.errors());
+    route_config route;
+    rr.string("host", route.host);
+    if (route.host.empty()) route.host = "*";
+    if (auto* pth = rr.typed<toml::value<std::string>>("path", "a path prefix string")) {
+      if (pth->get().empty() || pth->get()[0] != '/') r.errors().add(*pth, path + ".path", "path prefix must start with /");
+      else route.path = pth->get();
+    }
+    if (auto* d = rr.typed<toml::value<std::string>>("domain", "a domain name")) {
+      if (auto msg = check_domain_name(d->get()); !msg.empty()) r.errors().add(*d, path + ".domain", msg);
+      route.domain = d->get();
+    } else if (!rt->contains("domain")) {
+      r.errors().add((*arr)[i], path + ".domain", "missing (every route needs a domain)");
+    }
+    if (auto* u = rr.typed<toml::value<std::string>>("upstream", "an upstream name")) {
+      route.upstream = u->get();
+      if (!p.find_upstream(route.upstream)) {
+        r.errors().add(*u, path + ".upstream", "unknown upstream \"" + route.upstream + "\" (define [proxy.upstreams." + route.upstream + "])");
+      }
+    } else if (!rt->contains("upstream")) {
+      r.errors().add((*arr)[i], path + ".upstream", "missing (every route needs an upstream)");
+    }
+    std::vector<std::string> sources;
+    rr.string_list("identify", sources, [](std::string_view s) {
+      return parse_identifier_source(s) ? std::string()
+                                        : "invalid identifier source \"" + std::string(s) +
+                                              "\" (use ip, header:NAME, cookie:NAME, query:NAME, token, jwt:CLAIM)";
+    });
+    if (rt->contains("identify")) {
+      route.identify.clear();
+      for (const auto& s : sources) {
+        if (auto src = parse_identifier_source(s)) route.identify.push_back(*src);
+      }
+      if (sources.empty()) r.errors().add(*rt->get("identify"), path + ".identify", "needs at least one source");
+    }
+    p.routes.push_back(std::move(route));
+  }
+}
+
+proxy_config read_proxy(const toml::table& t, sink& s) {
+  proxy_config p;
+  reader r(t, "proxy", s);
+  r.address("listen", p.listen);
+  r.address("admin", p.admin);
+  r.integer("threads", p.threads, 0, 1024);
+  r.string_list("accounting", p.accounting, check_zmq_endpoint);
+  r.string_list("control", p.control, check_zmq_endpoint);
+  r.duration("max_delay", p.max_delay);
+  r.integer("max_held", p.max_held, 0, 10'000'000);
+  std::vector<std::string> trusted;
+  r.string_list("trusted_proxies", trusted, [](std::string_view c) {
+    return parse_cidr(c) ? std::string() : "invalid CIDR \"" + std::string(c) + "\" (expected e.g. 10.0.0.0/8)";
+  });
+  for (const auto& c : trusted) {
+    if (auto parsed = parse_cidr(c)) p.trusted_proxies.push_back(*parsed);
+  }
+  const auto ms = [](int v) { return microseconds(std::chrono::milliseconds(v)); };
+  r.duration("header_timeout", p.header_timeout, ms(1));
+  r.duration("body_timeout", p.body_timeout, ms(1));
+  r.duration("idle_timeout", p.idle_timeout, ms(1));
+  r.duration("connect_timeout", p.connect_timeout, ms(1));
+  r.duration("upstream_timeout", p.upstream_timeout, ms(1));
+  r.duration("grace_period", p.grace_period);
+  r.size("max_header_bytes", p.max_header_bytes, 256, 1024 * 1024);
+  r.size("max_body_bytes", p.max_body_bytes, 0, UINT64_MAX >> 1);
+  r.real("rejected_sample", p.rejected_sample, 0.0, 1.0);
+  r.boolean("access_log", p.access_log);
+  r.boolean("fail_closed", p.fail_closed);
+  r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
+  r.string("log_level", p.log_level);
+  if (auto* jt = r.typed<toml::table>("jwt", "a table")) {
+    reader jr(*jt, "proxy.jwt", s);
+    jr.string("hs256_secret", p.jwt.hs256_secret);
+    jr.string("public_key_file", p.jwt.public_key_file);
+    jr.duration("leeway", p.jwt.leeway);
+    if (!p.jwt.public_key_file.empty() && !std::ifstream(p.jwt.public_key_file)) {
+      s.add(*jt->get("public_key_file"), "proxy.jwt.public_key_file", "cannot read \"" + p.jwt.public_key_file + "\"");
+    }
+  }
+  read_upstreams(r, p);
+  read_routes(r, p);
+  return p;
+}
+
+}  // namespace
+
+std::string format(const error& e) {
+  std::string out = e.file;
+  if (e.line > 0) out += ":" + std::to_string(e.line) + ":" + std::to_string(e.column);
+  out += ": ";
+  if (!e.key.empty()) out += e.key + ": ";
+  out += e.message;
+  return out;
+}
+
+rules::limits domain_config::compile(microseconds max_clock_skew) const {
+  rules::limits l;
+  l.algo = algorithm;
+  l.max_future_us = max_clock_skew.count();
+  for (const auto& r : rules) l.rules.push_back({r.r.interval_us(), r.burst});
+  return l;
+}
+
+const domain_config* master_config::find_domain(std::string_view name) const {
+  auto it = std::lower_bound(domains.begin(), domains.end(), name,
+                             [](const domain_config& d, std::string_view n) { return d.name < n; });
+  return it != domains.end() && it->name == name ? &*it : nullptr;
+}
+
+const upstream_config* proxy_config::find_upstream(std::string_view name) const {
+  for (const auto& u : upstreams) {
+    if (u.name == name) return &u;
+  }
+  return nullptr;
+}
+
+std::optional<identifier_source> parse_identifier_source(std::string_view text) {
+  using k = identifier_source::kind;
+  if (text == "ip") return identifier_source{k::ip, {}};
+  if (text == "token") return identifier_source{k::token, {}};
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos || colon + 1 == text.size()) return std::nullopt;
+  const auto prefix = text.substr(0, colon);
+  const std::string name(text.substr(colon + 1));
+  if (prefix == "header") return identifier_source{k::header, name};
+  if (prefix == "cookie") return identifier_source{k::cookie, name};
+  if (prefix == "query") return identifier_source{k::query, name};
+  if (prefix == "jwt") return identifier_source{k::jwt, name};
+  return std::nullopt;
+}
+
+std::string to_string(const identifier_source& s) {
+  using k = identifier_source::kind;
+  switch (s.type) {
+    case k::ip: return "ip";
+    case k::token: return "token";
+    case k::header: return "header:" + s.name;
+    case k::cookie: return "cookie:" + s.name;
+    case k::query: return "query:" + s.name;
+    case k::jwt: return "jwt:" + s.name;
+  }
+  return "?";
+}
+
+load_result load_string(std::string_view text, const std::string& source_name) {
+  load_result out;
+  sink s(source_name);
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    s.add(e.source(), "", std::string(e.description()));
+    out.errors = std::move(s.errors());
+    return out;
+  }
+  config c;
+  c.source = source_name;
+  {
+    reader r(root, "", s);
+    if (auto* m = r.typed<toml::table>("master", "a table")) c.master = read_master(*m, s);
+    if (auto* p = r.typed<toml::table>("proxy", "a table")) c.proxy = read_proxy(*p, s);
+  }
+  out.errors = std::move(s.errors());
+  std::stable_sort(out.errors.begin(), out.errors.end(), [](const error& a, const error& b) {
+    return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+  });
+  if (out.errors.empty()) out.cfg = std::move(c);
+  return out;
+}
+
+load_result load_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    load_result out;
+    out.errors.push_back({path, 0, 0, "", "cannot open file"});
+    return out;
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return load_string(buf.str(), path);
+}
+
+}  // namespace smockron::config

@@ -1,0 +1,90 @@
+// host:port and CIDR parsing (inet_pton based).
+#include "smockron/net.hpp"
+
+#include <arpa/inet.h>
+
+#include <charconv>
+#include <cstring>
+
+namespace smockron {
+
+std::string host_port::to_string() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+std::optional<host_port> parse_host_port(std::string_view text) {
+  host_port hp;
+  std::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') return std::nullopt;
+    hp.host = std::string(text.substr(1, close - 1));
+    port_text = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || text.substr(0, colon).find(':') != std::string_view::npos) {
+      return std::nullopt;
+    }
+    hp.host = std::string(text.substr(0, colon));
+    port_text = text.substr(colon + 1);
+  }
+  if (hp.host.empty() || port_text.empty()) return std::nullopt;
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc{} || ptr != port_text.data() + port_text.size() || port > 65535) return std::nullopt;
+  hp.port = static_cast<std::uint16_t>(port);
+  return hp;
+}
+
+std::optional<ip_address> parse_ip(std::string_view text) {
+  if (text.empty() || text.size() > 45) return std::nullopt;
+  char buf[46];
+  std::memcpy(buf, text.data(), text.size());
+  buf[text.size()] = '\0';
+  ip_address a;
+  in_addr v4{};
+  if (inet_pton(AF_INET, buf, &v4) == 1) {
+    a.bytes[10] = 0xff;
+    a.bytes[11] = 0xff;
+    std::memcpy(&a.bytes[12], &v4, 4);
+    return a;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, buf, &v6) == 1) {
+    std::memcpy(a.bytes.data(), &v6, 16);
+    return a;
+  }
+  return std::nullopt;
+}
+
+std::optional<cidr> parse_cidr(std::string_view text) {
+  const auto slash = text.find('/');
+  auto addr = parse_ip(text.substr(0, slash));
+  if (!addr) return std::nullopt;
+  const bool v4 = text.substr(0, slash).find(':') == std::string_view::npos;
+  const int max_bits = v4 ? 32 : 128;
+  int bits = max_bits;
+  if (slash != std::string_view::npos) {
+    const auto p = text.substr(slash + 1);
+    auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), bits);
+    if (p.empty() || ec != std::errc{} || ptr != p.data() + p.size() || bits < 0 || bits > max_bits) {
+      return std::nullopt;
+    }
+  }
+  cidr c;
+  c.base = *addr;
+  c.prefix_bits = v4 ? bits + 96 : bits;
+  return c;
+}
+
+bool cidr::contains(const ip_address& a) const {
+  int bits = prefix_bits;
+  for (std::size_t i = 0; i < 16 && bits > 0; ++i, bits -= 8) {
+    const std::uint8_t mask = bits >= 8 ? 0xff : static_cast<std::uint8_t>(0xff << (8 - bits));
+    if ((a.bytes[i] & mask) != (base.bytes[i] & mask)) return false;
+  }
+  return true;
+}
+
+}  // namespace smockron

@@ -1,0 +1,109 @@
+// Sliding-log (spec) and GCRA rate logic. See rules.hpp for the contract.
+#include "smockron/rules.hpp"
+
+#include <algorithm>
+
+namespace smockron::rules {
+namespace {
+
+// Number of history entries strictly newer than `since`.
+std::int64_t count_after(const std::vector<std::int64_t>& times, std::int64_t since) {
+  const auto it = std::upper_bound(times.begin(), times.end(), since);
+  return static_cast<std::int64_t>(times.end() - it);
+}
+
+decision evaluate_log(const limits& l, const state& s, std::int64_t now) {
+  decision d;
+  if (s.times.empty()) return d;
+  const std::int64_t last = s.times.back();
+  for (const rule& r : l.rules) {
+    if (count_after(s.times, now - r.window_us()) < r.burst) continue;
+    const std::int64_t next = std::max(now, last) + r.interval_us;
+    if (!d.throttled || next > d.next_us) {
+      d.throttled = true;
+      d.next_us = next;
+      d.interval_us = r.interval_us;
+    }
+  }
+  return d;
+}
+
+// The earliest free slot at time `t` given the history: a delayed request
+// timestamped before it consumed a slot another request already used.
+std::int64_t free_slot(const limits& l, const state& s, std::int64_t t) {
+  if (s.times.empty()) return t;
+  const std::int64_t last = s.times.back();
+  std::int64_t slot = t;
+  for (const rule& r : l.rules) {
+    if (count_after(s.times, t - r.window_us()) >= r.burst) slot = std::max(slot, last + r.interval_us);
+  }
+  return slot;
+}
+
+void record_log(const limits& l, state& s, event e, std::int64_t now) {
+  std::int64_t t = e.at_us;
+  if (e.kind == event_kind::delayed) t = free_slot(l, s, t);
+  // Too old to be inside any window: it cannot change a decision.
+  if (t <= now - l.max_window_us()) return;
+  s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);
+  const std::size_t cap = l.max_burst();
+  if (s.times.size() > cap) s.times.erase(s.times.begin(), s.times.end() - static_cast<std::ptrdiff_t>(cap));
+}
+
+decision evaluate_gcra(const limits& l, const state& s, std::int64_t now) {
+  decision d;
+  for (std::size_t i = 0; i < l.rules.size() && i < s.times.size(); ++i) {
+    const rule& r = l.rules[i];
+    const std::int64_t next = s.times[i] - (r.burst - 1) * r.interval_us;
+    if (next > now && (!d.throttled || next > d.next_us)) {
+      d.throttled = true;
+      d.next_us = next;
+      d.interval_us = r.interval_us;
+    }
+  }
+  return d;
+}
+
+void record_gcra(const limits& l, state& s, event e) {
+  s.times.resize(l.rules.size(), 0);
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    s.times[i] = std::max(s.times[i], e.at_us) + l.rules[i].interval_us;
+  }
+}
+
+}  // namespace
+
+std::size_t limits::max_burst() const {
+  std::int64_t m = 1;
+  for (const rule& r : rules) m = std::max(m, r.burst);
+  return static_cast<std::size_t>(m);
+}
+
+std::int64_t limits::max_window_us() const {
+  std::int64_t m = 0;
+  for (const rule& r : rules) m = std::max(m, r.window_us());
+  return m;
+}
+
+decision evaluate(const limits& l, const state& s, std::int64_t now_us) {
+  return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us);
+}
+
+decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
+  if (e.kind != event_kind::rejected && !l.rules.empty()) {
+    e.at_us = std::min(e.at_us, now_us + l.max_future_us);
+    if (l.algo == algorithm::gcra) record_gcra(l, s, e);
+    else record_log(l, s, e, now_us);
+  }
+  return evaluate(l, s, now_us);
+}
+
+bool expired(const limits& l, const state& s, std::int64_t now_us) {
+  if (s.times.empty()) return true;
+  if (l.algo == algorithm::gcra) {
+    return std::all_of(s.times.begin(), s.times.end(), [&](std::int64_t tat) { return tat <= now_us; });
+  }
+  return s.times.back() <= now_us - l.max_window_us();
+}
+
+}  // namespace smockron::rules
