@@ -9,22 +9,12 @@ struct limiter::entry {
   rules::state st;
   std::size_t domain = 0;
   const std::string* key = nullptr;  // points into the owning map node (stable)
-  std::int64_t touched_us = 0;
   entry* prev = nullptr;
   entry* next = nullptr;
 };
 
-namespace {
-std::int64_t horizon_of(const std::vector<rules::limits>& domains) {
-  std::int64_t h = 0;
-  for (const auto& l : domains) h = std::max(h, l.max_window_us() + l.max_future_us);
-  return h;
-}
-}  // namespace
-
 limiter::limiter(std::vector<rules::limits> domains, std::size_t max_identifiers)
-    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)),
-      horizon_us_(horizon_of(limits_)) {}
+    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {}
 
 limiter::~limiter() {
   for (entry* e = head_; e;) {
@@ -35,6 +25,7 @@ limiter::~limiter() {
 }
 
 void limiter::unlink(entry* e) {
+  if (cursor_ == e) cursor_ = e->prev;
   (e->prev ? e->prev->next : head_) = e->next;
   (e->next ? e->next->prev : tail_) = e->prev;
   e->prev = e->next = nullptr;
@@ -79,22 +70,23 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
       push_front(en);
     }
   }
-  en->touched_us = now_us;
   return rules::apply(limits_[domain], en->st, e, now_us);
 }
 
 std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
+  // A cursor walks from the least recently used end towards the head and
+  // resumes there on the next call, so every entry is examined eventually
+  // whatever the mix of domain windows, at a bounded cost per call.
   std::size_t removed = 0;
-  entry* e = tail_;
-  while (e && budget-- > 0) {
-    entry* prev = e->prev;
+  budget = std::min(budget, size_);
+  while (budget-- > 0) {
+    entry* e = cursor_ ? cursor_ : tail_;
+    if (!e) break;
+    cursor_ = e->prev;
     if (rules::expired(limits_[e->domain], e->st, now_us)) {
       erase(e);
       ++removed;
-    } else if (e->touched_us >= now_us - horizon_us_) {
-      break;  // everything closer to the head was touched even more recently
     }
-    e = prev;
   }
   expirations_ += removed;
   return removed;
@@ -125,7 +117,6 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
   }
   maps_ = std::move(maps);
   limits_ = std::move(domains);
-  horizon_us_ = horizon_of(limits_);
 }
 
 const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {

@@ -25,8 +25,8 @@ public:
   /// Records `e` for (domain, identifier) and returns the decision.
   rules::decision apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us);
 
-  /// Removes expired state, examining at most `budget` of the least recently
-  /// used entries. Returns how many were removed.
+  /// Removes expired state, examining at most `budget` entries, resuming where
+  /// the previous sweep stopped. Returns how many were removed.
   std::size_t sweep(std::int64_t now_us, std::size_t budget);
 
   /// Replaces the domains. `old_index[i]` is the index new domain i had before
@@ -51,9 +51,9 @@ private:
   std::vector<map> maps_;
   std::size_t max_identifiers_;
   std::size_t size_ = 0;
-  std::int64_t horizon_us_ = 0;  ///< longest time any state can matter (window + clock skew)
   entry* head_ = nullptr;        ///< most recently used
   entry* tail_ = nullptr;        ///< least recently used
+  entry* cursor_ = nullptr;      ///< where the next sweep resumes (walking towards the head)
   std::uint64_t evictions_ = 0;
   std::uint64_t expirations_ = 0;
 };

@@ -1,1 +1,97 @@
+// The master's in-memory store: LRU cap, bounded sweeps, reconfiguration.
+#include "master/limiter.hpp"
+
 #include <gtest/gtest.h>
+
+using namespace smockron;
+using namespace smockron::master;
+
+namespace {
+constexpr std::int64_t ms = 1000;
+const std::int64_t t0 = 1'700'000'000'000 * ms;
+
+rules::limits ten_per_second(std::int64_t burst = 1) {
+  rules::limits l;
+  l.rules = {{100 * ms, burst}};
+  l.max_future_us = 0;
+  return l;
+}
+rules::event at(std::int64_t t) { return {rules::event_kind::accepted, t}; }
+}  // namespace
+
+TEST(Limiter, KeepsStatePerDomainAndIdentifier) {
+  limiter l({ten_per_second(), ten_per_second()}, 100);
+  EXPECT_TRUE(l.apply(0, "a", at(t0), t0).throttled);
+  EXPECT_TRUE(l.apply(1, "a", at(t0), t0).throttled);  // same identifier, other domain: own state
+  EXPECT_EQ(l.tracked(), 2u);
+  EXPECT_EQ(l.tracked(0), 1u);
+  EXPECT_EQ(l.apply(0, "a", at(t0 + 10 * ms), t0 + 10 * ms).next_us, t0 + 110 * ms);
+}
+
+TEST(Limiter, EvictsLeastRecentlyUsedAtTheCap) {
+  limiter l({ten_per_second(5)}, 3);
+  l.apply(0, "id0", at(t0), t0);
+  l.apply(0, "id1", at(t0), t0);
+  l.apply(0, "id2", at(t0), t0);
+  l.apply(0, "id0", at(t0 + 1), t0 + 1);  // id0 is now the most recently used
+  l.apply(0, "id3", at(t0 + 2), t0 + 2);  // evicts id1
+  EXPECT_EQ(l.tracked(), 3u);
+  EXPECT_EQ(l.evictions(), 1u);
+  EXPECT_TRUE(l.find(0, "id0"));
+  EXPECT_FALSE(l.find(0, "id1"));
+  EXPECT_TRUE(l.find(0, "id3"));
+  for (int i = 0; i < 1000; ++i) l.apply(0, "flood" + std::to_string(i), at(t0), t0);
+  EXPECT_EQ(l.tracked(), 3u);
+  EXPECT_EQ(l.evictions(), 1001u);
+}
+
+TEST(Limiter, RejectedForUnknownIdentifierCreatesNoState) {
+  limiter l({ten_per_second()}, 10);
+  EXPECT_FALSE(l.apply(0, "x", {rules::event_kind::rejected, t0}, t0).throttled);
+  EXPECT_EQ(l.tracked(), 0u);
+}
+
+TEST(Limiter, SweepRemovesOnlyExpiredStateWithinBudget) {
+  limiter l({ten_per_second()}, 100);
+  for (int i = 0; i < 10; ++i) l.apply(0, "old" + std::to_string(i), at(t0), t0);
+  l.apply(0, "fresh", at(t0 + 1000 * ms), t0 + 1000 * ms);
+  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 4), 4u);  // bounded
+  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 100), 6u);  // resumes, reaches the rest
+  EXPECT_EQ(l.tracked(), 1u);
+  EXPECT_TRUE(l.find(0, "fresh"));
+  EXPECT_EQ(l.expirations(), 10u);
+  EXPECT_EQ(l.sweep(t0 + 1050 * ms, 100), 0u);  // still inside its window
+  EXPECT_EQ(l.sweep(t0 + 1100 * ms, 100), 1u);
+}
+
+TEST(Limiter, SweepReachesExpiredEntriesBehindLongLivedOnes) {
+  rules::limits hourly;
+  hourly.rules = {{3'600'000 * ms, 1}};
+  limiter l({hourly, ten_per_second()}, 100);
+  l.apply(0, "long", at(t0), t0);  // least recently used, relevant for an hour
+  for (int i = 0; i < 5; ++i) l.apply(1, "short" + std::to_string(i), at(t0), t0);
+  std::size_t removed = 0;
+  for (int tick = 0; tick < 6; ++tick) removed += l.sweep(t0 + 1000 * ms, 2);
+  EXPECT_EQ(removed, 5u);
+  EXPECT_TRUE(l.find(0, "long"));
+}
+
+TEST(Limiter, ReconfigureKeepsCompatibleStateAndDropsRemovedDomains) {
+  limiter l({ten_per_second(), ten_per_second(), ten_per_second()}, 100);
+  l.apply(0, "a", at(t0), t0);
+  l.apply(1, "b", at(t0), t0);
+  l.apply(2, "c", at(t0), t0);
+  rules::limits gcra = ten_per_second();
+  gcra.algo = rules::algorithm::gcra;
+  // New order: old domain 2 first (same rules), old domain 0 with a new algorithm; old 1 removed.
+  l.reconfigure({ten_per_second(), gcra}, {2, 0});
+  EXPECT_EQ(l.tracked(), 2u);
+  ASSERT_TRUE(l.find(0, "c"));
+  EXPECT_EQ(l.find(0, "c")->times.size(), 1u);
+  ASSERT_TRUE(l.find(1, "a"));
+  EXPECT_TRUE(l.find(1, "a")->times.empty());  // incompatible state cleared
+  EXPECT_TRUE(l.apply(0, "c", at(t0 + 10 * ms), t0 + 10 * ms).throttled);
+  // The LRU list stays consistent: a flood evicts normally.
+  for (int i = 0; i < 200; ++i) l.apply(1, "n" + std::to_string(i), at(t0), t0);
+  EXPECT_EQ(l.tracked(), 100u);
+}

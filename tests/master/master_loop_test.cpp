@@ -1,1 +1,202 @@
+// The master's accounting loop over in-process ZeroMQ with a manual clock:
+// DELAY_UNTIL contents, error counting, subscription filtering, reloads.
 #include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "master/service.hpp"
+#include "smockron/wire.hpp"
+
+using namespace smockron;
+using namespace std::string_literals;
+
+namespace {
+std::atomic<int> g_instance{0};
+
+config::master_config make_config() {
+  const int n = ++g_instance;
+  auto r = config::load_string(R"(
+[master]
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 2 } ]
+[master.domains.slow]
+rules = [ { rate = "10/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
+[master.domains.probe]
+rules = [ { rate = "1/h", burst = 1 } ]
+)", "test");
+  auto cfg = *r.cfg->master;
+  cfg.accounting = "inproc://accounting-" + std::to_string(n);
+  cfg.control = "inproc://control-" + std::to_string(n);
+  return cfg;
+}
+
+class MasterLoop : public ::testing::Test {
+protected:
+  MasterLoop()
+      : cfg_(make_config()), svc_(cfg_, ctx_, clock_, registry_), pub_(ctx_, zmq::socket_type::pub),
+        sub_(ctx_, zmq::socket_type::sub) {
+    clock_.set_wall_ms(now_ms_);
+    sub_.connect(cfg_.control);
+    sub_.set(zmq::sockopt::subscribe, "");
+    pub_.connect(cfg_.accounting);
+    // Both subscriptions propagate asynchronously: probe until a DELAY_UNTIL
+    // round-trips through the master.
+    for (int i = 0; i < 2000; ++i) {
+      send({"probe\0"s, "ACCEPTED", "sync", std::to_string(now_ms_), ""});
+      svc_.poll_once(std::chrono::milliseconds(1));
+      zmq_util::multipart m;
+      if (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) {
+        while (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) {}
+        return;
+      }
+    }
+    ADD_FAILURE() << "in-process sockets never connected";
+  }
+
+  void send(const std::vector<std::string>& frames) {
+    std::vector<std::string_view> v(frames.begin(), frames.end());
+    ASSERT_TRUE(zmq_util::send(pub_, v));
+  }
+  void handle(const std::vector<std::string>& frames) {
+    std::vector<std::string_view> v(frames.begin(), frames.end());
+    svc_.handle(v);
+  }
+  // The next control message, if one arrives within a short bound.
+  std::optional<std::vector<std::string>> next_control() {
+    zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(2000)) <= 0) return std::nullopt;
+    zmq_util::multipart m;
+    if (!zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) return std::nullopt;
+    return std::vector<std::string>(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
+  }
+  std::string ts(std::int64_t offset_ms) const { return std::to_string(now_ms_ + offset_ms); }
+  std::string metrics() const { return registry_.render(); }
+
+  const std::int64_t now_ms_ = 1'700'000'000'000;
+  zmq::context_t ctx_;
+  manual_clock clock_;
+  metrics::registry registry_;
+  config::master_config cfg_;
+  master::service svc_;
+  zmq::socket_t pub_;
+  zmq::socket_t sub_;
+};
+}  // namespace
+
+TEST_F(MasterLoop, PublishesDelayUntilOnlyWhenThrottled) {
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // under the burst: nothing published
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // burst full
+  auto m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*m, (std::vector<std::string>{"api\0"s, "DELAY_UNTIL", "k", ts(100), "100"}));
+  handle({"api\0"s, "DELAYED", "k", ts(0), ts(100)});
+  m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[3], ts(200));
+  EXPECT_NE(metrics().find("smockron_master_control_messages_total 3"), std::string::npos);  // + the probe
+}
+
+TEST_F(MasterLoop, SlowerRuleSetsTheIntervalFrame) {
+  handle({"slow\0"s, "ACCEPTED", "k", ts(0), ""});
+  handle({"slow\0"s, "ACCEPTED", "k", ts(0), ""});
+  auto m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[3], ts(1000));
+  EXPECT_EQ((*m)[4], "1000");
+}
+
+TEST_F(MasterLoop, DelayedMessagesFromSeveralGatekeepersEachCount) {
+  handle({"api\0"s, "ACCEPTED", "h", ts(0), ""});
+  handle({"api\0"s, "ACCEPTED", "h", ts(0), ""});
+  ASSERT_EQ((*next_control())[3], ts(100));
+  for (int g = 0; g < 3; ++g) handle({"api\0"s, "DELAYED", "h", ts(1), ts(100)});
+  EXPECT_EQ((*next_control())[3], ts(200));
+  EXPECT_EQ((*next_control())[3], ts(300));
+  EXPECT_EQ((*next_control())[3], ts(400));
+}
+
+TEST_F(MasterLoop, MalformedMessagesAreCountedAndValidTrafficContinues) {
+  handle({"api\0"s, "ACCEPTED", "k", ts(0)});
+  handle({"api"s, "ACCEPTED", "k", ts(0), ""});
+  handle({"api\0"s, "ACCEPTED", "k", "soon", ""});
+  handle({"api\0"s, "MAYBE", "k", ts(0), ""});
+  handle({"api\0"s, "DELAYED", "k", ts(0), ""});
+  handle({"api\0"s, "ACCEPTED", std::string(5000, 'x'), ts(0), ""});
+  handle({"other\0"s, "ACCEPTED", "k", ts(0), ""});
+  const auto text = metrics();
+  for (auto reason : {"frame_count", "domain_not_terminated", "timestamp_not_numeric", "unknown_status", "delayed_missing",
+                      "frame_too_large"}) {
+    EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\""s + reason + "\"} 1"), std::string::npos) << reason;
+  }
+  EXPECT_NE(text.find("smockron_master_unknown_domain_total 1"), std::string::npos);
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  ASSERT_TRUE(next_control());
+}
+
+TEST_F(MasterLoop, ReceivesOverZeroMqAndCountsOversizedMessages) {
+  std::vector<std::string> twenty(20, "x");
+  twenty[0] = "api\0"s;
+  send(twenty);
+  send({"api\0"s, "ACCEPTED", "z", ts(0), ""});
+  send({"api\0"s, "ACCEPTED", "z", ts(0), ""});
+  for (int i = 0; i < 200 && !svc_.poll_once(std::chrono::milliseconds(10)); ++i) {}
+  auto m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[2], "z");
+  EXPECT_NE(metrics().find("smockron_master_decode_errors_total{reason=\"frame_count\"} 1"), std::string::npos);
+  EXPECT_NE(metrics().find("smockron_master_accounting_messages_total{domain=\"api\",status=\"ACCEPTED\"} 2"),
+            std::string::npos);
+}
+
+TEST_F(MasterLoop, SubscribesOnlyToOwnedDomains) {
+  send({"elsewhere\0"s, "ACCEPTED", "k", ts(0), ""});
+  send({"api2\0"s, "ACCEPTED", "k", ts(0), ""});  // "api" must not prefix-match "api2"
+  send({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  send({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  ASSERT_TRUE(next_control() || (svc_.poll_once(std::chrono::milliseconds(50)), next_control()));
+  EXPECT_NE(metrics().find("smockron_master_unknown_domain_total 0"), std::string::npos);
+}
+
+TEST_F(MasterLoop, ReloadKeepsStateAndAppliesNewRules) {
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  auto next = cfg_;
+  std::erase_if(next.domains, [](const auto& d) { return d.name == "slow"; });
+  next.domains[0].rules[0].burst = 3;  // api: burst 2 -> 3
+  svc_.request_reload([&] { return std::optional(next); });
+  svc_.poll_once(std::chrono::milliseconds(1));
+  EXPECT_NE(metrics().find("smockron_master_reloads_total 1"), std::string::npos);
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // 2 of 3: kept state, not yet throttled
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  auto m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[3], ts(100));
+  EXPECT_EQ(svc_.status_json().find("\"slow\""), std::string::npos);
+  handle({"slow\0"s, "ACCEPTED", "k", ts(0), ""});
+  EXPECT_NE(metrics().find("smockron_master_unknown_domain_total 1"), std::string::npos);
+
+  svc_.request_reload([] { return std::optional<config::master_config>(); });  // invalid file
+  svc_.poll_once(std::chrono::milliseconds(1));
+  EXPECT_NE(metrics().find("smockron_master_reload_failures_total 1"), std::string::npos);
+}
+
+TEST_F(MasterLoop, StatusAndLiveness) {
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  const auto status = svc_.status_json();
+  EXPECT_NE(status.find("{\"name\":\"api\",\"algorithm\":\"sliding-log\",\"rules\":[{\"rate\":\"10/s\",\"burst\":2}],"
+                        "\"tracked_identifiers\":1}"),
+            std::string::npos)
+      << status;
+  EXPECT_TRUE(svc_.alive(std::chrono::seconds(5)));
+  clock_.advance(std::chrono::seconds(10));
+  EXPECT_FALSE(svc_.alive(std::chrono::seconds(5)));
+}
+
+TEST_F(MasterLoop, ExpiredStateIsSweptOnTheLoopTick) {
+  handle({"api\0"s, "ACCEPTED", "gone", ts(0), ""});
+  EXPECT_EQ(svc_.state().tracked(), 2u);  // + the probe identifier
+  clock_.advance(std::chrono::seconds(2));
+  svc_.poll_once(std::chrono::milliseconds(1));
+  EXPECT_EQ(svc_.state().tracked(), 1u);  // the 1/h probe state is still relevant
+  EXPECT_NE(metrics().find("smockron_master_expirations_total 1"), std::string::npos);
+}

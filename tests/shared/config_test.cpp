@@ -1,1 +1,306 @@
+// Configuration: the full schema, defaults, and every error path with its
+// key path and line:column.
+#include "smockron/config.hpp"
+
 #include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "smockron/embedded_config.hpp"
+
+using namespace smockron;
+using namespace smockron::config;
+using namespace std::chrono;
+
+namespace {
+load_result load(const std::string& text) { return load_string(text, "test.toml"); }
+
+// The single error of a config, formatted.
+std::string one_error(const std::string& text) {
+  auto r = load(text);
+  EXPECT_FALSE(r.cfg);
+  EXPECT_EQ(r.errors.size(), 1u);
+  std::string all;
+  for (const auto& e : r.errors) all += format(e) + "\n";
+  return r.errors.size() == 1 ? format(r.errors[0]) : all;
+}
+}  // namespace
+
+TEST(Config, FullSchemaParses) {
+  auto r = load(R"(
+[master]
+accounting = "tcp://127.0.0.1:20004"
+control    = "tcp://127.0.0.1:20005"
+admin      = "127.0.0.1:9205"
+store      = "redis"
+redis      = "redis://127.0.0.1:6380/1"
+max_identifiers = 5000
+max_clock_skew = "10s"
+accounting_hwm = 0
+sweep_interval = "50ms"
+log_level = "debug"
+
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 20 }, { rate = "1000/h", burst = 100 } ]
+algorithm = "gcra"
+
+[master.domains.login]
+rules = [ { rate = "5/min" } ]
+
+[proxy]
+listen = "0.0.0.0:8081"
+admin = "127.0.0.1:9206"
+threads = 2
+accounting = ["tcp://10.0.0.1:10004", "tcp://10.0.0.2:10004"]
+control = "tcp://10.0.0.1:10005"
+max_delay = "2s"
+max_held = 50
+trusted_proxies = ["10.0.0.0/8", "::1"]
+header_timeout = "5s"
+body_timeout = "30s"
+idle_timeout = "30s"
+connect_timeout = "1s"
+upstream_timeout = "20s"
+grace_period = "3s"
+max_header_bytes = "8KiB"
+max_body_bytes = "1GiB"
+rejected_sample = 0.25
+access_log = true
+fail_closed = false
+
+[proxy.jwt]
+hs256_secret = "s3cret"
+leeway = "5s"
+
+[proxy.upstreams.app]
+servers = ["127.0.0.1:9000", "127.0.0.1:9001"]
+fail_timeout = "5s"
+keepalive = 16
+
+[[proxy.routes]]
+host = "*.example.com"
+path = "/api/"
+domain = "api"
+upstream = "app"
+identify = ["header:X-API-Key", "jwt:sub", "ip"]
+
+[[proxy.routes]]
+domain = "login"
+upstream = "app"
+)");
+  for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+  ASSERT_TRUE(r.cfg);
+  const auto& m = *r.cfg->master;
+  EXPECT_EQ(m.accounting, "tcp://127.0.0.1:20004");
+  EXPECT_EQ(m.admin, (host_port{"127.0.0.1", 9205}));
+  EXPECT_EQ(m.store, store_kind::redis);
+  EXPECT_EQ(m.max_identifiers, 5000u);
+  EXPECT_EQ(m.max_clock_skew, seconds(10));
+  EXPECT_EQ(m.accounting_hwm, 0);
+  EXPECT_EQ(m.sweep_interval, milliseconds(50));
+  ASSERT_EQ(m.domains.size(), 2u);
+  const auto* api = m.find_domain("api");
+  ASSERT_TRUE(api);
+  EXPECT_EQ(api->algorithm, rules::algorithm::gcra);
+  ASSERT_EQ(api->rules.size(), 2u);
+  EXPECT_EQ(api->rules[0].r, (rate{10, seconds(1)}));
+  EXPECT_EQ(api->rules[0].burst, 20);
+  EXPECT_EQ(api->rules[1].r, (rate{1000, hours(1)}));
+  EXPECT_EQ(m.find_domain("login")->rules[0].burst, 1);  // default burst
+  EXPECT_EQ(m.find_domain("login")->algorithm, rules::algorithm::sliding_log);
+  const auto limits = api->compile(m.max_clock_skew);
+  EXPECT_EQ(limits.rules[0].interval_us, 100'000);
+  EXPECT_EQ(limits.max_future_us, 10'000'000);
+
+  const auto& p = *r.cfg->proxy;
+  EXPECT_EQ(p.listen, (host_port{"0.0.0.0", 8081}));
+  EXPECT_EQ(p.threads, 2);
+  EXPECT_EQ(p.accounting.size(), 2u);
+  ASSERT_EQ(p.control.size(), 1u);  // a single string is a one-element list
+  EXPECT_EQ(p.max_delay, seconds(2));
+  EXPECT_EQ(p.max_held, 50);
+  ASSERT_EQ(p.trusted_proxies.size(), 2u);
+  EXPECT_TRUE(p.trusted_proxies[0].contains(*parse_ip("10.1.2.3")));
+  EXPECT_EQ(p.header_timeout, seconds(5));
+  EXPECT_EQ(p.body_timeout, seconds(30));
+  EXPECT_EQ(p.grace_period, seconds(3));
+  EXPECT_EQ(p.max_header_bytes, 8u * 1024);
+  EXPECT_EQ(p.max_body_bytes, 1024ull * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
+  EXPECT_TRUE(p.access_log);
+  EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
+  EXPECT_TRUE(p.jwt.verify());
+  EXPECT_EQ(p.jwt.leeway, seconds(5));
+  ASSERT_EQ(p.upstreams.size(), 1u);
+  EXPECT_EQ(p.upstreams[0].servers.size(), 2u);
+  EXPECT_EQ(p.upstreams[0].fail_timeout, seconds(5));
+  EXPECT_EQ(p.upstreams[0].keepalive, 16);
+  ASSERT_EQ(p.routes.size(), 2u);
+  EXPECT_EQ(p.routes[0].host, "*.example.com");
+  EXPECT_EQ(p.routes[0].path, "/api/");
+  ASSERT_EQ(p.routes[0].identify.size(), 3u);
+  EXPECT_EQ(p.routes[0].identify[0], (identifier_source{identifier_source::kind::header, "X-API-Key"}));
+  EXPECT_EQ(p.routes[0].identify[1], (identifier_source{identifier_source::kind::jwt, "sub"}));
+  EXPECT_EQ(p.routes[1].host, "*");
+  EXPECT_EQ(p.routes[1].path, "/");
+  ASSERT_EQ(p.routes[1].identify.size(), 1u);  // default: ip
+  EXPECT_EQ(p.routes[1].identify[0].type, identifier_source::kind::ip);
+}
+
+TEST(Config, DefaultsWhenTablesAreEmpty) {
+  auto r = load("[master]\n[proxy]\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->master->accounting, "tcp://127.0.0.1:10004");
+  EXPECT_EQ(r.cfg->master->control, "tcp://127.0.0.1:10005");
+  EXPECT_EQ(r.cfg->master->admin, (host_port{"127.0.0.1", 9105}));
+  EXPECT_EQ(r.cfg->master->store, store_kind::memory);
+  EXPECT_EQ(r.cfg->master->max_identifiers, 1'000'000u);
+  EXPECT_EQ(r.cfg->proxy->listen, (host_port{"0.0.0.0", 8080}));
+  EXPECT_EQ(r.cfg->proxy->max_delay, seconds(5));
+  EXPECT_EQ(r.cfg->proxy->max_held, 10'000);
+  EXPECT_EQ(r.cfg->proxy->header_timeout, seconds(10));
+  EXPECT_EQ(r.cfg->proxy->idle_timeout, seconds(60));
+  EXPECT_EQ(r.cfg->proxy->connect_timeout, seconds(2));
+  EXPECT_EQ(r.cfg->proxy->upstream_timeout, seconds(60));
+  EXPECT_EQ(r.cfg->proxy->max_header_bytes, 16u * 1024);
+  EXPECT_FALSE(load("").cfg->master);
+}
+
+TEST(Config, EmbeddedDefaultsAndShippedConfigAreValid) {
+  auto r = load_string(embedded_config, "<embedded>");
+  for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_TRUE(r.cfg->master);
+  EXPECT_TRUE(r.cfg->proxy);
+}
+
+TEST(Config, SyntaxErrorHasLineAndColumn) {
+  const auto e = one_error("[master]\nstore = \n");
+  EXPECT_EQ(e.rfind("test.toml:2:", 0), 0u) << e;
+}
+
+TEST(Config, UnknownKeysAreErrorsEverywhere) {
+  EXPECT_EQ(one_error("[mastr]\n"), "test.toml:1:2: mastr: unknown key (check the spelling; unknown keys are errors)");
+  EXPECT_EQ(one_error("[master]\nadmn = \"x\"\n"),
+            "test.toml:2:1: master.admn: unknown key (check the spelling; unknown keys are errors)");
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", brust = 2 }]\n").find("master.domains.a.rules[0].brust: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrule = []\n").find("master.domains.a.rule: unknown key"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlisten_port = 1\n").find("proxy.listen_port: unknown key"), std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\nsecret = \"x\"\n").find("proxy.jwt.secret: unknown key"), std::string::npos);
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\nweight=2\n").find("proxy.upstreams.u.weight: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\n[[proxy.routes]]\ndomain=\"d\"\nupstream=\"u\"\nprefix=\"/\"\n")
+                .find("proxy.routes[0].prefix: unknown key"),
+            std::string::npos);
+}
+
+TEST(Config, MasterValueErrors) {
+  EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
+            "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
+  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid ZeroMQ endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\ncontrol = 10005\n").find("master.control: expected a ZeroMQ endpoint string, got an integer"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nsweep_interval = \"0ms\"\n").find("master.sweep_interval: must be at least 1ms"), std::string::npos);
+  EXPECT_NE(one_error("[master]\ndomains = 3\n").find("master.domains: expected a table of domains"), std::string::npos);
+  EXPECT_NE(one_error("master = 1\n").find("master: expected a table, got an integer"), std::string::npos);
+}
+
+TEST(Config, DomainAndRuleErrors) {
+  EXPECT_NE(one_error("[master.domains.a]\nalgorithm = \"leaky\"\n").find("master.domains.a.algorithm: unknown algorithm \"leaky\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = \"10/s\"\n").find("master.domains.a.rules: expected an array of rules"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [\"10/s\"]\n").find("master.domains.a.rules[0]: expected a table"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ burst = 2 }]\n").find("master.domains.a.rules[0].rate: missing"),
+            std::string::npos);
+  EXPECT_EQ(one_error("[master.domains.a]\nrules = [{ rate = \"10/q\" }]\n"),
+            "test.toml:2:19: master.domains.a.rules[0].rate: invalid rate \"10/q\" (expected N/s, N/min, N/h, N/d or "
+            "N/<duration>): unknown duration unit \"q\" in \"1q\" (use us, ms, s, min, h, d)");
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = 0 }]\n").find("rules[0].burst: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = \"2\" }]\n").find("expected an integer, got a string"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains]\na = 1\n").find("master.domains.a: expected a table"), std::string::npos);
+  EXPECT_NE(one_error("[master.domains.\"\"]\n").find("domain name must not be empty"), std::string::npos);
+}
+
+TEST(Config, ProxyValueErrors) {
+  EXPECT_NE(one_error("[proxy]\nlisten = \"8080\"\n").find("proxy.listen: invalid address"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid ZeroMQ endpoint"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = {}\n").find("proxy.control: expected an array of strings"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_delay = 5\n").find("proxy.max_delay: expected a duration string"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_held = -1\n").find("proxy.max_held: must be between"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/40\"]\n").find("proxy.trusted_proxies[0]: invalid CIDR"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nheader_timeout = \"0s\"\n").find("proxy.header_timeout: must be at least 1ms"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = \"16XB\"\n").find("proxy.max_header_bytes: unknown size unit"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = 10\n").find("proxy.max_header_bytes: must be between 256"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"), std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n").find("proxy.jwt.public_key_file: cannot read"),
+            std::string::npos);
+}
+
+TEST(Config, UpstreamAndRouteErrors) {
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = []\n").find("proxy.upstreams.u.servers: an upstream needs at least one server"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = [\"nohost\"]\n").find("proxy.upstreams.u.servers[0]: invalid server"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.upstreams]\nu = 1\n").find("proxy.upstreams.u: expected a table"), std::string::npos);
+  const std::string up = "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n";
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\n").find("proxy.routes[0].domain: missing"), std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\n").find("proxy.routes[0].upstream: missing"), std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"v\"\n").find("proxy.routes[0].upstream: unknown upstream \"v\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\npath = \"api\"\n").find("must start with /"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
+                .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = []\n").find("needs at least one source"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nroutes = 1\n").find("proxy.routes: expected an array of tables"), std::string::npos);
+}
+
+TEST(Config, AllErrorsAreReportedAtOnceInSourceOrder) {
+  auto r = load("[master]\nstore = \"disk\"\nmax_identifiers = 0\n[proxy]\nthreads = -1\nbogus = 1\n");
+  ASSERT_EQ(r.errors.size(), 4u);
+  EXPECT_EQ(r.errors[0].line, 2u);
+  EXPECT_EQ(r.errors[1].line, 3u);
+  EXPECT_EQ(r.errors[2].line, 5u);
+  EXPECT_EQ(r.errors[3].line, 6u);
+  EXPECT_EQ(r.errors[3].key, "proxy.bogus");
+}
+
+TEST(Config, IdentifierSources) {
+  using k = identifier_source::kind;
+  EXPECT_EQ(parse_identifier_source("ip")->type, k::ip);
+  EXPECT_EQ(parse_identifier_source("token")->type, k::token);
+  EXPECT_EQ(*parse_identifier_source("cookie:sid"), (identifier_source{k::cookie, "sid"}));
+  EXPECT_EQ(*parse_identifier_source("query:key"), (identifier_source{k::query, "key"}));
+  EXPECT_FALSE(parse_identifier_source("header:"));
+  EXPECT_FALSE(parse_identifier_source("ip:x"));
+  EXPECT_FALSE(parse_identifier_source(""));
+  EXPECT_EQ(to_string(identifier_source{k::jwt, "sub"}), "jwt:sub");
+}
+
+TEST(Config, LoadFile) {
+  const std::string path = ::testing::TempDir() + "/smockron_config_test.toml";
+  std::ofstream(path) << "[master]\nstore = \"memory\"\n";
+  auto r = load_file(path);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->source, path);
+  auto missing = load_file("/nonexistent/smockron.toml");
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_EQ(format(missing.errors[0]), "/nonexistent/smockron.toml: cannot open file");
+}

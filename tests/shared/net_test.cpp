@@ -1,1 +1,42 @@
+// host:port and CIDR parsing.
+#include "smockron/net.hpp"
+
 #include <gtest/gtest.h>
+
+using namespace smockron;
+
+TEST(Net, HostPort) {
+  EXPECT_EQ(parse_host_port("127.0.0.1:8080"), (host_port{"127.0.0.1", 8080}));
+  EXPECT_EQ(parse_host_port("[::1]:80"), (host_port{"::1", 80}));
+  EXPECT_EQ(parse_host_port("backend.local:0"), (host_port{"backend.local", 0}));
+  EXPECT_EQ((host_port{"::1", 80}).to_string(), "[::1]:80");
+  for (auto bad : {"127.0.0.1", ":80", "h:", "h:65536", "h:8o", "::1:80", "[::1]80", "[::1"}) {
+    EXPECT_FALSE(parse_host_port(bad)) << bad;
+  }
+}
+
+TEST(Net, Cidr) {
+  auto c = parse_cidr("10.0.0.0/8");
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->contains(*parse_ip("10.200.3.4")));
+  EXPECT_FALSE(c->contains(*parse_ip("11.0.0.1")));
+  EXPECT_FALSE(c->contains(*parse_ip("::1")));
+  auto one = parse_cidr("192.168.1.7");
+  ASSERT_TRUE(one);
+  EXPECT_TRUE(one->contains(*parse_ip("192.168.1.7")));
+  EXPECT_FALSE(one->contains(*parse_ip("192.168.1.8")));
+  auto v6 = parse_cidr("fd00::/8");
+  ASSERT_TRUE(v6);
+  EXPECT_TRUE(v6->contains(*parse_ip("fd12::5")));
+  EXPECT_FALSE(v6->contains(*parse_ip("fe80::1")));
+  auto all = parse_cidr("0.0.0.0/0");
+  ASSERT_TRUE(all);
+  EXPECT_TRUE(all->contains(*parse_ip("8.8.8.8")));
+  auto odd = parse_cidr("10.1.128.0/17");
+  ASSERT_TRUE(odd);
+  EXPECT_TRUE(odd->contains(*parse_ip("10.1.200.1")));
+  EXPECT_FALSE(odd->contains(*parse_ip("10.1.100.1")));
+  for (auto bad : {"10.0.0.0/33", "10.0.0/8", "::/129", "x/8", "10.0.0.0/", "10.0.0.0/-1", ""}) {
+    EXPECT_FALSE(parse_cidr(bad)) << bad;
+  }
+}

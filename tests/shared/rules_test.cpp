@@ -1,1 +1,219 @@
+// Rule engine: worked examples of the spec's sliding-log logic and GCRA, with
+// time passed in (no clock, no sleeping). Times below are in milliseconds.
+#include "smockron/rules.hpp"
+
 #include <gtest/gtest.h>
+
+using namespace smockron::rules;
+
+namespace {
+constexpr std::int64_t ms = 1000;  // µs per ms
+const std::int64_t t0 = 1'700'000'000'000 * ms;
+
+limits make(algorithm a, std::initializer_list<rule> rs) {
+  limits l;
+  l.algo = a;
+  l.rules = rs;
+  return l;
+}
+rule per_second(std::int64_t n, std::int64_t burst) { return {1'000'000 / n, burst}; }
+
+decision accepted(const limits& l, state& s, std::int64_t at, std::int64_t now) {
+  return apply(l, s, {event_kind::accepted, at}, now);
+}
+decision delayed(const limits& l, state& s, std::int64_t at, std::int64_t now) {
+  return apply(l, s, {event_kind::delayed, at}, now);
+}
+
+class BothAlgorithms : public ::testing::TestWithParam<algorithm> {};
+}  // namespace
+
+TEST_P(BothAlgorithms, BurstExactlyAtTheLimit) {
+  const limits l = make(GetParam(), {per_second(10, 3)});
+  state s;
+  EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  const decision d = accepted(l, s, t0, t0);  // the third fills the burst
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 100 * ms);
+  EXPECT_EQ(d.interval_us, 100 * ms);
+}
+
+TEST_P(BothAlgorithms, SeveralDelayedWithTheSameTimestampEachCount) {
+  // Three gatekeepers release held requests at the same DELAY_UNTIL instant.
+  const limits l = make(GetParam(), {per_second(10, 1)});
+  state s;
+  ASSERT_EQ(accepted(l, s, t0, t0).next_us, t0 + 100 * ms);
+  EXPECT_EQ(delayed(l, s, t0 + 100 * ms, t0 + 1 * ms).next_us, t0 + 200 * ms);
+  EXPECT_EQ(delayed(l, s, t0 + 100 * ms, t0 + 2 * ms).next_us, t0 + 300 * ms);
+  EXPECT_EQ(delayed(l, s, t0 + 100 * ms, t0 + 3 * ms).next_us, t0 + 400 * ms);
+}
+
+TEST_P(BothAlgorithms, RejectedDoesNotCount) {
+  const limits l = make(GetParam(), {per_second(10, 1)});
+  state s;
+  ASSERT_TRUE(accepted(l, s, t0, t0).throttled);
+  const decision d = apply(l, s, {event_kind::rejected, t0}, t0);
+  EXPECT_EQ(d.next_us, t0 + 100 * ms);  // unchanged by the rejection
+  EXPECT_FALSE(evaluate(l, s, t0 + 100 * ms).throttled);
+}
+
+TEST_P(BothAlgorithms, FutureTimestampIsClampedToTheAllowedSkew) {
+  limits l = make(GetParam(), {per_second(10, 1)});
+  l.max_future_us = 2'000 * ms;
+  state s;
+  const decision d = accepted(l, s, t0 + 3'600'000 * ms, t0);  // a gatekeeper clock an hour ahead
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 2'000 * ms + 100 * ms);
+}
+
+TEST_P(BothAlgorithms, IdleStateExpires) {
+  const limits l = make(GetParam(), {per_second(10, 2)});
+  state s;
+  accepted(l, s, t0, t0);
+  accepted(l, s, t0, t0);
+  EXPECT_FALSE(expired(l, s, t0 + 100 * ms));
+  EXPECT_TRUE(expired(l, s, t0 + 200 * ms));
+  // Expired state decides exactly like no state.
+  state fresh;
+  EXPECT_EQ(accepted(l, s, t0 + 200 * ms, t0 + 200 * ms).throttled,
+            accepted(l, fresh, t0 + 200 * ms, t0 + 200 * ms).throttled);
+}
+
+TEST_P(BothAlgorithms, NoRulesNeverThrottles) {
+  const limits l = make(GetParam(), {});
+  state s;
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  EXPECT_TRUE(s.times.empty());
+}
+
+TEST_P(BothAlgorithms, HistoryIsBoundedByTheLargestBurst) {
+  const limits l = make(GetParam(), {per_second(100, 7), per_second(1, 3)});
+  state s;
+  for (int i = 0; i < 1000; ++i) accepted(l, s, t0 + i * ms, t0 + i * ms);
+  EXPECT_LE(s.times.size(), 7u);
+}
+
+// A hot client at 20x the rate behind one gatekeeper that obeys DELAY_UNTIL:
+// over a long run the admitted count is burst + rate x duration.
+TEST_P(BothAlgorithms, LongRunAdmittedRateHoldsForAHotClient) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  state s;
+  std::int64_t next_allowed = 0;
+  int admitted = 0;
+  const std::int64_t duration = 10'000 * ms;
+  for (std::int64_t t = t0; t < t0 + duration; t += 5 * ms) {  // 200 requests/s
+    decision d;
+    if (t >= next_allowed) {
+      d = accepted(l, s, t, t);
+      ++admitted;
+    } else if (next_allowed < t0 + duration) {
+      d = delayed(l, s, next_allowed, t);
+      ++admitted;
+    } else {
+      continue;
+    }
+    if (d.throttled) next_allowed = std::max(next_allowed, d.next_us);
+  }
+  EXPECT_GE(admitted, 5 + 100 - 1);
+  EXPECT_LE(admitted, 5 + 100 + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, BothAlgorithms, ::testing::Values(algorithm::sliding_log, algorithm::gcra),
+                         [](const auto& info) { return info.param == algorithm::gcra ? "gcra" : "sliding_log"; });
+
+TEST(SlidingLog, UnderTheBurstNothingIsPublished) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 3)});
+  state s;
+  EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  EXPECT_FALSE(accepted(l, s, t0 + 10 * ms, t0 + 10 * ms).throttled);
+}
+
+TEST(SlidingLog, WindowIsBurstOverRate) {
+  // burst 3 at 10/s: the window is 300 ms; three requests at t0 throttle until it slides.
+  const limits l = make(algorithm::sliding_log, {per_second(10, 3)});
+  state s;
+  for (int i = 0; i < 3; ++i) accepted(l, s, t0, t0);
+  const decision inside = evaluate(l, s, t0 + 299 * ms);
+  ASSERT_TRUE(inside.throttled);
+  EXPECT_EQ(inside.next_us, t0 + 399 * ms);  // start = max(now, last) = now
+  EXPECT_FALSE(evaluate(l, s, t0 + 300 * ms).throttled);
+}
+
+TEST(SlidingLog, DelayedTimestampEntersTheHistory) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
+  state s;
+  ASSERT_EQ(accepted(l, s, t0, t0).next_us, t0 + 100 * ms);
+  // Reported before its delayed time: start = max(now, last) = the delayed timestamp.
+  const decision d = delayed(l, s, t0 + 100 * ms, t0 + 10 * ms);
+  EXPECT_EQ(d.next_us, t0 + 200 * ms);
+  ASSERT_EQ(s.times.size(), 1u);
+  EXPECT_EQ(s.times.back(), t0 + 100 * ms);
+}
+
+TEST(SlidingLog, SlowerRuleDominates) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 5), per_second(1, 2)});
+  state s;
+  EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  const decision d = accepted(l, s, t0, t0);  // the 1/s rule's burst of 2 is full
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 1'000 * ms);
+  EXPECT_EQ(d.interval_us, 1'000 * ms);
+}
+
+TEST(SlidingLog, FasterRuleCanBindFirst) {
+  // 10/s burst 2 and 1/min burst 100: the first rule binds after two requests.
+  const limits l = make(algorithm::sliding_log, {per_second(10, 2), {60'000 * ms, 100}});
+  state s;
+  accepted(l, s, t0, t0);
+  const decision d = accepted(l, s, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 100 * ms);
+}
+
+TEST(SlidingLog, PastTimestampOutsideEveryWindowIsIgnored) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
+  state s;
+  EXPECT_FALSE(accepted(l, s, t0 - 10'000 * ms, t0).throttled);  // a message 10 s late
+  EXPECT_TRUE(s.times.empty());
+  // Late but inside the window still counts.
+  EXPECT_TRUE(accepted(l, s, t0 - 50 * ms, t0).throttled);
+}
+
+TEST(SlidingLog, OutOfOrderDelayedTakesTheNextFreeSlot) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
+  state s;
+  accepted(l, s, t0, t0);
+  delayed(l, s, t0 + 200 * ms, t0);  // gatekeeper A's second paced release arrives first
+  const decision d = delayed(l, s, t0 + 100 * ms, t0);  // gatekeeper B's release at the first slot
+  EXPECT_EQ(d.next_us, t0 + 400 * ms);
+}
+
+TEST(Gcra, BurstIsTolerance) {
+  const limits l = make(algorithm::gcra, {per_second(10, 3)});
+  state s;
+  accepted(l, s, t0, t0);
+  accepted(l, s, t0, t0);
+  const decision d = accepted(l, s, t0, t0);
+  EXPECT_EQ(d.next_us, t0 + 100 * ms);
+  // One interval later exactly one more request is allowed.
+  EXPECT_FALSE(evaluate(l, s, t0 + 100 * ms).throttled);
+  EXPECT_EQ(accepted(l, s, t0 + 100 * ms, t0 + 100 * ms).next_us, t0 + 200 * ms);
+}
+
+TEST(Gcra, SlowerRuleDominates) {
+  const limits l = make(algorithm::gcra, {per_second(10, 5), per_second(1, 2)});
+  state s;
+  accepted(l, s, t0, t0);
+  const decision d = accepted(l, s, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 1'000 * ms);
+}
+
+TEST(Gcra, PastTimestampsDoNotMoveTheArrivalTimeBack) {
+  const limits l = make(algorithm::gcra, {per_second(10, 1)});
+  state s;
+  accepted(l, s, t0, t0);
+  const decision d = accepted(l, s, t0 - 5'000 * ms, t0);  // late message: still one use
+  EXPECT_EQ(d.next_us, t0 + 200 * ms);
+}

@@ -1,0 +1,637 @@
+"""Reusable helpers for Smockron's black-box integration tests.
+
+Everything here talks to real binaries over 127.0.0.1 only:
+
+- ports:      free_port(), free_ports(n)
+- time:       now_ms(), wait_until(predicate, timeout)   (deadline polling, never fixed sleeps)
+- processes:  Daemon (start with --config, stderr to a log file, stop by PID: SIGTERM, deadline, SIGKILL)
+- HTTP:       http_get(port, path)
+- metrics:    parse_metrics(text), metric(text, name, labels)
+- config:     master_toml(...), toml_value(...)
+- ZeroMQ:     Gatekeeper (stand-in for smockron-proxy, talks to a real master),
+              FakeMaster (stand-in for smockron-master, talks to a real proxy)
+- unittest:   DaemonTestCase (temp dir per test, daemons stopped in cleanup, logs printed on failure)
+
+Binaries are taken from $SMOCKRON_BIN_DIR (default /work/main/build/bin).
+"""
+from __future__ import annotations
+
+import collections
+import http.client
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+try:
+    import zmq
+except ImportError:  # pragma: no cover - depends on the machine's Python
+    # Debian's python3-zmq lives in dist-packages, which a pyenv/venv Python of
+    # the same minor version does not search by default. Appending (not
+    # prepending) keeps the interpreter's own packages first.
+    _dist = "/usr/lib/python3/dist-packages"
+    if os.path.isdir(os.path.join(_dist, "zmq")) and _dist not in sys.path:
+        sys.path.append(_dist)
+    import zmq  # noqa: E402  (raises a clear ImportError if still missing)
+
+HOST = "127.0.0.1"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN_DIR = os.environ.get("SMOCKRON_BIN_DIR", os.path.join(REPO_ROOT, "build", "bin"))
+
+#: Domain every master config rendered by master_toml() gets, used only by the
+#: slow-joiner handshake. One request per hour makes every probe answer with a
+#: DELAY_UNTIL, so a reply proves both directions of the ZeroMQ link are up.
+PROBE_DOMAIN = "smockron-probe"
+
+
+def binary(name: str) -> str:
+    """Absolute path of a Smockron executable; fails the test clearly if missing."""
+    path = os.path.join(BIN_DIR, name)
+    if not os.access(path, os.X_OK):
+        raise unittest.SkipTest(f"{path} not built (set SMOCKRON_BIN_DIR)")
+    return path
+
+
+# --------------------------------------------------------------------------- ports and time
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports on 127.0.0.1 that were free a moment ago.
+
+    All sockets are held open together so the n ports are distinct. There is an
+    unavoidable race with other processes; Daemon start-up retries on bind errors.
+    """
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def now_ms() -> int:
+    """Wall clock in ms since the epoch (the clock the daemons use)."""
+    return time.time_ns() // 1_000_000
+
+
+class WaitTimeout(AssertionError):
+    """A bounded wait ran out; an AssertionError so unittest reports a failure."""
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message: str = ""):
+    """Polls predicate() until it returns something truthy, which is returned.
+
+    Exceptions raised by the predicate count as "not yet" (e.g. connection
+    refused while a daemon starts); the last one is reported on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    last_value = None
+    while True:
+        try:
+            last_value = predicate()
+            if last_value:
+                return last_value
+            last_exc = None
+        except Exception as e:  # noqa: BLE001 - reported below
+            last_exc = e
+        if time.monotonic() >= deadline:
+            detail = f"; last error: {last_exc!r}" if last_exc else f"; last value: {last_value!r}"
+            raise WaitTimeout(f"timed out after {timeout}s waiting for {message or predicate}{detail}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- HTTP and metrics
+
+HttpResponse = collections.namedtuple("HttpResponse", "status headers body")
+
+
+def http_get(port: int, path: str, timeout: float = 2.0, host: str = HOST, headers: dict | None = None) -> HttpResponse:
+    """GET http://127.0.0.1:port/path. Raises OSError on connection problems."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError("integration tests only talk to the loopback interface")
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read().decode("utf-8", "replace")
+        return HttpResponse(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
+    finally:
+        conn.close()
+
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _unescape_label(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), v)
+
+
+def _parse_labels(text: str) -> dict:
+    labels = {}
+    pos = 0
+    while pos < len(text):
+        m = _LABEL_RE.match(text, pos)
+        if not m:
+            raise ValueError(f"bad label set {{{text}}}")
+        labels[m.group(1)] = _unescape_label(m.group(2))
+        pos = m.end()
+    return labels
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict, float]]:
+    """Parses Prometheus text exposition into (name, labels, value) samples."""
+    samples = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if not m:
+            raise ValueError(f"unparsable metrics line: {line!r}")
+        value = m.group(4)
+        samples.append((m.group(1), _parse_labels(m.group(3) or ""), float(value.replace("Inf", "inf"))))
+    return samples
+
+
+def metric(text: str, name: str, labels: dict | None = None) -> float | None:
+    """Value of the sample `name` whose label set is exactly `labels` (None/{} = no labels); None if absent."""
+    want = dict(labels or {})
+    for n, l, v in parse_metrics(text):
+        if n == name and l == want:
+            return v
+    return None
+
+
+def metric_sum(text: str, name: str, **match) -> float:
+    """Sum of every sample of `name` whose labels include `match` (0 when none)."""
+    return sum(v for n, l, v in parse_metrics(text) if n == name and all(l.get(k) == x for k, x in match.items()))
+
+
+# --------------------------------------------------------------------------- config
+
+
+def toml_value(v) -> str:
+    """A Python value as TOML (strings, ints, floats, bools, lists, dicts as inline tables)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string of printable text is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot render {v!r} as TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def master_toml(accounting_port: int, control_port: int, admin_port: int, domains: dict,
+                probe: bool = True, **master_keys) -> str:
+    """A [master] config.
+
+    domains: {name: {"rules": [("10/s", 2), ...], "algorithm": "gcra"}} (algorithm optional).
+    master_keys: extra [master] keys, e.g. max_identifiers=100, sweep_interval="50ms".
+    probe: add PROBE_DOMAIN (rate 1/h, burst 1) for Gatekeeper.handshake().
+    """
+    lines = [
+        "[master]",
+        f'accounting = "tcp://{HOST}:{accounting_port}"',
+        f'control = "tcp://{HOST}:{control_port}"',
+        f'admin = "{HOST}:{admin_port}"',
+    ]
+    for k, v in master_keys.items():
+        lines.append(f"{k} = {toml_value(v)}")
+    all_domains = dict(domains)
+    if probe:
+        all_domains.setdefault(PROBE_DOMAIN, {"rules": [("1/h", 1)]})
+    for name, d in all_domains.items():
+        lines.append("")
+        lines.append(f"[master.domains.{_toml_key(name)}]")
+        rules = [{"rate": r, "burst": b} for r, b in d.get("rules", [])]
+        lines.append(f"rules = {toml_value(rules)}")
+        if "algorithm" in d:
+            lines.append(f'algorithm = {toml_value(d["algorithm"])}')
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class DaemonExited(AssertionError):
+    pass
+
+
+class Daemon:
+    """One daemon process started with --config, its stderr in a log file.
+
+    Stopped by PID only (never by name): SIGTERM, wait up to a deadline, then SIGKILL.
+    """
+
+    def __init__(self, name: str, config_path: str, workdir: str, args=(), admin_port: int | None = None):
+        self.name = name
+        self.config_path = config_path
+        self.workdir = workdir
+        self.args = list(args)
+        self.admin_port = admin_port
+        tag = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.log_path = os.path.join(workdir, f"{tag}.stderr.log")
+        self.stdout_path = os.path.join(workdir, f"{tag}.stdout.log")
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def start(self, ready_timeout: float = 10.0) -> "Daemon":
+        cmd = [binary(self.name), "--config", self.config_path, *self.args]
+        with open(self.log_path, "ab") as err, open(self.stdout_path, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir)
+        if self.admin_port is not None:
+            self.wait_ready(ready_timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        def ready():
+            if self.proc.poll() is not None:
+                raise DaemonExited(f"{self.name} exited with {self.proc.returncode} during start-up:\n{self.log()}")
+            try:
+                return http_get(self.admin_port, "/readyz", timeout=1.0).status == 200
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if ready():  # DaemonExited propagates at once
+                return
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"{self.name} not ready on 127.0.0.1:{self.admin_port} after {timeout}s:\n{self.log()}")
+            time.sleep(0.02)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        """Waits for exit; raises WaitTimeout if still running after `timeout`."""
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise WaitTimeout(f"{self.name} (pid {self.proc.pid}) still running after {timeout}s") from None
+        return self.returncode
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, wait up to `timeout`, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def get(self, path: str, timeout: float = 2.0) -> HttpResponse:
+        return http_get(self.admin_port, path, timeout=timeout)
+
+    def metrics(self) -> str:
+        r = self.get("/metrics")
+        if r.status != 200:
+            raise AssertionError(f"/metrics answered {r.status}")
+        return r.body
+
+    def metric(self, name: str, labels: dict | None = None) -> float | None:
+        return metric(self.metrics(), name, labels)
+
+    def wait_metric(self, name: str, labels: dict | None = None, predicate=None, timeout: float = 5.0) -> float:
+        """Polls /metrics until predicate(value) holds (default: value is present and > 0)."""
+        pred = predicate or (lambda v: v > 0)
+        box = {}
+
+        def check():
+            v = self.metric(name, labels)
+            box["v"] = v
+            return v is not None and pred(v)
+
+        wait_until(check, timeout, message=f"{name}{labels or ''} (last value {box.get('v')!r})")
+        return box["v"]
+
+
+def run_binary(name: str, *args, timeout: float = 10.0, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Runs a short-lived command (--version, --check) to completion, bounded in time."""
+    return subprocess.run([binary(name), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+class MasterProcess(Daemon):
+    """A smockron-master with its three loopback ports."""
+
+    def __init__(self, workdir: str, accounting_port: int, control_port: int, admin_port: int, config_path: str,
+                 args=()):
+        super().__init__("smockron-master", config_path, workdir, args=args, admin_port=admin_port)
+        self.accounting_port = accounting_port
+        self.control_port = control_port
+        self.accounting = f"tcp://{HOST}:{accounting_port}"
+        self.control = f"tcp://{HOST}:{control_port}"
+
+    def gatekeeper(self, domains, handshake: bool = True, timeout: float = 10.0) -> "Gatekeeper":
+        gk = Gatekeeper(self.accounting, self.control, domains)
+        if handshake:
+            try:
+                gk.handshake(timeout)
+            except BaseException:
+                gk.close()
+                raise
+        return gk
+
+
+# --------------------------------------------------------------------------- ZeroMQ stand-ins
+
+Control = collections.namedtuple("Control", "domain command identifier next_ms interval_ms frames")
+Accounting = collections.namedtuple("Accounting", "domain status identifier received_ms delayed_ms loginfo frames")
+
+
+def _b(x) -> bytes:
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
+def parse_control(frames: list[bytes]) -> Control:
+    """Parses [domain\\0, command, identifier, next_ms, (interval_ms)] without being lenient."""
+    domain = frames[0][:-1].decode("utf-8", "replace") if frames and frames[0].endswith(b"\0") else None
+    command = frames[1].decode() if len(frames) > 1 else None
+    identifier = frames[2] if len(frames) > 2 else None
+    next_ms = int(frames[3]) if len(frames) > 3 and frames[3].isdigit() else None
+    interval_ms = int(frames[4]) if len(frames) > 4 and frames[4].isdigit() else None
+    return Control(domain, command, identifier.decode("utf-8", "replace") if identifier is not None else None,
+                   next_ms, interval_ms, frames)
+
+
+class Gatekeeper:
+    """Stand-in for a gatekeeper: PUB connected to the master's accounting endpoint,
+    SUB connected to its control endpoint and subscribed to domain + "\\0".
+
+    Call handshake() before relying on delivery (ZeroMQ's slow-joiner problem:
+    a PUB drops what it sends before the peer's subscription arrives).
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, accounting: str, control: str, domains, probe_domain: str = PROBE_DOMAIN):
+        self.ctx = zmq.Context()
+        self.uid = f"{os.getpid()}-{next(Gatekeeper._ids)}-{uuid.uuid4().hex[:6]}"
+        self.probe_domain = probe_domain
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, 100_000)
+        # Test domains first, probe last: subscriptions travel in order, so once a
+        # probe reply arrives every earlier subscription is in place too.
+        for d in list(domains):
+            self.subscribe(d)
+        if probe_domain:
+            self.subscribe(probe_domain)
+        self.sub.connect(control)
+        self.pub.connect(accounting)
+        self.closed = False
+
+    def subscribe(self, domain) -> None:
+        self.sub.setsockopt(zmq.SUBSCRIBE, _b(domain) + b"\0")
+
+    # ---- sending
+    def send(self, frames) -> None:
+        """Sends raw frames (bytes/str/int each) as one multipart message."""
+        self.pub.send_multipart([_b(f) for f in frames])
+
+    def account(self, domain, status, identifier, received_ms, delayed_ms=None, loginfo=None) -> None:
+        """A well-formed accounting message."""
+        frames = [_b(domain) + b"\0", _b(status), _b(identifier), _b(received_ms),
+                  b"" if delayed_ms is None else _b(delayed_ms)]
+        if loginfo is not None:
+            frames.append(_b(loginfo))
+        self.send(frames)
+
+    def accepted(self, domain, identifier, received_ms, loginfo=None):
+        self.account(domain, "ACCEPTED", identifier, received_ms, None, loginfo)
+
+    def delayed(self, domain, identifier, received_ms, delayed_ms, loginfo=None):
+        self.account(domain, "DELAYED", identifier, received_ms, delayed_ms, loginfo)
+
+    def rejected(self, domain, identifier, received_ms, loginfo=None):
+        self.account(domain, "REJECTED", identifier, received_ms, None, loginfo)
+
+    # ---- receiving
+    def _recv_raw(self, timeout: float) -> list[bytes] | None:
+        if self.sub.poll(max(0, int(timeout * 1000))):
+            return self.sub.recv_multipart()
+        return None
+
+    def recv(self, timeout: float = 5.0) -> Control | None:
+        """Next control message that is not a handshake probe reply, or None after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        probe_topic = _b(self.probe_domain) + b"\0" if self.probe_domain else None
+        while True:
+            frames = self._recv_raw(deadline - time.monotonic())
+            if frames is None:
+                return None
+            if probe_topic is not None and frames[0] == probe_topic:
+                continue
+            return parse_control(frames)
+
+    def expect(self, timeout: float = 5.0) -> Control:
+        msg = self.recv(timeout)
+        if msg is None:
+            raise WaitTimeout(f"no control message within {timeout}s")
+        return msg
+
+    def drain(self, quiet: float = 0.0) -> list[Control]:
+        """Everything already queued (waiting up to `quiet` s for each next one)."""
+        out = []
+        while (m := self.recv(quiet)) is not None:
+            out.append(m)
+        return out
+
+    def handshake(self, timeout: float = 10.0) -> int:
+        """Sends probes on PROBE_DOMAIN until the master's DELAY_UNTIL for one of
+        this gatekeeper's own probes comes back: the accounting path, the master's
+        subscription and our control subscriptions are then all established.
+        Bounded by `timeout`; returns the number of probes sent."""
+        if not self.probe_domain:
+            raise ValueError("handshake needs a probe domain configured on the master")
+        topic = _b(self.probe_domain) + b"\0"
+        prefix = f"probe-{self.uid}-".encode()
+        deadline = time.monotonic() + timeout
+        for n in itertools.count(1):
+            now = time.monotonic()
+            if now >= deadline:
+                raise WaitTimeout(f"ZeroMQ handshake with the master failed after {n - 1} probes in {timeout}s")
+            self.accepted(self.probe_domain, f"probe-{self.uid}-{n}", now_ms())
+            wait_end = min(deadline, now + min(0.02 * (2 ** min(n, 5)), 0.5))  # 40ms .. 0.5s backoff
+            while (left := wait_end - time.monotonic()) > 0:
+                frames = self._recv_raw(left)
+                if frames is None:
+                    break
+                if frames[0] == topic and len(frames) > 2 and frames[2].startswith(prefix):
+                    return n
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pub.close(0)
+            self.sub.close(0)
+            self.ctx.term()
+
+
+class FakeMaster:
+    """Stand-in for smockron-master, for testing a real gatekeeper (proxy):
+    SUB bound to the accounting endpoint (subscribed to everything) and PUB
+    bound to the control endpoint."""
+
+    def __init__(self, accounting_port: int | None = None, control_port: int | None = None):
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.accounting_port = accounting_port or self.sub.bind_to_random_port(f"tcp://{HOST}")
+        if accounting_port:
+            self.sub.bind(f"tcp://{HOST}:{accounting_port}")
+        self.control_port = control_port or self.pub.bind_to_random_port(f"tcp://{HOST}")
+        if control_port:
+            self.pub.bind(f"tcp://{HOST}:{control_port}")
+        self.accounting = f"tcp://{HOST}:{self.accounting_port}"
+        self.control = f"tcp://{HOST}:{self.control_port}"
+        self.closed = False
+
+    def recv_raw(self, timeout: float = 5.0) -> list[bytes] | None:
+        if self.sub.poll(max(0, int(timeout * 1000))):
+            return self.sub.recv_multipart()
+        return None
+
+    def recv(self, timeout: float = 5.0) -> Accounting | None:
+        f = self.recv_raw(timeout)
+        if f is None:
+            return None
+        dec = lambda i: f[i].decode("utf-8", "replace") if len(f) > i else None  # noqa: E731
+        return Accounting(f[0][:-1].decode() if f[0].endswith(b"\0") else None, dec(1), dec(2),
+                          int(f[3]) if len(f) > 3 and f[3].isdigit() else None,
+                          int(f[4]) if len(f) > 4 and f[4].isdigit() else None, dec(5), f)
+
+    def delay_until(self, domain, identifier, next_ms, interval_ms=None) -> None:
+        frames = [_b(domain) + b"\0", b"DELAY_UNTIL", _b(identifier), _b(next_ms)]
+        if interval_ms is not None:
+            frames.append(_b(interval_ms))
+        self.pub.send_multipart(frames)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sub.close(0)
+            self.pub.close(0)
+            self.ctx.term()
+
+
+# --------------------------------------------------------------------------- unittest base
+
+
+class DaemonTestCase(unittest.TestCase):
+    """A temp dir per test; daemons and sockets cleaned up even when setUp fails;
+    daemon logs printed to stderr when the test fails (set SMOCKRON_KEEP_TMP=1 to keep the dir)."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix="smockron-it-")
+        self.daemons: list[Daemon] = []
+        self.addCleanup(self._cleanup_tmp)
+
+    def _failed(self) -> bool:
+        outcome = getattr(self, "_outcome", None)
+        return outcome is not None and not getattr(outcome, "success", True)
+
+    def _cleanup_tmp(self):
+        if self._failed():
+            for d in self.daemons:
+                sys.stderr.write(f"\n----- {d.name} (pid {d.proc.pid if d.proc else '-'}) log {d.log_path} -----\n")
+                sys.stderr.write(d.log()[-20000:])
+        if os.environ.get("SMOCKRON_KEEP_TMP"):
+            sys.stderr.write(f"\nkept {self.tmp}\n")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write_file(self, name: str, text: str) -> str:
+        path = os.path.join(self.tmp, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def track(self, daemon: Daemon) -> Daemon:
+        self.daemons.append(daemon)
+        self.addCleanup(daemon.stop)
+        return daemon
+
+    def closing(self, obj):
+        """Registers obj.close() as a cleanup and returns obj."""
+        self.addCleanup(obj.close)
+        return obj
+
+    def start_master(self, domains: dict, config_name: str = "master.toml", attempts: int = 3, args=(),
+                     **master_keys) -> MasterProcess:
+        """Writes a config with fresh ports (plus the probe domain) and starts a
+        master, retrying with new ports if one was taken meanwhile."""
+        last = None
+        for _ in range(attempts):
+            acc, ctl, adm = free_ports(3)
+            path = self.write_file(config_name, master_toml(acc, ctl, adm, domains, **master_keys))
+            m = self.track(MasterProcess(self.tmp, acc, ctl, adm, path, args=args))
+            try:
+                return m.start()
+            except DaemonExited as e:
+                last = e
+                if "bind" not in m.log():
+                    raise
+        raise last
+
+    def gatekeeper(self, master: MasterProcess, domains, handshake: bool = True) -> Gatekeeper:
+        return self.closing(master.gatekeeper(domains, handshake=handshake))
