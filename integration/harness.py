@@ -266,11 +266,12 @@ class Daemon:
     def pid(self) -> int:
         return self.proc.pid
 
-    def start(self, ready_timeout: float = 10.0) -> "Daemon":
+    def start(self, ready_timeout: float = 10.0, wait_ready: bool = True) -> "Daemon":
+        """Starts the process; with an admin port (and wait_ready), waits until /readyz answers 200."""
         cmd = [binary(self.name), "--config", self.config_path, *self.args]
         with open(self.log_path, "ab") as err, open(self.stdout_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir)
-        if self.admin_port is not None:
+        if wait_ready and self.admin_port is not None:
             self.wait_ready(ready_timeout)
         return self
 

@@ -5,24 +5,12 @@
 
 namespace smockron::master {
 
-struct limiter::entry {
-  rules::state st;
-  std::size_t domain = 0;
-  const std::string* key = nullptr;  // points into the owning map node (stable)
-  entry* prev = nullptr;
-  entry* next = nullptr;
-};
-
 limiter::limiter(std::vector<rules::limits> domains, std::size_t max_identifiers)
-    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {}
-
-limiter::~limiter() {
-  for (entry* e = head_; e;) {
-    entry* n = e->next;
-    delete e;
-    e = n;
-  }
+    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {
+  for (auto& m : maps_) m.reserve(std::min<std::size_t>(max_identifiers_, 1 << 16));
 }
+
+limiter::~limiter() = default;
 
 void limiter::unlink(entry* e) {
   if (cursor_ == e) cursor_ = e->prev;
@@ -42,7 +30,6 @@ void limiter::push_front(entry* e) {
 void limiter::erase(entry* e) {
   unlink(e);
   maps_[e->domain].erase(maps_[e->domain].find(*e->key));
-  delete e;
   --size_;
 }
 
@@ -56,15 +43,16 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
       ++evictions_;
       erase(tail_);
     }
-    en = new entry;
-    auto [pos, inserted] = m.emplace(std::string(identifier), en);
-    (void)inserted;
+    auto pos = m.try_emplace(std::string(identifier)).first;
+    en = &pos->second;
+    en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
+                                                                         : limits_[domain].max_burst());
     en->domain = domain;
     en->key = &pos->first;
     ++size_;
     push_front(en);
   } else {
-    en = it->second;
+    en = &it->second;
     if (en != head_) {
       unlink(en);
       push_front(en);
@@ -103,15 +91,14 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
     const bool compatible = limits_[old].algo == domains[i].algo && limits_[old].rules.size() == domains[i].rules.size();
     maps[i] = std::move(maps_[old]);
     for (auto& [key, en] : maps[i]) {
-      en->domain = i;
-      if (!compatible) en->st.times.clear();
+      en.domain = i;
+      if (!compatible) en.st.times.clear();
     }
   }
   for (std::size_t old = 0; old < maps_.size(); ++old) {
     if (kept[old]) continue;
     for (auto& [key, en] : maps_[old]) {
-      unlink(en);
-      delete en;
+      unlink(&en);
       --size_;
     }
   }
@@ -121,7 +108,7 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
 
 const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {
   auto it = maps_[domain].find(identifier);
-  return it == maps_[domain].end() ? nullptr : &it->second->st;
+  return it == maps_[domain].end() ? nullptr : &it->second.st;
 }
 
 }  // namespace smockron::master

@@ -40,8 +40,16 @@ public:
   const rules::state* find(std::size_t domain, std::string_view identifier) const;
 
 private:
-  struct entry;
-  using map = string_map<entry*>;
+  // The state lives inside the hash map's node (stable address): one lookup,
+  // no separate allocation; the LRU list links those nodes.
+  struct entry {
+    rules::state st;
+    std::size_t domain = 0;
+    const std::string* key = nullptr;
+    entry* prev = nullptr;
+    entry* next = nullptr;
+  };
+  using map = string_map<entry>;
 
   void unlink(entry* e);
   void push_front(entry* e);

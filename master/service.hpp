@@ -29,6 +29,9 @@ namespace smockron::master {
 
 class service {
 public:
+  /// Entries examined per sweep tick (see config sweep_interval).
+  static constexpr std::size_t k_sweep_batch = 1000;
+
   /// Binds both sockets; throws zmq::error_t if an endpoint cannot be bound (start-up only).
   service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
 
@@ -89,6 +92,7 @@ private:
   metrics::counter& reload_failures_;
   metrics::histogram& latency_;
   std::uint64_t reported_evictions_ = 0;
+  std::uint64_t handled_ = 0;
 
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter bad_input_log_;

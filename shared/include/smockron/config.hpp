@@ -55,7 +55,7 @@ struct master_config {
   microseconds max_clock_skew = std::chrono::seconds(60);
   std::int64_t accounting_hwm = 1'000'000;  ///< ZMQ receive high-water mark (messages)
   std::int64_t control_hwm = 1'000'000;     ///< ZMQ send high-water mark (messages)
-  microseconds sweep_interval = std::chrono::milliseconds(100);
+  microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;  ///< empty = CLI / default
   std::vector<domain_config> domains;  ///< sorted by name
 

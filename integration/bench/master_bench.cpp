@@ -1,0 +1,421 @@
+// Master benchmark. In one run:
+//  1. the raw ceiling of ZeroMQ on this machine: a bare PUB -> SUB (separate
+//     processes) of the same six-frame accounting messages, no master logic;
+//  2. smockron-master ingest: the same publisher drives the real master with
+//     many identifiers and a realistic ACCEPTED/DELAYED mix, counted by the
+//     master's own /metrics; control messages/s received back;
+//  3. the control-loop latency (accounting sent -> DELAY_UNTIL received)
+//     p50/p99 while the master is paced at a fixed rate (default 100k/s).
+// High-water marks are set deliberately (large) so nothing is dropped
+// silently; any shortfall is reported as drops.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+using namespace std::chrono;
+using namespace std::string_literals;
+
+namespace {
+
+struct options {
+  std::string master = "build/bin/smockron-master";
+  long messages = 2'000'000;
+  long identifiers = 100'000;
+  long latency_rate = 100'000;
+  double latency_seconds = 5;
+  int base_port = 0;
+  bool pin = false;
+};
+
+const int k_hwm = 10'000'000;
+
+std::int64_t wall_ms() { return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count(); }
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Blocking HTTP GET on 127.0.0.1; returns the body ("" on failure).
+std::string http_get(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  const auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// Sum of every sample of a metric family (all label sets).
+double metric_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  std::size_t pos = 0;
+  while ((pos = text.find(name, pos)) != std::string::npos) {
+    const bool line_start = pos == 0 || text[pos - 1] == '\n';
+    const char next = text[pos + name.size()];
+    const auto eol = text.find('\n', pos);
+    if (line_start && (next == '{' || next == ' ')) {
+      const auto space = text.rfind(' ', eol);
+      sum += std::atof(text.substr(space + 1, eol - space - 1).c_str());
+    }
+    pos = eol == std::string::npos ? text.size() : eol;
+  }
+  return sum;
+}
+
+void send_frames(zmq::socket_t& s, const std::string_view* f, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    s.send(zmq::const_buffer(f[i].data(), f[i].size()), i + 1 < n ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+}
+
+const std::string k_bench_domain = "bench\0"s;
+
+// One accounting message of the load mix: identifiers drawn with a hot set
+// (1% of identifiers get 20% of traffic); 20% DELAYED.
+struct load_mix {
+  explicit load_mix(long identifiers) : ids(static_cast<std::size_t>(identifiers)) {
+    for (long i = 0; i < identifiers; ++i) ids[static_cast<std::size_t>(i)] = "client-" + std::to_string(i);
+  }
+  void send(zmq::socket_t& s, long i, std::int64_t now_ms) {
+    const std::size_t n = ids.size();
+    const std::size_t hot = std::max<std::size_t>(1, n / 100);
+    const std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL;
+    const std::size_t id = (h >> 61) == 0 ? (h >> 20) % hot : (h >> 20) % n;
+    const bool delayed = (i % 5) == 4;
+    if (now_ms != cached_ms) {  // timestamps change once per millisecond
+      cached_ms = now_ms;
+      received = std::to_string(now_ms);
+      later = std::to_string(now_ms + 50);
+    }
+    const std::string_view f[6] = {k_bench_domain, delayed ? "DELAYED" : "ACCEPTED", ids[id], received,
+                                   delayed ? std::string_view(later) : std::string_view(), "bench-loadgen"};
+    send_frames(s, f, 6);
+  }
+  std::vector<std::string> ids;
+  std::int64_t cached_ms = -1;
+  std::string received, later;
+};
+
+// Phase 1 child: a bare SUB that counts messages and reports on a pipe.
+[[noreturn]] void bare_subscriber(const std::string& endpoint, long expected, int report_fd) {
+  zmq::context_t ctx(1);
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::rcvhwm, k_hwm);
+  sub.set(zmq::sockopt::rcvbuf, 4 * 1024 * 1024);
+  sub.bind(endpoint);
+  sub.set(zmq::sockopt::subscribe, k_bench_domain);
+  zmq::message_t frames[8];
+  long count = 0;
+  bool ready = false;
+  steady_clock::time_point first{}, last{};
+  sub.set(zmq::sockopt::rcvtimeo, 3000);
+  while (count < expected) {
+    std::size_t n = 0;
+    bool probe = false;
+    for (;; ++n) {
+      zmq::message_t& m = frames[std::min<std::size_t>(n, 7)];
+      if (!sub.recv(m)) goto done;
+      if (n == 2) probe = m.to_string_view() == "probe";
+      if (!m.more()) break;
+    }
+    if (probe) {
+      if (!ready) {
+        ready = true;
+        (void)!::write(report_fd, "R", 1);
+      }
+      continue;
+    }
+    if (count == 0) first = steady_clock::now();
+    ++count;
+    last = steady_clock::now();
+  }
+done:
+  const double secs = duration<double>(last - first).count();
+  char buf[128];
+  const int len = std::snprintf(buf, sizeof buf, "%ld %.6f\n", count, secs);
+  (void)!::write(report_fd, buf, static_cast<std::size_t>(len));
+  std::_Exit(0);
+}
+
+double zmq_ceiling(const options& o) {
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
+  int fds[2];
+  if (::pipe(fds) != 0) return 0;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    if (o.pin) pin_to(1);
+    bare_subscriber(endpoint, o.messages, fds[1]);
+  }
+  ::close(fds[1]);
+  zmq::context_t ctx(1);
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::sndhwm, k_hwm);
+  pub.set(zmq::sockopt::sndbuf, 4 * 1024 * 1024);
+  pub.connect(endpoint);
+  // Probe until the subscriber has seen one (the subscription has arrived).
+  const std::string now = std::to_string(wall_ms());
+  const std::string_view probe[5] = {k_bench_domain, "ACCEPTED", "probe", now, ""};
+  char c = 0;
+  for (int i = 0; i < 5000; ++i) {
+    send_frames(pub, probe, 5);
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 1) > 0 && ::read(fds[0], &c, 1) == 1) break;
+  }
+  if (c != 'R') {
+    std::fprintf(stderr, "bare subscriber never became ready\n");
+    return 0;
+  }
+  load_mix mix(o.identifiers);
+  const std::int64_t t = wall_ms();
+  for (long i = 0; i < o.messages; ++i) mix.send(pub, i, t + i / 500'000);
+  char buf[128] = {};
+  std::size_t got = 0;
+  for (ssize_t n; got < sizeof buf - 1 && (n = ::read(fds[0], buf + got, sizeof buf - 1 - got)) > 0;) got += static_cast<std::size_t>(n);
+  ::waitpid(child, nullptr, 0);
+  ::close(fds[0]);
+  long count = 0;
+  double secs = 0;
+  std::sscanf(buf, "%ld %lf", &count, &secs);
+  const double rate = secs > 0 ? static_cast<double>(count) / secs : 0;
+  std::printf("zeromq bare PUB->SUB:   %10.0f msg/s  (%ld of %ld received, %ld dropped)\n", rate, count, o.messages,
+              o.messages - count);
+  return rate;
+}
+
+struct master_process {
+  pid_t pid = -1;
+  int admin = 0;
+  std::string accounting, control, config_path;
+
+  void start(const options& o) {
+    admin = free_port();
+    accounting = "tcp://127.0.0.1:" + std::to_string(free_port());
+    control = "tcp://127.0.0.1:" + std::to_string(free_port());
+    config_path = "/tmp/smockron-master-bench-" + std::to_string(::getpid()) + ".toml";
+    std::ofstream(config_path) << "[master]\naccounting = \"" << accounting << "\"\ncontrol = \"" << control
+                               << "\"\nadmin = \"127.0.0.1:" << admin
+                               << "\"\naccounting_hwm = 10000000\ncontrol_hwm = 10000000\nmax_identifiers = 2000000\n"
+                                  "[master.domains.bench]\nrules = [ { rate = \"10/s\", burst = 20 } ]\n"
+                                  "[master.domains.lat]\nrules = [ { rate = \"1/h\", burst = 1 } ]\n";
+    pid = ::fork();
+    if (pid == 0) {
+      if (o.pin) pin_to(1);
+      ::execl(o.master.c_str(), o.master.c_str(), "--config", config_path.c_str(), "--log-level", "warn", nullptr);
+      std::perror("exec smockron-master");
+      std::_Exit(127);
+    }
+    for (int i = 0; i < 500 && http_get(admin, "/readyz").empty(); ++i) std::this_thread::sleep_for(10ms);
+  }
+  double processed() const {
+    return metric_sum(http_get(admin, "/metrics"), "smockron_master_accounting_messages_total");
+  }
+  ~master_process() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+    if (!config_path.empty()) ::unlink(config_path.c_str());
+  }
+};
+
+// Counts control messages on its own thread; records receive times of latency probes.
+struct control_listener {
+  control_listener(zmq::context_t& ctx, const std::string& endpoint, std::size_t probes)
+      : sub(ctx, zmq::socket_type::sub), received_at(probes) {
+    sub.set(zmq::sockopt::rcvhwm, k_hwm);
+    sub.set(zmq::sockopt::subscribe, "");
+    sub.set(zmq::sockopt::rcvtimeo, 100);
+    sub.connect(endpoint);
+    thread = std::thread([this] { run(); });
+  }
+  void run() {
+    zmq::message_t frames[8];
+    while (!stop) {
+      std::size_t n = 0;
+      for (;; ++n) {
+        zmq::message_t& m = frames[std::min<std::size_t>(n, 7)];
+        if (!sub.recv(m)) break;
+        if (!m.more()) {
+          ++n;
+          break;
+        }
+      }
+      if (n < 4) continue;
+      count.fetch_add(1, std::memory_order_relaxed);
+      const auto id = frames[2].to_string_view();
+      if (id.starts_with("lat-")) {
+        const std::size_t seq = std::strtoul(std::string(id.substr(4)).c_str(), nullptr, 10);
+        if (seq < received_at.size()) received_at[seq] = steady_clock::now();
+      } else if (id == "sync") {
+        synced = true;
+      }
+    }
+  }
+  ~control_listener() {
+    stop = true;
+    thread.join();
+  }
+  zmq::socket_t sub;
+  std::vector<steady_clock::time_point> received_at;
+  std::atomic<long> count{0};
+  std::atomic<bool> synced{false}, stop{false};
+  std::thread thread;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--master") o.master = next();
+    else if (a == "--messages") o.messages = std::stol(next());
+    else if (a == "--identifiers") o.identifiers = std::stol(next());
+    else if (a == "--latency-rate") o.latency_rate = std::stol(next());
+    else if (a == "--latency-seconds") o.latency_seconds = std::stod(next());
+    else if (a == "--pin") o.pin = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
+                   "[--latency-seconds S] [--pin]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (o.pin) pin_to(0);
+  std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s\n", o.messages, o.identifiers,
+              o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned");
+
+  const double ceiling = zmq_ceiling(o);
+
+  master_process master;
+  master.start(o);
+  zmq::context_t ctx(1);
+  const std::size_t probes = static_cast<std::size_t>(o.latency_seconds * 1000);
+  control_listener control(ctx, master.control, probes);
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::sndhwm, k_hwm);
+  pub.set(zmq::sockopt::sndbuf, 4 * 1024 * 1024);
+  pub.connect(master.accounting);
+  // Sync: both directions are connected once a DELAY_UNTIL for "sync" comes back.
+  {
+    const std::string now = std::to_string(wall_ms());
+    const std::string_view sync[5] = {"lat\0"s, "ACCEPTED", "sync", now, ""};
+    for (int i = 0; i < 5000 && !control.synced; ++i) {
+      send_frames(pub, sync, 5);
+      std::this_thread::sleep_for(1ms);
+    }
+    if (!control.synced) {
+      std::fprintf(stderr, "master never answered (is %s built?)\n", o.master.c_str());
+      return 1;
+    }
+  }
+  const double before = master.processed();
+  const long control_before = control.count;
+
+  // Phase 2: ingest as fast as the publisher can send.
+  load_mix mix(o.identifiers);
+  const auto start = steady_clock::now();
+  const std::int64_t t = wall_ms();
+  for (long i = 0; i < o.messages; ++i) mix.send(pub, i, t + i / 500'000);
+  double processed = 0, last_seen = -1;
+  auto last_change = steady_clock::now(), done_at = last_change;
+  while (steady_clock::now() - last_change < 2s) {
+    processed = master.processed() - before;
+    if (processed != last_seen) {
+      last_seen = processed;
+      last_change = done_at = steady_clock::now();
+    }
+    if (processed >= static_cast<double>(o.messages)) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  const double secs = duration<double>(done_at - start).count();
+  const double ingest = processed / secs;
+  const long control_msgs = control.count - control_before;
+  std::printf("smockron-master ingest: %10.0f msg/s  (%.0f of %ld processed, %.0f dropped)\n", ingest, processed,
+              o.messages, static_cast<double>(o.messages) - processed);
+  std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
+  std::printf("ratio master/zeromq:    %10.2f\n", ceiling > 0 ? ingest / ceiling : 0.0);
+
+  // Phase 3: control-loop latency while paced at latency_rate msg/s, spread
+  // evenly in 100 us slots (a real stream is not a burst per millisecond).
+  // One latency probe per millisecond, at a varying slot: a fresh identifier
+  // in a 1/h burst-1 domain, so each probe yields exactly one DELAY_UNTIL.
+  std::vector<steady_clock::time_point> sent_at(probes);
+  const long per_slot = std::max<long>(1, o.latency_rate / 10'000);
+  const auto phase_start = steady_clock::now();
+  long i = 0;
+  for (std::size_t ms = 0; ms < probes; ++ms) {
+    const std::size_t probe_slot = (ms * 7) % 10;
+    for (std::size_t slot = 0; slot < 10; ++slot) {
+      // Sleep, not spin: on a 2-core box a spinning generator steals the master's CPU.
+      std::this_thread::sleep_until(phase_start + microseconds(ms * 1000 + slot * 100));
+      const std::int64_t now = wall_ms();
+      const long n = slot == probe_slot ? per_slot - 1 : per_slot;
+      for (long k = 0; k < n; ++k) mix.send(pub, i++, now);
+      if (slot != probe_slot) continue;
+      const std::string id = "lat-" + std::to_string(ms), ts = std::to_string(now);
+      const std::string_view f[5] = {"lat\0"s, "ACCEPTED", id, ts, ""};
+      sent_at[ms] = steady_clock::now();
+      send_frames(pub, f, 5);
+    }
+  }
+  std::this_thread::sleep_for(500ms);
+  std::vector<double> lat;
+  for (std::size_t k = 0; k < probes; ++k) {
+    if (control.received_at[k] != steady_clock::time_point{}) lat.push_back(duration<double, std::micro>(control.received_at[k] - sent_at[k]).count());
+  }
+  std::sort(lat.begin(), lat.end());
+  const auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<std::size_t>(p * lat.size()))]; };
+  const double achieved = static_cast<double>(i + static_cast<long>(probes)) / duration<double>(steady_clock::now() - phase_start - 500ms).count();
+  std::printf("control-loop latency at %ld msg/s offered (%.0f achieved): p50 %.0f us, p99 %.0f us, max %.0f us "
+              "(%zu of %zu probes answered)\n",
+              o.latency_rate, achieved, pct(0.50), pct(0.99), lat.empty() ? 0.0 : lat.back(), lat.size(), probes);
+  return 0;
+}

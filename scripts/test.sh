@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test: unit tests, the same
+# unit tests under ASan + UBSan, and the integration tests (real binaries,
+# real ZeroMQ, services started by the tests on 127.0.0.1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh --test
+bash scripts/build.sh
+echo "== unit + integration tests (build/)"
+ctest --test-dir build --output-on-failure --timeout 600 -j 1
+echo "== unit tests under ASan + UBSan (build-asan/)"
+bash scripts/build.sh --sanitize
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ./build-asan/bin/smockron_tests --gtest_brief=1
+echo "== all tests passed"
