@@ -3,7 +3,7 @@
 # Used by the README quick start, .ci/run and the Dockerfile alike.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git nlohmann-json3-dev
   libboost1.81-dev
   libzmq3-dev cppzmq-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libssl-dev libhiredis-dev

@@ -1,0 +1,148 @@
+// Accounting publisher and control subscriber (see control.hpp).
+#include "proxy/control.hpp"
+
+#include <cstring>
+#include <set>
+
+#include "smockron/log.hpp"
+#include "smockron/zmq_util.hpp"
+
+namespace smockron::proxy {
+
+std::uint32_t domain_registry::id(std::string_view name) {
+  std::lock_guard lock(mutex_);
+  auto it = ids_.find(name);
+  if (it != ids_.end()) return it->second;
+  const auto next = static_cast<std::uint32_t>(ids_.size());
+  ids_.emplace(std::string(name), next);
+  return next;
+}
+
+std::optional<std::uint32_t> domain_registry::find(std::string_view name) const {
+  std::lock_guard lock(mutex_);
+  auto it = ids_.find(name);
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+accounting_publisher::accounting_publisher(zmq::context_t& ctx, const std::vector<std::string>& endpoints, int hwm,
+                                           metrics::counter& sent, metrics::counter& dropped)
+    : socket_(ctx, zmq::socket_type::pub), sent_(sent), dropped_(dropped) {
+  socket_.set(zmq::sockopt::sndhwm, hwm);
+  socket_.set(zmq::sockopt::linger, 0);
+  for (const auto& e : endpoints) socket_.connect(e);
+}
+
+void accounting_publisher::publish(const wire::accounting& m) {
+  auto enc = wire::encode(m, scratch_);
+  if (enc && zmq_util::send(socket_, enc->view())) sent_.inc();
+  else dropped_.inc();
+}
+
+control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
+                                       domain_registry& domains, const clock& clk, metrics::registry& reg)
+    : ctx_(ctx),
+      endpoints_(endpoints),
+      gate_(g),
+      domains_(domains),
+      clock_(clk),
+      received_(reg.add_counter("smockron_proxy_control_messages_total", "DELAY_UNTIL messages applied")),
+      unknown_domain_(reg.add_counter("smockron_proxy_control_unknown_domain_total",
+                                      "Control messages for a domain no route uses")) {
+  for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
+    errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
+                                  metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
+  }
+  reg.add_callback("smockron_proxy_masters_connected", "Masters the control socket is connected to", "",
+                   [this] { return static_cast<double>(connected_.load()); });
+  thread_ = std::thread([this] { run(); });
+}
+
+control_subscriber::~control_subscriber() {
+  stop_ = true;
+  thread_.join();
+}
+
+void control_subscriber::set_domains(const std::vector<std::string>& domains) {
+  std::lock_guard lock(pending_mutex_);
+  pending_domains_ = domains;
+}
+
+void control_subscriber::run() {
+  auto log = log::get("proxy.control");
+  zmq::socket_t sub(ctx_, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::linger, 0);
+  sub.set(zmq::sockopt::rcvhwm, 1'000'000);
+  sub.set(zmq::sockopt::reconnect_ivl, 100);
+  sub.set(zmq::sockopt::reconnect_ivl_max, 2000);
+  // A monitor tells whether masters are connected (for /readyz and metrics).
+  const std::string monitor_endpoint = "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+  zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+  zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::linger, 0);
+  monitor.connect(monitor_endpoint);
+  for (const auto& e : endpoints_) sub.connect(e);
+
+  std::set<std::string> subscribed;
+  zmq_util::multipart in;
+  log::rate_limiter bad_log;
+  auto last_sweep = clock_.steady_now();
+  while (!stop_.load()) {
+    {
+      std::lock_guard lock(pending_mutex_);
+      if (pending_domains_) {
+        const std::set<std::string> wanted(pending_domains_->begin(), pending_domains_->end());
+        for (const auto& d : subscribed) {
+          if (!wanted.contains(d)) sub.set(zmq::sockopt::unsubscribe, d + std::string(1, '\0'));
+        }
+        for (const auto& d : wanted) {
+          if (!subscribed.contains(d)) sub.set(zmq::sockopt::subscribe, d + std::string(1, '\0'));
+        }
+        subscribed = wanted;
+        pending_domains_.reset();
+      }
+    }
+    zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      while (zmq_util::recv(monitor, in)) {
+        if (in.count >= 1 && in.views[0].size() >= 2) {
+          std::uint16_t event = 0;
+          std::memcpy(&event, in.views[0].data(), 2);
+          if (event == ZMQ_EVENT_CONNECTED) ++connected_;
+          if (event == ZMQ_EVENT_DISCONNECTED && connected_ > 0) --connected_;
+        }
+      }
+      // ZMQ_FD is edge-triggered: always drain everything that is ready.
+      while (zmq_util::recv(sub, in)) {
+        auto m = in.truncated ? wire::result<wire::delay_until>(wire::decode_error::frame_count)
+                              : wire::decode_delay_until(in.frames());
+        if (!m) {
+          errors_[static_cast<int>(m.error())]->inc();
+          std::uint64_t suppressed = 0;
+          if (bad_log.allow(clock_.steady_now(), suppressed)) {
+            log->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(m.error()), suppressed);
+          }
+          continue;
+        }
+        const auto domain = domains_.find(m->domain);
+        if (!domain) {
+          unknown_domain_.inc();
+          continue;
+        }
+        const std::int64_t now_us = clock_.wall_us();
+        gate_.update(*domain, m->identifier, m->next_ms * 1000, m->interval_ms * 1000, now_us);
+        received_.inc();
+      }
+      if (clock_.steady_now() - last_sweep > std::chrono::milliseconds(50)) {
+        last_sweep = clock_.steady_now();
+        gate_.sweep(clock_.wall_us());
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return;
+      log->error("control loop: {}", e.what());
+    }
+  }
+}
+
+}  // namespace smockron::proxy

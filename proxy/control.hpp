@@ -1,0 +1,82 @@
+// The proxy's ZeroMQ side. accounting_publisher: one PUB per worker thread,
+// connected to every master, never blocks (drops counted). control_subscriber:
+// one thread owning the SUB socket (connected to every master, subscribed to
+// the routes' domains), feeding DELAY_UNTIL into the gate.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proxy/gate.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/metrics.hpp"
+#include "smockron/string_hash.hpp"
+#include "smockron/wire.hpp"
+
+namespace smockron::proxy {
+
+/// Stable numeric ids for domain names (the gate's keys); grows only.
+class domain_registry {
+public:
+  std::uint32_t id(std::string_view name);
+  /// Id of a known domain, or nothing.
+  std::optional<std::uint32_t> find(std::string_view name) const;
+
+private:
+  mutable std::mutex mutex_;
+  string_map<std::uint32_t> ids_;
+};
+
+class accounting_publisher {
+public:
+  accounting_publisher(zmq::context_t& ctx, const std::vector<std::string>& endpoints, int hwm, metrics::counter& sent,
+                       metrics::counter& dropped);
+  /// Encodes and sends without blocking; counts a drop if the queue is full.
+  void publish(const wire::accounting& m);
+
+private:
+  zmq::socket_t socket_;
+  wire::scratch scratch_;
+  metrics::counter& sent_;
+  metrics::counter& dropped_;
+};
+
+class control_subscriber {
+public:
+  control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g, domain_registry& domains,
+                     const clock& clk, metrics::registry& reg);
+  ~control_subscriber();
+
+  /// Subscribes to exactly these domains (called at start and on reload; thread-safe).
+  void set_domains(const std::vector<std::string>& domains);
+  /// Number of masters currently connected.
+  int connected() const { return connected_.load(); }
+  int endpoints() const { return static_cast<int>(endpoints_.size()); }
+
+private:
+  void run();
+
+  zmq::context_t& ctx_;
+  std::vector<std::string> endpoints_;
+  gate& gate_;
+  domain_registry& domains_;
+  const clock& clock_;
+  metrics::counter& received_;
+  metrics::counter* errors_[wire::decode_error_count] = {};
+  metrics::counter& unknown_domain_;
+  std::atomic<int> connected_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex pending_mutex_;
+  std::optional<std::vector<std::string>> pending_domains_;
+  std::thread thread_;
+};
+
+}  // namespace smockron::proxy

@@ -1,0 +1,95 @@
+// Control memory and per-request decisions (see gate.hpp).
+#include "proxy/gate.hpp"
+
+#include <algorithm>
+#include <functional>
+
+namespace smockron::proxy {
+
+std::size_t gate::key_hash::operator()(const key_view& k) const {
+  return std::hash<std::string_view>{}(k.id) ^ (static_cast<std::size_t>(k.domain) * 0x9E3779B97F4A7C15ULL);
+}
+
+gate::gate(std::size_t max_entries) : max_per_shard_(std::max<std::size_t>(1, max_entries / k_shards)) {}
+
+gate::shard& gate::shard_for(const key_view& k) { return shards_[(key_hash{}(k) >> 7) % k_shards]; }
+
+void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
+                  std::int64_t now_us) {
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(k);
+  if (it == s.map.end()) {
+    if (next_us <= now_us) return;  // already in the past: nothing to remember
+    if (s.map.size() >= max_per_shard_) {
+      // Make room from expired entries; if none, fail open for this key.
+      entries_.fetch_sub(std::erase_if(s.map, [&](const auto& kv) {
+        return std::max(kv.second.next_us, kv.second.local_next_us) <= now_us;
+      }), std::memory_order_relaxed);
+      if (s.map.size() >= max_per_shard_) {
+        dropped_updates_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    it = s.map.emplace(key{domain, std::string(identifier)}, entry{}).first;
+    entries_.fetch_add(1, std::memory_order_relaxed);
+  }
+  entry& e = it->second;
+  e.next_us = std::max(e.next_us, next_us);  // delays only move forward
+  if (interval_us > 0) e.interval_us = interval_us;
+}
+
+gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
+                           const gate_limits& limits) {
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(k);
+  if (it == s.map.end()) return {};
+  entry& e = it->second;
+  const std::int64_t release = std::max(e.next_us, e.local_next_us);
+  if (release <= now_us) return {};
+  gate_decision d;
+  d.release_us = release;
+  d.retry_after_s = std::max<std::int64_t>(1, (release - now_us + 999'999) / 1'000'000);
+  if (release - now_us > limits.max_delay_us) {
+    d.v = verdict::reject;
+    d.reason = reject_reason::delay_too_long;
+    return d;
+  }
+  if (held_.fetch_add(1, std::memory_order_relaxed) >= limits.max_held) {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    d.v = verdict::reject;
+    d.reason = reject_reason::held_full;
+    return d;
+  }
+  d.v = verdict::delay;
+  d.interval_us = e.interval_us;
+  // Pace: the next held request of this identifier leaves one interval later.
+  e.local_next_us = release + e.interval_us;
+  return d;
+}
+
+void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d) {
+  if (d.v != verdict::delay || d.interval_us == 0) return;
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(k);
+  if (it != s.map.end() && it->second.local_next_us == d.release_us + d.interval_us) {
+    it->second.local_next_us = d.release_us;
+  }
+}
+
+std::size_t gate::sweep(std::int64_t now_us) {
+  shard& s = shards_[sweep_cursor_.fetch_add(1, std::memory_order_relaxed) % k_shards];
+  std::lock_guard lock(s.mutex);
+  const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) {
+    return std::max(kv.second.next_us, kv.second.local_next_us) <= now_us;
+  });
+  entries_.fetch_sub(removed, std::memory_order_relaxed);
+  return removed;
+}
+
+}  // namespace smockron::proxy

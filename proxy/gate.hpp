@@ -1,0 +1,104 @@
+// The gate: control memory of (domain, identifier) -> next allowed time (and
+// pacing interval), fed by DELAY_UNTIL, and the per-request decision: accept,
+// hold until a reserved time, or reject. Sharded locks, no global lock;
+// bounded memory; delays only move forward; held requests of one identifier
+// are released one interval apart.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace smockron::proxy {
+
+enum class verdict : std::uint8_t { accept, delay, reject };
+enum class reject_reason : std::uint8_t { none, delay_too_long, held_full };
+
+struct gate_decision {
+  verdict v = verdict::accept;
+  reject_reason reason = reject_reason::none;
+  std::int64_t release_us = 0;      ///< delay: when to forward (wall clock)
+  std::int64_t retry_after_s = 0;   ///< reject: whole seconds, rounded up, at least 1
+  std::int64_t interval_us = 0;     ///< delay: the pacing interval applied
+};
+
+struct gate_limits {
+  std::int64_t max_delay_us = 5'000'000;
+  std::int64_t max_held = 10'000;
+};
+
+class gate {
+public:
+  /// `max_entries` bounds the control memory (updates beyond it are dropped and counted).
+  explicit gate(std::size_t max_entries = 1'000'000);
+
+  /// Applies DELAY_UNTIL: the next allowed time only moves forward.
+  /// `interval_us` = 0 when the master sent no interval frame.
+  void update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
+              std::int64_t now_us);
+
+  /// Decides a request. A delay reserves a slot (the next held request of
+  /// this identifier goes one interval later) and counts as held until
+  /// release_held() is called.
+  gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us, const gate_limits& limits);
+
+  /// A held request finished (forwarded or dropped).
+  void release_held() { held_.fetch_sub(1, std::memory_order_relaxed); }
+
+  /// A held request was dropped before its time (client went away): if its
+  /// slot is still the last one reserved, give it back.
+  void cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d);
+
+  /// Drops expired entries from one shard (round-robin); returns how many.
+  std::size_t sweep(std::int64_t now_us);
+
+  std::int64_t held() const { return held_.load(std::memory_order_relaxed); }
+  std::size_t entries() const { return entries_.load(std::memory_order_relaxed); }
+  std::uint64_t dropped_updates() const { return dropped_updates_.load(std::memory_order_relaxed); }
+
+private:
+  struct key_view {
+    std::uint32_t domain;
+    std::string_view id;
+  };
+  struct key {
+    std::uint32_t domain;
+    std::string id;
+  };
+  struct key_hash {
+    using is_transparent = void;
+    std::size_t operator()(const key_view& k) const;
+    std::size_t operator()(const key& k) const { return (*this)(key_view{k.domain, k.id}); }
+  };
+  struct key_eq {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return a.domain == b.domain && std::string_view(a.id) == std::string_view(b.id);
+    }
+  };
+  struct entry {
+    std::int64_t next_us = 0;      ///< from the master: not before this
+    std::int64_t local_next_us = 0;///< this gatekeeper's next free paced slot
+    std::int64_t interval_us = 0;
+  };
+  static constexpr std::size_t k_shards = 64;
+  struct alignas(64) shard {
+    std::mutex mutex;
+    std::unordered_map<key, entry, key_hash, key_eq> map;
+  };
+  shard& shard_for(const key_view& k);
+
+  std::array<shard, k_shards> shards_;
+  std::size_t max_per_shard_;
+  std::atomic<std::int64_t> held_{0};
+  std::atomic<std::size_t> entries_{0};
+  std::atomic<std::uint64_t> dropped_updates_{0};
+  std::atomic<std::size_t> sweep_cursor_{0};
+};
+
+}  // namespace smockron::proxy

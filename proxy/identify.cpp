@@ -1,0 +1,505 @@
+// Client identification: applies a route's identifier sources to a request
+// head (peer address with trusted X-Forwarded-For, header, cookie, query,
+// bearer token, JWT claim). Data path: never throws, never logs secrets.
+#include "proxy/identify.hpp"
+
+#include <arpa/inet.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/crypto.h>
+#include <openssl/ec.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/pem.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+
+#include "smockron/wire.hpp"
+
+namespace smockron::proxy {
+
+namespace http = boost::beast::http;
+
+namespace {
+
+constexpr std::string_view whitespace = " \t";
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(whitespace);
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(whitespace);
+  return s.substr(first, last - first + 1);
+}
+
+char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
+  }
+  return true;
+}
+
+// Calls f(value) for each instance of header `name`, in arrival order, until f
+// returns true. Beast's equal_range yields a range of its insertion-ordered
+// list; the name check guards against anything else that might sit inside it.
+template <class F>
+bool for_each_header(const http::fields& headers, std::string_view name, F&& f) {
+  const auto [first, last] = headers.equal_range(name);
+  for (auto it = first; it != last; ++it) {
+    if (!iequals(it->name_string(), name)) continue;
+    if (f(std::string_view(it->value()))) return true;
+  }
+  return false;
+}
+
+// Same, from the last instance to the first.
+template <class F>
+bool for_each_header_reverse(const http::fields& headers, std::string_view name, F&& f) {
+  const auto [first, last] = headers.equal_range(name);
+  for (auto it = last; it != first;) {
+    --it;
+    if (!iequals(it->name_string(), name)) continue;
+    if (f(std::string_view(it->value()))) return true;
+  }
+  return false;
+}
+
+std::optional<std::string_view> first_header(const http::fields& headers, std::string_view name) {
+  std::optional<std::string_view> found;
+  for_each_header(headers, name, [&](std::string_view v) {
+    found = v;
+    return true;
+  });
+  return found;
+}
+
+bool is_trusted(const ip_address& a, const std::vector<cidr>& trusted) {
+  for (const auto& c : trusted) {
+    if (c.contains(a)) return true;
+  }
+  return false;
+}
+
+bool is_v4_mapped(const ip_address& a) {
+  for (int i = 0; i < 10; ++i) {
+    if (a.bytes[i] != 0) return false;
+  }
+  return a.bytes[10] == 0xff && a.bytes[11] == 0xff;
+}
+
+// Value of the first cookie called exactly `name` across all Cookie headers.
+std::optional<std::string_view> cookie_value(const http::fields& headers, std::string_view name) {
+  std::optional<std::string_view> found;
+  for_each_header(headers, "Cookie", [&](std::string_view line) {
+    while (!line.empty()) {
+      const auto semi = line.find(';');
+      const auto pair = line.substr(0, semi);
+      line = semi == std::string_view::npos ? std::string_view{} : line.substr(semi + 1);
+      const auto eq = pair.find('=');
+      if (eq == std::string_view::npos) continue;
+      if (trim(pair.substr(0, eq)) != name) continue;
+      auto value = trim(pair.substr(eq + 1));
+      // RFC 6265: cookie-value may be wrapped in double quotes.
+      if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+      found = value;
+      return true;
+    }
+    return false;
+  });
+  return found;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// application/x-www-form-urlencoded decoding: %XX and '+' as space. A
+// malformed escape is kept literally (the value stays stable either way).
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Value of the first query parameter whose decoded key is exactly `name`.
+std::optional<std::string> query_value(std::string_view target, std::string_view name) {
+  target = target.substr(0, target.find('#'));  // clients should not send one; ignore it if they do
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  auto query = target.substr(q + 1);
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    const auto eq = pair.find('=');
+    if (percent_decode(pair.substr(0, eq)) != name) continue;
+    if (eq == std::string_view::npos) return std::string{};
+    return percent_decode(pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
+// The credentials of "Authorization: Bearer <token>" (first header instance).
+std::optional<std::string_view> bearer_token(const http::fields& headers) {
+  const auto auth = first_header(headers, "Authorization");
+  if (!auth) return std::nullopt;
+  const auto value = trim(*auth);
+  const auto space = value.find_first_of(whitespace);
+  if (space == std::string_view::npos || !iequals(value.substr(0, space), "Bearer")) return std::nullopt;
+  const auto token = trim(value.substr(space));
+  if (token.empty()) return std::nullopt;
+  return token;
+}
+
+// ---------------------------------------------------------------- JWT helpers
+
+struct pkey_deleter {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct bio_deleter {
+  void operator()(BIO* p) const { BIO_free(p); }
+};
+struct md_ctx_deleter {
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+};
+struct ecdsa_sig_deleter {
+  void operator()(ECDSA_SIG* p) const { ECDSA_SIG_free(p); }
+};
+using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_deleter>;
+
+// RFC 4648 section 5 alphabet, unpadded; -1 marks bytes outside it.
+constexpr std::array<signed char, 256> make_base64url_table() {
+  std::array<signed char, 256> t{};
+  for (auto& v : t) v = -1;
+  constexpr std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  for (std::size_t i = 0; i < alphabet.size(); ++i) t[static_cast<unsigned char>(alphabet[i])] = static_cast<signed char>(i);
+  return t;
+}
+constexpr auto base64url_table = make_base64url_table();
+
+// Strict: no padding, no whitespace, no other alphabet, unused bits zero.
+bool base64url_decode(std::string_view in, std::string& out) {
+  out.clear();
+  if (in.size() % 4 == 1) return false;
+  out.reserve(in.size() / 4 * 3 + 2);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : in) {
+    const int v = base64url_table[static_cast<unsigned char>(c)];
+    if (v < 0) return false;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  // Leftover bits must be zero, so each byte string has one encoding.
+  return (acc & ((1u << bits) - 1)) == 0;
+}
+
+std::optional<nlohmann::json> decode_json_object(std::string_view b64, std::string& scratch) {
+  if (!base64url_decode(b64, scratch)) return std::nullopt;
+  auto j = nlohmann::json::parse(scratch, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+const unsigned char* bytes_of(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+
+bool verify_hs256(const std::string& secret, std::string_view signing_input, std::string_view sig) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), bytes_of(signing_input), signing_input.size(),
+           mac, &mac_len) == nullptr) {
+    return false;
+  }
+  return sig.size() == mac_len && CRYPTO_memcmp(mac, sig.data(), mac_len) == 0;
+}
+
+bool verify_digest(EVP_PKEY* key, std::string_view signing_input, const unsigned char* sig, std::size_t sig_len) {
+  std::unique_ptr<EVP_MD_CTX, md_ctx_deleter> ctx(EVP_MD_CTX_new());
+  if (!ctx) return false;
+  if (EVP_DigestVerifyInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key) != 1) return false;
+  return EVP_DigestVerify(ctx.get(), sig, sig_len, bytes_of(signing_input), signing_input.size()) == 1;
+}
+
+// JWS ES256 signatures are R || S, 32 bytes each (RFC 7518 3.4); OpenSSL
+// verifies the DER form.
+bool verify_es256(EVP_PKEY* key, std::string_view signing_input, std::string_view sig) {
+  if (sig.size() != 64) return false;
+  std::unique_ptr<ECDSA_SIG, ecdsa_sig_deleter> ecdsa(ECDSA_SIG_new());
+  if (!ecdsa) return false;
+  BIGNUM* r = BN_bin2bn(bytes_of(sig), 32, nullptr);
+  BIGNUM* s = BN_bin2bn(bytes_of(sig) + 32, 32, nullptr);
+  if (r == nullptr || s == nullptr || ECDSA_SIG_set0(ecdsa.get(), r, s) != 1) {
+    BN_free(r);
+    BN_free(s);
+    return false;
+  }
+  std::array<unsigned char, 80> der{};  // at most 72 bytes for P-256
+  const int der_len = i2d_ECDSA_SIG(ecdsa.get(), nullptr);
+  if (der_len <= 0 || static_cast<std::size_t>(der_len) > der.size()) return false;
+  unsigned char* p = der.data();
+  if (i2d_ECDSA_SIG(ecdsa.get(), &p) != der_len) return false;
+  return verify_digest(key, signing_input, der.data(), static_cast<std::size_t>(der_len));
+}
+
+std::string openssl_error() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown OpenSSL error";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+
+// exp/nbf must be JSON numbers when present.
+std::optional<double> numeric_date(const nlohmann::json& payload, const char* name, bool& invalid) {
+  const auto it = payload.find(name);
+  if (it == payload.end()) return std::nullopt;
+  if (!it->is_number()) {
+    invalid = true;
+    return std::nullopt;
+  }
+  return it->get<double>();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ verifier
+
+struct jwt_verifier::impl {
+  enum class key_kind : std::uint8_t { none, rsa, ec_p256 };
+  bool verify = false;
+  std::string hs256_secret;
+  pkey_ptr key;
+  key_kind kind = key_kind::none;
+  std::int64_t leeway_s = 0;
+};
+
+jwt_verifier::~jwt_verifier() = default;
+
+std::unique_ptr<jwt_verifier> jwt_verifier::create(const config::jwt_config& cfg, std::string& error) {
+  std::unique_ptr<jwt_verifier> v(new jwt_verifier());
+  v->impl_ = std::make_unique<impl>();
+  auto& im = *v->impl_;
+  im.verify = cfg.verify();
+  im.hs256_secret = cfg.hs256_secret;
+  im.leeway_s = std::chrono::duration_cast<std::chrono::seconds>(cfg.leeway).count();
+  if (cfg.public_key_file.empty()) return v;
+
+  std::unique_ptr<BIO, bio_deleter> bio(BIO_new_file(cfg.public_key_file.c_str(), "r"));
+  if (!bio) {
+    error = "cannot open JWT public key file " + cfg.public_key_file + ": " + openssl_error();
+    return nullptr;
+  }
+  im.key.reset(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  if (!im.key) {
+    error = "cannot parse JWT public key file " + cfg.public_key_file +
+            " (expected a PEM \"PUBLIC KEY\"): " + openssl_error();
+    return nullptr;
+  }
+  if (EVP_PKEY_is_a(im.key.get(), "RSA")) {
+    im.kind = impl::key_kind::rsa;
+  } else if (EVP_PKEY_is_a(im.key.get(), "EC")) {
+    char group[64] = {};
+    std::size_t len = 0;
+    if (EVP_PKEY_get_group_name(im.key.get(), group, sizeof group, &len) != 1 ||
+        (std::string_view(group, len) != "prime256v1" && std::string_view(group, len) != "P-256")) {
+      ERR_clear_error();
+      error = "JWT public key file " + cfg.public_key_file + ": EC key is not on curve P-256 (ES256)";
+      return nullptr;
+    }
+    im.kind = impl::key_kind::ec_p256;
+  } else {
+    error = "JWT public key file " + cfg.public_key_file + ": key type is neither RSA (RS256) nor EC P-256 (ES256)";
+    return nullptr;
+  }
+  return v;
+}
+
+std::optional<std::string> jwt_verifier::claim(std::string_view token, std::string_view name, std::int64_t now_s) const {
+  try {
+    const auto dot1 = token.find('.');
+    if (dot1 == std::string_view::npos) return std::nullopt;
+    const auto dot2 = token.find('.', dot1 + 1);
+    if (dot2 == std::string_view::npos || token.find('.', dot2 + 1) != std::string_view::npos) return std::nullopt;
+    const auto header_b64 = token.substr(0, dot1);
+    const auto payload_b64 = token.substr(dot1 + 1, dot2 - dot1 - 1);
+    const auto sig_b64 = token.substr(dot2 + 1);
+
+    std::string scratch;
+    const auto header = decode_json_object(header_b64, scratch);
+    if (!header) return std::nullopt;
+    const auto alg_it = header->find("alg");
+    if (alg_it == header->end() || !alg_it->is_string()) return std::nullopt;
+
+    const auto& im = *impl_;
+    if (im.verify) {
+      // We implement no JWS extensions, so any critical one is unsupported.
+      if (header->contains("crit")) return std::nullopt;
+      const auto& alg = alg_it->get_ref<const std::string&>();
+      std::string sig;
+      if (!base64url_decode(sig_b64, sig)) return std::nullopt;
+      const auto signing_input = token.substr(0, dot2);
+      bool ok = false;
+      if (alg == "HS256" && !im.hs256_secret.empty()) {
+        ok = verify_hs256(im.hs256_secret, signing_input, sig);
+      } else if (alg == "RS256" && im.kind == impl::key_kind::rsa) {
+        ok = verify_digest(im.key.get(), signing_input, bytes_of(sig), sig.size());
+      } else if (alg == "ES256" && im.kind == impl::key_kind::ec_p256) {
+        ok = verify_es256(im.key.get(), signing_input, sig);
+      }
+      if (!ok) {
+        ERR_clear_error();  // failed verifications leave entries on this thread's queue
+        return std::nullopt;
+      }
+    }
+
+    const auto payload = decode_json_object(payload_b64, scratch);
+    if (!payload) return std::nullopt;
+
+    if (im.verify) {
+      bool invalid = false;
+      const auto exp = numeric_date(*payload, "exp", invalid);
+      const auto nbf = numeric_date(*payload, "nbf", invalid);
+      if (invalid) return std::nullopt;
+      if (exp && !(*exp > static_cast<double>(now_s - im.leeway_s))) return std::nullopt;
+      if (nbf && !(*nbf <= static_cast<double>(now_s + im.leeway_s))) return std::nullopt;
+    }
+
+    const auto it = payload->find(name);
+    if (it == payload->end()) return std::nullopt;
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_number_unsigned()) return std::to_string(it->get<std::uint64_t>());
+    if (it->is_number_integer()) return std::to_string(it->get<std::int64_t>());
+    return std::nullopt;
+  } catch (...) {
+    return std::nullopt;  // allocation failure only; the data path never throws
+  }
+}
+
+// ------------------------------------------------------------------ identify
+
+std::string hash_secret(std::string_view secret) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int md_len = 0;
+  if (EVP_Digest(secret.data(), secret.size(), md, &md_len, EVP_sha256(), nullptr) != 1 || md_len < 16) {
+    ERR_clear_error();
+    return {};  // yields no identity rather than a secret
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned i = 0; i < 16; ++i) {
+    out.push_back(hex[md[i] >> 4]);
+    out.push_back(hex[md[i] & 0xf]);
+  }
+  return out;
+}
+
+std::string format_ip(const ip_address& a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (is_v4_mapped(a)) {
+    if (inet_ntop(AF_INET, &a.bytes[12], buf, sizeof buf) == nullptr) return {};
+  } else {
+    if (inet_ntop(AF_INET6, a.bytes.data(), buf, sizeof buf) == nullptr) return {};
+  }
+  return buf;
+}
+
+ip_address client_address(const http::fields& headers, const ip_address& peer, const std::vector<cidr>& trusted_proxies) {
+  // Only a trusted proxy may speak for someone else; anyone else is who they are.
+  if (!is_trusted(peer, trusted_proxies)) return peer;
+  // Walk hops from the nearest (right-most) outwards. Each hop was appended by
+  // the proxy before it, so entries are believable only while we are still
+  // inside trusted proxies; the first untrusted one is the client. Garbage
+  // means the chain cannot be followed: the last trusted hop is the client.
+  ip_address last = peer;
+  std::optional<ip_address> client;
+  for_each_header_reverse(headers, "X-Forwarded-For", [&](std::string_view line) {
+    while (true) {
+      const auto comma = line.rfind(',');
+      const auto entry = trim(comma == std::string_view::npos ? line : line.substr(comma + 1));
+      if (!entry.empty()) {  // list syntax allows empty elements
+        const auto addr = parse_ip(entry);
+        if (!addr) {
+          client = last;
+          return true;
+        }
+        if (!is_trusted(*addr, trusted_proxies)) {
+          client = *addr;
+          return true;
+        }
+        last = *addr;
+      }
+      if (comma == std::string_view::npos) return false;
+      line = line.substr(0, comma);
+    }
+  });
+  return client ? *client : last;  // all trusted: the left-most
+}
+
+std::optional<identity> identify(const std::vector<config::identifier_source>& sources, const http::fields& headers,
+                                 std::string_view target, const ip_address& peer, const identify_context& ctx) {
+  using kind = config::identifier_source::kind;
+  try {
+    static const std::vector<cidr> no_proxies;
+    for (const auto& src : sources) {
+      std::string value;
+      switch (src.type) {
+        case kind::ip:
+          value = format_ip(client_address(headers, peer, ctx.trusted_proxies ? *ctx.trusted_proxies : no_proxies));
+          break;
+        case kind::header:
+          if (const auto v = first_header(headers, src.name)) value = trim(*v);
+          break;
+        case kind::cookie:
+          if (const auto v = cookie_value(headers, src.name)) value = *v;
+          break;
+        case kind::query:
+          if (auto v = query_value(target, src.name)) value = std::move(*v);
+          break;
+        case kind::token:
+          if (const auto t = bearer_token(headers)) value = hash_secret(*t);
+          break;
+        case kind::jwt:
+          if (ctx.jwt == nullptr) break;
+          if (const auto t = bearer_token(headers)) {
+            if (auto v = ctx.jwt->claim(*t, src.name, ctx.now_s)) value = std::move(*v);
+          }
+          break;
+      }
+      if (value.empty()) continue;
+      // Too long for the wire: a hash still identifies the client stably.
+      if (value.size() > wire::max_identifier_bytes) value = hash_secret(value);
+      if (value.empty()) continue;
+      return identity{std::move(value), &src};
+    }
+  } catch (...) {
+    // Allocation failure only; the caller treats it as "no identifier".
+  }
+  return std::nullopt;
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,71 @@
+// Client identification for the gate: the route's ordered identifier sources
+// (ip with trusted X-Forwarded-For, header, cookie, query, bearer token,
+// JWT claim), first that yields a value wins. Secrets never leave as-is:
+// bearer tokens become a hash.
+#pragma once
+
+#include <boost/beast/http/fields.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "smockron/config.hpp"
+#include "smockron/net.hpp"
+
+namespace smockron::proxy {
+
+/// Verifies bearer JWTs (HS256 with a secret; RS256 / ES256 with a PEM public
+/// key) and extracts claims. Immutable after creation; thread-safe.
+class jwt_verifier {
+public:
+  /// Loads keys once. Returns nullptr with `error` set if the key file cannot
+  /// be read or parsed.
+  static std::unique_ptr<jwt_verifier> create(const config::jwt_config& cfg, std::string& error);
+  ~jwt_verifier();
+
+  /// The claim's value (strings as-is, integers in decimal) if the token is
+  /// acceptable. With a secret or key configured: the header's alg must match
+  /// the configured key type, the signature must verify, `exp` (if present)
+  /// must be later than now - leeway and `nbf` (if present) no later than
+  /// now + leeway. Without any key configured, claims are read unverified.
+  std::optional<std::string> claim(std::string_view token, std::string_view name, std::int64_t now_s) const;
+
+private:
+  jwt_verifier() = default;
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// The value the gate limits on, and which source produced it.
+struct identity {
+  std::string value;
+  const config::identifier_source* source = nullptr;
+};
+
+struct identify_context {
+  const std::vector<cidr>* trusted_proxies = nullptr;
+  const jwt_verifier* jwt = nullptr;  ///< nullptr: jwt:* sources yield nothing
+  std::int64_t now_s = 0;
+};
+
+/// Applies `sources` in order; the first that yields a non-empty value wins.
+std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
+                                 const boost::beast::http::fields& headers, std::string_view target,
+                                 const ip_address& peer, const identify_context& ctx);
+
+/// The client address: the peer, or, when the peer is a trusted proxy, the
+/// right-most X-Forwarded-For address that is not itself trusted.
+ip_address client_address(const boost::beast::http::fields& headers, const ip_address& peer,
+                          const std::vector<cidr>& trusted_proxies);
+
+/// Text form of an address (IPv4-mapped addresses as dotted quads).
+std::string format_ip(const ip_address& a);
+
+/// Stable, non-reversible identifier for a secret: "sha256:" + 32 hex digits.
+std::string hash_secret(std::string_view secret);
+
+}  // namespace smockron::proxy

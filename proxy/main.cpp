@@ -1,0 +1,90 @@
+// smockron-proxy: the gatekeeper reverse proxy. Signals are handled on a
+// small thread of their own; the server's workers do everything else.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "proxy/server.hpp"
+#include "smockron/daemon.hpp"
+#include "smockron/log.hpp"
+
+namespace asio = boost::asio;
+using namespace smockron;
+
+namespace {
+// `--healthcheck`: GET /livez on the configured admin endpoint; exit 0 if it answers 200.
+int healthcheck(const config::proxy_config& cfg) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(cfg.admin.port);
+  const std::string host = cfg.admin.host == "0.0.0.0" ? "127.0.0.1" : cfg.admin.host;
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    std::cerr << "healthcheck: cannot connect to " << cfg.admin.to_string() << "\n";
+    ::close(fd);
+    return 1;
+  }
+  const std::string req = "GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  char buf[64] = {};
+  const bool ok = ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()) && ::read(fd, buf, sizeof buf - 1) > 12 &&
+                  std::string_view(buf).substr(9, 3) == "200";
+  ::close(fd);
+  std::cerr << "healthcheck: " << (ok ? "ok" : "unhealthy") << "\n";
+  return ok ? 0 : 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  int exit_code = 0;
+  auto start = daemon::prepare(argc, argv, "smockron-proxy", {"--healthcheck"},
+                               "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n",
+                               [](const config::config& c) { return c.proxy.has_value(); }, "proxy", exit_code);
+  if (!start) return exit_code;
+  if (!start->options.extra.empty()) return healthcheck(*start->cfg.proxy);
+  auto log = smockron::log::get("proxy");
+
+  std::unique_ptr<proxy::server> srv;
+  try {
+    srv = std::make_unique<proxy::server>(*start->cfg.proxy, system_clock::instance());
+  } catch (const std::exception& e) {
+    log->critical("cannot start: {}", e.what());
+    return 1;
+  }
+
+  asio::io_context signals_ioc(1);
+  asio::signal_set signals(signals_ioc, SIGINT, SIGTERM, SIGHUP);
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        log->info("SIGHUP: reloading configuration");
+        auto next = daemon::reload(start->options, "proxy");
+        if (next && next->proxy) srv->reload(*next->proxy);
+        else if (next) log->error("reload rejected: no [proxy] table");
+        wait_signal();
+        return;
+      }
+      log->info("signal {}: draining (grace period {}s)", sig,
+                std::chrono::duration_cast<std::chrono::seconds>(start->cfg.proxy->grace_period).count());
+      srv->stop();
+    });
+  };
+  wait_signal();
+  std::thread signal_thread([&] { signals_ioc.run(); });
+  srv->run();
+  signals_ioc.stop();
+  signal_thread.join();
+  return 0;
+}

@@ -1,0 +1,45 @@
+// Route table: (host, path prefix) -> route, first match wins. Domains and
+// upstreams are resolved to indices when the table is built (config time).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "smockron/config.hpp"
+
+namespace smockron::proxy {
+
+struct route {
+  enum class host_match : std::uint8_t { any, exact, suffix };
+  host_match host_kind = host_match::any;
+  std::string host;  ///< lower-case; for suffix: ".example.com"
+  std::string path;  ///< prefix
+  std::string domain;
+  std::size_t domain_index = 0;    ///< index into route_table::domains()
+  std::size_t upstream_index = 0;  ///< index into proxy_config::upstreams
+  std::vector<config::identifier_source> identify;
+};
+
+class route_table {
+public:
+  explicit route_table(const config::proxy_config& cfg);
+
+  /// First route whose host and path prefix match; nullptr = no route (404).
+  /// `host` is the Host header as sent (port and case are ignored).
+  const route* match(std::string_view host, std::string_view path) const;
+
+  const std::vector<route>& routes() const { return routes_; }
+  /// Distinct domains used by the routes, in first-use order.
+  const std::vector<std::string>& domains() const { return domains_; }
+
+private:
+  std::vector<route> routes_;
+  std::vector<std::string> domains_;
+};
+
+/// Host header without port, lower-cased ("Example.COM:8080" -> "example.com", "[::1]:80" -> "[::1]").
+std::string normalize_host(std::string_view host);
+
+}  // namespace smockron::proxy
