@@ -192,7 +192,9 @@ constexpr std::array<signed char, 256> make_base64url_table() {
   std::array<signed char, 256> t{};
   for (auto& v : t) v = -1;
   constexpr std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-  for (std::size_t i = 0; i < alphabet.size(); ++i) t[static_cast<unsigned char>(alphabet[i])] = static_cast<signed char>(i);
+  for (std::size_t i = 0; i < alphabet.size(); ++i) {
+    t[static_cast<unsigned char>(alphabet[i])] = static_cast<signed char>(i);
+  }
   return t;
 }
 constexpr auto base64url_table = make_base64url_table();
@@ -339,7 +341,8 @@ std::unique_ptr<jwt_verifier> jwt_verifier::create(const config::jwt_config& cfg
   return v;
 }
 
-std::optional<std::string> jwt_verifier::claim(std::string_view token, std::string_view name, std::int64_t now_s) const {
+std::optional<std::string> jwt_verifier::claim(std::string_view token, std::string_view name,
+                                               std::int64_t now_s) const {
   try {
     const auto dot1 = token.find('.');
     if (dot1 == std::string_view::npos) return std::nullopt;
@@ -428,7 +431,8 @@ std::string format_ip(const ip_address& a) {
   return buf;
 }
 
-ip_address client_address(const http::fields& headers, const ip_address& peer, const std::vector<cidr>& trusted_proxies) {
+ip_address client_address(const http::fields& headers, const ip_address& peer,
+                          const std::vector<cidr>& trusted_proxies) {
   // Only a trusted proxy may speak for someone else; anyone else is who they are.
   if (!is_trusted(peer, trusted_proxies)) return peer;
   // Walk hops from the nearest (right-most) outwards. Each hop was appended by
