@@ -2,6 +2,7 @@
 // small thread of their own; the server's workers do everything else.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -53,6 +54,11 @@ int main(int argc, char** argv) {
                                [](const config::config& c) { return c.proxy.has_value(); }, "proxy", exit_code);
   if (!start) return exit_code;
   if (!start->options.extra.empty()) return healthcheck(*start->cfg.proxy);
+  // Every client and upstream connection is a descriptor: use the hard limit, as nginx's worker_rlimit_nofile would.
+  if (rlimit lim{}; ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
   auto log = smockron::log::get("proxy");
 
   std::unique_ptr<proxy::server> srv;
