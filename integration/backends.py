@@ -1,0 +1,511 @@
+"""Test backends and raw-socket clients for smockron-proxy's integration tests.
+
+Backend (python stdlib only, run as its own process so that its timing does not
+depend on the test process's GIL):
+
+    python3 backends.py PORT          # serves on 127.0.0.1:PORT until SIGTERM
+
+Every request's arrival (wall clock, taken when the head has been parsed), its
+method, target, headers and body size are logged; GET /__log on the backend
+(directly, not through the proxy) returns the log as JSON, /__reset clears it.
+What a request gets depends on its path:
+
+    /ws                  WebSocket echo (RFC 6455 handshake, unmasked server frames)
+    /slow?s=S            sleeps S seconds, then answers like /echo
+    /status/NNN          answers NNN (204 and 304 without a body)
+    /stream?mib=N&mode=chunked|length   N MiB generated on the fly
+    /upload, anything else (/echo...)   reads the whole body (Content-Length or
+                         chunked), answers JSON {method, target, headers, body_bytes}
+
+Test side: BackendProcess (start/stop by PID, log access), RawConn (exact bytes
+over one client connection, HTTP/1.1 response reader), WebSocket frame helpers.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HOST = "127.0.0.1"
+MIB = 1 << 20
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+_BLOCK = bytes(range(256)) * 4096  # 1 MiB of a recognisable pattern
+
+
+# =============================================================================== WebSocket frames
+
+
+def ws_accept(key: str) -> str:
+    return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+
+
+def ws_frame(opcode: int, payload: bytes, mask: bool) -> bytes:
+    """One final frame. Clients must mask (RFC 6455 5.3), servers must not."""
+    head = bytearray([0x80 | opcode])
+    n = len(payload)
+    mbit = 0x80 if mask else 0
+    if n < 126:
+        head.append(mbit | n)
+    elif n < 65536:
+        head.append(mbit | 126)
+        head += struct.pack("!H", n)
+    else:
+        head.append(mbit | 127)
+        head += struct.pack("!Q", n)
+    if not mask:
+        return bytes(head) + payload
+    key = os.urandom(4)
+    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes(head) + key + masked
+
+
+def ws_read_frame(read_exact) -> tuple[int, bytes, bool]:
+    """(opcode, payload, was_masked) of the next frame; read_exact(n) returns exactly n bytes."""
+    b0, b1 = read_exact(2)
+    opcode = b0 & 0x0F
+    masked = bool(b1 & 0x80)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", read_exact(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", read_exact(8))[0]
+    key = read_exact(4) if masked else None
+    payload = read_exact(n) if n else b""
+    if key:
+        payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return opcode, payload, masked
+
+
+# =============================================================================== the backend server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "smockron-test-backend"
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    # Every method goes through one dispatcher.
+    def do_GET(self):
+        self._dispatch()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_GET
+
+    # ---- helpers
+    def _send(self, status: int, body: bytes = b"", ctype: str = "application/json", extra=()):
+        self.send_response(status)
+        for k, v in extra:
+            self.send_header(k, v)
+        if status not in (204, 304) and not (100 <= status < 200):
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD" and status not in (204, 304):
+            self.wfile.write(body)
+
+    def _read_body(self) -> int:
+        """Reads (and discards) the request body; returns its size."""
+        te = self.headers.get("Transfer-Encoding", "")
+        total = 0
+        if "chunked" in te.lower():
+            while True:
+                line = self.rfile.readline(65537)
+                if not line:
+                    raise ConnectionError("EOF in chunk size")
+                size = int(line.split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return total
+                while size:
+                    got = self.rfile.read(min(size, MIB))
+                    if not got:
+                        raise ConnectionError("EOF in chunk")
+                    size -= len(got)
+                    total += len(got)
+                self.rfile.readline(3)
+        n = int(self.headers.get("Content-Length") or 0)
+        while total < n:
+            got = self.rfile.read(min(n - total, MIB))
+            if not got:
+                raise ConnectionError("EOF in body")
+            total += len(got)
+        return total
+
+    def _echo(self, entry):
+        body = json.dumps({"method": self.command, "target": self.path, "headers": entry["headers"],
+                           "body_bytes": entry["body_bytes"]}).encode()
+        self._send(200, body)
+
+    # ---- dispatch
+    def _dispatch(self):
+        arrived = time.time()
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        srv = self.server
+        if url.path == "/__log":
+            with srv.lock:
+                body = json.dumps(srv.log).encode()
+            return self._send(200, body)
+        if url.path == "/__reset":
+            with srv.lock:
+                srv.log.clear()
+            return self._send(200, b"{}")
+        if url.path == "/__ping":
+            return self._send(200, b"{}")
+        entry = {"t": arrived, "method": self.command, "target": self.path,
+                 "headers": [[k, v] for k, v in self.headers.items()],
+                 "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0}
+        with srv.lock:
+            srv.log.append(entry)
+        entry["body_bytes"] = self._read_body()
+        entry["complete"] = True
+
+        if url.path == "/ws":
+            return self._websocket()
+        if url.path == "/slow":
+            time.sleep(float(query.get("s", "2")))
+            return self._echo(entry)
+        if url.path.startswith("/status/"):
+            code = int(url.path.split("/")[2])
+            return self._send(code, b"" if code in (204, 304) else b"status\n", "text/plain",
+                              extra=[("ETag", '"v1"')] if code == 304 else [])
+        if url.path == "/stream":
+            return self._stream(int(query.get("mib", "1")), query.get("mode", "length"))
+        return self._echo(entry)
+
+    def _stream(self, mib: int, mode: str):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        if mode == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(mib * MIB))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        for _ in range(mib):
+            if mode == "chunked":
+                self.wfile.write(b"%x\r\n" % len(_BLOCK) + _BLOCK + b"\r\n")
+            else:
+                self.wfile.write(_BLOCK)
+        if mode == "chunked":
+            self.wfile.write(b"0\r\n\r\n")
+
+    def _websocket(self):
+        key = self.headers.get("Sec-WebSocket-Key")
+        if self.headers.get("Upgrade", "").lower() != "websocket" or not key:
+            return self._send(400, b'{"error":"not a websocket request"}')
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", ws_accept(key))
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+
+        def read_exact(n):
+            data = self.rfile.read(n)
+            if len(data) != n:
+                raise ConnectionError("EOF")
+            return data
+
+        try:
+            while True:
+                opcode, payload, masked = ws_read_frame(read_exact)
+                if not masked:  # RFC 6455: a server must close on an unmasked client frame
+                    self.wfile.write(ws_frame(8, struct.pack("!H", 1002), mask=False))
+                    return
+                if opcode == 8:
+                    self.wfile.write(ws_frame(8, payload[:2], mask=False))
+                    return
+                if opcode == 9:
+                    self.wfile.write(ws_frame(10, payload, mask=False))
+                elif opcode in (1, 2):
+                    self.wfile.write(ws_frame(opcode, payload, mask=False))
+        except (ConnectionError, OSError):
+            return
+
+
+class BackendServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, port: int):
+        super().__init__((HOST, port), _Handler)
+        self.lock = threading.Lock()
+        self.log: list[dict] = []
+
+
+def main(argv):
+    port = int(argv[1])
+    srv = BackendServer(port)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    sys.stdout.write(f"ready {srv.server_address[1]}\n")
+    sys.stdout.flush()
+    srv.serve_forever(poll_interval=0.05)
+
+
+# =============================================================================== test side
+
+
+class BackendProcess:
+    """One backend process on 127.0.0.1:port, stopped by PID."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10.0) -> "BackendProcess":
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode("utf-8", "replace")
+                raise OSError(f"backend on port {self.port} exited with {self.proc.returncode}: {err[-2000:]}")
+            try:
+                if self._get("/__ping", 1.0)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise AssertionError(f"backend on port {self.port} not answering after {timeout}s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+            except ProcessLookupError:
+                pass
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+
+    close = stop
+
+    def _get(self, path: str, timeout: float = 2.0):
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def log(self) -> list[dict]:
+        status, body = self._get("/__log")
+        assert status == 200, status
+        return json.loads(body)
+
+    def reset(self) -> None:
+        self._get("/__reset")
+
+    def requests(self, key: str | None = None, target_prefix: str | None = None) -> list[dict]:
+        out = self.log()
+        if key is not None:
+            out = [e for e in out if e["key"] == key]
+        if target_prefix is not None:
+            out = [e for e in out if e["target"].startswith(target_prefix)]
+        return out
+
+
+class Response:
+    def __init__(self, status: int, reason: str, headers: list[tuple[str, str]], body: bytes, raw_head: bytes):
+        self.status = status
+        self.reason = reason
+        self.header_list = headers
+        self.headers = {k.lower(): v for k, v in headers}
+        self.body = body
+        self.raw_head = raw_head
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<Response {self.status} {self.headers} body={self.body[:200]!r}>"
+
+
+class PeerClosed(ConnectionError):
+    pass
+
+
+class RawConn:
+    """One client TCP connection with exact control over the bytes sent."""
+
+    def __init__(self, port: int, timeout: float = 5.0):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+        self.timeout = timeout
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data: bytes | str) -> None:
+        self.sock.sendall(data.encode() if isinstance(data, str) else data)
+
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("deadline passed")
+        self.sock.settimeout(left)
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise PeerClosed("connection closed by peer")
+        self.buf += data
+
+    def read_until(self, marker: bytes, deadline: float) -> bytes:
+        while (i := self.buf.find(marker)) < 0:
+            self._fill(deadline)
+        out = bytes(self.buf[: i + len(marker)])
+        del self.buf[: i + len(marker)]
+        return out
+
+    def read_exact(self, n: int, deadline: float | None = None) -> bytes:
+        deadline = deadline or time.monotonic() + self.timeout
+        while len(self.buf) < n:
+            self._fill(deadline)
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def read_discard(self, n: int, deadline: float) -> int:
+        """Reads and drops n bytes without keeping them (large bodies)."""
+        got = min(n, len(self.buf))
+        del self.buf[:got]
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            self.sock.settimeout(left)
+            data = self.sock.recv(min(n - got, 1 << 20))
+            if not data:
+                raise PeerClosed("connection closed by peer")
+            extra = len(data) - (n - got)
+            if extra > 0:
+                self.buf += data[len(data) - extra:]
+            got += min(len(data), n - got)
+        return got
+
+    def read_head(self, timeout: float | None = None) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        deadline = time.monotonic() + (timeout or self.timeout)
+        raw = self.read_until(b"\r\n\r\n", deadline)
+        lines = raw[:-4].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        status = int(parts[1])
+        reason = parts[2] if len(parts) > 2 else ""
+        headers = []
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers.append((k.strip(), v.strip()))
+        return status, reason, headers, raw
+
+    def read_response(self, head_request: bool = False, timeout: float | None = None, keep_body: bool = True,
+                      allow_interim: bool = False) -> Response:
+        """The next response. 1xx are skipped unless allow_interim. Bodies by
+        Content-Length, chunked, or until EOF (kept, or only counted: body = b'' and
+        headers['x-body-bytes'] set when keep_body is False)."""
+        timeout = timeout or self.timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            status, reason, headers, raw = self.read_head(deadline - time.monotonic())
+            if 100 <= status < 200 and status != 101 and not allow_interim:
+                continue
+            break
+        h = {k.lower(): v for k, v in headers}
+        body = bytearray()
+        count = 0
+        if head_request or status in (204, 304) or 100 <= status < 200:
+            pass
+        elif "chunked" in h.get("transfer-encoding", "").lower():
+            while True:
+                line = self.read_until(b"\r\n", deadline)
+                size = int(line.split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.read_until(b"\r\n", deadline) != b"\r\n":
+                        pass
+                    break
+                if keep_body:
+                    body += self.read_exact(size, deadline)
+                else:
+                    self.read_discard(size, deadline)
+                count += size
+                self.read_exact(2, deadline)
+        elif "content-length" in h:
+            n = int(h["content-length"])
+            if keep_body:
+                body += self.read_exact(n, deadline)
+            else:
+                self.read_discard(n, deadline)
+            count = n
+        else:
+            while True:
+                try:
+                    self._fill(deadline)
+                except PeerClosed:
+                    break
+            body += self.buf
+            count = len(self.buf)
+            self.buf.clear()
+        if not keep_body:
+            headers = headers + [("X-Body-Bytes", str(count))]
+        return Response(status, reason, headers, bytes(body), raw)
+
+    def wait_closed(self, timeout: float) -> bool:
+        """True if the peer closes (EOF or reset) within timeout; data received meanwhile is buffered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._fill(deadline)
+            except PeerClosed:
+                return True
+            except ConnectionResetError:
+                return True
+            except (socket.timeout, TimeoutError):
+                return False
+
+
+def request_bytes(method: str = "GET", target: str = "/", headers=None, body: bytes = b"",
+                  host: str = "test.local", version: str = "HTTP/1.1") -> bytes:
+    """A request as exact bytes. headers: list of (name, value); Host first unless host is None;
+    Content-Length is added for a non-empty body unless one is given."""
+    lines = [f"{method} {target} {version}"]
+    hdrs = list(headers or [])
+    if host is not None:
+        lines.append(f"Host: {host}")
+    if body and not any(k.lower() in ("content-length", "transfer-encoding") for k, _ in hdrs):
+        hdrs.append(("Content-Length", str(len(body))))
+    lines += [f"{k}: {v}" for k, v in hdrs]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""smockron-proxy vs nginx, side by side in one run, same backend, same load.
+
+Method (see README "Performance"):
+- backend: nginx (1 worker) answering `return 200`; wrk (1 thread, 50
+  keep-alive connections) and the backend share cpu 0; the proxy under test
+  has cpu 1 alone (the smockron master also sits on cpu 0).
+- peer: nginx, 1 worker, proxy_http_version 1.1, upstream keepalive 128.
+- smockron-proxy: 1 worker thread, gate active (route with a domain,
+  identifier extraction, master connected).
+- alternating rounds after a warm-up; per round: req/s, p50/p99 latency,
+  proxy CPU us per request (/proc), and whether the proxy core was >= 90% busy.
+  Rounds where other processes used noticeable CPU are dropped.
+"""
+import argparse
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, deadline=10.0):
+    end = time.time() + deadline
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except FileNotFoundError:
+            pass
+    return total / TICK
+
+
+def system_busy_seconds():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v[:8]) - idle) / TICK
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+class Proc:
+    def __init__(self, argv, cpu, log):
+        self.p = subprocess.Popen(["taskset", "-c", str(cpu)] + argv, stdout=log, stderr=log)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def nginx_conf(prefix, body):
+    os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
+    path = os.path.join(prefix, "nginx.conf")
+    with open(path, "w") as f:
+        f.write(f"""daemon off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {prefix}/tmp;
+  proxy_temp_path {prefix}/tmp;
+  keepalive_requests 1000000;
+{body}
+}}
+""")
+    return path
+
+
+def run_wrk(port, seconds, connections):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+         "-H", "X-API-Key: bench-client", f"http://127.0.0.1:{port}/"],
+        capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+
+    def pct(p):
+        m = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s)", out)
+        v, unit = float(m.group(1)), m.group(2)
+        return v * {"us": 1, "ms": 1000, "s": 1e6}[unit]
+    return {"rps": rps, "requests": requests, "p50": pct(50), "p99": pct(99), "wrk_cpu": wrk_cpu,
+            "errors": int(non2xx.group(1)) if non2xx else 0}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10, help="rounds per contender (alternating)")
+    ap.add_argument("--seconds", type=int, default=5, help="length of one round")
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
+    args = ap.parse_args()
+    for tool in ("nginx", "wrk", "taskset"):
+        if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
+            sys.exit(f"{tool} is missing: run scripts/install-deps.sh --test")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    tmp = tempfile.mkdtemp(prefix="smockron-bench-")
+    log = open(os.path.join(tmp, "bench.log"), "w")
+    procs = []
+    try:
+        backend_port, nginx_port, proxy_port = free_port(), free_port(), free_port()
+        acct, ctrl, madmin, padmin = free_port(), free_port(), free_port(), free_port()
+        backend_conf = nginx_conf(os.path.join(tmp, "backend"), f"""
+  server {{ listen 127.0.0.1:{backend_port} backlog=4096; location / {{ return 200 "ok\\n"; }} }}""")
+        peer_conf = nginx_conf(os.path.join(tmp, "peer"), f"""
+  upstream app {{ server 127.0.0.1:{backend_port}; keepalive 128; }}
+  server {{ listen 127.0.0.1:{nginx_port} backlog=4096;
+    location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
+        for d in ("backend", "peer"):
+            os.makedirs(os.path.join(tmp, d, "tmp"), exist_ok=True)
+        smockron_conf = os.path.join(tmp, "smockron.toml")
+        with open(smockron_conf, "w") as f:
+            f.write(f"""[master]
+accounting = "tcp://127.0.0.1:{acct}"
+control = "tcp://127.0.0.1:{ctrl}"
+admin = "127.0.0.1:{madmin}"
+[master.domains.bench]
+rules = [ {{ rate = "10000000/s", burst = 1000000 }} ]
+
+[proxy]
+listen = "127.0.0.1:{proxy_port}"
+admin = "127.0.0.1:{padmin}"
+threads = 1
+accounting = ["tcp://127.0.0.1:{acct}"]
+control = ["tcp://127.0.0.1:{ctrl}"]
+[proxy.upstreams.app]
+servers = ["127.0.0.1:{backend_port}"]
+keepalive = 128
+[[proxy.routes]]
+path = "/"
+domain = "bench"
+upstream = "app"
+identify = ["header:X-API-Key", "ip"]
+""")
+        backend = Proc([nginx, "-c", backend_conf, "-p", os.path.join(tmp, "backend")], 0, log)
+        peer = Proc([nginx, "-c", peer_conf, "-p", os.path.join(tmp, "peer")], 1, log)
+        master = Proc([os.path.join(args.bin, "smockron-master"), "--config", smockron_conf, "--log-level", "warn"], 0, log)
+        proxy = Proc([os.path.join(args.bin, "smockron-proxy"), "--config", smockron_conf, "--log-level", "warn"], 1, log)
+        procs = [proxy, master, peer, backend]
+        for port in (backend_port, nginx_port, proxy_port, madmin):
+            wait_port(port)
+        time.sleep(0.5)
+        peer_pids = [peer.p.pid] + children(peer.p.pid)
+        backend_pids = [backend.p.pid] + children(backend.p.pid)
+        contenders = {"smockron": (proxy_port, [proxy.p.pid]), "nginx": (nginx_port, peer_pids)}
+        others = backend_pids + [master.p.pid]
+
+        print(f"warm-up ({args.seconds}s each) ...", flush=True)
+        for name, (port, _) in contenders.items():
+            run_wrk(port, max(2, args.seconds // 2), args.connections)
+
+        results = {name: [] for name in contenders}
+        print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'noise':>6}")
+        for rnd in range(args.rounds):
+            for name in ("smockron", "nginx") if rnd % 2 == 0 else ("nginx", "smockron"):
+                port, pids = contenders[name]
+                c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+                r = run_wrk(port, args.seconds, args.connections)
+                c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+                wall = t1 - t0
+                r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
+                r["busy"] = (c1 - c0) / wall
+                # CPU used by anything that is not part of this measurement, in cores.
+                r["noise"] = max(0.0, ((s1 - s0) - (c1 - c0) - (o1 - o0) - r["wrk_cpu"]) / wall)
+                r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
+                results[name].append(r)
+                print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
+                      f"{r['busy']*100:>4.0f}% {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
+
+        ratios, kept = [], {n: [r for r in results[n] if r["kept"]] for n in results}
+        for a, b in zip(results["smockron"], results["nginx"]):
+            if a["kept"] and b["kept"]:
+                ratios.append(a["rps"] / b["rps"])
+        print()
+        for name in ("smockron", "nginx"):
+            rs = kept[name] or results[name]
+            print(f"{name:>9}: median {statistics.median(r['rps'] for r in rs):.0f} req/s, "
+                  f"p50 {statistics.median(r['p50'] for r in rs):.0f} us, p99 {statistics.median(r['p99'] for r in rs):.0f} us, "
+                  f"cpu {statistics.median(r['cpu_us'] for r in rs):.1f} us/req, "
+                  f"core busy {statistics.median(r['busy'] for r in rs)*100:.0f}%  ({len(kept[name])} rounds kept)")
+        if ratios:
+            print(f"req/s ratio smockron/nginx: median {statistics.median(ratios):.2f} "
+                  f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} paired rounds)")
+        else:
+            print("no paired rounds kept (machine too noisy)")
+    finally:
+        for p in procs:
+            p.stop()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

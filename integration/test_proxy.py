@@ -1,0 +1,879 @@
+"""Black-box integration tests for smockron-proxy.
+
+Each test starts its own proxy (and, where the gate matters, a real
+smockron-master) on fresh 127.0.0.1 ports, plus Python backends from
+backends.py, and talks to the proxy over raw sockets where the exact bytes
+matter. Timing assertions use bands wide enough for a busy 2-core machine;
+every wait polls against a deadline.
+
+ZeroMQ slow joiners: a proxy connected to a real master only has a working
+accounting → master → control loop once both connections and the
+subscriptions are up. prime() proves it: every gate config has a first route
+/__warm/ on domain WARM_DOMAIN (1 request per hour), and requests with fresh
+X-Warm keys are sent until a DELAY_UNTIL reaches the proxy.
+
+Run: cd integration && python3 -m unittest -v test_proxy
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from backends import (  # noqa: E402
+    MIB,
+    BackendProcess,
+    PeerClosed,
+    RawConn,
+    request_bytes,
+    ws_accept,
+    ws_frame,
+    ws_read_frame,
+)
+from harness import (  # noqa: E402
+    HOST,
+    Daemon,
+    DaemonExited,
+    DaemonTestCase,
+    WaitTimeout,
+    free_port,
+    free_ports,
+    metric,
+    run_binary,
+    toml_value,
+    wait_until,
+)
+
+PROXY = "smockron-proxy"
+WARM_DOMAIN = "zzwarm"  # sorts after the test domains: its subscription is sent last
+WARM_ROUTE = {"path": "/__warm/", "domain": WARM_DOMAIN, "upstream": "app", "identify": ["header:X-Warm"]}
+CTL = "smockron_proxy_control_messages_total"
+HELD = "smockron_proxy_held_requests"
+
+
+# =============================================================================== helpers
+
+
+def proxy_toml(listen_port: int, admin_port: int, upstreams: dict, routes: list, accounting: list, control: list,
+               **proxy_keys) -> str:
+    """A [proxy] config. upstreams: {name: {"servers": [...], "fail_timeout": "200ms"}};
+    routes: [{"path": "/", "domain": "api", "upstream": "app", "identify": [...]}]."""
+    lines = [
+        "[proxy]",
+        f'listen = "{HOST}:{listen_port}"',
+        f'admin = "{HOST}:{admin_port}"',
+        f"accounting = {toml_value(accounting)}",
+        f"control = {toml_value(control)}",
+    ]
+    lines += [f"{k} = {toml_value(v)}" for k, v in proxy_keys.items()]
+    for name, u in upstreams.items():
+        lines += ["", f"[proxy.upstreams.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in u.items()]
+    for r in routes:
+        lines += ["", "[[proxy.routes]]"] + [f"{k} = {toml_value(v)}" for k, v in r.items()]
+    return "\n".join(lines) + "\n"
+
+
+class ProxyProcess(Daemon):
+    def __init__(self, workdir: str, config_path: str, port: int, admin_port: int, args=()):
+        super().__init__(PROXY, config_path, workdir, args=args, admin_port=admin_port)
+        self.port = port
+
+    def readyz(self) -> str:
+        return self.get("/readyz").body
+
+    def ctl(self) -> float:
+        return self.metric(CTL) or 0.0
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+
+def fetch(port: int, target: str = "/", headers=(), method: str = "GET", body: bytes = b"", key: str | None = None,
+          timeout: float = 5.0, host: str = "test.local"):
+    """One request on a fresh connection: (Response, elapsed seconds)."""
+    hdrs = list(headers)
+    if key is not None:
+        hdrs.append(("X-API-Key", key))
+    t0 = time.monotonic()
+    with RawConn(port, timeout) as c:
+        c.send(request_bytes(method, target, hdrs, body, host))
+        r = c.read_response(head_request=method == "HEAD", timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def fire_concurrently(conns: list[RawConn], payloads: list[bytes], timeout: float = 10.0):
+    """Sends payloads[i] on pre-opened conns[i] back to back, then reads every response.
+    Returns (wall time of the first send, [(Response or exception, seconds after the sends)])."""
+    t_wall = time.time()
+    t0 = time.monotonic()
+    for c, p in zip(conns, payloads):
+        c.send(p)
+
+    def read(c):
+        try:
+            r = c.read_response(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            r = e
+        return r, time.monotonic() - t0
+
+    with concurrent.futures.ThreadPoolExecutor(len(conns)) as ex:
+        results = list(ex.map(read, conns))
+    return t_wall, results
+
+
+def header_values(echo: dict, name: str) -> list[str]:
+    return [v for k, v in echo["headers"] if k.lower() == name.lower()]
+
+
+# =============================================================================== base class
+
+
+class ProxyCase(DaemonTestCase):
+    def start_backend(self, port: int | None = None) -> BackendProcess:
+        for attempt in range(3):
+            b = BackendProcess(port or free_port())
+            try:
+                b.start()
+            except OSError:
+                if port is not None or attempt == 2:
+                    raise
+                continue
+            self.addCleanup(b.stop)
+            return b
+        raise AssertionError("unreachable")
+
+    def start_proxy(self, upstreams: dict, routes: list, accounting=None, control=None, attempts: int = 3,
+                    wait_ready: bool = True, **proxy_keys) -> ProxyProcess:
+        """A proxy on fresh ports. Without master endpoints, accounting/control
+        point at ports where nothing listens (fail-open)."""
+        if accounting is None or control is None:
+            a, c = free_ports(2)
+            accounting = accounting or [f"tcp://{HOST}:{a}"]
+            control = control or [f"tcp://{HOST}:{c}"]
+        last = None
+        for _ in range(attempts):
+            port, admin = free_ports(2)
+            path = self.write_file("proxy.toml", proxy_toml(port, admin, upstreams, routes, accounting, control,
+                                                            **proxy_keys))
+            p = self.track(ProxyProcess(self.tmp, path, port, admin))
+            try:
+                return p.start(wait_ready=wait_ready)
+            except DaemonExited as e:
+                last = e
+                if "in use" not in p.log() and "bind" not in p.log():
+                    raise
+        raise last
+
+    def simple_proxy(self, backend: BackendProcess, path: str = "/", identify=("header:X-API-Key", "ip"),
+                     **proxy_keys) -> ProxyProcess:
+        return self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}},
+                                [{"path": path, "domain": "api", "upstream": "app", "identify": list(identify)}],
+                                **proxy_keys)
+
+    # ---- proxy + real master
+    def gate_stack(self, domains: dict, routes: list, **proxy_keys):
+        """A real master with `domains` (+ WARM_DOMAIN), a backend, and a proxy whose
+        routes are WARM_ROUTE + `routes` (upstream "app"); the ZeroMQ loop is primed."""
+        all_domains = dict(domains)
+        all_domains[WARM_DOMAIN] = {"rules": [("1/h", 1)]}
+        master = self.start_master(all_domains)
+        backend = self.start_backend()
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [WARM_ROUTE] + routes,
+                                 accounting=[master.accounting], control=[master.control], **proxy_keys)
+        wait_until(lambda: "masters connected: 1/1" in proxy.readyz(), 10, message="proxy connected to the master")
+        self.prime(proxy)
+        return master, backend, proxy
+
+    def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
+        """Sends warm-up requests (one fresh X-Warm key each) until a DELAY_UNTIL reaches the
+        proxy: accounting PUB, master subscription and control subscriptions are then all up."""
+        base = proxy.ctl()
+        deadline = time.monotonic() + timeout
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            r, _ = fetch(proxy.port, f"/__warm/{n}", headers=[("X-Warm", f"warm-{n}")])
+            self.assertEqual(r.status, 200, r)
+            try:
+                wait_until(lambda: proxy.ctl() > base, min(0.25 * n, 1.0))
+                # Let any late reply to an earlier probe land before tests count messages.
+                time.sleep(0.05)
+                return
+            except WaitTimeout:
+                continue
+        raise WaitTimeout(f"no DELAY_UNTIL reached the proxy after {n} warm-up requests")
+
+    def wait_ctl(self, proxy: ProxyProcess, base: float, n: int = 1, timeout: float = 3.0) -> float:
+        return wait_until(lambda: (v := proxy.ctl()) >= base + n and v, timeout,
+                          message=f"{n} control message(s) after {base}")
+
+
+# =============================================================================== 1-3, 12: the gate with a real master
+
+
+class GateTest(ProxyCase):
+    API_ROUTE = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key", "ip"]}
+
+    def test_burst_then_paced_delays_then_503_and_other_key_unaffected(self):
+        interval = 0.2
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("5/s", 3)]}}, [self.API_ROUTE], max_delay="2s")
+        n_concurrent = 16
+        conns = [self.closing(RawConn(proxy.port, 10)) for _ in range(n_concurrent)]  # opened before the clock runs
+        m0 = proxy.metrics()
+        ctl0 = proxy.ctl()
+
+        # The burst is answered at once.
+        for i in range(3):
+            r, elapsed = fetch(proxy.port, f"/burst/{i}", key="alice")
+            self.assertEqual(r.status, 200, r)
+            self.assertLess(elapsed, 0.5, f"burst request {i} took {elapsed:.3f}s")
+        self.wait_ctl(proxy, ctl0)  # the master's DELAY_UNTIL for alice is in the proxy's memory
+
+        payloads = [request_bytes("GET", f"/held/{i}", [("X-API-Key", "alice")]) for i in range(n_concurrent)]
+        box = {}
+
+        def other_key():
+            box["bob"] = fetch(proxy.port, "/bob", key="bob")
+
+        t_sent, results = None, None
+        bob = threading.Timer(0.05, other_key)
+        bob.start()
+        t_sent, results = fire_concurrently(conns, payloads, timeout=8)
+        bob.join(5)
+
+        errors = [r for r, _ in results if isinstance(r, Exception)]
+        self.assertEqual(errors, [], "every held request gets an answer")
+        ok = [(r, t) for r, t in results if r.status == 200]
+        rejected = [(r, t) for r, t in results if r.status == 503]
+        self.assertEqual(len(ok) + len(rejected), n_concurrent, [r for r, _ in results])
+        self.assertGreaterEqual(len(rejected), 3, "beyond max_delay requests are refused")
+        self.assertGreaterEqual(len(ok), 5, "up to max_delay requests are held, then served")
+        for r, t in rejected:
+            self.assertRegex(r.headers.get("retry-after", ""), r"^[0-9]+$", r)
+            self.assertTrue(1 <= int(r.headers["retry-after"]) <= 3, r.headers)
+            self.assertLess(t, 1.0, "a 503 is answered at once, not after a hold")
+
+        # Another key is not affected while alice's requests are held.
+        bob_r, bob_elapsed = box["bob"]
+        self.assertEqual(bob_r.status, 200)
+        self.assertLess(bob_elapsed, 0.5)
+
+        # Held requests reached the backend one interval apart; rejected ones never did.
+        arrivals = sorted(e["t"] for e in backend.requests(key="alice", target_prefix="/held/"))
+        self.assertEqual(len(arrivals), len(ok), "exactly the 200s reached the backend")
+        self.assertEqual(len(backend.requests(key="alice")), 3 + len(ok))
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        self.assertGreaterEqual(min(gaps), 0.5 * interval, f"gaps {gaps}")
+        self.assertLessEqual(arrivals[-1] - arrivals[0], (len(arrivals) - 1) * interval + 0.5, f"gaps {gaps}")
+        self.assertGreater(arrivals[0] - t_sent, 0.05, "the first request past the burst was held")
+        self.assertLess(arrivals[-1] - t_sent, 2.0 + 0.6, "nothing is held beyond max_delay")
+
+        m1 = proxy.metrics()
+
+        def delta(name, labels):
+            return (metric(m1, name, labels) or 0) - (metric(m0, name, labels) or 0)
+
+        req = "smockron_proxy_requests_total"
+        self.assertEqual(delta(req, {"domain": "api", "decision": "rejected"}), len(rejected))
+        self.assertEqual(delta("smockron_proxy_rejects_total", {"reason": "delay_too_long"}), len(rejected))
+        self.assertEqual(delta(req, {"domain": "api", "decision": "accepted"})
+                         + delta(req, {"domain": "api", "decision": "delayed"}), 3 + 1 + len(ok))
+        self.assertGreaterEqual(delta(req, {"domain": "api", "decision": "delayed"}), len(ok) - 1)
+        self.assertEqual(delta(req, {"domain": "api", "decision": "unidentified"}), 0)
+        wait_until(lambda: proxy.metric(HELD) == 0, 2, message="held gauge back to 0")
+
+    def test_held_requests_of_one_identifier_are_released_paced(self):
+        interval = 0.2
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("5/s", 3)]}}, [self.API_ROUTE], max_delay="5s")
+        conns = [self.closing(RawConn(proxy.port, 10)) for _ in range(4)]
+        ctl0 = proxy.ctl()
+        for i in range(3):
+            self.assertEqual(fetch(proxy.port, f"/burst/{i}", key="pace")[0].status, 200)
+        self.wait_ctl(proxy, ctl0)
+        t_sent, results = fire_concurrently(
+            conns, [request_bytes("GET", f"/paced/{i}", [("X-API-Key", "pace")]) for i in range(4)])
+        self.assertEqual([r.status if not isinstance(r, Exception) else r for r, _ in results], [200] * 4)
+        arrivals = sorted(e["t"] for e in backend.requests(key="pace", target_prefix="/paced/"))
+        self.assertEqual(len(arrivals), 4)
+        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
+        self.assertGreaterEqual(min(gaps), 0.5 * interval, f"released together, not paced: gaps {gaps}")
+        self.assertLess(max(gaps), interval + 0.25, f"gaps {gaps}")
+        self.assertGreater(arrivals[0] - t_sent, 0.05, "the first one was held too")
+
+    def test_client_disconnect_while_held_is_never_forwarded(self):
+        # 2 per 3 s = one request every 1.5 s, burst 1: the second request is held ~1.5 s.
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("2/3s", 1)]}}, [self.API_ROUTE], max_delay="5s")
+        gone0 = proxy.metric("smockron_proxy_held_client_disconnects_total") or 0
+        ctl0 = proxy.ctl()
+        r, _ = fetch(proxy.port, "/first", key="dave")
+        t_first = time.time()
+        self.assertEqual(r.status, 200)
+        self.wait_ctl(proxy, ctl0)
+
+        c = RawConn(proxy.port)
+        c.send(request_bytes("GET", "/held-then-gone", [("X-API-Key", "dave")]))
+        proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=2)
+        c.close()
+        proxy.wait_metric("smockron_proxy_held_client_disconnects_total", predicate=lambda v: v == gone0 + 1,
+                          timeout=1.0)
+        self.assertEqual(proxy.metric(HELD), 0)
+        # Wait past the release time: the dropped request must never show up.
+        release = t_first + 1.5
+        wait_until(lambda: time.time() > release + 0.5, 4)
+        self.assertEqual(backend.requests(target_prefix="/held-then-gone"), [])
+        self.assertEqual(len(backend.requests(key="dave")), 1)
+
+    def test_x_forwarded_for_from_untrusted_peer_is_ignored_for_identification(self):
+        # identify = ip, trusted_proxies empty: 127.0.0.1 is the identifier whatever XFF says.
+        route = {"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("1/2s", 2)]}}, [route], max_delay="500ms")
+        ctl0 = proxy.ctl()
+        for i in range(2):
+            r, _ = fetch(proxy.port, f"/xff/{i}", headers=[("X-Forwarded-For", "1.2.3.4")])
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(header_values(r.json(), "X-Forwarded-For"), ["1.2.3.4, 127.0.0.1"])
+        self.wait_ctl(proxy, ctl0)
+        for xff in ("1.2.3.4", "5.6.7.8", "9.9.9.9, 10.0.0.1", None):
+            headers = [("X-Forwarded-For", xff)] if xff else []
+            r, _ = fetch(proxy.port, "/xff/limited", headers=headers)
+            self.assertEqual(r.status, 503, f"XFF {xff!r} must not escape the limit of 127.0.0.1: {r}")
+            self.assertIn("retry-after", r.headers)
+        self.assertEqual(backend.requests(target_prefix="/xff/limited"), [])
+
+
+# =============================================================================== 4: fail-open
+
+
+class FailOpenTest(ProxyCase):
+    def test_no_master_reachable_everything_passes(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend)  # accounting/control: ports where nothing listens
+        for i in range(25):
+            r, elapsed = fetch(proxy.port, f"/open/{i}", key="same-key")
+            self.assertEqual(r.status, 200, r)
+            self.assertLess(elapsed, 0.5)
+        ready = proxy.get("/readyz")
+        self.assertEqual(ready.status, 200)
+        self.assertIn("masters connected: 0/1", ready.body)
+        self.assertIn("fail-open", ready.body)
+        self.assertEqual(len(backend.requests(key="same-key")), 25)
+        self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 25)
+
+    def kill_master_while_limiting(self):
+        """A proxy whose master limited carol (1 per 2 s) and was then killed (SIGKILL)."""
+        route = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}
+        master, backend, proxy = self.gate_stack({"api": {"rules": [("1/2s", 1)]}}, [route], max_delay="500ms")
+        ctl0 = proxy.ctl()
+        self.assertEqual(fetch(proxy.port, "/a", key="carol")[0].status, 200)
+        self.wait_ctl(proxy, ctl0)
+        self.assertEqual(fetch(proxy.port, "/b", key="carol")[0].status, 503, "the master limits while alive")
+        os.kill(master.pid, signal.SIGKILL)
+        master.wait(5)
+        wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
+        self.assertIn("fail-open", proxy.readyz())
+        return proxy
+
+    def test_master_killed_mid_run_traffic_passes(self):
+        proxy = self.kill_master_while_limiting()
+        for i in range(10):
+            r, elapsed = fetch(proxy.port, f"/after/{i}", key=f"fresh-{i}")
+            self.assertEqual(r.status, 200)
+            self.assertLess(elapsed, 0.5)
+
+    @unittest.expectedFailure
+    def test_master_killed_mid_run_a_busy_identifier_is_released(self):
+        # BUG: with no master, an identifier that keeps sending is limited forever at
+        # the master's last rate. Each held request sets the gate's local_next_us to
+        # release + interval (gate.cpp decide()), so the entry never goes stale and
+        # never expires while the client keeps sending: carol gets 503 (Retry-After
+        # 1-2) for every request except one per 2 s, indefinitely, while /readyz says
+        # "every request passes (fail-open)". DESIGN: "Master unreachable, or control
+        # messages stale -> everything passes."
+        proxy = self.kill_master_while_limiting()
+        t_killed = time.monotonic()
+        passed = 0
+        deadline = t_killed + 5.0
+        while time.monotonic() < deadline and passed < 5:
+            r, elapsed = fetch(proxy.port, "/carol", key="carol")
+            passed = passed + 1 if r.status == 200 and elapsed < 0.5 else 0
+            time.sleep(0.05)
+        self.assertEqual(passed, 5, "carol's requests never pass freely after the master died")
+
+
+# =============================================================================== 5-6: routing and upstream failures
+
+
+class UpstreamTest(ProxyCase):
+    def test_no_route_is_404_and_never_forwarded(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend, path="/api/")
+        r, _ = fetch(proxy.port, "/other")
+        self.assertEqual(r.status, 404)
+        r, _ = fetch(proxy.port, "/api/yes")
+        self.assertEqual(r.status, 200)
+        self.assertEqual([e["target"] for e in backend.log()], ["/api/yes"])
+        self.assertEqual(proxy.metric("smockron_proxy_no_route_total"), 1)
+
+    def test_upstream_down_is_502_then_recovers_after_fail_timeout(self):
+        port = free_port()
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{port}"], "fail_timeout": "200ms"}},
+                                 [{"path": "/", "domain": "api", "upstream": "app"}], connect_timeout="500ms")
+        for i in range(2):
+            r, elapsed = fetch(proxy.port, f"/down/{i}")
+            self.assertEqual(r.status, 502, r)
+            self.assertLess(elapsed, 1.0)
+        self.assertGreater(proxy.metric("smockron_proxy_upstream_errors_total", {"kind": "connect"}) or 0, 0)
+        backend = self.start_backend(port)
+        t0 = time.monotonic()
+        wait_until(lambda: fetch(proxy.port, "/up")[0].status == 200, 3, interval=0.05,
+                   message="200 once the backend is up")
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertTrue(backend.requests(target_prefix="/up"))
+
+    def test_slow_upstream_is_504_while_others_are_served(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend, upstream_timeout="500ms")
+        box = {}
+        slow = threading.Thread(target=lambda: box.setdefault("slow", fetch(proxy.port, "/slow?s=3", timeout=5)))
+        slow.start()
+        wait_until(lambda: backend.requests(target_prefix="/slow"), 2, message="slow request at the backend")
+        r, elapsed = fetch(proxy.port, "/fast")
+        self.assertEqual(r.status, 200)
+        self.assertLess(elapsed, 0.4, "another client is served while the slow one waits")
+        slow.join(5)
+        r, elapsed = box["slow"]
+        self.assertEqual(r.status, 504, r)
+        self.assertTrue(0.4 <= elapsed <= 1.5, f"504 after {elapsed:.3f}s (upstream_timeout 500ms)")
+        self.assertGreaterEqual(proxy.metric("smockron_proxy_upstream_errors_total", {"kind": "timeout"}), 1)
+
+
+# =============================================================================== 7-8: hostile clients
+
+
+class HostileClientTest(ProxyCase):
+    def setUp(self):
+        super().setUp()
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend, header_timeout="500ms", max_header_bytes="1KiB")
+
+    def assert_still_serving(self):
+        r, elapsed = fetch(self.proxy.port, "/still-ok")
+        self.assertEqual(r.status, 200)
+        self.assertLess(elapsed, 0.5)
+
+    def exchange(self, data: bytes, timeout: float = 2.0):
+        """Sends data; returns the response, or None if the proxy closed without one."""
+        with RawConn(self.proxy.port, timeout) as c:
+            c.send(data)
+            try:
+                return c.read_response(timeout=timeout)
+            except (PeerClosed, ConnectionResetError):
+                return None
+
+    def assert_refused(self, data: bytes, status: int = 400, marker: str | None = None):
+        r = self.exchange(data)
+        self.assertIsNotNone(r, "expected an error response, the connection was just closed")
+        self.assertEqual(r.status, status, r)
+        self.assertEqual(r.headers.get("connection", "").lower(), "close", r)
+        if marker:
+            self.assertEqual(self.backend.requests(target_prefix=marker), [], "must not be forwarded")
+        self.assert_still_serving()
+
+    # ---- 7: slowloris
+    def test_slowloris_gets_408_or_closed_while_others_are_served(self):
+        c = self.closing(RawConn(self.proxy.port, 3))
+        t0 = time.monotonic()
+        c.send(b"GET /slowloris HTTP/1.1\r\nHost: x\r\n")
+        served = False
+        outcome = None
+        while time.monotonic() - t0 < 3.0:
+            try:
+                c.send(b"X-Drip: 1\r\n")
+            except OSError:
+                outcome = "closed"
+                break
+            if c.wait_closed(0.1):
+                outcome = "closed"
+                break
+            if not served and time.monotonic() - t0 > 0.2:
+                self.assert_still_serving()  # another client, meanwhile
+                served = True
+        elapsed = time.monotonic() - t0
+        self.assertIsNotNone(outcome, "slowloris connection still open after 3 s")
+        self.assertTrue(served)
+        self.assertTrue(0.4 <= elapsed <= 1.5, f"closed after {elapsed:.3f}s (header_timeout 500ms)")
+        if c.buf:
+            self.assertTrue(bytes(c.buf).startswith(b"HTTP/1.1 408"), bytes(c.buf))
+        self.assertEqual(self.backend.requests(target_prefix="/slowloris"), [])
+
+    def test_silent_connection_closed_after_header_timeout(self):
+        c = self.closing(RawConn(self.proxy.port, 3))
+        t0 = time.monotonic()
+        self.assertTrue(c.wait_closed(3))
+        self.assertTrue(0.4 <= time.monotonic() - t0 <= 1.5)
+
+    # ---- 8: limits
+    def test_request_line_longer_than_read_buffer_is_414(self):
+        self.assert_refused(request_bytes(target="/" + "a" * 6000), 414, "/aaa")
+
+    @unittest.expectedFailure
+    def test_request_line_too_long_sent_with_its_headers_is_414(self):
+        # BUG: server.cpp classifies header_limit as 414 only when the *whole read
+        # buffer* holds no CRLF. A request line of 1.5 KiB (limit 1 KiB) sent together
+        # with its headers, as every client does, has a CRLF later in the buffer and
+        # gets 431 "request headers too large" instead of 414.
+        self.assert_refused(request_bytes(target="/" + "a" * 1500, headers=[("X-A", "b")]), 414, "/aaa")
+
+    def test_headers_too_large_is_431(self):
+        self.assert_refused(request_bytes(target="/big-headers", headers=[(f"X-H{i}", "v" * 40) for i in range(40)]),
+                            431, "/big-headers")
+
+    # ---- 8: smuggling shapes
+    def test_content_length_and_transfer_encoding_is_400(self):
+        self.assert_refused(b"POST /smuggle-clte HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+                            400, "/smuggle")
+        self.assertEqual(self.backend.requests(target_prefix="/smuggled"), [])
+
+    def test_two_different_content_lengths_is_400(self):
+        self.assert_refused(b"POST /smuggle-2cl HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n"
+                            b"\r\nhello!", 400, "/smuggle")
+
+    def test_invalid_chunk_size_is_refused_and_not_forwarded_whole(self):
+        r = self.exchange(b"POST /bad-chunk HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          b"zz\r\nhello\r\n0\r\n\r\n")
+        if r is not None:
+            self.assertEqual(r.status, 400, r)
+        # The head may have been streamed upstream before the body was parsed, but the
+        # backend must never see a complete request.
+        self.assertEqual([e for e in self.backend.requests(target_prefix="/bad-chunk") if e["complete"]], [])
+        self.assert_still_serving()
+
+    def test_whitespace_before_first_header_is_400(self):
+        self.assert_refused(b"GET /leading-ws HTTP/1.1\r\n X-A: a\r\nHost: x\r\n\r\n", 400, "/leading-ws")
+
+    @unittest.expectedFailure
+    def test_obs_fold_is_400(self):
+        # BUG (as specified for this suite): a folded header line (obs-fold) is
+        # accepted; Beast unfolds "X-A: a\r\n  b" into "X-A: a b" and the request is
+        # forwarded with 200. (RFC 9112 5.2 also allows replacing obs-fold with SP,
+        # which is what happens, but the suite requires a 400.)
+        self.assert_refused(b"GET /obs-fold HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  b\r\n\r\n", 400, "/obs-fold")
+
+    @unittest.expectedFailure
+    def test_transfer_encoding_without_final_chunked_is_400(self):
+        # BUG (request smuggling): RFC 9112 6.3 requires 400 + close when a request has a
+        # Transfer-Encoding whose final coding is not "chunked". The proxy instead treats
+        # such a request as having no body and forwards the head *with* the header:
+        #   "POST /te-gzip HTTP/1.1 / Transfer-Encoding: gzip" + "GET /smuggled ..." as body
+        #   -> 200 for /te-gzip, and the body bytes are parsed as a second request, so
+        #      the backend receives GET /smuggled.
+        # With "Transfer-Encoding: chunked, gzip" the head goes upstream without a body;
+        # a backend that honours "chunked" then reads the next pooled request as the body.
+        self.assert_refused(b"POST /te-gzip HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+                            b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", 400, "/te-gzip")
+        self.assertEqual(self.backend.requests(target_prefix="/smuggled"), [])
+
+
+# =============================================================================== 9: HTTP semantics
+
+
+class HttpSemanticsTest(ProxyCase):
+    def setUp(self):
+        super().setUp()
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend)
+
+    def conn(self) -> RawConn:
+        return self.closing(RawConn(self.proxy.port))
+
+    def test_keep_alive_connection_is_reused(self):
+        c = self.conn()
+        for i in range(5):
+            c.send(request_bytes("GET", f"/ka/{i}"))
+            r = c.read_response()
+            self.assertEqual(r.status, 200)
+            self.assertEqual(r.json()["target"], f"/ka/{i}")
+            self.assertNotEqual(r.headers.get("connection", "").lower(), "close")
+        self.assertFalse(c.wait_closed(0.1))
+        self.assertEqual(self.proxy.metric("smockron_proxy_open_connections"), 1)
+
+    def test_pipelined_requests_are_answered_in_order(self):
+        c = self.conn()
+        c.send(request_bytes("GET", "/pipe/1") + request_bytes("POST", "/pipe/2", body=b"hello")
+               + request_bytes("HEAD", "/pipe/3") + request_bytes("GET", "/pipe/4"))
+        r1 = c.read_response()
+        r2 = c.read_response()
+        r3 = c.read_response(head_request=True)
+        r4 = c.read_response()
+        self.assertEqual([r1.json()["target"], r2.json()["target"], r4.json()["target"]], ["/pipe/1", "/pipe/2", "/pipe/4"])
+        self.assertEqual(r2.json()["body_bytes"], 5)
+        self.assertEqual((r3.status, r3.body), (200, b""))
+
+    def test_head_has_no_body_and_connection_stays_usable(self):
+        c = self.conn()
+        c.send(request_bytes("HEAD", "/head"))
+        r = c.read_response(head_request=True)
+        self.assertEqual(r.status, 200)
+        self.assertGreater(int(r.headers["content-length"]), 0)
+        c.send(request_bytes("GET", "/after-head"))
+        r = c.read_response()
+        self.assertEqual(r.json()["target"], "/after-head", "no stray body bytes between the two responses")
+
+    def test_204_and_304_pass_without_body(self):
+        c = self.conn()
+        for code in (204, 304, 204):
+            c.send(request_bytes("GET", f"/status/{code}"))
+            r = c.read_response()
+            self.assertEqual((r.status, r.body), (code, b""))
+        c.send(request_bytes("GET", "/after"))
+        self.assertEqual(c.read_response().json()["target"], "/after")
+
+    def test_expect_100_continue(self):
+        c = self.conn()
+        c.send(request_bytes("POST", "/expect", [("Content-Length", "5"), ("Expect", "100-continue")]))
+        interim = c.read_response(allow_interim=True, timeout=2)
+        self.assertEqual(interim.status, 100, interim)
+        c.send(b"hello")
+        r = c.read_response()
+        self.assertEqual(r.status, 200)
+        echo = r.json()
+        self.assertEqual(echo["body_bytes"], 5)
+        self.assertEqual(header_values(echo, "Expect"), [], "the proxy answered the expectation itself")
+
+    def test_hop_by_hop_headers_are_not_forwarded(self):
+        r, _ = fetch(self.proxy.port, "/hop", headers=[
+            ("Connection", "keep-alive, X-Foo"), ("X-Foo", "secret"), ("Keep-Alive", "timeout=5"),
+            ("TE", "trailers"), ("Upgrade", "h2c"), ("Proxy-Authorization", "Basic c2VjcmV0"),
+            ("Proxy-Connection", "keep-alive"), ("X-End-To-End", "kept")])
+        self.assertEqual(r.status, 200)
+        names = {k.lower() for k, _ in r.json()["headers"]}
+        for hop in ("connection", "x-foo", "keep-alive", "te", "upgrade", "proxy-authorization", "proxy-connection"):
+            self.assertNotIn(hop, names, f"{hop} reached the backend")
+        self.assertIn("x-end-to-end", names)
+
+    def test_forwarded_headers_and_host(self):
+        r, _ = fetch(self.proxy.port, "/fwd", host="Example.test:8443")
+        echo = r.json()
+        self.assertEqual(header_values(echo, "Host"), ["Example.test:8443"])
+        self.assertEqual(header_values(echo, "X-Forwarded-For"), ["127.0.0.1"])
+        self.assertEqual(header_values(echo, "X-Forwarded-Proto"), ["http"])
+        self.assertEqual(header_values(echo, "X-Forwarded-Host"), ["Example.test:8443"])
+        r, _ = fetch(self.proxy.port, "/fwd2", headers=[("X-Forwarded-For", "203.0.113.7")])
+        self.assertEqual(header_values(r.json(), "X-Forwarded-For"), ["203.0.113.7, 127.0.0.1"])
+
+
+# =============================================================================== 10: streaming
+
+
+class StreamingTest(ProxyCase):
+    SIZE_MIB = 200
+    RSS_BUDGET_KIB = 30 * 1024
+
+    def test_large_uploads_and_downloads_stream_with_bounded_memory(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend)
+        for _ in range(3):  # warm up threads, pools and allocator arenas
+            self.assertEqual(fetch(proxy.port, "/stream?mib=1")[0].status, 200)
+        baseline = proxy.rss_kib()
+        peak = [baseline]
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                peak[0] = max(peak[0], proxy.rss_kib())
+                time.sleep(0.02)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        self.addCleanup(stop.set)
+        n = self.SIZE_MIB
+        total = n * MIB
+        block = bytes(range(256)) * 4096
+        t0 = time.monotonic()
+
+        with RawConn(proxy.port, 30) as c:  # upload, Content-Length
+            c.send(request_bytes("POST", "/upload", [("Content-Length", str(total))]))
+            for _ in range(n):
+                c.send(block)
+            r = c.read_response(timeout=30)
+            self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
+        with RawConn(proxy.port, 30) as c:  # upload, chunked
+            c.send(request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]))
+            for _ in range(n):
+                c.send(b"100000\r\n" + block + b"\r\n")
+            c.send(b"0\r\n\r\n")
+            r = c.read_response(timeout=30)
+            self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
+        for mode in ("length", "chunked"):  # downloads
+            with RawConn(proxy.port, 30) as c:
+                c.send(request_bytes("GET", f"/stream?mib={n}&mode={mode}"))
+                r = c.read_response(keep_body=False, timeout=30)
+                self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, total), mode)
+        elapsed = time.monotonic() - t0
+        stop.set()
+        sampler.join(1)
+        growth = peak[0] - baseline
+        self.assertLess(growth, self.RSS_BUDGET_KIB,
+                        f"proxy RSS grew {growth / 1024:.1f} MiB (baseline {baseline / 1024:.1f} MiB) "
+                        f"while streaming 4 x {n} MiB in {elapsed:.1f}s")
+
+
+# =============================================================================== 11: WebSocket
+
+
+class WebSocketTest(ProxyCase):
+    def test_websocket_echo_through_the_proxy(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend)
+        c = self.closing(RawConn(proxy.port, 3))
+        key = "dGhlIHNhbXBsZSBub25jZQ=="
+        c.send(request_bytes("GET", "/ws", [("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                                            ("Sec-WebSocket-Key", key), ("Sec-WebSocket-Version", "13"),
+                                            ("X-API-Key", "ws-client")]))
+        status, _, headers, _ = c.read_head()
+        h = {k.lower(): v for k, v in headers}
+        self.assertEqual(status, 101, headers)
+        self.assertEqual(h.get("upgrade", "").lower(), "websocket")
+        self.assertEqual(h.get("sec-websocket-accept"), ws_accept(key))
+        for i, msg in enumerate([b"hello", "h\u00e9llo \u2713".encode(), b"x" * 300, b"y" * 70000]):
+            opcode = 1 if i < 3 else 2
+            c.send(ws_frame(opcode, msg, mask=True))
+            got_op, payload, masked = ws_read_frame(c.read_exact)
+            self.assertEqual((got_op, payload, masked), (opcode, msg, False))
+        c.send(ws_frame(8, b"\x03\xe8", mask=True))
+        got_op, payload, _ = ws_read_frame(c.read_exact)
+        self.assertEqual((got_op, payload), (8, b"\x03\xe8"))
+        self.assertTrue(c.wait_closed(2))
+        self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 1)
+
+
+# =============================================================================== 13: signals
+
+
+class SignalTest(ProxyCase):
+    def reload_routes(self, proxy: ProxyProcess, old: str, new: str, extra: str = "") -> None:
+        with open(proxy.config_path) as f:
+            config = f.read()
+        with open(proxy.config_path, "w") as f:
+            f.write(config.replace(f'path = "{old}"', f'path = "{new}"{extra}'))
+        proxy.signal(signal.SIGHUP)
+
+    def test_sighup_reloads_routes_without_dropping_keep_alive_connections(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend, path="/api/")
+        ka = self.closing(RawConn(proxy.port))
+
+        def on_ka(target):
+            ka.send(request_bytes("GET", target))
+            return ka.read_response().status
+
+        self.assertEqual(on_ka("/api/1"), 200)
+        self.assertEqual(on_ka("/v2/1"), 404)
+        self.reload_routes(proxy, "/api/", "/v2/")
+        wait_until(lambda: fetch(proxy.port, "/v2/probe")[0].status == 200, 5, message="new route active")
+        # The connection opened before the reload is still open and follows the new
+        # routes. (Its first request after the reload may still see the old routes:
+        # see test_first_request_on_idle_keep_alive_after_sighup_uses_new_routes.)
+        self.assertIn(on_ka("/v2/first-after-reload"), (200, 404))
+        self.assertEqual(on_ka("/v2/2"), 200)
+        self.assertEqual(on_ka("/api/2"), 404)
+        self.assertEqual(on_ka("/v2/3"), 200)
+
+        # A broken config is rejected and the running one stays.
+        self.reload_routes(proxy, "/v2/", "/v3/", "\nbogus_key = 1")
+        wait_until(lambda: "reload rejected" in proxy.log(), 5, message="reload rejected in the log")
+        self.assertEqual(on_ka("/v2/4"), 200)
+        self.assertEqual(fetch(proxy.port, "/v3/x")[0].status, 404)
+        self.assertTrue(proxy.alive())
+        self.assertFalse(ka.wait_closed(0.05))
+
+    @unittest.expectedFailure
+    def test_first_request_on_idle_keep_alive_after_sighup_uses_new_routes(self):
+        # BUG: session() (server.cpp) takes its runtime snapshot (rt_hold) at the top
+        # of the loop, *before* waiting idle for the next request, so the first request
+        # that arrives on a keep-alive connection after a reload is still routed with
+        # the old configuration, however long after the reload it arrives (up to
+        # idle_timeout). Here: /v2/x gets 404 (old routes) after the reload to /v2/.
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend, path="/api/")
+        ka = self.closing(RawConn(proxy.port))
+        ka.send(request_bytes("GET", "/api/1"))
+        self.assertEqual(ka.read_response().status, 200)
+        self.reload_routes(proxy, "/api/", "/v2/")
+        wait_until(lambda: fetch(proxy.port, "/v2/probe")[0].status == 200, 5, message="new route active")
+        ka.send(request_bytes("GET", "/v2/x"))
+        self.assertEqual(ka.read_response().status, 200)
+
+    def test_sigterm_drains_a_held_request_and_exits_0(self):
+        route = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("2/3s", 1)]}}, [route], max_delay="5s",
+                                            grace_period="5s")
+        ctl0 = proxy.ctl()
+        self.assertEqual(fetch(proxy.port, "/first", key="erin")[0].status, 200)
+        self.wait_ctl(proxy, ctl0)
+        c = self.closing(RawConn(proxy.port, 5))
+        c.send(request_bytes("GET", "/held-during-shutdown", [("X-API-Key", "erin")]))
+        proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=2)
+        t0 = time.monotonic()
+        proxy.signal(signal.SIGTERM)
+        wait_until(lambda: proxy.get("/readyz").status == 503, 2, message="/readyz says draining")
+
+        def refused():
+            try:
+                socket.create_connection((HOST, proxy.port), timeout=0.5).close()
+                return False
+            except ConnectionRefusedError:
+                return True
+
+        wait_until(refused, 2, message="listener closed while draining")
+        r = c.read_response(timeout=4)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["target"], "/held-during-shutdown")
+        self.assertEqual(proxy.wait(5), 0)
+        self.assertLess(time.monotonic() - t0, 5.0 + 1.0, "exited within the grace period")
+
+
+# =============================================================================== 14: --check
+
+
+class CheckTest(ProxyCase):
+    def render(self, **proxy_keys) -> str:
+        return proxy_toml(8080, 9106, {"app": {"servers": [f"{HOST}:9000"]}},
+                          [{"path": "/", "domain": "api", "upstream": "app"}],
+                          [f"tcp://{HOST}:10004"], [f"tcp://{HOST}:10005"], **proxy_keys)
+
+    def test_check_accepts_a_good_config(self):
+        path = self.write_file("good.toml", self.render(trusted_proxies=["10.0.0.0/8"], max_header_bytes="16KiB"))
+        res = run_binary(PROXY, "--config", path, "--check")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("configuration OK", res.stdout)
+
+    def test_check_reports_unknown_key_and_bad_cidr_with_locations(self):
+        text = self.render(trusted_proxies=["10.0.0.0/33"], max_dealy="5s")
+        path = self.write_file("bad.toml", text)
+        res = run_binary(PROXY, "--config", path, "--check")
+        self.assertNotEqual(res.returncode, 0)
+        lines = text.splitlines()
+        cidr_line = next(i for i, l in enumerate(lines, 1) if l.startswith("trusted_proxies"))
+        typo_line = next(i for i, l in enumerate(lines, 1) if l.startswith("max_dealy"))
+        loc = re.escape(path)
+        self.assertRegex(res.stderr, rf"(?m)^{loc}:{cidr_line}:\d+: proxy\.trusted_proxies\[0\]: .*CIDR")
+        self.assertRegex(res.stderr, rf"(?m)^{loc}:{typo_line}:\d+: proxy\.max_dealy: unknown key")
+
+
+if __name__ == "__main__":
+    unittest.main()
