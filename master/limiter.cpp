@@ -106,6 +106,14 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
   limits_ = std::move(domains);
 }
 
+void limiter::set_max_identifiers(std::size_t max_identifiers) {
+  max_identifiers_ = std::max<std::size_t>(1, max_identifiers);
+  while (size_ > max_identifiers_) {
+    ++evictions_;
+    erase(tail_);
+  }
+}
+
 const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {
   auto it = maps_[domain].find(identifier);
   return it == maps_[domain].end() ? nullptr : &it->second.st;

@@ -33,6 +33,9 @@ public:
   /// (its state is kept) or nullopt (it starts empty). Dropped domains lose their state.
   void reconfigure(std::vector<rules::limits> domains, const std::vector<std::optional<std::size_t>>& old_index);
 
+  /// Changes the cap; evicts least recently used state at once if over it.
+  void set_max_identifiers(std::size_t max_identifiers);
+
   std::size_t tracked() const { return size_; }
   std::size_t tracked(std::size_t domain) const { return maps_[domain].size(); }
   std::uint64_t evictions() const { return evictions_; }

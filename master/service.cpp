@@ -114,19 +114,23 @@ void service::reconfigure(const config::master_config& next) {
     if (!next.find_domain(d.name)) d.tracked->set(0);
   }
   limiter_.reconfigure(compile(next), old_index);
+  limiter_.set_max_identifiers(next.max_identifiers);
   install_domains(next);
   {
     std::lock_guard lock(status_mutex_);
     const auto endpoints = std::tie(cfg_.accounting, cfg_.control, cfg_.admin);
-    if (endpoints != std::tie(next.accounting, next.control, next.admin)) {
-      log_->warn("reload: endpoint changes take effect only after a restart");
+    if (endpoints != std::tie(next.accounting, next.control, next.admin) || cfg_.accounting_hwm != next.accounting_hwm ||
+        cfg_.control_hwm != next.control_hwm) {
+      log_->warn("reload: endpoint and high-water-mark changes take effect only after a restart");
     }
     const auto keep_accounting = cfg_.accounting, keep_control = cfg_.control;
     const auto keep_admin = cfg_.admin;
+    const auto keep_hwm = std::pair(cfg_.accounting_hwm, cfg_.control_hwm);
     cfg_ = next;
     cfg_.accounting = keep_accounting;
     cfg_.control = keep_control;
     cfg_.admin = keep_admin;
+    std::tie(cfg_.accounting_hwm, cfg_.control_hwm) = keep_hwm;
   }
   reloads_.inc();
   log_->info("configuration reloaded: {} domain(s)", domains_.size());
@@ -237,10 +241,12 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
 }
 
 void service::run(const std::atomic<bool>& stop) {
-  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.sweep_interval);
   while (!stop.load(std::memory_order_relaxed)) {
     try {
-      poll_once(std::max(tick, std::chrono::milliseconds(1)));
+      // Wake at least every 50 ms whatever sweep_interval is: stop and reload
+      // requests and the liveness heartbeat must not wait for a long sweep tick.
+      const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.sweep_interval);
+      poll_once(std::clamp(tick, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       if (e.num() == ETERM) return;

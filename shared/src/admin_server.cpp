@@ -35,17 +35,28 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
     auto self = shared_from_this();
     beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buffer(8192);
-    http::request_parser<http::empty_body> parser;
+    http::request_parser<http::string_body> parser;
     parser.header_limit(8192);
+    parser.body_limit(4096);  // the admin API takes no bodies; small ones are read and ignored
     stream.expires_after(std::chrono::seconds(5));
     auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_nothrow);
     (void)n;
-    if (ec) co_return;
+    response r;
+    if (ec == http::error::body_limit) {
+      r = {413, "text/plain; charset=utf-8", "request body too large\n"};
+    } else if (ec == http::error::header_limit) {
+      r = {431, "text/plain; charset=utf-8", "request header too large\n"};
+    } else if (ec && parser.is_header_done()) {
+      r = {400, "text/plain; charset=utf-8", "bad request\n"};
+    } else if (ec) {
+      co_return;  // nothing usable arrived (closed, timed out, garbage)
+    }
     const auto& req = parser.get();
     std::string_view target = req.target();
     target = target.substr(0, target.find('?'));
-    response r;
-    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+    if (r.status != 200) {
+      // already decided above
+    } else if (req.method() != http::verb::get && req.method() != http::verb::head) {
       r = {405, "text/plain; charset=utf-8", "method not allowed\n"};
     } else {
       r = on_request(target);
@@ -54,8 +65,11 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
     res.set(http::field::server, "smockron-admin");
     res.set(http::field::content_type, r.content_type);
     res.keep_alive(false);
-    res.body() = req.method() == http::verb::head ? std::string() : std::move(r.body);
+    const bool head = req.method() == http::verb::head;
+    const std::size_t length = r.body.size();
+    res.body() = head ? std::string() : std::move(r.body);
     res.prepare_payload();
+    if (head) res.content_length(length);
     stream.expires_after(std::chrono::seconds(5));
     co_await http::async_write(stream, res, use_nothrow);
     beast::error_code ignored;
