@@ -709,11 +709,11 @@ class ShutdownTest(MasterCase):
     def test_sigint_exits_zero(self):
         self._stop_with(signal.SIGINT)
 
-    # BUG: the accounting loop blocks in zmq poll for a whole sweep_interval when
-    # idle, and only then looks at the stop/reload flags and its heartbeat.
+    # Regression: the loop once blocked in zmq poll for a whole sweep_interval
+    # before looking at the stop/reload flags and its heartbeat.
     def test_signals_do_not_wait_for_sweep_interval(self):
         m = self.start_master(DOMAINS, sweep_interval="5s")
-        self.addCleanup(m.stop, 0.5)  # runs before the default stop: don't wait out the bug
+        self.addCleanup(m.stop, 0.5)  # runs before the default stop
         gk = self.gatekeeper(m, ["api"])
         base = future_base()
         gk.accepted("api", "s", base)
@@ -725,7 +725,7 @@ class ShutdownTest(MasterCase):
         self.assertEqual(m.wait(timeout=1.5), 0)
     def test_livez_stays_ok_when_idle_with_long_sweep_interval(self):
         m = self.start_master(DOMAINS, sweep_interval="7s")
-        self.addCleanup(m.stop, 0.5)  # runs before the default stop: don't wait out the bug
+        self.addCleanup(m.stop, 0.5)  # runs before the default stop
         self.gatekeeper(m, ["api"])  # handshake traffic, then silence
         deadline = time.monotonic() + 5.8
         while time.monotonic() < deadline:
