@@ -14,8 +14,11 @@ What a request gets depends on its path:
     /slow?s=S            sleeps S seconds, then answers like /echo
     /status/NNN          answers NNN (204 and 304 without a body)
     /stream?mib=N&mode=chunked|length   N MiB generated on the fly
+    /chunks?n=N&gap=S    a chunked response of N chunks "part-<i>;", each its own
+                         write, S seconds apart (exercises chunk-by-chunk relaying)
     /upload, anything else (/echo...)   reads the whole body (Content-Length or
-                         chunked), answers JSON {method, target, headers, body_bytes}
+                         chunked), answers JSON {method, target, headers, body_bytes,
+                         body}; body is the text (latin-1) of bodies up to 4 KiB, else null
 
 Test side: BackendProcess (start/stop by PID, log access), RawConn (exact bytes
 over one client connection, HTTP/1.1 response reader), WebSocket frame helpers.
@@ -115,10 +118,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD" and status not in (204, 304):
             self.wfile.write(body)
 
-    def _read_body(self) -> int:
-        """Reads (and discards) the request body; returns its size."""
+    def _read_body(self) -> tuple[int, bytes]:
+        """Reads the request body; returns its size and its first KEEP bytes."""
         te = self.headers.get("Transfer-Encoding", "")
         total = 0
+        kept = bytearray()
+        KEEP = 4096
         if "chunked" in te.lower():
             while True:
                 line = self.rfile.readline(65537)
@@ -128,25 +133,30 @@ class _Handler(BaseHTTPRequestHandler):
                 if size == 0:
                     while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
                         pass  # trailers
-                    return total
+                    return total, bytes(kept)
                 while size:
                     got = self.rfile.read(min(size, MIB))
                     if not got:
                         raise ConnectionError("EOF in chunk")
                     size -= len(got)
                     total += len(got)
-                self.rfile.readline(3)
+                    if len(kept) < KEEP:
+                        kept += got[: KEEP - len(kept)]
+                if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise ConnectionError("chunk data not followed by CRLF")
         n = int(self.headers.get("Content-Length") or 0)
         while total < n:
             got = self.rfile.read(min(n - total, MIB))
             if not got:
                 raise ConnectionError("EOF in body")
             total += len(got)
-        return total
+            if len(kept) < KEEP:
+                kept += got[: KEEP - len(kept)]
+        return total, bytes(kept)
 
     def _echo(self, entry):
         body = json.dumps({"method": self.command, "target": self.path, "headers": entry["headers"],
-                           "body_bytes": entry["body_bytes"]}).encode()
+                           "body_bytes": entry["body_bytes"], "body": entry["body"]}).encode()
         self._send(200, body)
 
     # ---- dispatch
@@ -167,10 +177,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, b"{}")
         entry = {"t": arrived, "method": self.command, "target": self.path,
                  "headers": [[k, v] for k, v in self.headers.items()],
-                 "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0}
+                 "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0, "body": None}
         with srv.lock:
             srv.log.append(entry)
-        entry["body_bytes"] = self._read_body()
+        try:
+            size, kept = self._read_body()
+        except (ConnectionError, ValueError) as e:
+            entry["error"] = repr(e)
+            self.close_connection = True
+            return
+        entry["body_bytes"] = size
+        entry["body"] = kept.decode("latin-1") if size <= len(kept) else None
         entry["complete"] = True
 
         if url.path == "/ws":
@@ -184,7 +201,21 @@ class _Handler(BaseHTTPRequestHandler):
                               extra=[("ETag", '"v1"')] if code == 304 else [])
         if url.path == "/stream":
             return self._stream(int(query.get("mib", "1")), query.get("mode", "length"))
+        if url.path == "/chunks":
+            return self._chunks(int(query.get("n", "3")), float(query.get("gap", "0.05")))
         return self._echo(entry)
+
+    def _chunks(self, n: int, gap: float):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(n):
+            time.sleep(gap)
+            part = f"part-{i};".encode()
+            self.wfile.write(b"%x\r\n" % len(part) + part + b"\r\n")
+        time.sleep(gap)
+        self.wfile.write(b"0\r\n\r\n")
 
     def _stream(self, mib: int, mode: str):
         self.send_response(200)

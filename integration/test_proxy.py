@@ -654,6 +654,58 @@ class HttpSemanticsTest(ProxyCase):
         self.assertEqual(echo["body_bytes"], 5)
         self.assertEqual(header_values(echo, "Expect"), [], "the proxy answered the expectation itself")
 
+    # BUG (regression in commit 179aef9 "header+body in one write, per-connection relay
+    # buffer"): relay() now reads with http::async_read_some, which returns after a chunk
+    # header with no body bytes; the loop then serializes a 0-byte buffer_body piece, which
+    # Beast writes as the zero-length chunk "0\r\n\r\n" - the last-chunk. Chunked bodies are
+    # cut short in both directions and the rest of the body follows as stray bytes that the
+    # peer parses as the next message (desync / smuggling). Request
+    #   "POST /chunked-pieces HTTP/1.1 ... Transfer-Encoding: chunked" + "5\r\nhello\r\n" +
+    #   "3\r\nabc\r\n" + "0\r\n\r\n"
+    # reaches the upstream as head + "0\r\n\r\n5\r\nhello\r\n0\r\n\r\n3\r\nabc\r\n0\r\n\r\n0\r\n\r\n".
+    @unittest.expectedFailure
+    def test_chunked_request_body_arriving_in_pieces_is_forwarded_intact(self):
+        c = self.conn()
+        c.send(request_bytes("POST", "/chunked-pieces", [("Transfer-Encoding", "chunked")]))
+        for piece in (b"5\r\nhello\r\n", b"3\r\nabc\r\n", b"0\r\n\r\n"):
+            time.sleep(0.03)  # shapes the packets (separate reads in the proxy); not a timing assertion
+            c.send(piece)
+        r = c.read_response()
+        self.assertEqual(r.status, 200)
+        self.assertEqual((r.json()["body_bytes"], r.json()["body"]), (8, "helloabc"))
+        c.send(request_bytes("GET", "/after-chunked"))
+        self.assertEqual(c.read_response().json()["target"], "/after-chunked")
+
+    @unittest.expectedFailure
+    def test_chunked_request_body_sent_with_the_head_is_forwarded_intact(self):
+        # Same bug as above, in the common one-packet shape.
+        c = self.conn()
+        c.send(request_bytes("POST", "/chunked-whole", [("Transfer-Encoding", "chunked")])
+               + b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n")
+        r = c.read_response()
+        self.assertEqual(r.status, 200)
+        self.assertEqual((r.json()["body_bytes"], r.json()["body"]), (8, "helloabc"))
+
+    def test_content_length_body_in_pieces_is_forwarded_intact(self):
+        c = self.conn()
+        c.send(request_bytes("POST", "/cl-pieces", [("Content-Length", "8")]))
+        for piece in (b"hel", b"lo", b"abc"):
+            time.sleep(0.03)
+            c.send(piece)
+        r = c.read_response()
+        self.assertEqual((r.json()["body_bytes"], r.json()["body"]), (8, "helloabc"))
+
+    @unittest.expectedFailure
+    def test_chunked_response_is_relayed_intact(self):
+        # Same bug, response direction: the client gets "0\r\n\r\n" right after the head.
+        c = self.conn()
+        c.send(request_bytes("GET", "/chunks?n=3&gap=0.03"))
+        r = c.read_response()
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.body, b"part-0;part-1;part-2;")
+        c.send(request_bytes("GET", "/after-chunks"))
+        self.assertEqual(c.read_response().json()["target"], "/after-chunks")
+
     def test_hop_by_hop_headers_are_not_forwarded(self):
         r, _ = fetch(self.proxy.port, "/hop", headers=[
             ("Connection", "keep-alive, X-Foo"), ("X-Foo", "secret"), ("Keep-Alive", "timeout=5"),
@@ -680,56 +732,85 @@ class HttpSemanticsTest(ProxyCase):
 
 
 class StreamingTest(ProxyCase):
+    """200 MiB each way through the proxy while its RSS is sampled: bodies are streamed, never buffered."""
+
     SIZE_MIB = 200
     RSS_BUDGET_KIB = 30 * 1024
+    BLOCK = bytes(range(256)) * 4096  # 1 MiB
 
-    def test_large_uploads_and_downloads_stream_with_bounded_memory(self):
-        backend = self.start_backend()
-        proxy = self.simple_proxy(backend)
+    def setUp(self):
+        super().setUp()
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend)
         for _ in range(3):  # warm up threads, pools and allocator arenas
-            self.assertEqual(fetch(proxy.port, "/stream?mib=1")[0].status, 200)
-        baseline = proxy.rss_kib()
+            self.assertEqual(fetch(self.proxy.port, "/stream?mib=1")[0].status, 200)
+
+    def bounded_rss(self, transfer) -> None:
+        """Runs transfer() while sampling the proxy's VmRSS every 20 ms; asserts the growth."""
+        baseline = self.proxy.rss_kib()
         peak = [baseline]
         stop = threading.Event()
 
         def sample():
             while not stop.is_set():
-                peak[0] = max(peak[0], proxy.rss_kib())
+                try:
+                    peak[0] = max(peak[0], self.proxy.rss_kib())
+                except OSError:
+                    return
                 time.sleep(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        self.addCleanup(stop.set)
-        n = self.SIZE_MIB
-        total = n * MIB
-        block = bytes(range(256)) * 4096
         t0 = time.monotonic()
-
-        with RawConn(proxy.port, 30) as c:  # upload, Content-Length
-            c.send(request_bytes("POST", "/upload", [("Content-Length", str(total))]))
-            for _ in range(n):
-                c.send(block)
-            r = c.read_response(timeout=30)
-            self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
-        with RawConn(proxy.port, 30) as c:  # upload, chunked
-            c.send(request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]))
-            for _ in range(n):
-                c.send(b"100000\r\n" + block + b"\r\n")
-            c.send(b"0\r\n\r\n")
-            r = c.read_response(timeout=30)
-            self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
-        for mode in ("length", "chunked"):  # downloads
-            with RawConn(proxy.port, 30) as c:
-                c.send(request_bytes("GET", f"/stream?mib={n}&mode={mode}"))
-                r = c.read_response(keep_body=False, timeout=30)
-                self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, total), mode)
-        elapsed = time.monotonic() - t0
-        stop.set()
-        sampler.join(1)
+        try:
+            transfer()
+        finally:
+            stop.set()
+            sampler.join(1)
         growth = peak[0] - baseline
         self.assertLess(growth, self.RSS_BUDGET_KIB,
                         f"proxy RSS grew {growth / 1024:.1f} MiB (baseline {baseline / 1024:.1f} MiB) "
-                        f"while streaming 4 x {n} MiB in {elapsed:.1f}s")
+                        f"while streaming {self.SIZE_MIB} MiB in {time.monotonic() - t0:.1f}s")
+
+    def upload(self, chunked: bool) -> None:
+        n, total = self.SIZE_MIB, self.SIZE_MIB * MIB
+        with RawConn(self.proxy.port, 30) as c:
+            if chunked:
+                c.send(request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]))
+                for _ in range(n):
+                    c.send(b"100000\r\n" + self.BLOCK + b"\r\n")
+                c.send(b"0\r\n\r\n")
+            else:
+                c.send(request_bytes("POST", "/upload", [("Content-Length", str(total))]))
+                for _ in range(n):
+                    c.send(self.BLOCK)
+            r = c.read_response(timeout=30)
+        self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
+
+    def download(self, mode: str) -> None:
+        with RawConn(self.proxy.port, 30) as c:
+            c.send(request_bytes("GET", f"/stream?mib={self.SIZE_MIB}&mode={mode}"))
+            r = c.read_response(keep_body=False, timeout=30)
+        self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, self.SIZE_MIB * MIB))
+
+    def test_upload_content_length(self):
+        self.bounded_rss(lambda: self.upload(chunked=False))
+
+    @unittest.expectedFailure
+    def test_upload_chunked(self):
+        # BUG (since commit 179aef9, relay() with http::async_read_some): see
+        # HttpSemanticsTest.test_chunked_request_body_arriving_in_pieces_is_forwarded_intact.
+        # The proxy terminates the upstream body early and resets the client connection.
+        self.bounded_rss(lambda: self.upload(chunked=True))
+
+    def test_download_content_length(self):
+        self.bounded_rss(lambda: self.download("length"))
+
+    @unittest.expectedFailure
+    def test_download_chunked(self):
+        # BUG (since commit 179aef9): the client receives "0\r\n\r\n" right after the
+        # head, i.e. an empty body; see test_chunked_response_is_relayed_intact.
+        self.bounded_rss(lambda: self.download("chunked"))
 
 
 # =============================================================================== 11: WebSocket

@@ -12,7 +12,7 @@ packages=(
 )
 if [ "${1:-}" = "--test" ]; then
   # Services and tools started by the tests and benchmarks themselves.
-  packages+=(redis-server nginx-light wrk procps)
+  packages+=(redis-server nginx-light wrk procps docker-compose)
 fi
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)

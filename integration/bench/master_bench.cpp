@@ -112,7 +112,9 @@ void send_frames(zmq::socket_t& s, const std::string_view* f, std::size_t n) {
   }
 }
 
+// Frames are views: the strings they point into must outlive the send.
 const std::string k_bench_domain = "bench\0"s;
+const std::string k_lat_domain = "lat\0"s;
 
 // One accounting message of the load mix: identifiers drawn with a hot set
 // (1% of identifiers get 20% of traffic); 20% DELAYED.
@@ -346,7 +348,7 @@ int main(int argc, char** argv) {
   // Sync: both directions are connected once a DELAY_UNTIL for "sync" comes back.
   {
     const std::string now = std::to_string(wall_ms());
-    const std::string_view sync[5] = {"lat\0"s, "ACCEPTED", "sync", now, ""};
+    const std::string_view sync[5] = {k_lat_domain, "ACCEPTED", "sync", now, ""};
     for (int i = 0; i < 5000 && !control.synced; ++i) {
       send_frames(pub, sync, 5);
       std::this_thread::sleep_for(1ms);
@@ -401,7 +403,7 @@ int main(int argc, char** argv) {
       for (long k = 0; k < n; ++k) mix.send(pub, i++, now);
       if (slot != probe_slot) continue;
       const std::string id = "lat-" + std::to_string(ms), ts = std::to_string(now);
-      const std::string_view f[5] = {"lat\0"s, "ACCEPTED", id, ts, ""};
+      const std::string_view f[5] = {k_lat_domain, "ACCEPTED", id, ts, ""};
       sent_at[ms] = steady_clock::now();
       send_frames(pub, f, 5);
     }
