@@ -37,6 +37,7 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
   }
   entry& e = it->second;
   e.next_us = std::max(e.next_us, next_us);  // delays only move forward
+  e.updated_us = now_us;
   if (interval_us > 0) e.interval_us = interval_us;
 }
 
@@ -48,7 +49,8 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   auto it = s.map.find(k);
   if (it == s.map.end()) return {};
   entry& e = it->second;
-  const std::int64_t release = std::max(e.next_us, e.local_next_us);
+  const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
+  const std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
   if (release <= now_us) return {};
   gate_decision d;
   d.release_us = release;

@@ -29,6 +29,10 @@ struct gate_decision {
 struct gate_limits {
   std::int64_t max_delay_us = 5'000'000;
   std::int64_t max_held = 10'000;
+  /// Local pacing beyond the master's time applies only while the master keeps
+  /// confirming it: without an update for this long, only the master's own
+  /// DELAY_UNTIL counts (fail-open when the master is gone).
+  std::int64_t pacing_fresh_us = 2'000'000;
 };
 
 class gate {
@@ -85,6 +89,7 @@ private:
     std::int64_t next_us = 0;      ///< from the master: not before this
     std::int64_t local_next_us = 0;///< this gatekeeper's next free paced slot
     std::int64_t interval_us = 0;
+    std::int64_t updated_us = 0;    ///< when the master last spoke about this key
   };
   static constexpr std::size_t k_shards = 64;
   struct alignas(64) shard {

@@ -285,6 +285,39 @@ struct server::impl {
     co_return !ec && keep_alive;
   }
 
+  enum class head_status : std::uint8_t { ok, closed, timeout, line_too_long, headers_too_large, obs_fold };
+
+  // Reads until the request head (up to the blank line) is in `buf`, within
+  // `limit` bytes; the caller has set the deadline.
+  static awaitable<head_status> read_head(tcp_stream& client, beast::flat_buffer& buf, std::uint64_t limit) {
+    std::size_t scanned = 0;
+    for (;;) {
+      const std::string_view data(static_cast<const char*>(buf.data().data()), buf.size());
+      const auto end = data.find("\r\n\r\n", scanned > 3 ? scanned - 3 : 0);
+      if (end != std::string_view::npos && end + 4 <= limit) {
+        const std::string_view head = data.substr(0, end + 2);
+        // A header line starting with SP/HT continues the previous one (obs-fold, RFC 9112 5.2).
+        if (head.find("\r\n ") != std::string_view::npos || head.find("\r\n\t") != std::string_view::npos) {
+          // Leading blank lines before the request line are allowed; folding after it is not.
+          const auto line_end = head.find("\r\n", head.find_first_not_of("\r\n"));
+          const auto fold = std::min(head.find("\r\n ", line_end), head.find("\r\n\t", line_end));
+          if (fold != std::string_view::npos) co_return head_status::obs_fold;
+        }
+        co_return head_status::ok;
+      }
+      if (data.size() >= limit || end != std::string_view::npos) {
+        const auto line_end = data.find("\r\n");
+        co_return line_end == std::string_view::npos || line_end >= limit ? head_status::line_too_long
+                                                                           : head_status::headers_too_large;
+      }
+      scanned = data.size();
+      auto [ec, n] = co_await client.async_read_some(buf.prepare(std::min<std::uint64_t>(4096, limit - data.size())), nothrow);
+      if (ec == beast::error::timeout) co_return head_status::timeout;
+      if (ec) co_return head_status::closed;
+      buf.commit(n);
+    }
+  }
+
   // Holds until `release` (steady time) unless the client goes away first.
   static awaitable<bool> hold(tcp_stream& client, steady::time_point release) {
     steady_timer timer(co_await asio::this_coro::executor);
@@ -325,8 +358,16 @@ struct server::impl {
         if (ec == http::error::need_buffer) ec = {};
         if (ec) co_return std::pair{ec, beast::error_code{}};
         p.get().body().size = chunk.size() - p.get().body().size;
-        p.get().body().data = chunk.data();
         p.get().body().more = !p.is_done();
+        // No body bytes (only chunk framing was read): never hand the chunked
+        // serializer a non-null empty buffer, it would write a 0-size chunk,
+        // i.e. the terminator, in the middle of the body.
+        if (p.get().body().size == 0) {
+          if (!p.is_done()) continue;
+          p.get().body().data = nullptr;
+        } else {
+          p.get().body().data = chunk.data();
+        }
       } else {
         p.get().body().data = nullptr;
         p.get().body().size = 0;
@@ -336,7 +377,9 @@ struct server::impl {
       auto [ec, n] = co_await http::async_write(out, sr, nothrow);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) co_return std::pair{beast::error_code{}, ec};
-      if (sr.is_done()) break;
+      // The write that carried more=false finished the message (the chunked
+      // serializer may not report done yet; writing again would repeat "0\r\n\r\n").
+      if (sr.is_done() || p.is_done()) break;
     }
     co_return std::pair{beast::error_code{}, beast::error_code{}};
   }
@@ -557,41 +600,55 @@ struct server::impl {
 
     for (bool first = true;; first = false) {
       if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
-      const std::shared_ptr<const runtime> rt_hold = w.rt;
-      const runtime& rt = *rt_hold;
       // Between requests the connection is idle: closed after idle_timeout, or at once when draining.
       if (buf.size() == 0) {
         if (draining_) co_return;
         state.idle = true;
-        client.expires_after(to_steady(first ? rt.cfg.header_timeout : rt.cfg.idle_timeout));
+        client.expires_after(to_steady(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout));
         auto [ec, n] = co_await client.async_read_some(buf.prepare(4096), nothrow);
         if (ec) co_return;
         buf.commit(n);
+        // A reload may have happened while this connection was idle.
+        if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
       }
       state.idle = false;
+      const std::shared_ptr<const runtime> rt_hold = w.rt;
+      const runtime& rt = *rt_hold;
 
+      // The whole head is buffered and scanned before Beast parses it: size
+      // classification (414 vs 431) and shapes Beast would accept (obs-fold).
+      client.expires_after(to_steady(rt.cfg.header_timeout));
+      const auto head = co_await read_head(client, buf, rt.cfg.max_header_bytes);
+      if (head != head_status::ok) {
+        switch (head) {
+          case head_status::line_too_long:
+            metrics_.header_too_large.inc();
+            co_await respond(client, 11, http::status::uri_too_long, "request line too long\n", false);
+            break;
+          case head_status::headers_too_large:
+            metrics_.header_too_large.inc();
+            co_await respond(client, 11, http::status::request_header_fields_too_large, "request headers too large\n", false);
+            break;
+          case head_status::obs_fold:
+            metrics_.bad_request.inc();
+            co_await respond(client, 11, http::status::bad_request, "bad request: obsolete line folding\n", false);
+            break;
+          case head_status::timeout:
+            metrics_.header_timeout.inc();
+            co_await respond(client, 11, http::status::request_timeout, "request head not received in time\n", false);
+            break;
+          default: break;  // closed
+        }
+        co_return;
+      }
       http::request_parser<http::buffer_body> parser;
       parser.header_limit(static_cast<std::uint32_t>(rt.cfg.max_header_bytes));
       if (rt.cfg.max_body_bytes > 0) parser.body_limit(rt.cfg.max_body_bytes);
       else parser.body_limit(boost::none);
-      client.expires_after(to_steady(rt.cfg.header_timeout));
       auto [ec, n] = co_await http::async_read_header(client, buf, parser, nothrow);
       if (ec) {
-        if (ec == http::error::header_limit) {
-          metrics_.header_too_large.inc();
-          // No line end within the limit: the request line itself is too long.
-          const std::string_view raw(static_cast<const char*>(buf.data().data()), buf.size());
-          const bool line_too_long = raw.find("\r\n") == std::string_view::npos;
-          co_await respond(client, 11, line_too_long ? http::status::uri_too_long
-                                                     : http::status::request_header_fields_too_large,
-                           line_too_long ? "request line too long\n" : "request headers too large\n", false);
-        } else if (ec == beast::error::timeout) {
-          metrics_.header_timeout.inc();
-          co_await respond(client, 11, http::status::request_timeout, "request head not received in time\n", false);
-        } else if (ec != http::error::end_of_stream && ec != asio::error::connection_reset && ec != asio::error::eof) {
-          metrics_.bad_request.inc();
-          co_await respond(client, 11, http::status::bad_request, "bad request: " + ec.message() + "\n", false);
-        }
+        metrics_.bad_request.inc();
+        co_await respond(client, 11, http::status::bad_request, "bad request: " + ec.message() + "\n", false);
         co_return;
       }
       auto& req = parser.get();
@@ -599,6 +656,7 @@ struct server::impl {
       // Request-smuggling shapes the parser lets through are refused outright.
       if (req.count(http::field::content_length) > 1 ||
           (req.count(http::field::transfer_encoding) > 0 && req.count(http::field::content_length) > 0) ||
+          (req.count(http::field::transfer_encoding) > 0 && !req.chunked()) ||
           req.count(http::field::host) > 1 || (version >= 11 && req.count(http::field::host) == 0)) {
         metrics_.bad_request.inc();
         co_await respond(client, version, http::status::bad_request, "bad request: ambiguous framing or host\n", false);

@@ -115,3 +115,17 @@ TEST(Gate, MemoryIsBoundedAndFailsOpen) {
   g.update(0, "late", t0 + 3000 * ms, 0, t0 + 2000 * ms);
   EXPECT_EQ(g.decide(0, "late", t0 + 2000 * ms, limits()).v, verdict::delay);
 }
+
+TEST(Gate, LocalPacingStopsWhenTheMasterFallsSilent) {
+  // A busy identifier keeps reserving slots; with no master update for longer
+  // than pacing_fresh, only the master's own time counts (fail-open).
+  gate g;
+  gate_limits l = limits(60'000);
+  l.pacing_fresh_us = 2'000 * ms;
+  g.update(0, "a", t0 + 100 * ms, 100 * ms, t0);
+  for (int i = 0; i < 50; ++i) g.decide(0, "a", t0, l);  // slots reserved up to t0 + 5.1 s
+  EXPECT_EQ(g.decide(0, "a", t0 + 1'000 * ms, l).v, verdict::delay);  // master still fresh
+  EXPECT_EQ(g.decide(0, "a", t0 + 2'500 * ms, l).v, verdict::accept);  // silent for 2.5 s
+  g.update(0, "a", t0 + 2'700 * ms, 100 * ms, t0 + 2'500 * ms);       // the master is back
+  EXPECT_EQ(g.decide(0, "a", t0 + 2'500 * ms, l).v, verdict::delay);
+}
