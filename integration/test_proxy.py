@@ -639,23 +639,15 @@ class HttpSemanticsTest(ProxyCase):
         self.assertEqual(header_values(echo, "Expect"), [], "the proxy answered the expectation itself")
 
     # Chunked bodies must be re-framed exactly: one last-chunk, nothing after it.
-    #
-    # BUG 1 (commit 179aef9, relay() with http::async_read_some): a read that yields only
-    # framing (a chunk header) wrote a 0-byte buffer_body piece, which Beast serializes
-    # as "0\r\n\r\n" - the last-chunk - cutting the body short in both directions.
-    # Fixed in the working tree (the "Only framing was read" continue).
-    #
-    # BUG 2 (still in the working tree build of 20:44): when the final read carries only
-    # the terminator, p.is_done() is true with body().size == 0 but body().data still
-    # points at the relay buffer, so the serializer writes an empty chunk *and* the
-    # last-chunk: the peer receives "...0\r\n\r\n0\r\n\r\n". The stray "0\r\n\r\n"
-    # is parsed as the start of the next message on that keep-alive connection:
-    # upstream, the backend answers it (400) and that answer is then relayed to the
-    # *next* request the proxy sends on the pooled connection (response desync);
-    # downstream, the client reads garbage before its next response.
-    # E.g. client sends head + "5\r\nhello\r\n" and, in a later packet, "0\r\n\r\n";
-    # the backend receives head + "5\r\nhello\r\n0\r\n\r\n0\r\n\r\n".
-    # (Fix idea: when body().size == 0 set body().data = nullptr before writing.)
+    # Regressions (both found by these tests):
+    # 1. relay() with http::async_read_some: a read that yielded only framing (a chunk
+    #    header) wrote a 0-byte buffer_body piece, which Beast serializes as "0\r\n\r\n"
+    #    - the last-chunk - cutting the body short in both directions.
+    # 2. When the final read carried only the terminator, an empty chunk was written
+    #    *and* the last-chunk: the peer got "...0\r\n\r\n0\r\n\r\n", and the stray
+    #    "0\r\n\r\n" was parsed as the next message on the keep-alive connection
+    #    (upstream: the backend's error answer went to the next pooled request -> 502
+    #    or a wrong response; downstream: garbage before the client's next response).
     def test_chunked_request_body_arriving_in_pieces_is_forwarded_intact(self):
         c = self.conn()
         c.send(request_bytes("POST", "/chunked-pieces", [("Transfer-Encoding", "chunked")]))
@@ -692,9 +684,10 @@ class HttpSemanticsTest(ProxyCase):
             c.send(piece)
         r = c.read_response()
         self.assertEqual((r.json()["body_bytes"], r.json()["body"]), (8, "helloabc"))
+
     def test_chunked_response_is_relayed_intact(self):
-        # BUG 2 above, response direction: the backend writes each chunk and the final
-        # "0\r\n\r\n" separately; the client receives an extra "0\r\n\r\n" after the body.
+        # The backend writes each chunk and the final "0\r\n\r\n" separately (regression 2
+        # above, response direction: an extra "0\r\n\r\n" used to follow the body).
         c = self.conn()
         c.send(request_bytes("GET", "/chunks?n=3&gap=0.03"))
         r = c.read_response()

@@ -2,7 +2,6 @@
 // rules and publishes DELAY_UNTIL. Admin endpoint and signals run on a second
 // thread; the accounting loop owns the main thread.
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 
 #include <csignal>
 #include <iostream>
@@ -11,6 +10,7 @@
 #include "master/service.hpp"
 #include "smockron/admin_server.hpp"
 #include "smockron/daemon.hpp"
+#include "smockron/signals.hpp"
 #include "smockron/version.hpp"
 
 namespace asio = boost::asio;
@@ -53,11 +53,9 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  asio::signal_set signals(ioc, SIGINT, SIGTERM, SIGHUP);
-  std::function<void()> wait_signal = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
+  signal_handler signals(
+      ioc,
+      [&] {
         log->info("SIGHUP: reloading configuration");
         svc->request_reload([&]() -> std::optional<config::master_config> {
           auto next = daemon::reload(start->options, "master");
@@ -65,14 +63,11 @@ int main(int argc, char** argv) {
           if (next) log->error("reload rejected: no [master] table");
           return std::nullopt;
         });
-        wait_signal();
-        return;
-      }
-      log->info("signal {}: shutting down", sig);
-      stop = true;
-    });
-  };
-  wait_signal();
+      },
+      [&](int sig) {
+        log->info("signal {}: shutting down", sig);
+        stop = true;
+      });
   std::thread admin_thread([&] { ioc.run(); });
 
   log->info("smockron-master {} accounting={} control={} admin={} domains={}", version_string, cfg.accounting,

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 
 #include <csignal>
 #include <iostream>
@@ -16,6 +15,7 @@
 #include "proxy/server.hpp"
 #include "smockron/daemon.hpp"
 #include "smockron/log.hpp"
+#include "smockron/signals.hpp"
 
 namespace asio = boost::asio;
 using namespace smockron;
@@ -70,24 +70,19 @@ int main(int argc, char** argv) {
   }
 
   asio::io_context signals_ioc(1);
-  asio::signal_set signals(signals_ioc, SIGINT, SIGTERM, SIGHUP);
-  std::function<void()> wait_signal = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
+  signal_handler signals(
+      signals_ioc,
+      [&] {
         log->info("SIGHUP: reloading configuration");
         auto next = daemon::reload(start->options, "proxy");
         if (next && next->proxy) srv->reload(*next->proxy);
         else if (next) log->error("reload rejected: no [proxy] table");
-        wait_signal();
-        return;
-      }
-      log->info("signal {}: draining (grace period {}s)", sig,
-                std::chrono::duration_cast<std::chrono::seconds>(start->cfg.proxy->grace_period).count());
-      srv->stop();
-    });
-  };
-  wait_signal();
+      },
+      [&](int sig) {
+        log->info("signal {}: draining (grace period {}s)", sig,
+                  std::chrono::duration_cast<std::chrono::seconds>(start->cfg.proxy->grace_period).count());
+        srv->stop();
+      });
   std::thread signal_thread([&] { signals_ioc.run(); });
   srv->run();
   signals_ioc.stop();
