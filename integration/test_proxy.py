@@ -227,6 +227,15 @@ class ProxyCase(DaemonTestCase):
 class GateTest(ProxyCase):
     API_ROUTE = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key", "ip"]}
 
+    def assert_paced(self, gaps: list[float], interval: float) -> None:
+        """Backend arrival gaps of held requests: about one interval each, never bunched.
+        Requests released together arrive ~0-10 ms apart; the lower bound leaves room for
+        scheduler jitter on a loaded 2-core machine (one late arrival shortens one gap)."""
+        ordered = sorted(gaps)
+        median = ordered[len(ordered) // 2]
+        self.assertGreaterEqual(min(gaps), 0.3 * interval, f"released together, not paced: gaps {gaps}")
+        self.assertTrue(0.75 * interval <= median <= 1.5 * interval, f"median gap {median}, gaps {gaps}")
+
     def test_burst_then_paced_delays_then_503_and_other_key_unaffected(self):
         interval = 0.2
         _, backend, proxy = self.gate_stack({"api": {"rules": [("5/s", 3)]}}, [self.API_ROUTE], max_delay="2s")
@@ -275,8 +284,8 @@ class GateTest(ProxyCase):
         arrivals = sorted(e["t"] for e in backend.requests(key="alice", target_prefix="/held/"))
         self.assertEqual(len(arrivals), len(ok), "exactly the 200s reached the backend")
         self.assertEqual(len(backend.requests(key="alice")), 3 + len(ok))
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-        self.assertGreaterEqual(min(gaps), 0.5 * interval, f"gaps {gaps}")
+        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
+        self.assert_paced(gaps, interval)
         self.assertLessEqual(arrivals[-1] - arrivals[0], (len(arrivals) - 1) * interval + 0.5, f"gaps {gaps}")
         self.assertGreater(arrivals[0] - t_sent, 0.05, "the first request past the burst was held")
         self.assertLess(arrivals[-1] - t_sent, 2.0 + 0.6, "nothing is held beyond max_delay")
@@ -309,7 +318,7 @@ class GateTest(ProxyCase):
         arrivals = sorted(e["t"] for e in backend.requests(key="pace", target_prefix="/paced/"))
         self.assertEqual(len(arrivals), 4)
         gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
-        self.assertGreaterEqual(min(gaps), 0.5 * interval, f"released together, not paced: gaps {gaps}")
+        self.assert_paced(gaps, interval)
         self.assertLess(max(gaps), interval + 0.25, f"gaps {gaps}")
         self.assertGreater(arrivals[0] - t_sent, 0.05, "the first one was held too")
 

@@ -311,7 +311,7 @@ struct server::impl {
                                                                            : head_status::headers_too_large;
       }
       scanned = data.size();
-      auto [ec, n] = co_await client.async_read_some(buf.prepare(std::min<std::uint64_t>(4096, limit - data.size())), nothrow);
+      auto [ec, n] = co_await client.async_read_some(buf.prepare(std::min<std::uint64_t>(std::max<std::size_t>(1024, data.size()), limit - data.size())), nothrow);
       if (ec == beast::error::timeout) co_return head_status::timeout;
       if (ec) co_return head_status::closed;
       buf.commit(n);
@@ -595,8 +595,9 @@ struct server::impl {
     ip_address peer;
     if (auto parsed = parse_ip(remote.address().to_string())) peer = *parsed;
     beast::flat_buffer buf;
-    // One relay buffer per connection (requests on it are sequential).
-    auto chunk = std::make_unique<std::array<char, 16384>>();
+    // One relay buffer per connection (requests on it are sequential),
+    // allocated at the first forward: held and refused requests never need it.
+    std::unique_ptr<std::array<char, 16384>> chunk;
 
     for (bool first = true;; first = false) {
       if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
@@ -605,7 +606,8 @@ struct server::impl {
         if (draining_) co_return;
         state.idle = true;
         client.expires_after(to_steady(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout));
-        auto [ec, n] = co_await client.async_read_some(buf.prepare(4096), nothrow);
+        // 1 KiB holds most request heads; the buffer grows when one is larger.
+        auto [ec, n] = co_await client.async_read_some(buf.prepare(1024), nothrow);
         if (ec) co_return;
         buf.commit(n);
         // A reload may have happened while this connection was idle.
@@ -710,6 +712,7 @@ struct server::impl {
         publish(w, rt, *r, wire::status::accepted, who->value, now_ms, 0);
       }
       const auto started = steady::now();
+      if (!chunk) chunk = std::make_unique<std::array<char, 16384>>();
       const bool keep = co_await forward(w, rt, *r, client, buf, parser, client_ip, *chunk);
       if (rt.cfg.access_log) {
         log_access(rt, peer, req, 0, d.v == verdict::delay ? "delayed" : who ? "accepted" : "unidentified",
