@@ -571,6 +571,11 @@ class HostileClientTest(ProxyCase):
         # forward such requests. (RFC 9112 5.2 allows either; this product refuses.)
         self.assert_refused(b"GET /obs-fold HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  b\r\n\r\n", 400, "/obs-fold")
 
+    def test_http10_with_transfer_encoding_is_400(self):
+        # RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message means the framing is faulty.
+        self.assert_refused(b"POST /te-10 HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"5\r\nhello\r\n0\r\n\r\n", 400, "/te-10")
+
     def test_transfer_encoding_without_final_chunked_is_400(self):
         # Regression (request smuggling): RFC 9112 6.3 requires 400 + close when a
         # request's Transfer-Encoding does not end in "chunked". The proxy used to treat

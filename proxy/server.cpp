@@ -277,6 +277,7 @@ struct server::impl {
     res.set(http::field::content_type, "text/plain; charset=utf-8");
     if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
     res.keep_alive(keep_alive);
+    if (!keep_alive) res.set(http::field::connection, "close");  // explicit even for HTTP/1.0
     res.body() = std::move(body);
     res.prepare_payload();
     client.expires_after(std::chrono::seconds(10));
@@ -602,7 +603,10 @@ struct server::impl {
     for (bool first = true;; first = false) {
       if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
       // Between requests the connection is idle: closed after idle_timeout, or at once when draining.
+      // On a new connection the header_timeout runs from the accept: one deadline for the whole head.
+      bool head_deadline_running = false;
       if (buf.size() == 0) {
+        head_deadline_running = first;
         if (draining_) co_return;
         state.idle = true;
         client.expires_after(to_steady(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout));
@@ -619,7 +623,7 @@ struct server::impl {
 
       // The whole head is buffered and scanned before Beast parses it: size
       // classification (414 vs 431) and shapes Beast would accept (obs-fold).
-      client.expires_after(to_steady(rt.cfg.header_timeout));
+      if (!head_deadline_running) client.expires_after(to_steady(rt.cfg.header_timeout));
       const auto head = co_await read_head(client, buf, rt.cfg.max_header_bytes);
       if (head != head_status::ok) {
         switch (head) {
@@ -658,7 +662,7 @@ struct server::impl {
       // Request-smuggling shapes the parser lets through are refused outright.
       if (req.count(http::field::content_length) > 1 ||
           (req.count(http::field::transfer_encoding) > 0 && req.count(http::field::content_length) > 0) ||
-          (req.count(http::field::transfer_encoding) > 0 && !req.chunked()) ||
+          (req.count(http::field::transfer_encoding) > 0 && (!req.chunked() || version < 11)) ||
           req.count(http::field::host) > 1 || (version >= 11 && req.count(http::field::host) == 0)) {
         metrics_.bad_request.inc();
         co_await respond(client, version, http::status::bad_request, "bad request: ambiguous framing or host\n", false);
