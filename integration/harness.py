@@ -640,3 +640,33 @@ class DaemonTestCase(unittest.TestCase):
 
     def gatekeeper(self, master: MasterProcess, domains, handshake: bool = True) -> Gatekeeper:
         return self.closing(master.gatekeeper(domains, handshake=handshake))
+
+
+def one_box_toml(*, domain: str, rule: str, backend_port: int, proxy_port: int, proxy_admin: int,
+                 master_admin: int, accounting: int, control: int, identify: str = '"header:X-API-Key"',
+                 proxy_extra: str = "", upstream_extra: str = "") -> str:
+    """A single file driving one master (one domain, one rule) and one proxy
+    (one worker, one route to one backend) on 127.0.0.1, as the benchmarks use."""
+    return f"""[master]
+accounting = "tcp://127.0.0.1:{accounting}"
+control = "tcp://127.0.0.1:{control}"
+admin = "127.0.0.1:{master_admin}"
+[master.domains.{domain}]
+rules = [ {rule} ]
+
+[proxy]
+listen = "127.0.0.1:{proxy_port}"
+admin = "127.0.0.1:{proxy_admin}"
+threads = 1
+accounting = ["tcp://127.0.0.1:{accounting}"]
+control = ["tcp://127.0.0.1:{control}"]
+{proxy_extra}
+[proxy.upstreams.app]
+servers = ["127.0.0.1:{backend_port}"]
+{upstream_extra}
+[[proxy.routes]]
+path = "/"
+domain = "{domain}"
+upstream = "app"
+identify = [{identify}]
+"""

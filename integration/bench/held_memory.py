@@ -18,7 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import free_port, http_get, metric, wait_until  # noqa: E402
+from harness import free_port, http_get, metric, one_box_toml, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,28 +44,9 @@ def main():
     backend_port, proxy_port, padmin, madmin, acct, ctrl = (free_port() for _ in range(6))
     conf = os.path.join(tmp, "smockron.toml")
     with open(conf, "w") as f:
-        f.write(f"""[master]
-accounting = "tcp://127.0.0.1:{acct}"
-control = "tcp://127.0.0.1:{ctrl}"
-admin = "127.0.0.1:{madmin}"
-[master.domains.mem]
-rules = [ {{ rate = "1/min", burst = 1 }} ]
-[proxy]
-listen = "127.0.0.1:{proxy_port}"
-admin = "127.0.0.1:{padmin}"
-threads = 1
-accounting = ["tcp://127.0.0.1:{acct}"]
-control = ["tcp://127.0.0.1:{ctrl}"]
-max_delay = "120s"
-max_held = {args.held * 2}
-[proxy.upstreams.app]
-servers = ["127.0.0.1:{backend_port}"]
-[[proxy.routes]]
-path = "/"
-domain = "mem"
-upstream = "app"
-identify = ["header:X-API-Key"]
-""")
+        f.write(one_box_toml(domain="mem", rule='{ rate = "1/min", burst = 1 }', backend_port=backend_port,
+                             proxy_port=proxy_port, proxy_admin=padmin, master_admin=madmin, accounting=acct,
+                             control=ctrl, proxy_extra=f'max_delay = "120s"\nmax_held = {args.held * 2}'))
     log = open(os.path.join(tmp, "log"), "w")
     procs = [
         subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "demo_backend.py"), str(backend_port)], stdout=log, stderr=log),

@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import one_box_toml  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -154,28 +157,10 @@ def main():
             os.makedirs(os.path.join(tmp, d, "tmp"), exist_ok=True)
         smockron_conf = os.path.join(tmp, "smockron.toml")
         with open(smockron_conf, "w") as f:
-            f.write(f"""[master]
-accounting = "tcp://127.0.0.1:{acct}"
-control = "tcp://127.0.0.1:{ctrl}"
-admin = "127.0.0.1:{madmin}"
-[master.domains.bench]
-rules = [ {{ rate = "10000000/s", burst = 1000000 }} ]
-
-[proxy]
-listen = "127.0.0.1:{proxy_port}"
-admin = "127.0.0.1:{padmin}"
-threads = 1
-accounting = ["tcp://127.0.0.1:{acct}"]
-control = ["tcp://127.0.0.1:{ctrl}"]
-[proxy.upstreams.app]
-servers = ["127.0.0.1:{backend_port}"]
-keepalive = 128
-[[proxy.routes]]
-path = "/"
-domain = "bench"
-upstream = "app"
-identify = ["header:X-API-Key", "ip"]
-""")
+            f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
+                                 backend_port=backend_port, proxy_port=proxy_port, proxy_admin=padmin,
+                                 master_admin=madmin, accounting=acct, control=ctrl,
+                                 identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128"))
         backend = Proc([nginx, "-c", backend_conf, "-p", os.path.join(tmp, "backend")], 0, log)
         peer = Proc([nginx, "-c", peer_conf, "-p", os.path.join(tmp, "peer")], 1, log)
         master = Proc([os.path.join(args.bin, "smockron-master"), "--config", smockron_conf, "--log-level", "warn"], 0, log)
