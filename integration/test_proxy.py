@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ from harness import (  # noqa: E402
     DaemonExited,
     DaemonTestCase,
     WaitTimeout,
+    binary,
     free_port,
     free_ports,
     metric,
@@ -380,6 +382,15 @@ class FailOpenTest(ProxyCase):
         self.assertIn("fail-open", ready.body)
         self.assertEqual(len(backend.requests(key="same-key")), 25)
         self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 25)
+
+    def test_healthcheck_probe(self):
+        # `smockron-proxy --healthcheck` (the image's HEALTHCHECK) asks the running proxy's /livez.
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend)
+        probe = [binary(PROXY), "--healthcheck", "--config", proxy.config_path]
+        self.assertEqual(subprocess.run(probe, capture_output=True, timeout=10).returncode, 0)
+        proxy.stop()
+        self.assertEqual(subprocess.run(probe, capture_output=True, timeout=10).returncode, 1)
 
     def kill_master_while_limiting(self):
         """A proxy whose master limited carol (1 per 2 s) and was then killed (SIGKILL)."""
