@@ -382,6 +382,7 @@ class FailOpenTest(ProxyCase):
         self.assertIn("fail-open", ready.body)
         self.assertEqual(len(backend.requests(key="same-key")), 25)
         self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 25)
+        self.assertEqual(proxy.metric("smockron_proxy_control_dropped_updates"), 0)  # exported, nothing dropped
 
     def test_healthcheck_probe(self):
         # `smockron-proxy --healthcheck` (the image's HEALTHCHECK) asks the running proxy's /livez.

@@ -47,7 +47,6 @@ public:
   bool publish(const wire::accounting& m);
   /// Sends everything queued without blocking; drops (counted) what ZeroMQ refuses.
   void flush();
-  std::size_t pending() const { return frame_count_.size(); }
 
   static constexpr std::size_t batch = 256;
 

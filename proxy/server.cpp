@@ -57,8 +57,6 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-std::chrono::steady_clock::duration to_steady(std::chrono::microseconds d) { return d; }
-
 bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
            return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
@@ -164,6 +162,7 @@ struct runtime {
     if (!jwt) throw std::runtime_error("proxy.jwt: " + error);
     limits.max_delay_us = cfg.max_delay.count();
     limits.max_held = cfg.max_held;
+    limits.pacing_fresh_us = cfg.control_fresh.count();
   }
 };
 
@@ -194,7 +193,7 @@ struct worker {
 
 struct server::impl {
   impl(const config::proxy_config& cfg, const clock& clk)
-      : clock_(clk), metrics_(registry_), gate_(1'000'000), zmq_ctx_(1), log_(log::get("proxy")),
+      : clock_(clk), metrics_(registry_), gate_(static_cast<std::size_t>(cfg.max_control_entries)), zmq_ctx_(1), log_(log::get("proxy")),
         access_log_(log::get("proxy.access")) {
     auto first = std::make_shared<const runtime>(cfg, domains_, metrics_, 0);
     runtime_ = first;
@@ -202,6 +201,9 @@ struct server::impl {
                            [this] { return static_cast<double>(gate_.held()); });
     registry_.add_callback("smockron_proxy_control_entries", "Entries in the control memory", "",
                            [this] { return static_cast<double>(gate_.entries()); });
+    registry_.add_callback("smockron_proxy_control_dropped_updates",
+                           "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)", "",
+                           [this] { return static_cast<double>(gate_.dropped_updates()); });
     registry_.add_callback("smockron_proxy_open_connections", "Open client connections", "",
                            [this] { return static_cast<double>(connections_.load()); });
     const std::size_t threads = cfg.threads > 0 ? static_cast<std::size_t>(cfg.threads)
@@ -448,11 +450,11 @@ struct server::impl {
         co_return c;
       }
       tcp_stream stream(w.ioc.get_executor());
-      stream.expires_after(to_steady(rt.cfg.connect_timeout));
+      stream.expires_after(rt.cfg.connect_timeout);
       auto [ec] = co_await stream.async_connect(rt.servers[upstream][s], nothrow);
       if (ec) {
         (ec == beast::error::timeout ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
-        slot.down_until = steady::now() + to_steady(cfg.fail_timeout);
+        slot.down_until = steady::now() + cfg.fail_timeout;
         continue;
       }
       stream.socket().set_option(tcp::no_delay(true));
@@ -487,7 +489,7 @@ struct server::impl {
       // The proxy answers 100-continue itself, once the gate has admitted the request.
       req.erase(http::field::expect);
       if (has_body) {
-        client.expires_after(to_steady(rt.cfg.body_timeout));
+        client.expires_after(rt.cfg.body_timeout);
         static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
         auto [ec, n] = co_await asio::async_write(client, asio::buffer(k_continue), nothrow);
         if (ec) co_return false;
@@ -496,8 +498,8 @@ struct server::impl {
     rewrite_request(req, {client_ip, "http", tunnel});
     req.version(11);
 
-    const auto upstream_timeout = to_steady(rt.cfg.upstream_timeout);
-    const auto body_timeout = to_steady(rt.cfg.body_timeout);
+    const auto upstream_timeout = rt.cfg.upstream_timeout;
+    const auto body_timeout = rt.cfg.body_timeout;
     upstream_conn up;
     std::optional<http::response_parser<http::buffer_body>> rp;
     beast::flat_buffer ubuf;
@@ -554,7 +556,7 @@ struct server::impl {
       for (const auto& f : res) sw.insert(f.name_string(), f.value());
       client.expires_after(upstream_timeout);
       if (auto [ec, n] = co_await http::async_write(client, sw, nothrow); ec) co_return false;
-      const auto idle = to_steady(rt.cfg.idle_timeout);
+      const auto idle = rt.cfg.idle_timeout;
       co_await (pump(client, *up.stream, buf, idle) && pump(*up.stream, client, ubuf, idle));
       co_return false;
     }
@@ -609,7 +611,7 @@ struct server::impl {
         head_deadline_running = first;
         if (draining_) co_return;
         state.idle = true;
-        client.expires_after(to_steady(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout));
+        client.expires_after(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
         // 1 KiB holds most request heads; the buffer grows when one is larger.
         auto [ec, n] = co_await client.async_read_some(buf.prepare(1024), nothrow);
         if (ec) co_return;
@@ -623,7 +625,7 @@ struct server::impl {
 
       // The whole head is buffered and scanned before Beast parses it: size
       // classification (414 vs 431) and shapes Beast would accept (obs-fold).
-      if (!head_deadline_running) client.expires_after(to_steady(rt.cfg.header_timeout));
+      if (!head_deadline_running) client.expires_after(rt.cfg.header_timeout);
       const auto head = co_await read_head(client, buf, rt.cfg.max_header_bytes);
       if (head != head_status::ok) {
         switch (head) {
@@ -778,7 +780,7 @@ struct server::impl {
         }
       });
     }
-    const auto deadline = steady::now() + to_steady(current()->cfg.grace_period);
+    const auto deadline = steady::now() + current()->cfg.grace_period;
     while (connections_.load() > 0 && steady::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (connections_.load() > 0) log_->warn("grace period over: closing {} connection(s)", connections_.load());
     for (auto& w : workers_) {
@@ -803,8 +805,9 @@ struct server::impl {
   void reload(const config::proxy_config& next) {
     const auto old = current();
     if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
-        next.accounting != old->cfg.accounting || next.control != old->cfg.control) {
-      log_->warn("reload: listen, admin, threads and master endpoints change only after a restart");
+        next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
+        next.max_control_entries != old->cfg.max_control_entries) {
+      log_->warn("reload: listen, admin, threads, master endpoints and max_control_entries change only after a restart");
     }
     std::shared_ptr<const runtime> fresh;
     try {

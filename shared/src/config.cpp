@@ -393,6 +393,8 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.boolean("access_log", p.access_log);
   r.boolean("fail_closed", p.fail_closed);
   r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
+  r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);
+  r.duration("control_fresh", p.control_fresh, ms(1));
   r.string("log_level", p.log_level);
   if (auto* jt = r.typed<toml::table>("jwt", "a table")) {
     reader jr(*jt, "proxy.jwt", s);

@@ -67,6 +67,8 @@ max_body_bytes = "1GiB"
 rejected_sample = 0.25
 access_log = true
 fail_closed = false
+max_control_entries = 5000
+control_fresh = "750ms"
 
 [proxy.jwt]
 hs256_secret = "s3cret"
@@ -128,6 +130,8 @@ upstream = "app"
   EXPECT_EQ(p.max_body_bytes, 1024ull * 1024 * 1024);
   EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
   EXPECT_TRUE(p.access_log);
+  EXPECT_EQ(p.max_control_entries, 5000);
+  EXPECT_EQ(p.control_fresh, milliseconds(750));
   EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
   EXPECT_TRUE(p.jwt.verify());
   EXPECT_EQ(p.jwt.leeway, seconds(5));
@@ -247,6 +251,10 @@ TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_control_entries = 10\n").find("proxy.max_control_entries: must be between 64"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol_fresh = \"0s\"\n").find("proxy.control_fresh: must be at least 1ms"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n").find("proxy.jwt.public_key_file: cannot read"),
             std::string::npos);
 }

@@ -115,6 +115,8 @@ struct proxy_config {
   bool access_log = false;
   bool fail_closed = false;  ///< reject instead of pass when the gate cannot decide
   std::int64_t accounting_hwm = 100'000;
+  std::int64_t max_control_entries = 1'000'000;  ///< control memory bound; beyond it updates are dropped (fail-open)
+  microseconds control_fresh = std::chrono::seconds(2);  ///< local pacing needs a master update this recent
   jwt_config jwt;
   std::string log_level;
   std::vector<upstream_config> upstreams;
