@@ -27,7 +27,39 @@ void limiter::push_front(entry* e) {
   if (!tail_) tail_ = e;
 }
 
+void limiter::mark(entry* e) {
+  if (e->dirty) return;
+  e->dirty = true;
+  e->dirty_next = nullptr;
+  e->dirty_prev = dirty_tail_;
+  (dirty_tail_ ? dirty_tail_->dirty_next : dirty_head_) = e;
+  dirty_tail_ = e;
+  ++dirty_count_;
+}
+
+void limiter::unmark(entry* e) {
+  if (!e->dirty) return;
+  e->dirty = false;
+  (e->dirty_prev ? e->dirty_prev->dirty_next : dirty_head_) = e->dirty_next;
+  (e->dirty_next ? e->dirty_next->dirty_prev : dirty_tail_) = e->dirty_prev;
+  e->dirty_prev = e->dirty_next = nullptr;
+  --dirty_count_;
+}
+
+void limiter::track_dirty(bool on) {
+  track_dirty_ = on;
+  if (!on) {
+    while (dirty_head_) unmark(dirty_head_);
+  }
+}
+
+void limiter::mark_all_dirty() {
+  if (!track_dirty_) return;
+  for (entry* e = tail_; e; e = e->prev) mark(e);
+}
+
 void limiter::erase(entry* e) {
+  unmark(e);
   unlink(e);
   maps_[e->domain].erase(maps_[e->domain].find(*e->key));
   --size_;
@@ -43,14 +75,7 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
       ++evictions_;
       erase(tail_);
     }
-    auto pos = m.try_emplace(std::string(identifier)).first;
-    en = &pos->second;
-    en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
-                                                                         : limits_[domain].max_burst());
-    en->domain = domain;
-    en->key = &pos->first;
-    ++size_;
-    push_front(en);
+    en = insert(domain, identifier);
   } else {
     en = &it->second;
     if (en != head_) {
@@ -58,7 +83,36 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
       push_front(en);
     }
   }
+  if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
   return rules::apply(limits_[domain], en->st, e, now_us);
+}
+
+limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier) {
+  auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
+  entry* en = &pos->second;
+  en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
+                                                                       : limits_[domain].max_burst());
+  en->domain = domain;
+  en->key = &pos->first;
+  ++size_;
+  push_front(en);
+  return en;
+}
+
+bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
+  const rules::limits& l = limits_[domain];
+  if (!rules::compatible(l, st) || rules::expired(l, st, now_us)) return false;
+  auto it = maps_[domain].find(identifier);
+  if (it == maps_[domain].end()) {
+    // Restored state never evicts live state: past the cap it is dropped.
+    if (size_ >= max_identifiers_) return false;
+    entry* en = insert(domain, identifier);
+    en->st = st;
+    return true;
+  }
+  rules::merge(l, it->second.st, st);
+  if (track_dirty_) mark(&it->second);
+  return true;
 }
 
 std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
@@ -98,6 +152,7 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
   for (std::size_t old = 0; old < maps_.size(); ++old) {
     if (kept[old]) continue;
     for (auto& [key, en] : maps_[old]) {
+      unmark(&en);
       unlink(&en);
       --size_;
     }

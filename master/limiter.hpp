@@ -39,6 +39,31 @@ public:
   std::size_t tracked() const { return size_; }
   std::size_t tracked(std::size_t domain) const { return maps_[domain].size(); }
   std::uint64_t evictions() const { return evictions_; }
+
+  // Write-behind support for a persistent store. With tracking on, every
+  // recorded event marks its entry dirty (once: a busy identifier is written
+  // once per flush however many messages it had); drain_dirty() hands out the
+  // oldest dirty entries. Entries that are erased leave the dirty list.
+  void track_dirty(bool on);
+  std::size_t dirty() const { return dirty_count_; }
+  /// Marks every entry dirty (the store lost or may have lost what it had).
+  void mark_all_dirty();
+  /// Calls f(domain, identifier, state) for up to `max` dirty entries, oldest first, and unmarks them.
+  template <class F>
+  std::size_t drain_dirty(std::size_t max, F&& f) {
+    std::size_t n = 0;
+    while (n < max && dirty_head_) {
+      entry* e = dirty_head_;
+      unmark(e);
+      f(e->domain, std::string_view(*e->key), static_cast<const rules::state&>(e->st));
+      ++n;
+    }
+    return n;
+  }
+  /// Folds a state read back from the store into memory (see rules::merge).
+  /// Returns false when it was not taken: expired, of another shape, or the cap is reached.
+  bool restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us);
+
   std::uint64_t expirations() const { return expirations_; }
   const rules::state* find(std::size_t domain, std::string_view identifier) const;
 
@@ -51,12 +76,18 @@ private:
     const std::string* key = nullptr;
     entry* prev = nullptr;
     entry* next = nullptr;
+    entry* dirty_prev = nullptr;
+    entry* dirty_next = nullptr;
+    bool dirty = false;
   };
   using map = string_map<entry>;
 
   void unlink(entry* e);
   void push_front(entry* e);
   void erase(entry* e);
+  void mark(entry* e);
+  void unmark(entry* e);
+  entry* insert(std::size_t domain, std::string_view identifier);
 
   std::vector<rules::limits> limits_;
   std::vector<map> maps_;
@@ -65,6 +96,10 @@ private:
   entry* head_ = nullptr;        ///< most recently used
   entry* tail_ = nullptr;        ///< least recently used
   entry* cursor_ = nullptr;      ///< where the next sweep resumes (walking towards the head)
+  entry* dirty_head_ = nullptr;  ///< oldest dirty
+  entry* dirty_tail_ = nullptr;
+  std::size_t dirty_count_ = 0;
+  bool track_dirty_ = false;
   std::uint64_t evictions_ = 0;
   std::uint64_t expirations_ = 0;
 };

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
         return svc->alive(std::chrono::seconds(5)) ? admin_server::response{200, "text/plain", "ok\n"}
                                                    : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
       }
-      if (path == "/readyz") return {200, "text/plain", "ready\n"};
+      if (path == "/readyz") return {200, "text/plain", svc->readiness()};
       if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
       return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
     });
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   log->info("smockron-master {} accounting={} control={} admin={} domains={}", version_string, cfg.accounting,
             cfg.control, cfg.admin.to_string(), cfg.domains.size());
   svc->run(stop);
+  svc->finish(std::chrono::seconds(2));
 
   admin->stop();
   ioc.stop();

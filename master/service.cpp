@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 namespace smockron::master {
 namespace {
@@ -55,6 +56,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
       reload_failures_(reg.add_counter("smockron_master_reload_failures_total",
                                        "Reloads rejected because the new configuration was invalid")),
+      restore_skipped_(reg.add_counter("smockron_master_redis_restore_skipped_total",
+                                       "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
       latency_(reg.add_histogram("smockron_master_processing_seconds",
                                  "Time to process one accounting message (decode, rules, publish); one message in 16 is sampled",
                                  metrics::exponential_buckets(1e-6, 2, 18))),
@@ -74,7 +77,61 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
   accounting_.bind(cfg.accounting);
   control_.bind(cfg.control);
   install_domains(cfg);
+  if (cfg.store == config::store_kind::redis) {
+    redis_store::options o;
+    o.url = cfg.redis_target;
+    o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.redis_timeout);
+    o.load_limit = cfg.max_identifiers;
+    store_ = std::make_unique<redis_store>(std::move(o), reg);
+    limiter_.track_dirty(true);
+    reg.add_callback("smockron_master_redis_unwritten_states", "States changed in memory and not yet handed to Redis",
+                     "", [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed)); });
+  }
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
+}
+
+service::~service() = default;
+
+void service::pump_store(std::chrono::steady_clock::time_point now, bool force) {
+  if (store_->take_resync()) limiter_.mark_all_dirty();
+  const std::int64_t now_us = clock_.wall_us();
+  for (auto& l : store_->take_loaded()) {
+    const auto it = domain_index_.find(l.domain);
+    if (it == domain_index_.end() || domains_[it->second].limits.algo != l.algo ||
+        !limiter_.restore(it->second, l.identifier, l.st, now_us)) {
+      restore_skipped_.inc();
+    }
+  }
+  unwritten_.store(limiter_.dirty(), std::memory_order_relaxed);
+  if (limiter_.dirty() == 0 || !store_->idle() || (!force && now < next_flush_)) return;
+  next_flush_ = now + k_flush_interval;
+  std::vector<redis_store::write> batch;
+  batch.reserve(std::min(limiter_.dirty(), k_flush_batch));
+  limiter_.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
+    const rules::limits& l = domains_[domain].limits;
+    const std::int64_t ttl_ms = ceil_ms(rules::expires_at_us(l, st) - now_us);
+    if (ttl_ms <= 0) return;  // can no longer matter; Redis lets its copy expire too
+    batch.push_back({store_key(domains_[domain].name, identifier), encode_state(l.algo, st), ttl_ms});
+  });
+  store_->submit(std::move(batch));
+  unwritten_.store(limiter_.dirty(), std::memory_order_relaxed);
+}
+
+void service::finish(std::chrono::milliseconds deadline) {
+  if (!store_) return;
+  const auto until = clock_.steady_now() + deadline;
+  while (limiter_.dirty() > 0 && store_->up() && clock_.steady_now() < until) {
+    if (store_->idle()) pump_store(clock_.steady_now(), true);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_.steady_now());
+  store_->stop(std::max(left, std::chrono::milliseconds(0)));
+  if (limiter_.dirty() > 0) log_->warn("shutdown: {} state(s) not written to redis", limiter_.dirty());
+}
+
+std::string service::readiness() const {
+  if (!store_) return "ready (store: memory)\n";
+  return "ready (store: " + store_->describe() + ")\n";
 }
 
 void service::install_domains(const config::master_config& cfg) {
@@ -123,6 +180,10 @@ void service::reconfigure(const config::master_config& next) {
         cfg_.control_hwm != next.control_hwm) {
       log_->warn("reload: endpoint and high-water-mark changes take effect only after a restart");
     }
+    if (cfg_.store != next.store || cfg_.redis_target != next.redis_target || cfg_.redis_timeout != next.redis_timeout) {
+      log_->warn("reload: store changes take effect only after a restart");
+    }
+    const auto kept_store = std::tuple(cfg_.store, cfg_.redis, cfg_.redis_target, cfg_.redis_timeout);
     const auto keep_accounting = cfg_.accounting, keep_control = cfg_.control;
     const auto keep_admin = cfg_.admin;
     const auto keep_hwm = std::pair(cfg_.accounting_hwm, cfg_.control_hwm);
@@ -131,6 +192,7 @@ void service::reconfigure(const config::master_config& next) {
     cfg_.control = keep_control;
     cfg_.admin = keep_admin;
     std::tie(cfg_.accounting_hwm, cfg_.control_hwm) = keep_hwm;
+    std::tie(cfg_.store, cfg_.redis, cfg_.redis_target, cfg_.redis_timeout) = kept_store;
   }
   reloads_.inc();
   log_->info("configuration reloaded: {} domain(s)", domains_.size());
@@ -224,6 +286,7 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   }
   const auto now = clock_.steady_now();
   heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  if (store_) pump_store(now, false);
   if (now >= next_sweep_) {
     sweep(clock_.wall_us());
     next_sweep_ = now + cfg_.sweep_interval;
@@ -241,6 +304,17 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
 }
 
 void service::run(const std::atomic<bool>& stop) {
+  if (store_) {
+    const auto since = clock_.steady_now();
+    while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
+      pump_store(clock_.steady_now(), false);
+      heartbeat_ns_.store(clock_.steady_now().time_since_epoch().count(), std::memory_order_relaxed);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    pump_store(clock_.steady_now(), false);
+    log_->info("store {}: serving after {:.3f}s ({} state(s) in memory)", store_->describe(),
+               std::chrono::duration<double>(clock_.steady_now() - since).count(), limiter_.tracked());
+  }
   while (!stop.load(std::memory_order_relaxed)) {
     try {
       // Wake at least every 50 ms whatever sweep_interval is: stop and reload
@@ -265,7 +339,13 @@ std::string service::status_json() const {
   std::lock_guard lock(status_mutex_);
   std::string out = "{\"store\":\"";
   out += cfg_.store == config::store_kind::memory ? "memory" : "redis";
-  out += "\",\"max_identifiers\":" + std::to_string(cfg_.max_identifiers);
+  out += "\",";
+  if (store_) {
+    out += "\"redis\":{\"connected\":";
+    out += store_->up() ? "true" : "false";
+    out += ",\"unwritten_states\":" + std::to_string(unwritten_.load(std::memory_order_relaxed)) + "},";
+  }
+  out += "\"max_identifiers\":" + std::to_string(cfg_.max_identifiers);
   out += ",\"domains\":[";
   bool first = true;
   for (const auto& d : cfg_.domains) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "master/limiter.hpp"
+#include "master/redis_store.hpp"
 #include "smockron/clock.hpp"
 #include "smockron/config.hpp"
 #include "smockron/log.hpp"
@@ -31,12 +32,26 @@ class service {
 public:
   /// Entries examined per sweep tick (see config sweep_interval).
   static constexpr std::size_t k_sweep_batch = 1000;
+  /// Store write-behind: at most this many states per pipelined batch, a batch
+  /// at most every k_flush_interval (a busy identifier is written once per batch).
+  static constexpr std::size_t k_flush_batch = 4096;
+  static constexpr std::chrono::milliseconds k_flush_interval{5};
 
   /// Binds both sockets; throws zmq::error_t if an endpoint cannot be bound (start-up only).
   service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
+  ~service();
 
   /// Runs until `stop` becomes true (checked at least every sweep interval).
+  /// With a Redis store, first waits (without reading accounting messages,
+  /// which queue meanwhile) until the store has read its states back or found
+  /// Redis unreachable, so a restarted master does not start from nothing.
   void run(const std::atomic<bool>& stop);
+
+  /// Hands every unwritten state to the store and stops it, waiting at most `deadline`.
+  void finish(std::chrono::milliseconds deadline);
+
+  /// Body of /readyz (thread-safe). The master is always ready: without Redis it decides from memory.
+  std::string readiness() const;
 
   /// Waits up to `timeout` for messages and processes what is ready; returns the count processed.
   std::size_t poll_once(std::chrono::milliseconds timeout);
@@ -69,6 +84,7 @@ private:
   void publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec);
   void sweep(std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
+  void pump_store(std::chrono::steady_clock::time_point now, bool force);
 
   config::master_config cfg_;
   const clock& clock_;
@@ -81,6 +97,9 @@ private:
   zmq_util::multipart in_;
   wire::scratch scratch_;
   std::chrono::steady_clock::time_point next_sweep_{};
+  std::unique_ptr<redis_store> store_;
+  std::chrono::steady_clock::time_point next_flush_{};
+  std::atomic<std::size_t> unwritten_{0};  ///< limiter_.dirty() as last seen by the loop (for other threads)
 
   metrics::counter* decode_errors_[wire::decode_error_count] = {};
   metrics::counter& unknown_domain_;
@@ -90,6 +109,7 @@ private:
   metrics::counter& expirations_;
   metrics::counter& reloads_;
   metrics::counter& reload_failures_;
+  metrics::counter& restore_skipped_;
   metrics::histogram& latency_;
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;

@@ -257,9 +257,14 @@ master_config read_master(const toml::table& t, sink& s) {
     else s.add(*st, "master.store", "unknown store \"" + st->get() + "\" (use \"memory\" or \"redis\")");
   }
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
-    if (!rd->get().starts_with("redis://")) s.add(*rd, "master.redis", "expected redis://host:port/db");
-    else m.redis = rd->get();
+    if (auto u = parse_redis_url(rd->get())) {
+      m.redis = rd->get();
+      m.redis_target = std::move(*u);
+    } else {
+      s.add(*rd, "master.redis", "expected redis://[:password@]host[:port][/db], got \"" + rd->get() + "\"");
+    }
   }
+  r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
   r.duration("max_clock_skew", m.max_clock_skew);
   r.integer("accounting_hwm", m.accounting_hwm, 0, 1'000'000'000);

@@ -87,4 +87,42 @@ bool cidr::contains(const ip_address& a) const {
   return true;
 }
 
+std::optional<redis_url> parse_redis_url(std::string_view text) {
+  constexpr std::string_view scheme = "redis://";
+  if (!text.starts_with(scheme)) return std::nullopt;
+  text.remove_prefix(scheme.size());
+  redis_url u;
+  if (const auto at = text.rfind('@'); at != std::string_view::npos) {
+    std::string_view auth = text.substr(0, at);
+    if (auto colon = auth.find(':'); colon != std::string_view::npos) auth.remove_prefix(colon + 1);
+    u.password = std::string(auth);
+    text.remove_prefix(at + 1);
+  }
+  if (const auto slash = text.find('/'); slash != std::string_view::npos) {
+    const std::string_view db = text.substr(slash + 1);
+    if (!db.empty()) {
+      const auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), u.db);
+      if (ec != std::errc() || p != db.data() + db.size() || u.db < 0) return std::nullopt;
+    }
+    text = text.substr(0, slash);
+  }
+  if (text.empty()) return std::nullopt;
+  const bool has_port = text.back() != ']' && text.find(':') != std::string_view::npos &&
+                        (text.front() == '[' || text.find(':') == text.rfind(':'));
+  if (has_port) {
+    auto hp = parse_host_port(text);
+    if (!hp) return std::nullopt;
+    u.address = std::move(*hp);
+  } else {
+    std::string host(text);
+    if (host.front() == '[') {
+      if (host.back() != ']') return std::nullopt;
+      host = host.substr(1, host.size() - 2);
+    }
+    if (host.empty()) return std::nullopt;
+    u.address = {std::move(host), 6379};
+  }
+  return u;
+}
+
 }  // namespace smockron

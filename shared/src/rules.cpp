@@ -106,4 +106,33 @@ bool expired(const limits& l, const state& s, std::int64_t now_us) {
   return s.times.back() <= now_us - l.max_window_us();
 }
 
+std::int64_t expires_at_us(const limits& l, const state& s) {
+  if (s.times.empty()) return 0;
+  if (l.algo == algorithm::gcra) return *std::max_element(s.times.begin(), s.times.end());
+  return s.times.back() + l.max_window_us();
+}
+
+bool compatible(const limits& l, const state& s) {
+  if (l.algo == algorithm::gcra) return s.times.size() == l.rules.size();
+  return std::is_sorted(s.times.begin(), s.times.end());
+}
+
+void merge(const limits& l, state& into, const state& older) {
+  if (!compatible(l, older) || older.times.empty()) return;
+  if (l.algo == algorithm::gcra) {
+    if (into.times.size() != l.rules.size()) {
+      into.times = older.times;
+      return;
+    }
+    for (std::size_t i = 0; i < into.times.size(); ++i) into.times[i] = std::max(into.times[i], older.times[i]);
+    return;
+  }
+  const auto end = into.times.empty()
+                       ? older.times.end()
+                       : std::lower_bound(older.times.begin(), older.times.end(), into.times.front());
+  into.times.insert(into.times.begin(), older.times.begin(), end);
+  const std::size_t cap = l.max_burst();
+  if (into.times.size() > cap) into.times.erase(into.times.begin(), into.times.end() - static_cast<std::ptrdiff_t>(cap));
+}
+
 }  // namespace smockron::rules

@@ -95,3 +95,72 @@ TEST(Limiter, ReconfigureKeepsCompatibleStateAndDropsRemovedDomains) {
   for (int i = 0; i < 200; ++i) l.apply(1, "n" + std::to_string(i), at(t0), t0);
   EXPECT_EQ(l.tracked(), 100u);
 }
+
+namespace {
+std::vector<std::string> drain_all(limiter& l) {
+  std::vector<std::string> out;
+  l.drain_dirty(1000, [&](std::size_t d, std::string_view id, const rules::state&) {
+    out.push_back(std::to_string(d) + ":" + std::string(id));
+  });
+  return out;
+}
+}  // namespace
+
+TEST(Limiter, DirtyTrackingWritesEachChangedStateOnceOldestFirst) {
+  limiter l({ten_per_second(5), ten_per_second(5)}, 100);
+  l.apply(0, "a", at(t0), t0);
+  EXPECT_EQ(l.dirty(), 0u);  // off by default: the memory store pays nothing
+  l.track_dirty(true);
+  l.apply(0, "a", at(t0), t0);
+  l.apply(1, "b", at(t0), t0);
+  l.apply(0, "a", at(t0 + 1), t0 + 1);  // already dirty: still once
+  l.apply(0, "c", {rules::event_kind::rejected, t0}, t0);  // records nothing
+  EXPECT_EQ(l.dirty(), 2u);
+  EXPECT_EQ(drain_all(l), (std::vector<std::string>{"0:a", "1:b"}));
+  EXPECT_EQ(l.dirty(), 0u);
+  l.apply(1, "b", at(t0 + 2), t0 + 2);
+  EXPECT_EQ(drain_all(l), (std::vector<std::string>{"1:b"}));
+  l.mark_all_dirty();
+  EXPECT_EQ(l.dirty(), 2u);
+  std::size_t seen = 0;
+  EXPECT_EQ(l.drain_dirty(1, [&](auto, auto, const auto&) { ++seen; }), 1u);  // bounded batch
+  EXPECT_EQ(seen, 1u);
+  EXPECT_EQ(l.dirty(), 1u);
+}
+
+TEST(Limiter, ErasedStateLeavesTheDirtyList) {
+  limiter l({ten_per_second(1)}, 2);
+  l.track_dirty(true);
+  l.apply(0, "a", at(t0), t0);
+  l.apply(0, "b", at(t0), t0);
+  l.apply(0, "c", at(t0), t0);  // evicts a
+  EXPECT_EQ(l.dirty(), 2u);
+  EXPECT_EQ(drain_all(l), (std::vector<std::string>{"0:b", "0:c"}));
+  l.apply(0, "b", at(t0 + 1), t0 + 1);
+  EXPECT_EQ(l.sweep(t0 + 10'000 * ms, 10), 2u);  // both expired and erased
+  EXPECT_EQ(l.dirty(), 0u);
+  EXPECT_TRUE(drain_all(l).empty());
+  l.apply(0, "d", at(t0 + 10'000 * ms), t0 + 10'000 * ms);
+  l.reconfigure({}, {});  // domain dropped with its dirty state
+  EXPECT_EQ(l.dirty(), 0u);
+}
+
+TEST(Limiter, RestoreFoldsStoredStateWithoutEvictingLiveState) {
+  limiter l({ten_per_second(3)}, 2);
+  l.track_dirty(true);
+  rules::state stored{{t0 - 20 * ms, t0 - 10 * ms}};
+  EXPECT_TRUE(l.restore(0, "a", stored, t0));
+  EXPECT_EQ(l.dirty(), 0u);  // came from the store: nothing to write back
+  // Two stored uses + one new one fill the burst of 3.
+  EXPECT_TRUE(l.apply(0, "a", at(t0), t0).throttled);
+  EXPECT_FALSE(l.restore(0, "old", rules::state{{t0 - 20'000 * ms}}, t0));  // expired
+  EXPECT_FALSE(l.restore(0, "bad", rules::state{{t0, t0 - 1}}, t0));      // not a log
+  EXPECT_TRUE(l.restore(0, "b", stored, t0));
+  EXPECT_FALSE(l.restore(0, "c", stored, t0));  // at the cap: dropped, live state kept
+  EXPECT_EQ(l.evictions(), 0u);
+  EXPECT_EQ(l.tracked(), 2u);
+  drain_all(l);
+  EXPECT_TRUE(l.restore(0, "b", rules::state{{t0 - 30 * ms}}, t0));  // merged into live state
+  EXPECT_EQ(l.find(0, "b")->times.size(), 3u);
+  EXPECT_EQ(l.dirty(), 1u);
+}

@@ -34,6 +34,7 @@ control    = "tcp://127.0.0.1:20005"
 admin      = "127.0.0.1:9205"
 store      = "redis"
 redis      = "redis://127.0.0.1:6380/1"
+redis_timeout = "250ms"
 max_identifiers = 5000
 max_clock_skew = "10s"
 accounting_hwm = 0
@@ -96,6 +97,9 @@ upstream = "app"
   EXPECT_EQ(m.accounting, "tcp://127.0.0.1:20004");
   EXPECT_EQ(m.admin, (host_port{"127.0.0.1", 9205}));
   EXPECT_EQ(m.store, store_kind::redis);
+  EXPECT_EQ(m.redis_target.address, (host_port{"127.0.0.1", 6380}));
+  EXPECT_EQ(m.redis_target.db, 1);
+  EXPECT_EQ(m.redis_timeout, milliseconds(250));
   EXPECT_EQ(m.max_identifiers, 5000u);
   EXPECT_EQ(m.max_clock_skew, seconds(10));
   EXPECT_EQ(m.accounting_hwm, 0);
@@ -207,6 +211,9 @@ TEST(Config, MasterValueErrors) {
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);
   EXPECT_NE(one_error("[master]\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nredis = \"redis://host:6379/db\"\n").find("master.redis: expected redis://"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nredis_timeout = \"0s\"\n").find("master.redis_timeout"), std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"), std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"), std::string::npos);
   EXPECT_NE(one_error("[master]\nsweep_interval = \"0ms\"\n").find("master.sweep_interval: must be at least 1ms"), std::string::npos);

@@ -40,3 +40,30 @@ TEST(Net, Cidr) {
     EXPECT_FALSE(parse_cidr(bad)) << bad;
   }
 }
+
+TEST(Net, RedisUrl) {
+  auto u = parse_redis_url("redis://127.0.0.1:6380/2");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->address, (host_port{"127.0.0.1", 6380}));
+  EXPECT_EQ(u->db, 2);
+  EXPECT_EQ(u->password, "");
+  u = parse_redis_url("redis://redis");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->address, (host_port{"redis", 6379}));
+  EXPECT_EQ(u->db, 0);
+  u = parse_redis_url("redis://:s3cret@redis:6379/0");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->password, "s3cret");
+  EXPECT_EQ(u->address, (host_port{"redis", 6379}));
+  u = parse_redis_url("redis://user:pw@[::1]:7000/");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->password, "pw");
+  EXPECT_EQ(u->address, (host_port{"::1", 7000}));
+  u = parse_redis_url("redis://[::1]");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->address, (host_port{"::1", 6379}));
+  for (const char* bad : {"127.0.0.1:6379", "redis://", "redis://host:port", "redis://host:6379/x", "redis://host:6379/-1",
+                          "redis://host:99999", "redis://:pw@/0"}) {
+    EXPECT_FALSE(parse_redis_url(bad)) << bad;
+  }
+}

@@ -217,3 +217,69 @@ TEST(Gcra, PastTimestampsDoNotMoveTheArrivalTimeBack) {
   const decision d = accepted(l, s, t0 - 5'000 * ms, t0);  // late message: still one use
   EXPECT_EQ(d.next_us, t0 + 200 * ms);
 }
+
+TEST(Rules, ExpiresAtIsTheFirstInstantExpiredHolds) {
+  const limits log = make(algorithm::sliding_log, {per_second(10, 2), {1'000'000, 5}});
+  state s;
+  accepted(log, s, t0, t0);
+  accepted(log, s, t0 + 30 * ms, t0 + 30 * ms);
+  const std::int64_t at = expires_at_us(log, s);
+  EXPECT_EQ(at, t0 + 30 * ms + 5'000 * ms);  // newest use + the longest window
+  EXPECT_FALSE(expired(log, s, at - 1));
+  EXPECT_TRUE(expired(log, s, at));
+
+  const limits g = make(algorithm::gcra, {per_second(10, 2), per_second(1, 3)});
+  state gs;
+  accepted(g, gs, t0, t0);
+  EXPECT_EQ(expires_at_us(g, gs), t0 + 1'000 * ms);
+  EXPECT_FALSE(expired(g, gs, t0 + 999 * ms));
+  EXPECT_TRUE(expired(g, gs, expires_at_us(g, gs)));
+  EXPECT_EQ(expires_at_us(g, state{}), 0);
+}
+
+TEST(Rules, MergeAddsOlderUsesAndKeepsTheNewestBurst) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 3)});
+  state into{{t0 + 500 * ms, t0 + 600 * ms}};
+  merge(l, into, state{{t0 + 100 * ms, t0 + 200 * ms, t0 + 500 * ms}});
+  // Uses at or after into's first are taken as the same ones; the cap keeps the newest 3.
+  EXPECT_EQ(into.times, (std::vector<std::int64_t>{t0 + 200 * ms, t0 + 500 * ms, t0 + 600 * ms}));
+
+  state empty;
+  merge(l, empty, state{{t0, t0 + 1}});
+  EXPECT_EQ(empty.times, (std::vector<std::int64_t>{t0, t0 + 1}));
+
+  state same{{t0, t0 + 1}};
+  merge(l, same, same);  // idempotent
+  EXPECT_EQ(same.times, (std::vector<std::int64_t>{t0, t0 + 1}));
+
+  state keep{{t0}};
+  merge(l, keep, state{{t0 + 5, t0 + 1}});  // not ascending: not a log, ignored
+  EXPECT_EQ(keep.times, (std::vector<std::int64_t>{t0}));
+}
+
+TEST(Rules, MergeGcraTakesTheLaterArrivalPerRule) {
+  const limits g = make(algorithm::gcra, {per_second(10, 2), per_second(1, 3)});
+  state into{{t0 + 100 * ms, t0 + 900 * ms}};
+  merge(g, into, state{{t0 + 300 * ms, t0 + 200 * ms}});
+  EXPECT_EQ(into.times, (std::vector<std::int64_t>{t0 + 300 * ms, t0 + 900 * ms}));
+  merge(g, into, state{{t0 + 5'000 * ms}});  // wrong rule count: ignored
+  EXPECT_EQ(into.times, (std::vector<std::int64_t>{t0 + 300 * ms, t0 + 900 * ms}));
+  state fresh;
+  merge(g, fresh, into);
+  EXPECT_EQ(fresh.times, into.times);
+  EXPECT_TRUE(compatible(g, into));
+  EXPECT_FALSE(compatible(g, state{{t0}}));
+}
+
+TEST(Rules, RestoredHistoryLimitsLikeTheOriginal) {
+  // A master that restarts with the history it wrote decides as if it had never stopped.
+  const limits l = make(algorithm::sliding_log, {per_second(2, 3)});
+  state before;
+  for (int i = 0; i < 3; ++i) accepted(l, before, t0 + i * ms, t0 + i * ms);
+  state after;
+  merge(l, after, before);
+  const decision a = accepted(l, before, t0 + 10 * ms, t0 + 10 * ms);
+  const decision b = accepted(l, after, t0 + 10 * ms, t0 + 10 * ms);
+  EXPECT_TRUE(b.throttled);
+  EXPECT_EQ(a.next_us, b.next_us);
+}

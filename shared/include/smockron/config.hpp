@@ -50,7 +50,9 @@ struct master_config {
   std::string control = "tcp://127.0.0.1:10005";     ///< PUB bind
   host_port admin{"127.0.0.1", 9105};
   store_kind store = store_kind::memory;
-  std::string redis = "redis://127.0.0.1:6379/0";
+  std::string redis = "redis://127.0.0.1:6379/0";  ///< as written (for logs)
+  redis_url redis_target;                           ///< parsed `redis`
+  microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
   std::uint64_t max_identifiers = 1'000'000;
   microseconds max_clock_skew = std::chrono::seconds(60);
   std::int64_t accounting_hwm = 1'000'000;  ///< ZMQ receive high-water mark (messages)

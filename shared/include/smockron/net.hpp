@@ -35,4 +35,13 @@ struct cidr {
 };
 std::optional<cidr> parse_cidr(std::string_view text);
 
+/// "redis://[:password@]host[:port][/db]" (port 6379 and db 0 by default).
+struct redis_url {
+  host_port address{"127.0.0.1", 6379};
+  std::string password;  ///< empty = no AUTH
+  int db = 0;
+  friend bool operator==(const redis_url&, const redis_url&) = default;
+};
+std::optional<redis_url> parse_redis_url(std::string_view text);
+
 }  // namespace smockron

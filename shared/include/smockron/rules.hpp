@@ -69,4 +69,17 @@ decision evaluate(const limits& l, const state& s, std::int64_t now_us);
 /// (dropping it is equivalent to keeping it).
 bool expired(const limits& l, const state& s, std::int64_t now_us);
 
+/// The first time at which expired(l, s, t) holds (what a store's key expiry is set to).
+std::int64_t expires_at_us(const limits& l, const state& s);
+
+/// Folds `older` (a snapshot written before `into` started, e.g. read back
+/// from a store after a restart) into `into`. Sliding log: entries of `older`
+/// earlier than the first of `into` are added (later ones are assumed to be
+/// the same uses), keeping the newest max_burst(). GCRA: the later arrival
+/// time per rule wins. Snapshots of another shape are ignored.
+void merge(const limits& l, state& into, const state& older);
+
+/// True when `s` has the shape `l` expects (GCRA: one time per rule; log: ascending).
+bool compatible(const limits& l, const state& s);
+
 }  // namespace smockron::rules
