@@ -196,6 +196,13 @@ bool redis_store::connect() {
       return false;
     }
   }
+  // A hung server still completes the TCP handshake (the kernel does it):
+  // only an answer proves it is there.
+  if (auto r = command(ctx_.get(), {"PING"}); !r || r->type == REDIS_REPLY_ERROR) {
+    ctx_.reset();
+    connection_errors_.inc();
+    return false;
+  }
   connects_.inc();
   up_ = true;
   up_gauge_.set(1);
