@@ -133,6 +133,7 @@ void redis_store::stop(std::chrono::milliseconds deadline) {
 
 void redis_store::submit(std::vector<write> batch) {
   if (batch.empty()) return;
+  queued_.fetch_add(batch.size(), std::memory_order_relaxed);
   {
     std::lock_guard lock(mutex_);
     if (pending_.empty()) pending_ = std::move(batch);
@@ -338,7 +339,10 @@ void redis_store::run() {
       in_flight.swap(pending_);
       pending_flag_.store(false, std::memory_order_release);
     }
-    if (write_batch(in_flight)) in_flight.clear();  // else kept, retried after reconnecting
+    if (write_batch(in_flight)) {
+      queued_.fetch_sub(in_flight.size(), std::memory_order_relaxed);
+      in_flight.clear();
+    }  // else kept, retried after reconnecting
   }
   up_ = false;
   up_gauge_.set(0);

@@ -80,6 +80,8 @@ public:
   /// True once after each connection: the loop must rewrite all it holds.
   bool take_resync() { return resync_.exchange(false, std::memory_order_acq_rel); }
   bool up() const { return up_.load(std::memory_order_acquire); }
+  /// States submitted and not yet acknowledged by Redis.
+  std::size_t queued() const { return queued_.load(std::memory_order_relaxed); }
   /// One line for /readyz and logs.
   std::string describe() const;
   /// Stops after writing what was submitted, waiting at most `deadline`.
@@ -114,6 +116,7 @@ private:
   std::atomic<bool> settled_{false};
   std::atomic<bool> resync_{false};
   std::atomic<bool> up_{false};
+  std::atomic<std::size_t> queued_{0};
   std::atomic<std::int64_t> down_since_ns_{0};
 
   metrics::gauge& up_gauge_;

@@ -84,8 +84,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     o.load_limit = cfg.max_identifiers;
     store_ = std::make_unique<redis_store>(std::move(o), reg);
     limiter_.track_dirty(true);
-    reg.add_callback("smockron_master_redis_unwritten_states", "States changed in memory and not yet handed to Redis",
-                     "", [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed)); });
+    reg.add_callback("smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis",
+                     "", [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
   }
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
 }
@@ -343,7 +343,7 @@ std::string service::status_json() const {
   if (store_) {
     out += "\"redis\":{\"connected\":";
     out += store_->up() ? "true" : "false";
-    out += ",\"unwritten_states\":" + std::to_string(unwritten_.load(std::memory_order_relaxed)) + "},";
+    out += ",\"unwritten_states\":" + std::to_string(unwritten_.load(std::memory_order_relaxed) + store_->queued()) + "},";
   }
   out += "\"max_identifiers\":" + std::to_string(cfg_.max_identifiers);
   out += ",\"domains\":[";

@@ -6,6 +6,8 @@
 //     master's own /metrics; control messages/s received back;
 //  3. the control-loop latency (accounting sent -> DELAY_UNTIL received)
 //     p50/p99 while the master is paced at a fixed rate (default 100k/s).
+// With --redis, phase 2 runs again against a master with store = "redis" (a
+// redis-server started and killed by this program) and prints the ratio.
 // High-water marks are set deliberately (large) so nothing is dropped
 // silently; any shortfall is reported as drops.
 #include <arpa/inet.h>
@@ -43,6 +45,7 @@ struct options {
   double latency_seconds = 5;
   int base_port = 0;
   bool pin = false;
+  bool redis = false;  ///< also measure ingest with store = "redis" (starts its own redis-server)
 };
 
 const int k_hwm = 10'000'000;
@@ -234,7 +237,7 @@ struct master_process {
   int admin = 0;
   std::string accounting, control, config_path;
 
-  void start(const options& o) {
+  void start(const options& o, const std::string& store_config = "") {
     admin = free_port();
     accounting = "tcp://127.0.0.1:" + std::to_string(free_port());
     control = "tcp://127.0.0.1:" + std::to_string(free_port());
@@ -242,7 +245,8 @@ struct master_process {
     std::ofstream(config_path) << "[master]\naccounting = \"" << accounting << "\"\ncontrol = \"" << control
                                << "\"\nadmin = \"127.0.0.1:" << admin
                                << "\"\naccounting_hwm = 10000000\ncontrol_hwm = 10000000\nmax_identifiers = 2000000\n"
-                                  "[master.domains.bench]\nrules = [ { rate = \"10/s\", burst = 20 } ]\n"
+                               << store_config
+                               << "[master.domains.bench]\nrules = [ { rate = \"10/s\", burst = 20 } ]\n"
                                   "[master.domains.lat]\nrules = [ { rate = \"1/h\", burst = 1 } ]\n";
     pid = ::fork();
     if (pid == 0) {
@@ -262,6 +266,41 @@ struct master_process {
       ::waitpid(pid, nullptr, 0);
     }
     if (!config_path.empty()) ::unlink(config_path.c_str());
+  }
+};
+
+// A redis-server for the store comparison, on a free loopback port, no persistence; killed by PID.
+struct redis_process {
+  pid_t pid = -1;
+  int port = 0;
+  bool start() {
+    port = free_port();
+    pid = ::fork();
+    if (pid == 0) {
+      const std::string p = std::to_string(port);
+      ::execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--loglevel", "warning", nullptr);
+      std::perror("exec redis-server");
+      std::_Exit(127);
+    }
+    for (int i = 0; i < 500; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (ok) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  ~redis_process() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
   }
 };
 
@@ -309,35 +348,10 @@ struct control_listener {
   std::thread thread;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--master") o.master = next();
-    else if (a == "--messages") o.messages = std::stol(next());
-    else if (a == "--identifiers") o.identifiers = std::stol(next());
-    else if (a == "--latency-rate") o.latency_rate = std::stol(next());
-    else if (a == "--latency-seconds") o.latency_seconds = std::stod(next());
-    else if (a == "--pin") o.pin = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
-                   "[--latency-seconds S] [--pin]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (o.pin) pin_to(0);
-  std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s\n", o.messages, o.identifiers,
-              o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned");
-
-  const double ceiling = zmq_ceiling(o);
-
+// Phases 2 (and 3 when `latency`) against one master; returns its ingest rate.
+double measure_master(const options& o, const std::string& store_config, const char* label, bool latency) {
   master_process master;
-  master.start(o);
+  master.start(o, store_config);
   zmq::context_t ctx(1);
   const std::size_t probes = static_cast<std::size_t>(o.latency_seconds * 1000);
   control_listener control(ctx, master.control, probes);
@@ -355,7 +369,7 @@ int main(int argc, char** argv) {
     }
     if (!control.synced) {
       std::fprintf(stderr, "master never answered (is %s built?)\n", o.master.c_str());
-      return 1;
+      return 0;
     }
   }
   const double before = master.processed();
@@ -364,8 +378,13 @@ int main(int argc, char** argv) {
   // Phase 2: ingest as fast as the publisher can send.
   load_mix mix(o.identifiers);
   const auto start = steady_clock::now();
-  const std::int64_t t = wall_ms();
-  for (long i = 0; i < o.messages; ++i) mix.send(pub, i, t + i / 500'000);
+  // Timestamps follow the wall clock (read every 1024 messages) so that states
+  // are still live when processed and the store has all of them to write.
+  std::int64_t t = wall_ms();
+  for (long i = 0; i < o.messages; ++i) {
+    if ((i & 1023) == 0) t = wall_ms();
+    mix.send(pub, i, t);
+  }
   double processed = 0, last_seen = -1;
   auto last_change = steady_clock::now(), done_at = last_change;
   while (steady_clock::now() - last_change < 2s) {
@@ -380,10 +399,25 @@ int main(int argc, char** argv) {
   const double secs = duration<double>(done_at - start).count();
   const double ingest = processed / secs;
   const long control_msgs = control.count - control_before;
-  std::printf("smockron-master ingest: %10.0f msg/s  (%.0f of %ld processed, %.0f dropped)\n", ingest, processed,
+  std::printf("master ingest (%s):%*s%10.0f msg/s  (%.0f of %ld processed, %.0f dropped)\n", label,
+              static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed,
               o.messages, static_cast<double>(o.messages) - processed);
   std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
-  std::printf("ratio master/zeromq:    %10.2f\n", ceiling > 0 ? ingest / ceiling : 0.0);
+  if (store_config.find("redis") != std::string::npos) {
+    const auto written_at = steady_clock::now();
+    std::string after = http_get(master.admin, "/metrics");
+    for (int k = 0; k < 250 && metric_sum(after, "smockron_master_redis_unwritten_states") > 0; ++k) {
+      std::this_thread::sleep_for(20ms);
+      after = http_get(master.admin, "/metrics");
+    }
+    std::printf("redis caught up:        %10.3f s after the last message was processed\n",
+                duration<double>(steady_clock::now() - written_at).count());
+    std::printf("redis writes:           %10.0f states written (%.0f write errors, %.0f still unwritten)\n",
+                metric_sum(after, "smockron_master_redis_writes_total"),
+                metric_sum(after, "smockron_master_redis_write_errors_total"),
+                metric_sum(after, "smockron_master_redis_unwritten_states"));
+  }
+  if (!latency) return ingest;
 
   // Phase 3: control-loop latency while paced at latency_rate msg/s, spread
   // evenly in 100 us slots (a real stream is not a burst per millisecond).
@@ -419,5 +453,48 @@ int main(int argc, char** argv) {
   std::printf("control-loop latency at %ld msg/s offered (%.0f achieved): p50 %.0f us, p99 %.0f us, max %.0f us "
               "(%zu of %zu probes answered)\n",
               o.latency_rate, achieved, pct(0.50), pct(0.99), lat.empty() ? 0.0 : lat.back(), lat.size(), probes);
+  return ingest;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--master") o.master = next();
+    else if (a == "--messages") o.messages = std::stol(next());
+    else if (a == "--identifiers") o.identifiers = std::stol(next());
+    else if (a == "--latency-rate") o.latency_rate = std::stol(next());
+    else if (a == "--latency-seconds") o.latency_seconds = std::stod(next());
+    else if (a == "--pin") o.pin = true;
+    else if (a == "--redis") o.redis = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
+                   "[--latency-seconds S] [--pin] [--redis]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (o.pin) pin_to(0);
+  std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s\n", o.messages, o.identifiers,
+              o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned");
+
+  const double ceiling = zmq_ceiling(o);
+
+  const double memory = measure_master(o, "", "memory", true);
+  std::printf("ratio master/zeromq:    %10.2f\n", ceiling > 0 ? memory / ceiling : 0.0);
+  if (o.redis) {
+    redis_process redis;
+    if (!redis.start()) {
+      std::fprintf(stderr, "redis-server did not start (is it installed?)\n");
+      return 1;
+    }
+    const double with_redis = measure_master(
+        o, "store = \"redis\"\nredis = \"redis://127.0.0.1:" + std::to_string(redis.port) + "/0\"\n", "redis", false);
+    std::printf("ratio redis/memory:     %10.2f  (goal >= 0.5)\n", memory > 0 ? with_redis / memory : 0.0);
+  }
   return 0;
 }
