@@ -1,49 +1,164 @@
 """Packaging checks that need no Docker engine: every shipped config passes
 --check for the daemon(s) whose table it has, docker-compose.yml validates
-with `docker-compose config -q`, and the Dockerfile builds with the same
-install and build scripts as the tested quick start."""
+with `docker-compose config -q` and has the stack DESIGN.md describes (Redis
+with a health check, a master that waits for it, gatekeepers that do not wait
+for the master), the Dockerfile passes `dockerfile-utils lint` with neither
+errors nor warnings, and it builds with the same install and build scripts as
+the tested quick start.
+
+`scripts/install-deps.sh --test` installs docker-compose and the pinned linter
+(into build/tools/)."""
 import glob
+import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import unittest
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - Debian's python3-yaml (a docker-compose dependency) for a pyenv/venv Python
+    _dist = "/usr/lib/python3/dist-packages"
+    if os.path.isdir(os.path.join(_dist, "yaml")) and _dist not in sys.path:
+        sys.path.append(_dist)
+    import yaml  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+LINTER = os.path.join(ROOT, "build", "tools", "node_modules", ".bin", "dockerfile-utils")
+COMPOSE_FILE = os.path.join(ROOT, "docker-compose.yml")
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def check_config(path: str) -> list[str]:
+    """Runs --check of every daemon whose table `path` has; returns the failures."""
+    text = read(path)
+    daemons = [d for d in ("master", "proxy") if f"[{d}]" in text]
+    if not daemons:
+        return [f"{path} has neither [master] nor [proxy]"]
+    failures = []
+    for daemon in daemons:
+        r = subprocess.run([os.path.join(BIN, f"smockron-{daemon}"), "--check", "--config", path],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            failures.append(f"{daemon} --check {path}: {r.stdout}{r.stderr}")
+    return failures
+
+
+def lint(path: str) -> list[dict]:
+    """dockerfile-utils' findings (errors and warnings) for one Dockerfile."""
+    if not os.access(LINTER, os.X_OK):
+        raise AssertionError(f"{LINTER} is missing: scripts/install-deps.sh --test installs it")
+    r = subprocess.run([LINTER, "lint", "--json", path], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    try:
+        findings = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"dockerfile-utils lint gave no JSON (exit {r.returncode}): {r.stdout}{r.stderr}") from None
+    if (r.returncode != 0) != bool(findings):
+        raise AssertionError(f"dockerfile-utils lint exited {r.returncode} with findings {findings}")
+    return findings
+
+
+def describe(findings: list[dict], path: str) -> str:
+    lines = read(path).splitlines()
+    out = []
+    for f in findings:
+        n = f["range"]["start"]["line"]
+        out.append(f"{os.path.basename(path)}:{n + 1}: {f['severity']}: {f['message']}\n    {lines[n] if n < len(lines) else ''}")
+    return "\n".join(out)
 
 
 class PackagingTest(unittest.TestCase):
     def test_every_shipped_config_passes_check(self):
         configs = sorted(glob.glob(os.path.join(ROOT, "config", "*.toml")))
         self.assertTrue(configs)
-        for path in configs:
-            text = open(path).read()
-            daemons = [d for d in ("master", "proxy") if f"[{d}]" in text]
-            self.assertTrue(daemons, f"{path} has neither [master] nor [proxy]")
-            for daemon in daemons:
-                r = subprocess.run([os.path.join(BIN, f"smockron-{daemon}"), "--check", "--config", path],
-                                   capture_output=True, text=True, timeout=30)
-                self.assertEqual(r.returncode, 0, f"{daemon} --check {path}: {r.stderr}")
+        failures = [f for path in configs for f in check_config(path)]
+        self.assertEqual(failures, [])
+
+    def compose(self) -> dict:
+        """docker-compose.yml as docker-compose resolves it (anchors merged, defaults filled)."""
+        exe = shutil.which("docker-compose")
+        if exe is None:
+            self.fail("docker-compose is missing: scripts/install-deps.sh --test installs it")
+        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return yaml.safe_load(r.stdout)
 
     def test_compose_file_is_valid_and_mounts_checked_configs(self):
-        compose = shutil.which("docker-compose")
-        if compose is None:
-            self.fail("docker-compose is missing: scripts/install-deps.sh --test installs it")
-        r = subprocess.run([compose, "-f", os.path.join(ROOT, "docker-compose.yml"), "config", "-q"],
-                           capture_output=True, text=True, timeout=60, cwd=ROOT)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        text = open(os.path.join(ROOT, "docker-compose.yml")).read()
+        services = self.compose()["services"]
+        mounted = set()
+        for name, svc in services.items():
+            for v in svc.get("volumes", []):
+                source = v["source"] if isinstance(v, dict) else v.split(":")[0]
+                if os.path.abspath(source) == os.path.join(ROOT, "config"):
+                    mounted.add(name)
+            for arg in svc.get("command", []):
+                if arg.startswith("/etc/smockron/"):
+                    self.assertIn(name, mounted, f"{name} reads {arg} but config/ is not mounted")
+                    path = os.path.join(ROOT, "config", arg[len("/etc/smockron/"):])
+                    self.assertTrue(os.path.exists(path), f"{name}: {path}")
+                    self.assertEqual(check_config(path), [], name)
         for name in ("compose-master.toml", "compose-proxy.toml"):
-            self.assertIn(name, text)
             self.assertTrue(os.path.exists(os.path.join(ROOT, "config", name)))
 
+    def test_compose_stack_redis_master_and_fail_permissive_gatekeepers(self):
+        services = self.compose()["services"]
+        self.assertLessEqual({"redis", "master", "proxy1", "proxy2", "backend"}, set(services))
+        for name, svc in services.items():
+            self.assertTrue(svc.get("init"), f"{name}: init: true (signals reach the daemon, zombies reaped)")
+            self.assertIn("stop_grace_period", svc, name)
+
+        redis = services["redis"]
+        self.assertRegex(redis["image"], r"^redis:7")
+        self.assertIn("redis-cli", redis["healthcheck"]["test"])
+        self.assertIn("ping", redis["healthcheck"]["test"])
+
+        master = services["master"]
+        self.assertEqual(master["depends_on"]["redis"]["condition"], "service_healthy")
+        master_cfg = read(os.path.join(ROOT, "config", "compose-master.toml"))
+        self.assertRegex(master_cfg, r'(?m)^store\s*=\s*"redis"')
+        self.assertRegex(master_cfg, r'(?m)^redis\s*=\s*"redis://redis:6379/0"')
+
+        for name in ("proxy1", "proxy2"):
+            self.assertNotIn("master", services[name].get("depends_on", {}), f"{name} must not wait for the master")
+            self.assertNotIn("redis", services[name].get("depends_on", {}), name)
+            self.assertIn("/etc/smockron/compose-proxy.toml", services[name]["command"])
+        proxy_cfg = read(os.path.join(ROOT, "config", "compose-proxy.toml"))
+        self.assertIn('"tcp://master:10004"', proxy_cfg)
+        self.assertIn('"tcp://master:10005"', proxy_cfg)
+
+    def test_dockerfile_passes_the_linter(self):
+        path = os.path.join(ROOT, "Dockerfile")
+        findings = lint(path)
+        self.assertEqual(findings, [], "\n" + describe(findings, path))
+
+    def test_linter_reports_errors_and_warnings(self):
+        # The check above is only worth something if the linter finds problems: one error
+        # (unknown instruction) and one warning (relative WORKDIR) in a throwaway file.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "Dockerfile")
+            with open(path, "w") as f:
+                f.write("FROM debian:bookworm\nWORKDIR relative\nFROOM x\n")
+            severities = sorted(f["severity"] for f in lint(path))
+        self.assertEqual(severities, ["error", "warning"])
+
     def test_dockerfile_uses_the_tested_scripts(self):
-        text = open(os.path.join(ROOT, "Dockerfile")).read()
+        text = read(os.path.join(ROOT, "Dockerfile"))
         self.assertIn("FROM debian:bookworm AS build", text)
         self.assertIn("bash scripts/install-deps.sh", text)
         self.assertIn("bash scripts/build.sh", text)
         for needed in ("USER 10001", "EXPOSE", "STOPSIGNAL SIGTERM", "HEALTHCHECK", "--healthcheck"):
             self.assertIn(needed, text)
+        # The runtime image has the library the master's Redis store links against.
+        self.assertIn("libhiredis", text)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ packages=(
 if [ "${1:-}" = "--test" ]; then
   # Services and tools started by the tests and benchmarks themselves.
   packages+=(redis-server nginx-light wrk procps docker-compose)
+  # npm for the Dockerfile linter below. Only when there is no npm at all: a
+  # Node.js from elsewhere (e.g. NodeSource) ships its own npm, which Debian's
+  # npm package would conflict with.
+  command -v npm >/dev/null 2>&1 || packages+=(npm)
 fi
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -24,4 +28,21 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update
   "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  # Dockerfile linter (dockerfile-utils, used by integration/test_packaging.py),
+  # pinned with its dependencies by scripts/dockerfile-lint/package-lock.json,
+  # installed from the npm registry into build/tools/ (git-ignored; nothing
+  # global changes). Skipped when build/tools/ already holds this lock.
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  lint_src="$root/scripts/dockerfile-lint"
+  tools="$root/build/tools"
+  if ! cmp -s "$lint_src/package-lock.json" "$tools/package-lock.json" \
+     || [ ! -x "$tools/node_modules/.bin/dockerfile-utils" ]; then
+    mkdir -p "$tools"
+    cp "$lint_src/package.json" "$lint_src/package-lock.json" "$tools/"
+    npm ci --prefix "$tools" --no-audit --no-fund --loglevel=error
+  fi
+  "$tools/node_modules/.bin/dockerfile-utils" --version
 fi
