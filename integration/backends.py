@@ -333,6 +333,17 @@ class BackendProcess:
 
     close = stop
 
+    def kill(self) -> None:
+        """SIGKILL by PID (a crash). start() again serves on the same port."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+
     def _get(self, path: str, timeout: float = 2.0):
         conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
         try:

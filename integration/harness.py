@@ -4,7 +4,8 @@ Everything here talks to real binaries over 127.0.0.1 only:
 
 - ports:      free_port(), free_ports(n)
 - time:       now_ms(), wait_until(predicate, timeout)   (deadline polling, never fixed sleeps)
-- processes:  Daemon (start with --config, stderr to a log file, stop by PID: SIGTERM, deadline, SIGKILL)
+- processes:  Daemon (start with --config, stderr to a log file, stop by PID: SIGTERM, deadline, SIGKILL;
+              kill(): SIGKILL by PID, a crash; start() again restarts on the same config)
 - HTTP:       http_get(port, path)
 - metrics:    parse_metrics(text), metric(text, name, labels)
 - config:     master_toml(...), toml_value(...)
@@ -321,6 +322,20 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5)
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+    def kill(self, timeout: float = 5.0) -> int | None:
+        """SIGKILL by PID (a crash: no drain, no cleanup) and reap it. Returns the exit code.
+        The daemon can be started again with start() (same config, same ports)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=timeout)
         self.returncode = self.proc.returncode
         return self.returncode
 

@@ -91,7 +91,7 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
   auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
   entry* en = &pos->second;
   en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
-                                                                       : limits_[domain].max_burst());
+                                                                       : limits_[domain].history_cap());
   en->domain = domain;
   en->key = &pos->first;
   ++size_;

@@ -104,7 +104,8 @@ void control_subscriber::run() {
   sub.set(zmq::sockopt::linger, 0);
   sub.set(zmq::sockopt::rcvhwm, 1'000'000);
   sub.set(zmq::sockopt::reconnect_ivl, 100);
-  sub.set(zmq::sockopt::reconnect_ivl_max, 2000);
+  // A restarted master is found again within half a second however long it was gone.
+  sub.set(zmq::sockopt::reconnect_ivl_max, 500);
   // A monitor tells whether masters are connected (for /readyz and metrics).
   const std::string monitor_endpoint = "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
   zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
@@ -134,7 +135,8 @@ void control_subscriber::run() {
     }
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      // Short: new subscriptions (start-up, reload) are applied at the next wake-up.
+      zmq::poll(items, 2, std::chrono::milliseconds(10));
       while (zmq_util::recv(monitor, in)) {
         if (in.count >= 1 && in.views[0].size() >= 2) {
           std::uint16_t event = 0;

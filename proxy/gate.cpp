@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 namespace smockron::proxy {
 
@@ -51,7 +52,20 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   entry& e = it->second;
   const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
   const std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
   if (release <= now_us) return {};
+  if (e.spare_us != 0 && e.spare_us < release) {
+    if (held_.fetch_add(1, std::memory_order_relaxed) < limits.max_held) {
+      gate_decision d;
+      d.v = verdict::delay;
+      d.release_us = std::exchange(e.spare_us, 0);
+      d.retry_after_s = std::max<std::int64_t>(1, (d.release_us - now_us + 999'999) / 1'000'000);
+      d.interval_us = e.interval_us;
+      d.prepaid = true;
+      return d;
+    }
+    held_.fetch_sub(1, std::memory_order_relaxed);
+  }
   gate_decision d;
   d.release_us = release;
   d.retry_after_s = std::max<std::int64_t>(1, (release - now_us + 999'999) / 1'000'000);
@@ -73,22 +87,22 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   return d;
 }
 
-void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d) {
-  if (d.v != verdict::delay || d.interval_us == 0) return;
+void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {
+  if (d.v != verdict::delay || d.release_us <= now_us) return;
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);
   auto it = s.map.find(k);
-  if (it != s.map.end() && it->second.local_next_us == d.release_us + d.interval_us) {
-    it->second.local_next_us = d.release_us;
-  }
+  if (it == s.map.end()) return;
+  entry& e = it->second;
+  if (e.spare_us == 0 || e.spare_us <= now_us || d.release_us < e.spare_us) e.spare_us = d.release_us;
 }
 
 std::size_t gate::sweep(std::int64_t now_us) {
   shard& s = shards_[sweep_cursor_.fetch_add(1, std::memory_order_relaxed) % k_shards];
   std::lock_guard lock(s.mutex);
   const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) {
-    return std::max(kv.second.next_us, kv.second.local_next_us) <= now_us;
+    return std::max({kv.second.next_us, kv.second.local_next_us, kv.second.spare_us}) <= now_us;
   });
   entries_.fetch_sub(removed, std::memory_order_relaxed);
   return removed;

@@ -24,6 +24,9 @@ struct gate_decision {
   std::int64_t release_us = 0;      ///< delay: when to forward (wall clock)
   std::int64_t retry_after_s = 0;   ///< reject: whole seconds, rounded up, at least 1
   std::int64_t interval_us = 0;     ///< delay: the pacing interval applied
+  /// delay: the slot was given back by a held client that left; the master
+  /// already counted a use at release_us, so no DELAYED is sent for it.
+  bool prepaid = false;
 };
 
 struct gate_limits {
@@ -53,9 +56,11 @@ public:
   /// A held request finished (forwarded or dropped).
   void release_held() { held_.fetch_sub(1, std::memory_order_relaxed); }
 
-  /// A held request was dropped before its time (client went away): if its
-  /// slot is still the last one reserved, give it back.
-  void cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d);
+  /// A held request was dropped before its time (client went away). Its slot
+  /// was already reported to the master, so it is kept as a spare: the next
+  /// request of this identifier on this gatekeeper takes it (prepaid) instead
+  /// of queueing one interval behind it. A spare not taken by its time lapses.
+  void cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us);
 
   /// Drops expired entries from one shard (round-robin); returns how many.
   std::size_t sweep(std::int64_t now_us);
@@ -90,6 +95,7 @@ private:
     std::int64_t local_next_us = 0;///< this gatekeeper's next free paced slot
     std::int64_t interval_us = 0;
     std::int64_t updated_us = 0;    ///< when the master last spoke about this key
+    std::int64_t spare_us = 0;      ///< a reported slot given back by a client that left (0 = none)
   };
   static constexpr std::size_t k_shards = 64;
   struct alignas(64) shard {

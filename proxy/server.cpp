@@ -485,6 +485,12 @@ struct server::impl {
     const bool head = req.method() == http::verb::head;
     const bool tunnel = is_upgrade(req);
     const bool has_body = !parser.is_done();
+    // A request that may have reached a pooled connection's server is resent
+    // only when that is harmless: no body (nothing consumed) and an idempotent
+    // method (RFC 9110 9.2.2: a proxy must not retry POST, PATCH, ...).
+    const http::verb m = req.method();
+    const bool retryable = !has_body && (m == http::verb::get || m == http::verb::head || m == http::verb::options ||
+                                         m == http::verb::put || m == http::verb::delete_ || m == http::verb::trace);
     if (iequals(req[http::field::expect], "100-continue")) {
       // The proxy answers 100-continue itself, once the gate has admitted the request.
       req.erase(http::field::expect);
@@ -504,7 +510,7 @@ struct server::impl {
     std::optional<http::response_parser<http::buffer_body>> rp;
     beast::flat_buffer ubuf;
     // A pooled connection may have been closed by the upstream just now: a
-    // request without a body is retried once on a fresh connection.
+    // retryable request is retried once on a fresh connection.
     for (int attempt = 0; attempt < 2; ++attempt) {
       up = co_await acquire(w, rt, r.upstream_index, attempt == 0, has_body);
       if (!up.stream) {
@@ -514,7 +520,7 @@ struct server::impl {
       auto [read_ec, write_ec] = co_await relay<true>(*up.stream, client, buf, parser, chunk, body_timeout, upstream_timeout);
       if (read_ec) co_return false;  // the client failed mid-body: nothing sensible to answer
       if (write_ec) {
-        if (up.reused && !has_body) continue;
+        if (up.reused && retryable) continue;
         metrics_.upstream_reset.inc();
         co_return co_await respond(client, version, http::status::bad_gateway, "upstream write failed\n", false);
       }
@@ -537,7 +543,7 @@ struct server::impl {
         if (wec) co_return false;
       }
       if (ec) {
-        if (up.reused && !has_body && (ec == http::error::end_of_stream || ec == asio::error::connection_reset)) continue;
+        if (up.reused && retryable && (ec == http::error::end_of_stream || ec == asio::error::connection_reset)) continue;
         if (ec == beast::error::timeout) {
           metrics_.upstream_timeout.inc();
           co_return co_await respond(client, version, http::status::gateway_timeout, "upstream timed out\n", false);
@@ -704,13 +710,17 @@ struct server::impl {
         continue;
       } else if (d.v == verdict::delay) {
         counts[static_cast<int>(decision_label::delayed)]->inc();
-        publish(w, rt, *r, wire::status::delayed, who->value, now_ms, (d.release_us + 999) / 1000);
+        // Reported when the hold starts, with the time it will be forwarded:
+        // the master then knows every gatekeeper's reservations within a round
+        // trip, which is what holds one limit across gatekeepers. A prepaid
+        // slot (given back by a held client that left) was reported already.
+        if (!d.prepaid) publish(w, rt, *r, wire::status::delayed, who->value, now_ms, (d.release_us + 999) / 1000);
         metrics_.delay_seconds.observe(static_cast<double>(d.release_us - now_us) / 1e6);
         const bool stayed = co_await hold(client, steady::now() + std::chrono::microseconds(d.release_us - clock_.wall_us()));
         gate_.release_held();
         if (!stayed) {
           metrics_.client_gone_held.inc();
-          gate_.cancel(rt.gate_domain[r->domain_index], who->value, d);
+          gate_.cancel(rt.gate_domain[r->domain_index], who->value, d, clock_.wall_us());
           co_return;
         }
       } else {

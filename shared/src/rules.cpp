@@ -28,14 +28,27 @@ decision evaluate_log(const limits& l, const state& s, std::int64_t now) {
   return d;
 }
 
+// Number of history entries in (since, until].
+std::int64_t count_between(const std::vector<std::int64_t>& times, std::int64_t since, std::int64_t until) {
+  return static_cast<std::int64_t>(std::upper_bound(times.begin(), times.end(), until) -
+                                   std::upper_bound(times.begin(), times.end(), since));
+}
+
 // The earliest free slot at time `t` given the history: a delayed request
-// timestamped before it consumed a slot another request already used.
+// whose slot other requests already filled (several gatekeepers released at
+// the same DELAY_UNTIL instant) is recorded after the last use. Only uses at
+// or before `t` fill its window: DELAYED messages of one identifier may arrive
+// out of order (one accounting socket per proxy worker), and a later
+// reservation does not make an earlier free slot taken.
 std::int64_t free_slot(const limits& l, const state& s, std::int64_t t) {
   if (s.times.empty()) return t;
   const std::int64_t last = s.times.back();
+  // Older than everything a full history remembers: whether its slot was used
+  // is unknown, so it is taken as used (never admit more than the rate).
+  const bool unknown = s.times.size() >= l.history_cap() && t < s.times.front();
   std::int64_t slot = t;
   for (const rule& r : l.rules) {
-    if (count_after(s.times, t - r.window_us()) >= r.burst) slot = std::max(slot, last + r.interval_us);
+    if (unknown || count_between(s.times, t - r.window_us(), t) >= r.burst) slot = std::max(slot, last + r.interval_us);
   }
   return slot;
 }
@@ -46,7 +59,7 @@ void record_log(const limits& l, state& s, event e, std::int64_t now) {
   // Too old to be inside any window: it cannot change a decision.
   if (t <= now - l.max_window_us()) return;
   s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);
-  const std::size_t cap = l.max_burst();
+  const std::size_t cap = l.history_cap();
   if (s.times.size() > cap) s.times.erase(s.times.begin(), s.times.end() - static_cast<std::ptrdiff_t>(cap));
 }
 
@@ -131,7 +144,7 @@ void merge(const limits& l, state& into, const state& older) {
                        ? older.times.end()
                        : std::lower_bound(older.times.begin(), older.times.end(), into.times.front());
   into.times.insert(into.times.begin(), older.times.begin(), end);
-  const std::size_t cap = l.max_burst();
+  const std::size_t cap = l.history_cap();
   if (into.times.size() > cap) into.times.erase(into.times.begin(), into.times.end() - static_cast<std::ptrdiff_t>(cap));
 }
 

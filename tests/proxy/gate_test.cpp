@@ -82,16 +82,48 @@ TEST(Gate, MaxHeldRejectsBeyondTheCap) {
   EXPECT_EQ(g.decide(0, "a", t0, limits(5000, 2)).v, verdict::delay);
 }
 
-TEST(Gate, CancelGivesBackTheLastReservedSlot) {
+TEST(Gate, SlotOfAHeldClientThatLeftIsTakenPrepaidByTheNextRequest) {
   gate g;
   g.update(0, "a", t0 + 100 * ms, 50 * ms, t0);
   const auto first = g.decide(0, "a", t0, limits());
   const auto second = g.decide(0, "a", t0, limits());
+  ASSERT_EQ(first.release_us, t0 + 100 * ms);
+  ASSERT_EQ(second.release_us, t0 + 150 * ms);
+  EXPECT_FALSE(first.prepaid);
   g.release_held();
-  g.cancel(0, "a", second);  // the client of the second request went away
-  EXPECT_EQ(g.decide(0, "a", t0, limits()).release_us, second.release_us);
-  g.cancel(0, "a", first);  // not the last slot any more: nothing changes
-  EXPECT_EQ(g.decide(0, "a", t0, limits()).release_us, t0 + 200 * ms);
+  g.cancel(0, "a", first, t0 + 10 * ms);  // its client went away; the master already counted t0+100
+  const auto taker = g.decide(0, "a", t0 + 20 * ms, limits());
+  EXPECT_EQ(taker.v, verdict::delay);
+  EXPECT_EQ(taker.release_us, t0 + 100 * ms);  // the freed place, not one interval behind the queue
+  EXPECT_TRUE(taker.prepaid);                   // reported already: no second DELAYED
+  const auto next = g.decide(0, "a", t0 + 20 * ms, limits());
+  EXPECT_EQ(next.release_us, t0 + 200 * ms);  // the queue goes on as before
+  EXPECT_FALSE(next.prepaid);
+}
+
+TEST(Gate, SpareSlotLapsesAtItsTimeAndRespectsMaxHeld) {
+  gate g;
+  g.update(0, "a", t0 + 100 * ms, 50 * ms, t0);
+  const auto first = g.decide(0, "a", t0, limits());
+  g.decide(0, "a", t0, limits());
+  g.release_held();
+  g.cancel(0, "a", first, t0 + 10 * ms);
+  // Nobody took it by t0+100: at t0+120 the next request queues normally.
+  const auto late = g.decide(0, "a", t0 + 120 * ms, limits());
+  EXPECT_FALSE(late.prepaid);
+  EXPECT_EQ(late.release_us, t0 + 200 * ms);
+  g.cancel(0, "a", late, t0 + 300 * ms);  // already past its time: nothing to give back
+  EXPECT_FALSE(g.decide(0, "a", t0 + 130 * ms, limits()).prepaid);
+
+  gate h;
+  h.update(0, "b", t0 + 100 * ms, 50 * ms, t0);
+  const auto held = h.decide(0, "b", t0, limits(5000, 1));
+  h.cancel(0, "b", held, t0 + 1 * ms);  // still counted held (not released yet): no room
+  const auto full = h.decide(0, "b", t0 + 2 * ms, limits(5000, 1));
+  EXPECT_EQ(full.v, verdict::reject);
+  EXPECT_EQ(full.reason, reject_reason::held_full);
+  h.release_held();
+  EXPECT_TRUE(h.decide(0, "b", t0 + 3 * ms, limits(5000, 1)).prepaid);
 }
 
 TEST(Gate, PastUpdatesAreNotStoredAndSweepExpires) {

@@ -88,10 +88,11 @@ TEST_P(BothAlgorithms, NoRulesNeverThrottles) {
 }
 
 TEST_P(BothAlgorithms, HistoryIsBoundedByTheLargestBurst) {
+  // The largest burst plus the reorder slack (sliding log), one time per rule (GCRA).
   const limits l = make(GetParam(), {per_second(100, 7), per_second(1, 3)});
   state s;
   for (int i = 0; i < 1000; ++i) accepted(l, s, t0 + i * ms, t0 + i * ms);
-  EXPECT_LE(s.times.size(), 7u);
+  EXPECT_LE(s.times.size(), GetParam() == algorithm::gcra ? 2u : 7u + limits::k_reorder_slack);
 }
 
 // A hot client at 20x the rate behind one gatekeeper that obeys DELAY_UNTIL:
@@ -147,7 +148,7 @@ TEST(SlidingLog, DelayedTimestampEntersTheHistory) {
   // Reported before its delayed time: start = max(now, last) = the delayed timestamp.
   const decision d = delayed(l, s, t0 + 100 * ms, t0 + 10 * ms);
   EXPECT_EQ(d.next_us, t0 + 200 * ms);
-  ASSERT_EQ(s.times.size(), 1u);
+  ASSERT_EQ(s.times.size(), 2u);
   EXPECT_EQ(s.times.back(), t0 + 100 * ms);
 }
 
@@ -180,13 +181,23 @@ TEST(SlidingLog, PastTimestampOutsideEveryWindowIsIgnored) {
   EXPECT_TRUE(accepted(l, s, t0 - 50 * ms, t0).throttled);
 }
 
-TEST(SlidingLog, OutOfOrderDelayedTakesTheNextFreeSlot) {
+TEST(SlidingLog, OutOfOrderDelayedTakesItsOwnSlotWhenFree) {
   const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
   state s;
   accepted(l, s, t0, t0);
-  delayed(l, s, t0 + 200 * ms, t0);  // gatekeeper A's second paced release arrives first
-  const decision d = delayed(l, s, t0 + 100 * ms, t0);  // gatekeeper B's release at the first slot
-  EXPECT_EQ(d.next_us, t0 + 400 * ms);
+  delayed(l, s, t0 + 200 * ms, t0);  // the second paced release is reported first
+  const decision d = delayed(l, s, t0 + 100 * ms, t0);  // the slot at 100 ms was free: charged there
+  EXPECT_EQ(d.next_us, t0 + 300 * ms);
+  EXPECT_EQ(delayed(l, s, t0 + 100 * ms, t0).next_us, t0 + 400 * ms);  // now it is taken: next free slot
+}
+
+TEST(SlidingLog, DelayedOlderThanAFullHistoryIsTakenAsUsed) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
+  state s;
+  for (int i = 0; i < 5; ++i) delayed(l, s, t0 + (i + 1) * 100 * ms, t0);
+  ASSERT_EQ(s.times.size(), l.history_cap());
+  // 50 ms is before everything remembered: unknown, so charged after the last use.
+  EXPECT_EQ(delayed(l, s, t0 + 50 * ms, t0).next_us, t0 + 700 * ms);
 }
 
 TEST(Gcra, BurstIsTolerance) {
@@ -237,12 +248,16 @@ TEST(Rules, ExpiresAtIsTheFirstInstantExpiredHolds) {
   EXPECT_EQ(expires_at_us(g, state{}), 0);
 }
 
-TEST(Rules, MergeAddsOlderUsesAndKeepsTheNewestBurst) {
-  const limits l = make(algorithm::sliding_log, {per_second(10, 3)});
+TEST(Rules, MergeAddsOlderUsesAndKeepsTheNewestHistory) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1)});  // history cap 1 + slack 4 = 5
   state into{{t0 + 500 * ms, t0 + 600 * ms}};
-  merge(l, into, state{{t0 + 100 * ms, t0 + 200 * ms, t0 + 500 * ms}});
-  // Uses at or after into's first are taken as the same ones; the cap keeps the newest 3.
-  EXPECT_EQ(into.times, (std::vector<std::int64_t>{t0 + 200 * ms, t0 + 500 * ms, t0 + 600 * ms}));
+  merge(l, into, state{{t0 + 50 * ms, t0 + 100 * ms, t0 + 200 * ms, t0 + 500 * ms}});
+  // Uses at or after into's first are taken as the same ones; the cap keeps the newest 5.
+  EXPECT_EQ(into.times,
+            (std::vector<std::int64_t>{t0 + 50 * ms, t0 + 100 * ms, t0 + 200 * ms, t0 + 500 * ms, t0 + 600 * ms}));
+  merge(l, into, state{{t0}});
+  EXPECT_EQ(into.times.size(), l.history_cap());  // the cap holds
+  EXPECT_EQ(into.times.front(), t0 + 50 * ms);
 
   state empty;
   merge(l, empty, state{{t0, t0 + 1}});
@@ -282,4 +297,23 @@ TEST(Rules, RestoredHistoryLimitsLikeTheOriginal) {
   const decision b = accepted(l, after, t0 + 10 * ms, t0 + 10 * ms);
   EXPECT_TRUE(b.throttled);
   EXPECT_EQ(a.next_us, b.next_us);
+}
+
+TEST(Rules, OutOfOrderDelayedAreChargedAtTheirOwnFreeSlots) {
+  // One identifier's held requests reserved R1 < R2 < R3, one interval apart,
+  // reported as R1, R3, R2 (one accounting socket per proxy worker). Each slot
+  // was free; R2 must not be pushed behind R3.
+  const limits l = make(algorithm::sliding_log, {per_second(2, 1)});  // interval 500 ms
+  state s;
+  const std::int64_t base = t0 + 10'000 * ms;  // ahead of now: the history alone decides
+  EXPECT_EQ(accepted(l, s, base, t0).next_us, base + 500 * ms);
+  EXPECT_EQ(delayed(l, s, base + 500 * ms, t0).next_us, base + 1000 * ms);
+  EXPECT_EQ(delayed(l, s, base + 1500 * ms, t0).next_us, base + 2000 * ms);
+  EXPECT_EQ(delayed(l, s, base + 1000 * ms, t0).next_us, base + 2000 * ms);
+  EXPECT_EQ(s.times, (std::vector<std::int64_t>{base, base + 500 * ms, base + 1000 * ms, base + 1500 * ms}));
+  // Same timestamp twice (two gatekeepers released at one DELAY_UNTIL): still the next free slot.
+  state d;
+  accepted(l, d, base, t0);
+  delayed(l, d, base + 500 * ms, t0);
+  EXPECT_EQ(delayed(l, d, base + 500 * ms, t0).next_us, base + 1500 * ms);
 }

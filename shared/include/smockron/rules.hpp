@@ -28,6 +28,12 @@ struct limits {
   std::int64_t max_future_us = 60'000'000;
 
   std::size_t max_burst() const;
+  /// Sliding-log history length: the spec's max_burst() plus k_reorder_slack
+  /// entries, so that DELAYED messages reported out of order (up to that many
+  /// places) are charged at their own free slot. Decisions are unchanged: the
+  /// extra entries are older than every window that counts.
+  std::size_t history_cap() const { return max_burst() + k_reorder_slack; }
+  static constexpr std::size_t k_reorder_slack = 4;
   std::int64_t max_window_us() const;
 };
 
@@ -42,7 +48,7 @@ struct event {
 };
 
 /// Per (domain, identifier) state. Sliding log: ascending timestamps, at most
-/// max_burst() of them. GCRA: one theoretical arrival time per rule.
+/// history_cap() of them. GCRA: one theoretical arrival time per rule.
 struct state {
   std::vector<std::int64_t> times;
 };
@@ -75,7 +81,7 @@ std::int64_t expires_at_us(const limits& l, const state& s);
 /// Folds `older` (a snapshot written before `into` started, e.g. read back
 /// from a store after a restart) into `into`. Sliding log: entries of `older`
 /// earlier than the first of `into` are added (later ones are assumed to be
-/// the same uses), keeping the newest max_burst(). GCRA: the later arrival
+/// the same uses), keeping the newest history_cap(). GCRA: the later arrival
 /// time per rule wins. Snapshots of another shape are ignored.
 void merge(const limits& l, state& into, const state& older);
 
