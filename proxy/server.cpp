@@ -264,7 +264,13 @@ struct server::impl {
     m.identifier = id;
     m.received_ms = now_ms;
     m.delayed_ms = delayed_ms;
-    if (w.accounting->publish(m)) {
+    const bool first = w.accounting->publish(m);
+    if (st == wire::status::delayed) {
+      // A reservation goes out at once: other gatekeepers learn of it one
+      // round trip later, and every millisecond of that round trip is a
+      // window in which two of them can reserve the same instant.
+      w.accounting->flush();
+    } else if (first) {
       // First message of a batch: hand the batch to ZeroMQ within a millisecond.
       w.flush_timer.expires_after(std::chrono::milliseconds(1));
       w.flush_timer.async_wait([&w](const boost::system::error_code&) { w.accounting->flush(); });
