@@ -46,12 +46,7 @@ void limiter::unmark(entry* e) {
   --dirty_count_;
 }
 
-void limiter::track_dirty(bool on) {
-  track_dirty_ = on;
-  if (!on) {
-    while (dirty_head_) unmark(dirty_head_);
-  }
-}
+void limiter::track_dirty() { track_dirty_ = true; }
 
 void limiter::mark_all_dirty() {
   if (!track_dirty_) return;

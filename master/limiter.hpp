@@ -40,11 +40,11 @@ public:
   std::size_t tracked(std::size_t domain) const { return maps_[domain].size(); }
   std::uint64_t evictions() const { return evictions_; }
 
-  // Write-behind support for a persistent store. With tracking on, every
+  // Write-behind support for a persistent store. Once tracking is on, every
   // recorded event marks its entry dirty (once: a busy identifier is written
   // once per flush however many messages it had); drain_dirty() hands out the
   // oldest dirty entries. Entries that are erased leave the dirty list.
-  void track_dirty(bool on);
+  void track_dirty();
   std::size_t dirty() const { return dirty_count_; }
   /// Marks every entry dirty (the store lost or may have lost what it had).
   void mark_all_dirty();

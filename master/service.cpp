@@ -83,7 +83,7 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.redis_timeout);
     o.load_limit = cfg.max_identifiers;
     store_ = std::make_unique<redis_store>(std::move(o), reg);
-    limiter_.track_dirty(true);
+    limiter_.track_dirty();
     reg.add_callback("smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis",
                      "", [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
   }

@@ -110,7 +110,7 @@ TEST(Limiter, DirtyTrackingWritesEachChangedStateOnceOldestFirst) {
   limiter l({ten_per_second(5), ten_per_second(5)}, 100);
   l.apply(0, "a", at(t0), t0);
   EXPECT_EQ(l.dirty(), 0u);  // off by default: the memory store pays nothing
-  l.track_dirty(true);
+  l.track_dirty();
   l.apply(0, "a", at(t0), t0);
   l.apply(1, "b", at(t0), t0);
   l.apply(0, "a", at(t0 + 1), t0 + 1);  // already dirty: still once
@@ -130,7 +130,7 @@ TEST(Limiter, DirtyTrackingWritesEachChangedStateOnceOldestFirst) {
 
 TEST(Limiter, ErasedStateLeavesTheDirtyList) {
   limiter l({ten_per_second(1)}, 2);
-  l.track_dirty(true);
+  l.track_dirty();
   l.apply(0, "a", at(t0), t0);
   l.apply(0, "b", at(t0), t0);
   l.apply(0, "c", at(t0), t0);  // evicts a
@@ -147,7 +147,7 @@ TEST(Limiter, ErasedStateLeavesTheDirtyList) {
 
 TEST(Limiter, RestoreFoldsStoredStateWithoutEvictingLiveState) {
   limiter l({ten_per_second(3)}, 2);
-  l.track_dirty(true);
+  l.track_dirty();
   rules::state stored{{t0 - 20 * ms, t0 - 10 * ms}};
   EXPECT_TRUE(l.restore(0, "a", stored, t0));
   EXPECT_EQ(l.dirty(), 0u);  // came from the store: nothing to write back
