@@ -135,6 +135,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=10, help="rounds per contender (alternating)")
     ap.add_argument("--seconds", type=int, default=5, help="length of one round")
     ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     args = ap.parse_args()
     for tool in ("nginx", "wrk", "taskset"):
@@ -183,8 +184,15 @@ def main():
         for rnd in range(args.rounds):
             for name in ("smockron", "nginx") if rnd % 2 == 0 else ("nginx", "smockron"):
                 port, pids = contenders[name]
+                perf = None
+                if args.perf and name == "smockron" and rnd == 0:
+                    perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
+                                            stdout=log, stderr=log)
                 c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
                 r = run_wrk(port, args.seconds, args.connections)
+                if perf:
+                    perf.send_signal(signal.SIGINT)
+                    perf.wait()
                 c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
                 wall = t1 - t0
                 r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
