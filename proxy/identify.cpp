@@ -22,8 +22,6 @@
 
 namespace smockron::proxy {
 
-namespace http = boost::beast::http;
-
 namespace {
 
 constexpr std::string_view whitespace = " \t";
@@ -35,48 +33,20 @@ std::string_view trim(std::string_view s) {
   return s.substr(first, last - first + 1);
 }
 
-char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+using http1::iequals;
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
-  }
-  return true;
-}
-
-// Calls f(value) for each instance of header `name`, in arrival order, until f
-// returns true. Beast's equal_range yields a range of its insertion-ordered
-// list; the name check guards against anything else that might sit inside it.
 template <class F>
-bool for_each_header(const http::fields& headers, std::string_view name, F&& f) {
-  const auto [first, last] = headers.equal_range(name);
-  for (auto it = first; it != last; ++it) {
-    if (!iequals(it->name_string(), name)) continue;
-    if (f(std::string_view(it->value()))) return true;
-  }
-  return false;
+bool for_each_header(const http1::header_list& headers, std::string_view name, F&& f) {
+  return headers.for_each(name, std::forward<F>(f));
 }
 
-// Same, from the last instance to the first.
 template <class F>
-bool for_each_header_reverse(const http::fields& headers, std::string_view name, F&& f) {
-  const auto [first, last] = headers.equal_range(name);
-  for (auto it = last; it != first;) {
-    --it;
-    if (!iequals(it->name_string(), name)) continue;
-    if (f(std::string_view(it->value()))) return true;
-  }
-  return false;
+bool for_each_header_reverse(const http1::header_list& headers, std::string_view name, F&& f) {
+  return headers.for_each_reverse(name, std::forward<F>(f));
 }
 
-std::optional<std::string_view> first_header(const http::fields& headers, std::string_view name) {
-  std::optional<std::string_view> found;
-  for_each_header(headers, name, [&](std::string_view v) {
-    found = v;
-    return true;
-  });
-  return found;
+std::optional<std::string_view> first_header(const http1::header_list& headers, std::string_view name) {
+  return headers.first(name);
 }
 
 bool is_trusted(const ip_address& a, const std::vector<cidr>& trusted) {
@@ -94,7 +64,7 @@ bool is_v4_mapped(const ip_address& a) {
 }
 
 // Value of the first cookie called exactly `name` across all Cookie headers.
-std::optional<std::string_view> cookie_value(const http::fields& headers, std::string_view name) {
+std::optional<std::string_view> cookie_value(const http1::header_list& headers, std::string_view name) {
   std::optional<std::string_view> found;
   for_each_header(headers, "Cookie", [&](std::string_view line) {
     while (!line.empty()) {
@@ -160,7 +130,7 @@ std::optional<std::string> query_value(std::string_view target, std::string_view
 }
 
 // The credentials of "Authorization: Bearer <token>" (first header instance).
-std::optional<std::string_view> bearer_token(const http::fields& headers) {
+std::optional<std::string_view> bearer_token(const http1::header_list& headers) {
   const auto auth = first_header(headers, "Authorization");
   if (!auth) return std::nullopt;
   const auto value = trim(*auth);
@@ -431,7 +401,7 @@ std::string format_ip(const ip_address& a) {
   return buf;
 }
 
-ip_address client_address(const http::fields& headers, const ip_address& peer,
+ip_address client_address(const http1::header_list& headers, const ip_address& peer,
                           const std::vector<cidr>& trusted_proxies) {
   // Only a trusted proxy may speak for someone else; anyone else is who they are.
   if (!is_trusted(peer, trusted_proxies)) return peer;
@@ -464,7 +434,7 @@ ip_address client_address(const http::fields& headers, const ip_address& peer,
   return client ? *client : last;  // all trusted: the left-most
 }
 
-std::optional<identity> identify(const std::vector<config::identifier_source>& sources, const http::fields& headers,
+std::optional<identity> identify(const std::vector<config::identifier_source>& sources, const http1::header_list& headers,
                                  std::string_view target, const ip_address& peer, const identify_context& ctx) {
   using kind = config::identifier_source::kind;
   try {

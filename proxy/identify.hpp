@@ -4,8 +4,6 @@
 // bearer tokens become a hash.
 #pragma once
 
-#include <boost/beast/http/fields.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "proxy/http1.hpp"
 #include "smockron/config.hpp"
 #include "smockron/net.hpp"
 
@@ -54,12 +53,12 @@ struct identify_context {
 
 /// Applies `sources` in order; the first that yields a non-empty value wins.
 std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
-                                 const boost::beast::http::fields& headers, std::string_view target,
+                                 const http1::header_list& headers, std::string_view target,
                                  const ip_address& peer, const identify_context& ctx);
 
 /// The client address: the peer, or, when the peer is a trusted proxy, the
 /// right-most X-Forwarded-For address that is not itself trusted.
-ip_address client_address(const boost::beast::http::fields& headers, const ip_address& peer,
+ip_address client_address(const http1::header_list& headers, const ip_address& peer,
                           const std::vector<cidr>& trusted_proxies);
 
 /// Text form of an address (IPv4-mapped addresses as dotted quads).

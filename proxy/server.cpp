@@ -18,9 +18,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 #include <array>
+#include <cstdio>
 #include <condition_variable>
 #include <list>
 #include <random>
@@ -31,7 +31,7 @@
 #include "proxy/control.hpp"
 #include "proxy/gate.hpp"
 #include "proxy/identify.hpp"
-#include "proxy/rewrite.hpp"
+#include "proxy/http1.hpp"
 #include "proxy/routes.hpp"
 #include "smockron/admin_server.hpp"
 #include "smockron/log.hpp"
@@ -41,7 +41,6 @@ namespace smockron::proxy {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
-namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using namespace asio::experimental::awaitable_operators;
 // The concrete executor everywhere on the HTTP path: no type-erased
@@ -49,7 +48,6 @@ using namespace asio::experimental::awaitable_operators;
 using executor_t = asio::io_context::executor_type;
 template <class T>
 using awaitable = asio::awaitable<T, executor_t>;
-using tcp_stream = beast::basic_stream<tcp, executor_t>;
 using tcp_socket = asio::basic_stream_socket<tcp, executor_t>;
 using tcp_acceptor = asio::basic_socket_acceptor<tcp, executor_t>;
 using steady_timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>, executor_t>;
@@ -57,24 +55,6 @@ constexpr auto nothrow = asio::as_tuple(asio::use_awaitable_t<executor_t>{});
 using steady = std::chrono::steady_clock;
 
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-// True when the request asks for a protocol switch (WebSocket and friends).
-template <class Fields>
-bool is_upgrade(const http::header<true, Fields>& h) {
-  if (h[http::field::upgrade].empty()) return false;
-  for (auto it = h.find(http::field::connection); it != h.end() && it->name() == http::field::connection; ++it) {
-    for (auto token : http::token_list{it->value()}) {
-      if (iequals(token, "upgrade")) return true;
-    }
-  }
-  return false;
-}
 
 enum class decision_label : std::uint8_t { accepted, delayed, rejected, unidentified };
 constexpr std::array<std::string_view, 4> decision_names = {"accepted", "delayed", "rejected", "unidentified"};
@@ -167,10 +147,82 @@ struct runtime {
   }
 };
 
-struct session_state {
-  tcp_stream* client = nullptr;
-  bool idle = true;
+// One client connection and what its requests reuse: buffers, the parsed
+// heads, the upstream connection in use. Deadlines cost no timer operation:
+// an operation sets `deadline`, and a watchdog timer, never further away than
+// the shortest timeout (`tick`), cancels the connection's sockets once the
+// deadline has passed. Every deadline set later is at least `tick` away, so
+// the timer always fires in time.
+struct connection {
+  connection(tcp_socket s, steady::duration t) : client(std::move(s)), timer(client.get_executor()), tick(t) {}
+
+  tcp_socket client;
+  tcp_socket* upstream = nullptr;  // in use by the current request, cancelled with the client
+  beast::flat_buffer in, upstream_in;
+  std::string out;  // the head being written
+  http1::request_head request;
+  http1::response_head response;
+  steady_timer timer;
+  steady::time_point deadline = steady::time_point::max();
+  steady::duration tick;
+  bool expired = false;  // the last deadline passed (operations were cancelled)
+  bool idle = true;      // between requests (cancelled at once when draining)
+  bool closed = false;
+
+  void expires_after(steady::duration d) {
+    deadline = steady::now() + d;
+    expired = false;
+  }
+  void expires_never() {
+    deadline = steady::time_point::max();
+    expired = false;
+  }
+  /// An operation's error, as timed_out when the deadline cancelled it.
+  boost::system::error_code classify(boost::system::error_code ec) const {
+    return ec && expired ? make_error_code(asio::error::timed_out) : ec;
+  }
+  void close() {
+    closed = true;
+    timer.cancel();
+  }
+  static void watch(std::shared_ptr<connection> self) {
+    connection& c = *self;
+    const auto now = steady::now();
+    if (c.deadline <= now) {
+      c.expired = true;
+      c.deadline = steady::time_point::max();
+      boost::system::error_code ignored;
+      c.client.cancel(ignored);
+      if (c.upstream) c.upstream->cancel(ignored);
+    }
+    c.timer.expires_at(c.deadline - now < c.tick ? c.deadline : now + c.tick);
+    c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
+      if (!self->closed) watch(std::move(self));
+    });
+  }
 };
+
+// The upstream connection of one request; the connection knows it so that a deadline can cancel it.
+struct upstream_conn {
+  std::optional<tcp_socket> sock;
+  std::size_t server = 0;
+  bool reused = false;
+
+  void use(connection& c, tcp_socket s, std::size_t srv, bool was_pooled) {
+    sock.emplace(std::move(s));
+    c.upstream = &*sock;
+    server = srv;
+    reused = was_pooled;
+  }
+  void release(connection& c) {
+    c.upstream = nullptr;
+    sock.reset();
+  }
+};
+
+constexpr std::size_t k_head_read = 4096;           // first read of a head
+constexpr std::size_t k_relay_chunk = 16384;        // body relay: bytes per read
+constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
 
 struct worker {
   // Sockets are only touched from this worker's thread: the reactor needs no locking.
@@ -186,7 +238,7 @@ struct worker {
   std::vector<std::vector<server_slot>> pool;
   std::vector<std::size_t> round_robin;
   std::uint64_t pool_generation = ~0ULL;
-  std::set<session_state*> sessions;
+  std::set<connection*> sessions;
   std::minstd_rand sample_rng{std::random_device{}()};
   asio::steady_timer flush_timer{ioc};
   std::thread thread;
@@ -291,155 +343,76 @@ struct server::impl {
     }
   }
 
-  // Writes a small response generated by the proxy itself.
-  static awaitable<bool> respond(tcp_stream& client, unsigned version, http::status status, std::string body,
-                                 bool keep_alive, std::int64_t retry_after_s = 0) {
-    http::response<http::string_body> res{status, version};
-    res.set(http::field::server, "smockron");
-    res.set(http::field::content_type, "text/plain; charset=utf-8");
-    if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
-    res.keep_alive(keep_alive);
-    if (!keep_alive) res.set(http::field::connection, "close");  // explicit even for HTTP/1.0
-    res.body() = std::move(body);
-    res.prepare_payload();
-    client.expires_after(std::chrono::seconds(10));
-    auto [ec, n] = co_await http::async_write(client, res, nothrow);
+  // ---- I/O helpers ---------------------------------------------------------
+  // Each returns the socket operation itself (no coroutine frame of its own)
+  // after setting the connection's deadline.
+
+  static auto read_some(connection& c, tcp_socket& s, beast::flat_buffer& buf, std::size_t n, steady::duration timeout) {
+    c.expires_after(timeout);
+    return s.async_read_some(buf.prepare(n), nothrow);
+  }
+  template <class Buffers>
+  static auto write(connection& c, tcp_socket& s, const Buffers& b, steady::duration timeout) {
+    c.expires_after(timeout);
+    return asio::async_write(s, b, nothrow);
+  }
+
+  // Writes a small response generated by the proxy itself. Returns whether
+  // the connection goes on.
+  static awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::string_view body, bool keep_alive,
+                                 std::int64_t retry_after_s = 0) {
+    c.out.clear();
+    http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s);
+    auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), std::chrono::seconds(10));
     (void)n;
     co_return !ec && keep_alive;
   }
 
-  enum class head_status : std::uint8_t { ok, closed, timeout, line_too_long, headers_too_large, obs_fold };
-
-  // Reads until the request head (up to the blank line) is in `buf`, within
-  // `limit` bytes; the caller has set the deadline.
-  static awaitable<head_status> read_head(tcp_stream& client, beast::flat_buffer& buf, std::uint64_t limit) {
-    std::size_t scanned = 0;
-    for (;;) {
-      const std::string_view data(static_cast<const char*>(buf.data().data()), buf.size());
-      const auto end = data.find("\r\n\r\n", scanned > 3 ? scanned - 3 : 0);
-      if (end != std::string_view::npos && end + 4 <= limit) {
-        const std::string_view head = data.substr(0, end + 2);
-        // A header line starting with SP/HT continues the previous one (obs-fold, RFC 9112 5.2).
-        if (head.find("\r\n ") != std::string_view::npos || head.find("\r\n\t") != std::string_view::npos) {
-          // Leading blank lines before the request line are allowed; folding after it is not.
-          const auto line_end = head.find("\r\n", head.find_first_not_of("\r\n"));
-          const auto fold = std::min(head.find("\r\n ", line_end), head.find("\r\n\t", line_end));
-          if (fold != std::string_view::npos) co_return head_status::obs_fold;
-        }
-        co_return head_status::ok;
-      }
-      if (data.size() >= limit || end != std::string_view::npos) {
-        const auto line_end = data.find("\r\n");
-        co_return line_end == std::string_view::npos || line_end >= limit ? head_status::line_too_long
-                                                                           : head_status::headers_too_large;
-      }
-      scanned = data.size();
-      auto [ec, n] = co_await client.async_read_some(buf.prepare(std::min<std::uint64_t>(std::max<std::size_t>(1024, data.size()), limit - data.size())), nothrow);
-      if (ec == beast::error::timeout) co_return head_status::timeout;
-      if (ec) co_return head_status::closed;
-      buf.commit(n);
-    }
-  }
-
   // Holds until `release` (steady time) unless the client goes away first.
-  static awaitable<bool> hold(tcp_stream& client, steady::time_point release) {
+  static awaitable<bool> hold(connection& c, steady::time_point release) {
     steady_timer timer(co_await asio::this_coro::executor);
     timer.expires_at(release);
-    auto first = co_await (timer.async_wait(nothrow) || client.socket().async_wait(tcp::socket::wait_read, nothrow));
+    auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
     if (first.index() == 0) co_return true;
     // Readable: either the client closed (EOF/reset) or it sent more bytes
     // (body or a pipelined request), which stay queued for later.
-    char c;
-    const auto n = ::recv(client.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    char ch;
+    const auto n = ::recv(c.client.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return false;
     co_await timer.async_wait(nothrow);
     co_return true;
   }
 
-  // Relays one message (header + body) from `in` to `out` through the
-  // session's fixed buffer. Returns {read error, write error}.
-  template <bool isRequest>
-  static awaitable<std::pair<beast::error_code, beast::error_code>> relay(tcp_stream& out, tcp_stream& in,
-                                                                           beast::flat_buffer& in_buf,
-                                                                           http::parser<isRequest, http::buffer_body>& p,
-                                                                           std::span<char> chunk, steady::duration read_timeout,
-                                                                           steady::duration write_timeout) {
-    http::serializer<isRequest, http::buffer_body> sr{p.get()};
-    // The header goes out on its own only when no body bytes are at hand yet
-    // (e.g. a slow stream); otherwise header and first body bytes share one
-    // write: one syscall and one packet for a small message.
-    if (!p.is_done() && in_buf.size() == 0) {
-      out.expires_after(write_timeout);
-      if (auto [ec, n] = co_await http::async_write_header(out, sr, nothrow); ec) co_return std::pair{beast::error_code{}, ec};
-    }
-    for (;;) {
-      if (!p.is_done()) {
-        p.get().body().data = chunk.data();
-        p.get().body().size = chunk.size();
-        in.expires_after(read_timeout);
-        auto [ec, n] = co_await http::async_read_some(in, in_buf, p, nothrow);
-        if (ec == http::error::need_buffer) ec = {};
-        if (ec) co_return std::pair{ec, beast::error_code{}};
-        p.get().body().size = chunk.size() - p.get().body().size;
-        p.get().body().more = !p.is_done();
-        // No body bytes (only chunk framing was read): never hand the chunked
-        // serializer a non-null empty buffer, it would write a 0-size chunk,
-        // i.e. the terminator, in the middle of the body.
-        if (p.get().body().size == 0) {
-          if (!p.is_done()) continue;
-          p.get().body().data = nullptr;
-        } else {
-          p.get().body().data = chunk.data();
-        }
-      } else {
-        p.get().body().data = nullptr;
-        p.get().body().size = 0;
-        p.get().body().more = false;
-      }
-      out.expires_after(write_timeout);
-      auto [ec, n] = co_await http::async_write(out, sr, nothrow);
-      if (ec == http::error::need_buffer) ec = {};
-      if (ec) co_return std::pair{beast::error_code{}, ec};
-      // The write that carried more=false finished the message (the chunked
-      // serializer may not report done yet; writing again would repeat "0\r\n\r\n").
-      if (sr.is_done() || p.is_done()) break;
-    }
-    co_return std::pair{beast::error_code{}, beast::error_code{}};
-  }
-
-  // Copies bytes one way until EOF or error (WebSocket and other upgraded protocols).
-  static awaitable<void> pump(tcp_stream& from, tcp_stream& to, beast::flat_buffer& pending,
+  // Copies bytes one way until EOF or error (WebSocket and other upgraded
+  // protocols); the connection's idle deadline covers both directions.
+  static awaitable<void> pump(connection& c, tcp_socket& from, tcp_socket& to, beast::flat_buffer& pending,
                               steady::duration idle) {
     if (pending.size() > 0) {
-      to.expires_after(idle);
-      auto [ec, n] = co_await asio::async_write(to, pending.data(), nothrow);
+      auto [ec, n] = co_await write(c, to, pending.data(), idle);
       if (ec) co_return;
       pending.consume(n);
     }
     std::array<char, 16384> buf;
     for (;;) {
-      from.expires_after(idle);
+      c.expires_after(idle);
       auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), nothrow);
       if (ec) break;
-      to.expires_after(idle);
-      auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.data(), n), nothrow);
+      auto [wec, wn] = co_await write(c, to, asio::buffer(buf.data(), n), idle);
       (void)wn;
       if (wec) break;
     }
-    beast::error_code ignored;
-    to.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    boost::system::error_code ignored;
+    to.shutdown(tcp::socket::shutdown_send, ignored);
   }
 
-  // An upstream connection: reused from the pool or newly connected (round-robin, passive health).
-  struct upstream_conn {
-    std::unique_ptr<tcp_stream> stream;
-    std::size_t server = 0;
-    bool reused = false;
-  };
+  // ---- upstream pool -------------------------------------------------------
 
-  // `check_idle`: make sure a pooled connection is still open before using it
-  // (worth a syscall only when a request body could not be replayed).
-  awaitable<upstream_conn> acquire(worker& w, const runtime& rt, std::size_t upstream, bool allow_reuse, bool check_idle) {
+  // Puts a connection into `up`: reused from the pool or newly connected
+  // (round-robin, passive health). `check_idle`: make sure a pooled
+  // connection is still open before using it (worth a syscall only when a
+  // request body could not be replayed). Returns false when no server answered.
+  awaitable<bool> acquire(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up,
+                          bool allow_reuse, bool check_idle) {
     if (w.pool_generation != rt.generation) {
       w.pool.clear();
       w.pool.resize(rt.servers.size());
@@ -450,7 +423,7 @@ struct server::impl {
     auto& slots = w.pool[upstream];
     const auto& cfg = rt.cfg.upstreams[upstream];
     const auto now = steady::now();
-    upstream_conn c;
+    up.release(c);
     for (std::size_t attempt = 0; attempt < slots.size(); ++attempt) {
       const std::size_t s = w.round_robin[upstream]++ % slots.size();
       auto& slot = slots[s];
@@ -464,269 +437,410 @@ struct server::impl {
           const auto n = ::recv(sock.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
           if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) || n > 0) continue;
         }
-        c.stream = std::make_unique<tcp_stream>(std::move(sock));
-        c.server = s;
-        c.reused = true;
-        co_return c;
+        up.use(c, std::move(sock), s, true);
+        co_return true;
       }
-      tcp_stream stream(w.ioc.get_executor());
-      stream.expires_after(rt.cfg.connect_timeout);
-      auto [ec] = co_await stream.async_connect(rt.servers[upstream][s], nothrow);
+      up.use(c, tcp_socket(w.ioc.get_executor()), s, false);
+      c.expires_after(rt.cfg.connect_timeout);
+      auto [ec] = co_await up.sock->async_connect(rt.servers[upstream][s], nothrow);
       if (ec) {
-        (ec == beast::error::timeout ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
+        (c.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
         slot.down_until = steady::now() + cfg.fail_timeout;
+        up.release(c);
         continue;
       }
-      stream.socket().set_option(tcp::no_delay(true));
+      up.sock->set_option(tcp::no_delay(true), ec);
       slot.down_until = {};
-      c.stream = std::make_unique<tcp_stream>(std::move(stream));
-      c.server = s;
-      co_return c;
+      co_return true;
     }
-    co_return c;
+    co_return false;
   }
 
-  void give_back(worker& w, const runtime& rt, std::size_t upstream, upstream_conn& c) {
-    if (w.pool_generation != rt.generation || !c.stream) return;
-    auto& slot = w.pool[upstream][c.server];
-    if (static_cast<std::int64_t>(slot.idle.size()) >= rt.cfg.upstreams[upstream].keepalive) return;
-    c.stream->expires_never();
-    slot.idle.push_back(c.stream->release_socket());
+  void give_back(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up) {
+    if (w.pool_generation == rt.generation && up.sock) {
+      auto& slot = w.pool[upstream][up.server];
+      if (static_cast<std::int64_t>(slot.idle.size()) < rt.cfg.upstreams[upstream].keepalive) {
+        slot.idle.push_back(std::move(*up.sock));
+      }
+    }
+    up.release(c);
+  }
+
+  // ---- bodies --------------------------------------------------------------
+
+  // How much of `in` belongs to the message body still expected: all of a
+  // length-delimited rest, up to the end of a chunked body. Returns nullopt
+  // on malformed chunked framing; `data_bytes` counts payload bytes.
+  static std::optional<std::size_t> body_part(std::string_view in, http1::framing f, std::uint64_t remaining,
+                                              http1::chunked_decoder& dec, std::uint64_t& data_bytes) {
+    switch (f) {
+      case http1::framing::length: {
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, in.size()));
+        data_bytes += n;
+        return n;
+      }
+      case http1::framing::chunked: {
+        std::size_t pos = 0;
+        while (pos < in.size() && !dec.done()) {
+          std::string_view data;
+          const auto n = dec.feed(in.substr(pos), data);
+          if (!n) return std::nullopt;
+          pos += *n;
+          data_bytes += data.size();
+        }
+        return pos;
+      }
+      case http1::framing::until_close: return in.size();
+      case http1::framing::none: return 0;
+    }
+    return 0;
+  }
+
+  static std::string_view view(const beast::flat_buffer& b) {
+    return {static_cast<const char*>(b.data().data()), b.size()};
+  }
+
+  // Sends the request head (already in c.out) and the request body to the
+  // upstream; the body is streamed from the client through c.in (bytes past
+  // its end stay there: a pipelined request). Returns {client failed, upstream failed}.
+  static awaitable<std::pair<bool, bool>> send_request(connection& c, const runtime& rt, tcp_socket& up,
+                                                       const http1::request_head& req) {
+    using http1::framing;
+    std::uint64_t remaining = req.content_length, data_bytes = 0;
+    http1::chunked_decoder dec(static_cast<std::size_t>(rt.cfg.max_header_bytes));
+    const auto limit = rt.cfg.max_body_bytes;
+    for (bool first = true;; first = false) {
+      std::size_t n = 0;
+      bool done = req.body == framing::none;
+      if (!done) {
+        const auto part = body_part(view(c.in), req.body, remaining, dec, data_bytes);
+        if (!part || (limit > 0 && data_bytes > limit)) co_return std::pair{true, false};
+        n = *part;
+        if (req.body == framing::length) remaining -= n;
+        done = req.body == framing::length ? remaining == 0 : dec.done();
+      }
+      // The head and the body bytes at hand share one write.
+      const std::array<asio::const_buffer, 2> bufs{asio::buffer(c.out.data(), first ? c.out.size() : 0),
+                                                   asio::buffer(c.in.data().data(), n)};
+      if (first || n > 0) {
+        auto [ec, w] = co_await write(c, up, bufs, rt.cfg.upstream_timeout);
+        (void)w;
+        if (ec) co_return std::pair{false, true};
+      }
+      c.in.consume(n);
+      if (done) co_return std::pair{false, false};
+      auto [rec, got] = co_await read_some(c, c.client, c.in, k_relay_chunk, rt.cfg.body_timeout);
+      if (rec) co_return std::pair{true, false};
+      c.in.commit(got);
+    }
+  }
+
+  // Relays the response body from the upstream (through c.upstream_in) to the
+  // client, after the head in c.out: as received, de-chunked for an HTTP/1.0
+  // client, or re-framed as chunked when the upstream delimits it by closing.
+  // Returns {upstream error, client error}; on success the response is complete.
+  static awaitable<std::pair<boost::system::error_code, boost::system::error_code>> send_response(
+      connection& c, const runtime& rt, tcp_socket& up, const http1::response_head& res, http1::framing out) {
+    using http1::framing;
+    using error_code = boost::system::error_code;
+    std::uint64_t remaining = res.content_length, data_bytes = 0;
+    http1::chunked_decoder dec(static_cast<std::size_t>(rt.cfg.max_header_bytes));
+    const bool dechunk = res.body == framing::chunked && out != framing::chunked;
+    const bool rechunk = res.body == framing::until_close && out == framing::chunked;
+    const error_code malformed = make_error_code(asio::error::invalid_argument);
+    bool eof = false;
+    std::array<asio::const_buffer, 16> bufs;
+    std::array<char, 24> size_line;
+    for (bool first = true;; first = false) {
+      std::size_t count = 0, n = 0;
+      if (first) bufs[count++] = asio::buffer(c.out);
+      bool done = res.body == framing::none;
+      const std::string_view in = view(c.upstream_in);
+      if (done) {
+      } else if (dechunk) {
+        // Payload runs only (a buffer each: one read holds few chunks).
+        while (n < in.size() && !dec.done() && count < bufs.size()) {
+          std::string_view data;
+          const auto used = dec.feed(in.substr(n), data);
+          if (!used) co_return std::pair{malformed, error_code{}};
+          n += *used;
+          if (!data.empty()) bufs[count++] = asio::buffer(data.data(), data.size());
+        }
+        done = dec.done();
+      } else if (rechunk) {
+        n = in.size();
+        if (n > 0) {
+          const auto len = std::snprintf(size_line.data(), size_line.size(), "%zx\r\n", n);
+          bufs[count++] = asio::buffer(size_line.data(), static_cast<std::size_t>(len));
+          bufs[count++] = asio::buffer(in.data(), n);
+          bufs[count++] = asio::buffer("\r\n", 2);
+        }
+        if (eof) bufs[count++] = asio::buffer("0\r\n\r\n", 5);
+        done = eof;
+      } else {
+        const auto part = body_part(in, res.body, remaining, dec, data_bytes);
+        if (!part) co_return std::pair{malformed, error_code{}};
+        n = *part;
+        if (n > 0) bufs[count++] = asio::buffer(in.data(), n);
+        if (res.body == framing::length) remaining -= n;
+        done = res.body == framing::length ? remaining == 0 : res.body == framing::chunked ? dec.done() : eof;
+      }
+      if (count > 0) {
+        auto [ec, w] = co_await write(c, c.client, std::span<const asio::const_buffer>(bufs.data(), count),
+                                      rt.cfg.body_timeout);
+        (void)w;
+        if (ec) co_return std::pair{error_code{}, ec};
+      }
+      c.upstream_in.consume(n);
+      if (done) co_return std::pair{error_code{}, error_code{}};
+      if (c.upstream_in.size() > 0) continue;  // more framing at hand than one write took
+      auto [rec, got] = co_await read_some(c, up, c.upstream_in, k_relay_chunk, rt.cfg.upstream_timeout);
+      if (rec == asio::error::eof && res.body == framing::until_close) {
+        eof = true;
+        continue;
+      }
+      if (rec) co_return std::pair{c.classify(rec), error_code{}};
+      c.upstream_in.commit(got);
+    }
+  }
+
+  // ---- one request ---------------------------------------------------------
+
+  static bool idempotent(std::string_view m) {
+    return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
   }
 
   // Forwards an admitted request and relays the response. Returns whether the
   // client connection may be kept alive.
-  awaitable<bool> forward(worker& w, const runtime& rt, const route& r, tcp_stream& client, beast::flat_buffer& buf,
-                          http::request_parser<http::buffer_body>& parser, const std::string& client_ip,
-                          std::span<char> chunk) {
-    auto& req = parser.get();
-    const unsigned version = req.version();
-    const bool client_keep_alive = req.keep_alive();
-    const bool head = req.method() == http::verb::head;
-    const bool tunnel = is_upgrade(req);
-    const bool has_body = !parser.is_done();
+  awaitable<bool> forward(worker& w, const runtime& rt, const route& r, connection& c, http1::request_head& req,
+                          std::string_view client_ip) {
+    const unsigned version = req.version;
+    const bool has_body = req.body != http1::framing::none;
     // A request that may have reached a pooled connection's server is resent
     // only when that is harmless: no body (nothing consumed) and an idempotent
     // method (RFC 9110 9.2.2: a proxy must not retry POST, PATCH, ...).
-    const http::verb m = req.method();
-    const bool retryable = !has_body && (m == http::verb::get || m == http::verb::head || m == http::verb::options ||
-                                         m == http::verb::put || m == http::verb::delete_ || m == http::verb::trace);
-    if (iequals(req[http::field::expect], "100-continue")) {
+    const bool retryable = !has_body && idempotent(req.method);
+    if (req.expect_continue && has_body && version >= 11) {
       // The proxy answers 100-continue itself, once the gate has admitted the request.
-      req.erase(http::field::expect);
-      if (has_body) {
-        client.expires_after(rt.cfg.body_timeout);
-        static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
-        auto [ec, n] = co_await asio::async_write(client, asio::buffer(k_continue), nothrow);
-        if (ec) co_return false;
-      }
+      static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
+      auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout);
+      if (ec) co_return false;
     }
-    rewrite_request(req, {client_ip, "http", tunnel});
-    req.version(11);
+    c.out.clear();
+    http1::write_request_head(c.out, req, {client_ip, "http", req.upgrade});
+    c.in.consume(req.size);  // the head: what follows is body (or the next request)
 
-    const auto upstream_timeout = rt.cfg.upstream_timeout;
-    const auto body_timeout = rt.cfg.body_timeout;
     upstream_conn up;
-    std::optional<http::response_parser<http::buffer_body>> rp;
-    beast::flat_buffer ubuf;
+    struct release_guard {
+      connection& c;
+      upstream_conn& up;
+      ~release_guard() { up.release(c); }
+    } guard{c, up};
+    http1::response_head& res = c.response;
     // A pooled connection may have been closed by the upstream just now: a
     // retryable request is retried once on a fresh connection.
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      up = co_await acquire(w, rt, r.upstream_index, attempt == 0, has_body);
-      if (!up.stream) {
+    for (int attempt = 0;; ++attempt) {
+      if (!co_await acquire(w, rt, c, r.upstream_index, up, attempt == 0, has_body)) {
         metrics_.upstream_no_server.inc();
-        co_return co_await respond(client, version, http::status::bad_gateway, "upstream unavailable\n", false);
+        co_return co_await respond(c, version, 502, "upstream unavailable\n", false);
       }
-      auto [read_ec, write_ec] = co_await relay<true>(*up.stream, client, buf, parser, chunk, body_timeout, upstream_timeout);
-      if (read_ec) co_return false;  // the client failed mid-body: nothing sensible to answer
-      if (write_ec) {
-        if (up.reused && retryable) continue;
+      const auto [client_failed, upstream_failed] = co_await send_request(c, rt, *up.sock, req);
+      if (client_failed) co_return false;  // the client failed mid-body: nothing sensible to answer
+      if (upstream_failed) {
+        if (up.reused && retryable && attempt == 0) continue;
         metrics_.upstream_reset.inc();
-        co_return co_await respond(client, version, http::status::bad_gateway, "upstream write failed\n", false);
+        co_return co_await respond(c, version, 502, "upstream write failed\n", false);
       }
-      ubuf.clear();
-      beast::error_code ec;
-      for (;;) {  // skip/forward 1xx informational responses (but not 101)
-        rp.emplace();
-        rp->body_limit(boost::none);
-        if (head) rp->skip(true);
-        up.stream->expires_after(upstream_timeout);
-        auto [hec, n] = co_await http::async_read_header(*up.stream, ubuf, *rp, nothrow);
-        ec = hec;
-        if (ec) break;
-        const unsigned code = rp->get().result_int();
-        if (code < 100 || code >= 200 || code == 101) break;
-        http::response<http::empty_body> info{rp->get().result(), 11};
-        for (const auto& f : rp->get()) info.insert(f.name_string(), f.value());
-        client.expires_after(upstream_timeout);
-        auto [wec, wn] = co_await http::async_write(client, info, nothrow);
-        if (wec) co_return false;
+      // The response head, skipping or passing on 1xx informational responses (but not 101).
+      c.upstream_in.clear();
+      boost::system::error_code ec;
+      bool bad_head = false;
+      for (std::size_t scanned = 0;;) {
+        const auto parsed = http1::parse_response(view(c.upstream_in), k_max_response_head, req.head, res, scanned);
+        if (parsed.status == http1::parse_status::complete) {
+          if (res.status >= 200 || res.status == 101) break;
+          if (version >= 11) {  // never to an HTTP/1.0 client (RFC 9110 15.2)
+            c.out.clear();
+            http1::write_response_head(c.out, res, 11, http1::framing::none, true, false);
+            auto [wec, wn] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout);
+            if (wec) co_return false;
+          }
+          c.upstream_in.consume(res.size);
+          scanned = 0;
+          continue;
+        }
+        if (parsed.status != http1::parse_status::incomplete) {
+          bad_head = true;
+          break;
+        }
+        auto [rec, n] = co_await read_some(c, *up.sock, c.upstream_in, k_head_read, rt.cfg.upstream_timeout);
+        if (rec) {
+          ec = c.classify(rec);
+          break;
+        }
+        c.upstream_in.commit(n);
       }
-      if (ec) {
-        if (up.reused && retryable && (ec == http::error::end_of_stream || ec == asio::error::connection_reset)) continue;
-        if (ec == beast::error::timeout) {
+      if (ec || bad_head) {
+        const bool nothing = c.upstream_in.size() == 0;
+        if (nothing && up.reused && retryable && attempt == 0 &&
+            (ec == asio::error::eof || ec == asio::error::connection_reset)) {
+          continue;
+        }
+        if (ec == asio::error::timed_out) {
           metrics_.upstream_timeout.inc();
-          co_return co_await respond(client, version, http::status::gateway_timeout, "upstream timed out\n", false);
+          co_return co_await respond(c, version, 504, "upstream timed out\n", false);
         }
         metrics_.upstream_reset.inc();
-        co_return co_await respond(client, version, http::status::bad_gateway, "upstream failed\n", false);
+        co_return co_await respond(c, version, 502, bad_head ? "upstream sent a malformed response\n" : "upstream failed\n",
+                                   false);
       }
       break;
     }
-    if (!rp || !up.stream) co_return false;
-    auto& res = rp->get();
+    c.upstream_in.consume(res.size);
 
-    if (tunnel && res.result() == http::status::switching_protocols) {
-      rewrite_response(res, true);
-      http::response<http::empty_body> sw{res.result(), 11};
-      for (const auto& f : res) sw.insert(f.name_string(), f.value());
-      client.expires_after(upstream_timeout);
-      if (auto [ec, n] = co_await http::async_write(client, sw, nothrow); ec) co_return false;
+    if (res.status == 101) {
+      if (!req.upgrade) {
+        metrics_.upstream_reset.inc();
+        co_return co_await respond(c, version, 502, "upstream switched protocols unasked\n", false);
+      }
+      c.out.clear();
+      http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
+      if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return false;
       const auto idle = rt.cfg.idle_timeout;
-      co_await (pump(client, *up.stream, buf, idle) && pump(*up.stream, client, ubuf, idle));
+      co_await (pump(c, c.client, *up.sock, c.in, idle) && pump(c, *up.sock, c.client, c.upstream_in, idle));
       co_return false;
     }
 
-    rewrite_response(res, false);
-    const bool eof_body = !head && !res.has_content_length() && !res.chunked() && !rp->is_done();
-    if (eof_body && version >= 11) res.chunked(true);  // keep the client connection: re-frame as chunked
-    const bool keep = client_keep_alive && !draining_ && !(eof_body && version < 11);
-    res.keep_alive(keep);
-    res.version(version >= 11 ? 11 : 10);
-    auto [read_ec, write_ec] = co_await relay<false>(client, *up.stream, ubuf, *rp, chunk, upstream_timeout, body_timeout);
-    if (read_ec && read_ec != http::error::end_of_stream) {
-      (read_ec == beast::error::timeout ? metrics_.upstream_timeout : metrics_.upstream_reset).inc();
+    using http1::framing;
+    framing out = res.body;
+    if (res.body == framing::until_close && version >= 11) out = framing::chunked;  // keep the client connection
+    if (res.body == framing::chunked && version < 11) out = framing::until_close;   // HTTP/1.0 knows no chunks
+    const bool keep = req.keep_alive && !draining_ && out != framing::until_close;
+    c.out.clear();
+    http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep, false);
+    const auto [upstream_ec, client_ec] = co_await send_response(c, rt, *up.sock, res, out);
+    if (upstream_ec) {
+      (upstream_ec == asio::error::timed_out ? metrics_.upstream_timeout : metrics_.upstream_reset).inc();
       co_return false;  // the response has started: the only honest signal left is closing
     }
-    if (write_ec) co_return false;
-    if (rp->keep_alive() && rp->is_done() && parser.is_done()) give_back(w, rt, r.upstream_index, up);
+    if (client_ec) co_return false;
+    if (res.keep_alive && c.upstream_in.size() == 0) give_back(w, rt, c, r.upstream_index, up);
     co_return keep;
   }
 
   awaitable<void> session(worker& w, tcp_socket socket) {
+    auto conn = std::make_shared<connection>(std::move(socket), current_tick(*w.rt));
+    connection& c = *conn;
     ++connections_;
     struct guard {
       impl& s;
       worker& w;
-      session_state& st;
+      connection& c;
       ~guard() {
-        w.sessions.erase(&st);
+        w.sessions.erase(&c);
+        c.close();
         --s.connections_;
       }
     };
-    tcp_stream client(std::move(socket));
-    session_state state{&client, true};
-    w.sessions.insert(&state);
-    guard g{*this, w, state};
-    beast::error_code ignored;
-    client.socket().set_option(tcp::no_delay(true), ignored);
-    const auto remote = client.socket().remote_endpoint(ignored);
+    w.sessions.insert(&c);
+    guard g{*this, w, c};
+    connection::watch(conn);
+    boost::system::error_code ignored;
+    c.client.set_option(tcp::no_delay(true), ignored);
+    const auto remote = c.client.remote_endpoint(ignored);
     ip_address peer;
     if (auto parsed = parse_ip(remote.address().to_string())) peer = *parsed;
-    beast::flat_buffer buf;
-    // One relay buffer per connection (requests on it are sequential),
-    // allocated at the first forward: held and refused requests never need it.
-    std::unique_ptr<std::array<char, 16384>> chunk;
+    const std::string peer_text = format_ip(peer);
+    http1::request_head& req = c.request;
 
     for (bool first = true;; first = false) {
       if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
       // Between requests the connection is idle: closed after idle_timeout, or at once when draining.
       // On a new connection the header_timeout runs from the accept: one deadline for the whole head.
       bool head_deadline_running = false;
-      if (buf.size() == 0) {
+      if (c.in.size() == 0) {
         head_deadline_running = first;
         if (draining_) co_return;
-        state.idle = true;
-        client.expires_after(first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
-        // 1 KiB holds most request heads; the buffer grows when one is larger.
-        auto [ec, n] = co_await client.async_read_some(buf.prepare(1024), nothrow);
-        if (ec) co_return;
-        buf.commit(n);
+        c.idle = true;
+        auto [ec, n] = co_await read_some(c, c.client, c.in, k_head_read, first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
+        if (ec) co_return;  // closed, or silent until the deadline
+        c.in.commit(n);
         // A reload may have happened while this connection was idle.
         if (w.rt->generation != generation_.load(std::memory_order_acquire)) w.rt = current();
       }
-      state.idle = false;
+      c.idle = false;
       const std::shared_ptr<const runtime> rt_hold = w.rt;
       const runtime& rt = *rt_hold;
+      c.tick = current_tick(rt);
 
-      // The whole head is buffered and scanned before Beast parses it: size
-      // classification (414 vs 431) and shapes Beast would accept (obs-fold).
-      if (!head_deadline_running) client.expires_after(rt.cfg.header_timeout);
-      const auto head = co_await read_head(client, buf, rt.cfg.max_header_bytes);
-      if (head != head_status::ok) {
-        switch (head) {
-          case head_status::line_too_long:
-            metrics_.header_too_large.inc();
-            co_await respond(client, 11, http::status::uri_too_long, "request line too long\n", false);
-            break;
-          case head_status::headers_too_large:
-            metrics_.header_too_large.inc();
-            co_await respond(client, 11, http::status::request_header_fields_too_large, "request headers too large\n", false);
-            break;
-          case head_status::obs_fold:
-            metrics_.bad_request.inc();
-            co_await respond(client, 11, http::status::bad_request, "bad request: obsolete line folding\n", false);
-            break;
-          case head_status::timeout:
+      // The request head, within max_header_bytes and header_timeout.
+      if (!head_deadline_running) c.expires_after(rt.cfg.header_timeout);
+      const auto limit = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+      http1::parse_result parsed;
+      for (std::size_t scanned = 0;;) {
+        parsed = http1::parse_request(view(c.in), limit, req, scanned);
+        if (parsed.status != http1::parse_status::incomplete) break;
+        auto [ec, n] = co_await c.client.async_read_some(c.in.prepare(std::min(std::max(k_head_read, c.in.size()), limit - c.in.size())), nothrow);
+        if (ec) {
+          if (c.expired) {
             metrics_.header_timeout.inc();
-            co_await respond(client, 11, http::status::request_timeout, "request head not received in time\n", false);
-            break;
-          default: break;  // closed
-        }
-        co_return;
-      }
-      http::request_parser<http::buffer_body> parser;
-      parser.header_limit(static_cast<std::uint32_t>(rt.cfg.max_header_bytes));
-      if (rt.cfg.max_body_bytes > 0) parser.body_limit(rt.cfg.max_body_bytes);
-      else parser.body_limit(boost::none);
-      auto [ec, n] = co_await http::async_read_header(client, buf, parser, nothrow);
-      if (ec) {
-        metrics_.bad_request.inc();
-        co_await respond(client, 11, http::status::bad_request, "bad request: " + ec.message() + "\n", false);
-        co_return;
-      }
-      auto& req = parser.get();
-      const unsigned version = req.version();
-      // Request-smuggling shapes the parser lets through are refused outright.
-      if (req.count(http::field::content_length) > 1 ||
-          (req.count(http::field::transfer_encoding) > 0 && req.count(http::field::content_length) > 0) ||
-          (req.count(http::field::transfer_encoding) > 0 && (!req.chunked() || version < 11)) ||
-          req.count(http::field::host) > 1 || (version >= 11 && req.count(http::field::host) == 0)) {
-        metrics_.bad_request.inc();
-        co_await respond(client, version, http::status::bad_request, "bad request: ambiguous framing or host\n", false);
-        co_return;
-      }
-      const std::string_view target = req.target();
-      const route* r = rt.routes.match(req[http::field::host], target.substr(0, target.find('?')));
-      if (!r) {
-        metrics_.no_route.inc();
-        // Unread body bytes would be parsed as the next request: close instead.
-        if (!co_await respond(client, version, http::status::not_found, "no route\n", req.keep_alive() && parser.is_done())) {
+            co_await respond(c, 11, 408, "request head not received in time\n", false);
+          }
           co_return;
         }
+        c.in.commit(n);
+      }
+      switch (parsed.status) {
+        case http1::parse_status::complete: break;
+        case http1::parse_status::line_too_long:
+          metrics_.header_too_large.inc();
+          co_await respond(c, 11, 414, "request line too long\n", false);
+          co_return;
+        case http1::parse_status::headers_too_large:
+          metrics_.header_too_large.inc();
+          co_await respond(c, 11, 431, "request headers too large\n", false);
+          co_return;
+        default:
+          metrics_.bad_request.inc();
+          co_await respond(c, 11, 400, "bad request: " + std::string(parsed.reason) + "\n", false);
+          co_return;
+      }
+      const unsigned version = req.version;
+      if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
+        metrics_.bad_request.inc();
+        co_await respond(c, version, 413, "request body too large\n", false);
+        co_return;
+      }
+      const std::string_view target = req.target;
+      // Unread body bytes would be parsed as the next request: close after answering instead.
+      const bool can_answer_and_continue = req.keep_alive && req.body == http1::framing::none && !draining_;
+      const route* r = rt.routes.match(req.host, target.substr(0, target.find('?')));
+      if (!r) {
+        metrics_.no_route.inc();
+        if (!co_await respond(c, version, 404, "no route\n", can_answer_and_continue)) co_return;
+        c.in.consume(req.size);
         continue;
       }
       const std::int64_t now_us = clock_.wall_us();
       const std::int64_t now_ms = now_us / 1000;
       const auto& counts = rt.counts[r->domain_index];
       identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000};
-      const auto who = identify(r->identify, req, target, peer, ictx);
-      const std::string client_ip = format_ip(client_address(req, peer, rt.cfg.trusted_proxies));
+      const auto who = identify(r->identify, req.headers, target, peer, ictx);
+      const std::string client_ip =
+          rt.cfg.trusted_proxies.empty() ? peer_text : format_ip(client_address(req.headers, peer, rt.cfg.trusted_proxies));
       gate_decision d;
-      if (who) {
-        d = gate_.decide(rt.gate_domain[r->domain_index], who->value, now_us, rt.limits);
-      }
+      if (who) d = gate_.decide(rt.gate_domain[r->domain_index], who->value, now_us, rt.limits);
       if (!who) {
         counts[static_cast<int>(decision_label::unidentified)]->inc();
       } else if (d.v == verdict::reject) {
         counts[static_cast<int>(decision_label::rejected)]->inc();
         (d.reason == reject_reason::delay_too_long ? metrics_.reject_too_long : metrics_.reject_held_full).inc();
         publish(w, rt, *r, wire::status::rejected, who->value, now_ms, 0);
-        log_access(rt, peer, req, 503, "rejected", who ? &*who : nullptr, 0);
-        if (!co_await respond(client, version, http::status::service_unavailable, "rate limit exceeded, retry later\n",
-                              req.keep_alive() && parser.is_done() && !draining_, d.retry_after_s)) {
+        if (rt.cfg.access_log) log_access(peer, std::string(req.method) + " " + std::string(req.target), 503, "rejected", &*who, 0);
+        if (!co_await respond(c, version, 503, "rate limit exceeded, retry later\n", can_answer_and_continue, d.retry_after_s)) {
           co_return;
         }
+        c.in.consume(req.size);
         continue;
       } else if (d.v == verdict::delay) {
         counts[static_cast<int>(decision_label::delayed)]->inc();
@@ -736,7 +850,8 @@ struct server::impl {
         // slot (given back by a held client that left) was reported already.
         if (!d.prepaid) publish(w, rt, *r, wire::status::delayed, who->value, now_ms, (d.release_us + 999) / 1000);
         metrics_.delay_seconds.observe(static_cast<double>(d.release_us - now_us) / 1e6);
-        const bool stayed = co_await hold(client, steady::now() + std::chrono::microseconds(d.release_us - clock_.wall_us()));
+        c.expires_never();
+        const bool stayed = co_await hold(c, steady::now() + std::chrono::microseconds(d.release_us - clock_.wall_us()));
         gate_.release_held();
         if (!stayed) {
           metrics_.client_gone_held.inc();
@@ -747,24 +862,34 @@ struct server::impl {
         counts[static_cast<int>(decision_label::accepted)]->inc();
         publish(w, rt, *r, wire::status::accepted, who->value, now_ms, 0);
       }
-      const auto started = steady::now();
-      if (!chunk) chunk = std::make_unique<std::array<char, 16384>>();
-      const bool keep = co_await forward(w, rt, *r, client, buf, parser, client_ip, *chunk);
+      // The head's views do not outlive forwarding (the buffer is reused): what the log needs is copied.
+      std::string logged_request;
+      if (rt.cfg.access_log) logged_request.append(req.method).append(" ").append(req.target);
+      const auto started = rt.cfg.access_log ? steady::now() : steady::time_point{};
+      const bool keep = co_await forward(w, rt, *r, c, req, client_ip);
       if (rt.cfg.access_log) {
-        log_access(rt, peer, req, 0, d.v == verdict::delay ? "delayed" : who ? "accepted" : "unidentified",
+        log_access(peer, logged_request, 0, d.v == verdict::delay ? "delayed" : who ? "accepted" : "unidentified",
                    who ? &*who : nullptr, std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - started).count());
       }
       if (!keep) co_return;
     }
   }
 
-  void log_access(const runtime& rt, const ip_address& peer, const http::request<http::buffer_body>& req, unsigned status,
-                  std::string_view decision, const identity* who, std::int64_t upstream_ms) {
-    if (!rt.cfg.access_log) return;
-    access_log_->info("{} \"{} {}\" status={} decision={} source={} upstream_ms={}", format_ip(peer),
-                      std::string_view(req.method_string()), std::string_view(req.target()),
+  void log_access(const ip_address& peer, std::string_view request, unsigned status, std::string_view decision,
+                  const identity* who, std::int64_t upstream_ms) {
+    access_log_->info("{} \"{}\" status={} decision={} source={} upstream_ms={}", format_ip(peer), request,
                       status ? std::to_string(status) : std::string("-"), decision,
                       who && who->source ? config::to_string(*who->source) : std::string("-"), upstream_ms);
+  }
+
+  // The watchdog's period: no longer than the shortest timeout (see connection).
+  static steady::duration current_tick(const runtime& rt) {
+    const auto& c = rt.cfg;
+    steady::duration t = std::chrono::seconds(10);  // respond()'s write deadline
+    for (const auto d : {c.header_timeout, c.idle_timeout, c.connect_timeout, c.upstream_timeout, c.body_timeout}) {
+      t = std::min<steady::duration>(t, d);
+    }
+    return std::max<steady::duration>(t, std::chrono::milliseconds(1));
   }
 
   awaitable<void> accept_loop(worker& w) {
@@ -805,8 +930,8 @@ struct server::impl {
       asio::post(w->ioc, [&w = *w] {
         beast::error_code ignored;
         w.acceptor->close(ignored);
-        for (auto* s : w.sessions) {
-          if (s->idle) s->client->socket().cancel(ignored);
+        for (auto* c : w.sessions) {
+          if (c->idle) c->client.cancel(ignored);
         }
       });
     }

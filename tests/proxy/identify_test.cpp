@@ -12,6 +12,7 @@
 #include <openssl/pem.h>
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,7 +21,17 @@
 namespace smockron::proxy {
 namespace {
 
-namespace http = boost::beast::http;
+// A header list that owns its text (the proxy's lists are views into its buffer).
+struct headers : http1::header_list {
+  std::deque<std::string> text;
+  void insert(std::string name, std::string value) {
+    text.push_back(std::move(name));
+    const std::string& n = text.back();
+    text.push_back(std::move(value));
+    header_list::insert(n, text.back());
+  }
+};
+
 using src = config::identifier_source;
 using kind = config::identifier_source::kind;
 
@@ -51,13 +62,13 @@ std::vector<src> sources(std::initializer_list<std::string_view> list) {
 }
 
 // The identity's value, or "<none>".
-std::string id_of(const std::vector<src>& s, const http::fields& h, std::string_view target = "/",
+std::string id_of(const std::vector<src>& s, const headers& h, std::string_view target = "/",
                   const ip_address& peer = ip("203.0.113.9"), const identify_context& ctx = {}) {
   auto r = identify(s, h, target, peer, ctx);
   return r ? r->value : "<none>";
 }
 
-std::string client(const http::fields& h, std::string_view peer, const std::vector<cidr>& trusted) {
+std::string client(const headers& h, std::string_view peer, const std::vector<cidr>& trusted) {
   return format_ip(client_address(h, ip(peer), trusted));
 }
 
@@ -82,13 +93,13 @@ TEST(FormatIp, V4MappedAsDottedQuadV6PerInetNtop) {
 // ------------------------------------------------------------ ip / X-F-F
 
 TEST(ClientAddress, PeerWithoutHeader) {
-  http::fields h;
+  headers h;
   EXPECT_EQ(client(h, "198.51.100.7", cidrs({"10.0.0.0/8"})), "198.51.100.7");
   EXPECT_EQ(client(h, "10.1.1.1", cidrs({"10.0.0.0/8"})), "10.1.1.1");
 }
 
 TEST(ClientAddress, HeaderFromUntrustedPeerIsIgnored) {
-  http::fields h;
+  headers h;
   h.insert("X-Forwarded-For", "1.2.3.4");
   // No trusted proxies at all, and a peer outside the trusted set.
   EXPECT_EQ(client(h, "198.51.100.7", {}), "198.51.100.7");
@@ -102,14 +113,14 @@ TEST(ClientAddress, HeaderFromUntrustedPeerIsIgnored) {
 }
 
 TEST(ClientAddress, TrustedPeerTakesRightMostUntrusted) {
-  http::fields h;
+  headers h;
   // The client put "6.6.6.6" there itself; our edge appended the real one.
   h.insert("X-Forwarded-For", "6.6.6.6, 192.0.2.50, 10.0.0.2");
   EXPECT_EQ(client(h, "10.0.0.1", cidrs({"10.0.0.0/8"})), "192.0.2.50");
 }
 
 TEST(ClientAddress, SeveralHeaderLinesAreOneListInOrder) {
-  http::fields h;
+  headers h;
   h.insert("X-Forwarded-For", "6.6.6.6, 192.0.2.50");
   h.insert("Host", "example.com");
   h.insert("x-forwarded-for", "172.16.0.5,10.0.0.3");
@@ -121,7 +132,7 @@ TEST(ClientAddress, SeveralHeaderLinesAreOneListInOrder) {
 }
 
 TEST(ClientAddress, AllTrustedUsesLeftMost) {
-  http::fields h;
+  headers h;
   h.insert("X-Forwarded-For", "10.9.9.9, 10.0.0.3");
   h.insert("X-Forwarded-For", "10.0.0.2");
   EXPECT_EQ(client(h, "10.0.0.1", cidrs({"10.0.0.0/8"})), "10.9.9.9");
@@ -130,30 +141,30 @@ TEST(ClientAddress, AllTrustedUsesLeftMost) {
 TEST(ClientAddress, GarbageStopsAtLastTrustedHop) {
   const auto trusted = cidrs({"10.0.0.0/8"});
   {
-    http::fields h;
+    headers h;
     h.insert("X-Forwarded-For", "192.0.2.50, not-an-ip, 10.0.0.2");
     EXPECT_EQ(client(h, "10.0.0.1", trusted), "10.0.0.2");
   }
   {
-    http::fields h;  // garbage right next to the peer
+    headers h;  // garbage right next to the peer
     h.insert("X-Forwarded-For", "192.0.2.50, unknown");
     EXPECT_EQ(client(h, "10.0.0.1", trusted), "10.0.0.1");
   }
   {
-    http::fields h;  // an address with a port is not an address
+    headers h;  // an address with a port is not an address
     h.insert("X-Forwarded-For", "192.0.2.50:4711");
     EXPECT_EQ(client(h, "10.0.0.1", trusted), "10.0.0.1");
-    http::fields h6;
+    headers h6;
     h6.insert("X-Forwarded-For", "[2001:db8::1]:443, 10.0.0.2");
     EXPECT_EQ(client(h6, "10.0.0.1", trusted), "10.0.0.2");
   }
   {
-    http::fields h;  // garbage beyond the first untrusted hop is never reached
+    headers h;  // garbage beyond the first untrusted hop is never reached
     h.insert("X-Forwarded-For", "garbage, 192.0.2.50, 10.0.0.2");
     EXPECT_EQ(client(h, "10.0.0.1", trusted), "192.0.2.50");
   }
   {
-    http::fields h;  // empty list elements are skipped, not garbage
+    headers h;  // empty list elements are skipped, not garbage
     h.insert("X-Forwarded-For", "192.0.2.50,, 10.0.0.2,");
     h.insert("X-Forwarded-For", "");
     EXPECT_EQ(client(h, "10.0.0.1", trusted), "192.0.2.50");
@@ -162,12 +173,12 @@ TEST(ClientAddress, GarbageStopsAtLastTrustedHop) {
 
 TEST(ClientAddress, Ipv6PeersAndHops) {
   const auto trusted = cidrs({"2001:db8:ffff::/48", "::1"});
-  http::fields h;
+  headers h;
   h.insert("X-Forwarded-For", "2001:db8:1::abcd, 2001:db8:ffff::2");
   EXPECT_EQ(client(h, "2001:db8:ffff::1", trusted), "2001:db8:1::abcd");
   EXPECT_EQ(client(h, "::1", trusted), "2001:db8:1::abcd");
   EXPECT_EQ(client(h, "2001:db8:2::1", trusted), "2001:db8:2::1");  // untrusted v6 peer
-  http::fields mapped;
+  headers mapped;
   mapped.insert("X-Forwarded-For", "::ffff:192.0.2.77");
   EXPECT_EQ(client(mapped, "::1", trusted), "192.0.2.77");
   // An IPv4 trusted range also covers the mapped form of a v4 peer.
@@ -177,7 +188,7 @@ TEST(ClientAddress, Ipv6PeersAndHops) {
 // ------------------------------------------------------ header / cookie / query
 
 TEST(Identify, HeaderCaseInsensitiveFirstInstanceTrimmed) {
-  http::fields h;
+  headers h;
   h.insert("x-api-key", "  key-one \t");
   h.insert("X-API-KEY", "key-two");
   const auto s = sources({"header:X-Api-Key"});
@@ -188,14 +199,14 @@ TEST(Identify, HeaderCaseInsensitiveFirstInstanceTrimmed) {
 }
 
 TEST(Identify, EmptyOrMissingHeaderFallsBack) {
-  http::fields h;
+  headers h;
   h.insert("X-Api-Key", "   ");
   EXPECT_EQ(id_of(sources({"header:X-Api-Key", "header:X-Other", "ip"}), h), "203.0.113.9");
   EXPECT_EQ(id_of(sources({"header:X-Api-Key"}), h), "<none>");
 }
 
 TEST(Identify, Cookie) {
-  http::fields h;
+  headers h;
   h.insert("Cookie", "sessionid=long; Session=upper;theme=dark ;  session = abc ; session=second");
   h.insert("Cookie", "late=1");
   EXPECT_EQ(id_of(sources({"cookie:session"}), h), "abc");
@@ -207,18 +218,18 @@ TEST(Identify, Cookie) {
 }
 
 TEST(Identify, CookieEdgeCases) {
-  http::fields h;
+  headers h;
   h.insert("Cookie", "flag; empty=; quoted=\"q v\"; eq=a=b;;");
   EXPECT_EQ(id_of(sources({"cookie:flag"}), h), "<none>");   // no '=' : not a pair
   EXPECT_EQ(id_of(sources({"cookie:empty", "header:Cookie"}), h), "flag; empty=; quoted=\"q v\"; eq=a=b;;");
   EXPECT_EQ(id_of(sources({"cookie:quoted"}), h), "q v");
   EXPECT_EQ(id_of(sources({"cookie:eq"}), h), "a=b");
-  http::fields none;
+  headers none;
   EXPECT_EQ(id_of(sources({"cookie:a"}), none), "<none>");
 }
 
 TEST(Identify, Query) {
-  http::fields h;
+  headers h;
   const auto s = sources({"query:key"});
   EXPECT_EQ(id_of(s, h, "/p?a=1&key=abc&key=second"), "abc");
   EXPECT_EQ(id_of(s, h, "/p?keys=no&key=yes"), "yes");
@@ -232,7 +243,7 @@ TEST(Identify, Query) {
 }
 
 TEST(Identify, QueryEdgeCasesFallBack) {
-  http::fields h;
+  headers h;
   const auto s = sources({"query:key", "ip"});
   EXPECT_EQ(id_of(s, h, "/p"), "203.0.113.9");
   EXPECT_EQ(id_of(s, h, "/p?"), "203.0.113.9");
@@ -246,7 +257,7 @@ TEST(Identify, QueryEdgeCasesFallBack) {
 
 TEST(Identify, TokenIsHashedNeverRaw) {
   const std::string token = "s3cr3t-T0ken.value";
-  http::fields h;
+  headers h;
   h.insert("Authorization", "bEaReR   " + token + " ");
   const auto r = identify(sources({"token"}), h, "/", ip("203.0.113.9"), {});
   ASSERT_TRUE(r);
@@ -257,16 +268,16 @@ TEST(Identify, TokenIsHashedNeverRaw) {
 
 TEST(Identify, TokenRequiresBearerScheme) {
   const auto s = sources({"token", "ip"});
-  http::fields basic;
+  headers basic;
   basic.insert("Authorization", "Basic dXNlcjpwYXNz");
   EXPECT_EQ(id_of(s, basic), "203.0.113.9");
-  http::fields empty;
+  headers empty;
   empty.insert("Authorization", "Bearer   ");
   EXPECT_EQ(id_of(s, empty), "203.0.113.9");
-  http::fields glued;
+  headers glued;
   glued.insert("Authorization", "Bearerabc");
   EXPECT_EQ(id_of(s, glued), "203.0.113.9");
-  http::fields none;
+  headers none;
   EXPECT_EQ(id_of(s, none), "203.0.113.9");
 }
 
@@ -274,7 +285,7 @@ TEST(Identify, TokenRequiresBearerScheme) {
 
 TEST(Identify, FirstSourceThatYieldsWins) {
   const auto s = sources({"header:X-Api-Key", "cookie:session", "query:key", "ip"});
-  http::fields h;
+  headers h;
   EXPECT_EQ(id_of(s, h, "/"), "203.0.113.9");
   EXPECT_EQ(id_of(s, h, "/?key=q"), "q");
   h.insert("Cookie", "session=c");
@@ -292,7 +303,7 @@ TEST(Identify, FirstSourceThatYieldsWins) {
 }
 
 TEST(Identify, NothingYieldsNoIdentity) {
-  http::fields h;
+  headers h;
   EXPECT_FALSE(identify(sources({"header:A", "cookie:b", "query:c", "token", "jwt:sub"}), h, "/", ip("192.0.2.1"), {}));
   EXPECT_FALSE(identify({}, h, "/", ip("192.0.2.1"), {}));
 }
@@ -300,7 +311,7 @@ TEST(Identify, NothingYieldsNoIdentity) {
 TEST(Identify, OverLongValueIsHashed) {
   const std::string exact(1024, 'a');
   const std::string over(1025, 'a');
-  http::fields h;
+  headers h;
   h.insert("X-Exact", exact);
   h.insert("X-Over", over);
   EXPECT_EQ(id_of(sources({"header:X-Exact"}), h), exact);
@@ -648,7 +659,7 @@ TEST_F(Jwt, ThroughIdentify) {
   identify_context ctx;
   ctx.now_s = now;
 
-  http::fields good;
+  headers good;
   good.insert("Authorization", "Bearer " + sign_hs256(payload_with()));
   // No verifier in the context: jwt:* yields nothing, the next source hashes the token.
   auto r = identify(s, good, "/", ip("192.0.2.1"), ctx);
@@ -665,19 +676,19 @@ TEST_F(Jwt, ThroughIdentify) {
   EXPECT_EQ(id_of(sources({"jwt:empty", "ip"}), good, "/", ip("192.0.2.1"), ctx), "192.0.2.1");
   EXPECT_EQ(id_of(sources({"jwt:admin", "ip"}), good, "/", ip("192.0.2.1"), ctx), "192.0.2.1");
 
-  http::fields bad;
+  headers bad;
   bad.insert("Authorization", "Bearer " + tamper_signature(sign_hs256(payload_with())));
   r = identify(s, bad, "/", ip("192.0.2.1"), ctx);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->source->type, kind::token);
 
-  http::fields expired;
+  headers expired;
   expired.insert("Authorization", "Bearer " + sign_hs256(payload_with(",\"exp\":" + std::to_string(now - 3600))));
   EXPECT_EQ(id_of(sources({"jwt:sub", "ip"}), expired, "/", ip("192.0.2.1"), ctx), "192.0.2.1");
 
   // An over-long claim is hashed like any other value.
   const std::string long_sub(2000, 'x');
-  http::fields long_claim;
+  headers long_claim;
   long_claim.insert("Authorization", "Bearer " + sign_hs256(R"({"sub":")" + long_sub + "\"}"));
   EXPECT_EQ(id_of(sources({"jwt:sub"}), long_claim, "/", ip("192.0.2.1"), ctx), hash_secret(long_sub));
 }

@@ -1,0 +1,163 @@
+// HTTP/1.1 message heads and chunked framing for the proxy's request path,
+// without allocation per message: heads are parsed in place (names and values
+// are views into the connection's buffer) and rewritten for the next hop in
+// one pass. Strict where smuggling lives (RFC 9112): CRLF only, no obs-fold,
+// one Content-Length, Transfer-Encoding exactly "chunked" and never together
+// with Content-Length, valid chunk sizes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace smockron::proxy::http1 {
+
+bool iequals(std::string_view a, std::string_view b);
+/// True when the comma-separated `list` holds `token` (case-insensitive).
+bool has_token(std::string_view list, std::string_view token);
+
+struct header {
+  std::string_view name, value;
+};
+
+/// Header lines in arrival order; names compare case-insensitively. Views:
+/// the bytes they point into must outlive the list.
+class header_list {
+public:
+  void clear() { items_.clear(); }
+  void insert(std::string_view name, std::string_view value) { items_.push_back({name, value}); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+  std::size_t size() const { return items_.size(); }
+
+  /// Calls f(value) for each line called `name` until f returns true; returns whether one did.
+  template <class F>
+  bool for_each(std::string_view name, F&& f) const {
+    for (const auto& h : items_) {
+      if (iequals(h.name, name) && f(h.value)) return true;
+    }
+    return false;
+  }
+  /// The same, from the last line to the first.
+  template <class F>
+  bool for_each_reverse(std::string_view name, F&& f) const {
+    for (auto it = items_.rbegin(); it != items_.rend(); ++it) {
+      if (iequals(it->name, name) && f(it->value)) return true;
+    }
+    return false;
+  }
+  std::optional<std::string_view> first(std::string_view name) const;
+  std::size_t count(std::string_view name) const;
+
+private:
+  std::vector<header> items_;
+};
+
+/// How a message body is delimited.
+enum class framing : std::uint8_t { none, length, chunked, until_close };
+
+struct request_head {
+  std::string_view method, target, host;
+  unsigned version = 11;  ///< 10 or 11
+  header_list headers;
+  std::size_t size = 0;  ///< bytes of the head, blank line included
+  framing body = framing::none;
+  std::uint64_t content_length = 0;
+  bool keep_alive = true;
+  bool expect_continue = false;
+  bool upgrade = false;  ///< Upgrade with "Connection: upgrade" (WebSocket and friends)
+  bool head = false;     ///< method HEAD
+};
+
+struct response_head {
+  unsigned status = 0;
+  unsigned version = 11;
+  std::string_view reason;
+  header_list headers;
+  std::size_t size = 0;
+  framing body = framing::none;
+  std::uint64_t content_length = 0;
+  bool keep_alive = true;
+};
+
+enum class parse_status : std::uint8_t { complete, incomplete, bad, line_too_long, headers_too_large };
+
+struct parse_result {
+  parse_status status = parse_status::incomplete;
+  std::string_view reason;  ///< for bad: what was wrong (static text)
+};
+
+/// Parses a request head from the start of `data`. Incomplete until the blank
+/// line is in `data`; line_too_long / headers_too_large once `max_head` bytes
+/// hold no complete head. Leading empty lines are skipped (RFC 9112 2.2).
+parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out);
+/// The same, resumable: `scanned` (start at 0) keeps the search for the blank
+/// line from rescanning bytes it has seen when more arrive.
+parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out, std::size_t& scanned);
+
+/// Parses a response head. `request_was_head`: the body is none whatever the headers say.
+parse_result parse_response(std::string_view data, std::size_t max_head, bool request_was_head, response_head& out);
+parse_result parse_response(std::string_view data, std::size_t max_head, bool request_was_head, response_head& out,
+                            std::size_t& scanned);
+
+/// Incremental chunked-body decoder (RFC 9112 7.1): tracks framing so the
+/// proxy knows where the message ends, and hands out the payload data.
+class chunked_decoder {
+public:
+  explicit chunked_decoder(std::size_t max_line = 4096) : max_line_(max_line) {}
+
+  /// Consumes bytes of `in` (framing, then at most one run of payload data)
+  /// and returns how many; `data` is set to the payload run, which is the
+  /// tail of the consumed bytes (possibly empty). Stops at the end of the
+  /// message (done()). Returns nullopt on malformed framing (error()).
+  std::optional<std::size_t> feed(std::string_view in, std::string_view& data);
+  bool done() const { return state_ == state::done; }
+  std::string_view error() const { return error_; }
+
+private:
+  enum class state : std::uint8_t { size, ext, size_lf, data, data_cr, data_lf, trailer, trailer_lf, done, failed };
+  bool fail(std::string_view why);
+
+  state state_ = state::size;
+  std::uint64_t remaining_ = 0;
+  std::size_t digits_ = 0;
+  std::size_t line_ = 0;         // bytes of the current size or trailer line
+  std::size_t trailer_bytes_ = 0;
+  bool line_empty_ = true;       // the current trailer line has no bytes yet
+  std::size_t max_line_;
+  std::string_view error_;
+};
+
+/// What the proxy adds when it forwards a request.
+struct forward_info {
+  std::string_view client_ip;  ///< appended to X-Forwarded-For
+  std::string_view proto = "http";
+  bool tunnel = false;  ///< keep Upgrade and send "Connection: upgrade"
+};
+
+/// True for a header the proxy never forwards as-is: hop-by-hop (Connection
+/// and what it lists, Keep-Alive, TE, Trailer, Upgrade, Proxy-*).
+bool is_hop_by_hop(std::string_view name, const header_list& h, bool tunnel);
+
+/// Appends the request head as sent upstream (always HTTP/1.1): hop-by-hop
+/// headers and Expect: 100-continue removed, X-Forwarded-For extended,
+/// X-Forwarded-Proto / -Host set, Host kept.
+void write_request_head(std::string& out, const request_head& req, const forward_info& info);
+
+/// Appends the response head as sent to the client: hop-by-hop headers
+/// removed, status line in the client's version, framing as `body` (a body
+/// the upstream delimited by closing is re-framed as chunked for an HTTP/1.1
+/// client; a chunked one is de-chunked for HTTP/1.0), Connection as `keep_alive`.
+void write_response_head(std::string& out, const response_head& res, unsigned client_version, framing body,
+                         bool keep_alive, bool tunnel);
+
+/// A small response generated by the proxy itself.
+void write_simple_response(std::string& out, unsigned version, unsigned status, std::string_view body, bool keep_alive,
+                           std::int64_t retry_after_s = 0);
+
+/// Reason phrase of the status codes the proxy generates ("" for others).
+std::string_view reason_phrase(unsigned status);
+
+}  // namespace smockron::proxy::http1
