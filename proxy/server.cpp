@@ -407,6 +407,28 @@ struct server::impl {
 
   // ---- upstream pool -------------------------------------------------------
 
+  // The fast path of acquire(): the next server in the rotation is up and has
+  // an idle connection.
+  bool take_pooled(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up, bool check_idle) {
+    if (w.pool_generation != rt.generation) return false;
+    auto& slots = w.pool[upstream];
+    const std::size_t s = w.round_robin[upstream] % slots.size();
+    auto& slot = slots[s];
+    if (slot.idle.empty() || slot.down_until > steady::now()) return false;
+    if (check_idle && !still_open(slot.idle.back())) return false;  // acquire() drops it
+    ++w.round_robin[upstream];
+    up.use(c, std::move(slot.idle.back()), s, true);
+    slot.idle.pop_back();
+    return true;
+  }
+
+  // An idle pooled connection the upstream has neither closed nor written to.
+  static bool still_open(tcp_socket& sock) {
+    char ch;
+    const auto n = ::recv(sock.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+
   // Puts a connection into `up`: reused from the pool or newly connected
   // (round-robin, passive health). `check_idle`: make sure a pooled
   // connection is still open before using it (worth a syscall only when a
@@ -431,12 +453,7 @@ struct server::impl {
       while (allow_reuse && !slot.idle.empty()) {
         tcp_socket sock = std::move(slot.idle.back());
         slot.idle.pop_back();
-        // Drop connections the upstream has closed (or written to) while idle.
-        char ch;
-        if (check_idle) {
-          const auto n = ::recv(sock.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) || n > 0) continue;
-        }
+        if (check_idle && !still_open(sock)) continue;
         up.use(c, std::move(sock), s, true);
         co_return true;
       }
@@ -468,141 +485,82 @@ struct server::impl {
 
   // ---- bodies --------------------------------------------------------------
 
-  // How much of `in` belongs to the message body still expected: all of a
-  // length-delimited rest, up to the end of a chunked body. Returns nullopt
-  // on malformed chunked framing; `data_bytes` counts payload bytes.
-  static std::optional<std::size_t> body_part(std::string_view in, http1::framing f, std::uint64_t remaining,
-                                              http1::chunked_decoder& dec, std::uint64_t& data_bytes) {
-    switch (f) {
-      case http1::framing::length: {
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, in.size()));
-        data_bytes += n;
-        return n;
-      }
-      case http1::framing::chunked: {
-        std::size_t pos = 0;
-        while (pos < in.size() && !dec.done()) {
-          std::string_view data;
-          const auto n = dec.feed(in.substr(pos), data);
-          if (!n) return std::nullopt;
-          pos += *n;
-          data_bytes += data.size();
-        }
-        return pos;
-      }
-      case http1::framing::until_close: return in.size();
-      case http1::framing::none: return 0;
-    }
-    return 0;
-  }
-
   static std::string_view view(const beast::flat_buffer& b) {
     return {static_cast<const char*>(b.data().data()), b.size()};
   }
 
-  // Sends the request head (already in c.out) and the request body to the
-  // upstream; the body is streamed from the client through c.in (bytes past
-  // its end stay there: a pipelined request). Returns {client failed, upstream failed}.
-  static awaitable<std::pair<bool, bool>> send_request(connection& c, const runtime& rt, tcp_socket& up,
-                                                       const http1::request_head& req) {
-    using http1::framing;
-    std::uint64_t remaining = req.content_length, data_bytes = 0;
-    http1::chunked_decoder dec(static_cast<std::size_t>(rt.cfg.max_header_bytes));
-    const auto limit = rt.cfg.max_body_bytes;
-    for (bool first = true;; first = false) {
-      std::size_t n = 0;
-      bool done = req.body == framing::none;
-      if (!done) {
-        const auto part = body_part(view(c.in), req.body, remaining, dec, data_bytes);
-        if (!part || (limit > 0 && data_bytes > limit)) co_return std::pair{true, false};
-        n = *part;
-        if (req.body == framing::length) remaining -= n;
-        done = req.body == framing::length ? remaining == 0 : dec.done();
-      }
-      // The head and the body bytes at hand share one write.
-      const std::array<asio::const_buffer, 2> bufs{asio::buffer(c.out.data(), first ? c.out.size() : 0),
-                                                   asio::buffer(c.in.data().data(), n)};
-      if (first || n > 0) {
-        auto [ec, w] = co_await write(c, up, bufs, rt.cfg.upstream_timeout);
-        (void)w;
-        if (ec) co_return std::pair{false, true};
-      }
-      c.in.consume(n);
-      if (done) co_return std::pair{false, false};
-      auto [rec, got] = co_await read_some(c, c.client, c.in, k_relay_chunk, rt.cfg.body_timeout);
-      if (rec) co_return std::pair{true, false};
-      c.in.commit(got);
-    }
-  }
+  // Buffers of one write (a head, body bytes, chunk framing).
+  struct buffer_list {
+    std::array<asio::const_buffer, 16> items;
+    std::size_t count = 0;
+    void add(const void* p, std::size_t n) { items[count++] = asio::const_buffer(p, n); }
+    bool full() const { return count + 3 > items.size(); }
+    std::span<const asio::const_buffer> span() const { return {items.data(), count}; }
+  };
 
-  // Relays the response body from the upstream (through c.upstream_in) to the
-  // client, after the head in c.out: as received, de-chunked for an HTTP/1.0
-  // client, or re-framed as chunked when the upstream delimits it by closing.
-  // Returns {upstream error, client error}; on success the response is complete.
-  static awaitable<std::pair<boost::system::error_code, boost::system::error_code>> send_response(
-      connection& c, const runtime& rt, tcp_socket& up, const http1::response_head& res, http1::framing out) {
-    using http1::framing;
-    using error_code = boost::system::error_code;
-    std::uint64_t remaining = res.content_length, data_bytes = 0;
-    http1::chunked_decoder dec(static_cast<std::size_t>(rt.cfg.max_header_bytes));
-    const bool dechunk = res.body == framing::chunked && out != framing::chunked;
-    const bool rechunk = res.body == framing::until_close && out == framing::chunked;
-    const error_code malformed = make_error_code(asio::error::invalid_argument);
-    bool eof = false;
-    std::array<asio::const_buffer, 16> bufs;
-    std::array<char, 24> size_line;
-    for (bool first = true;; first = false) {
-      std::size_t count = 0, n = 0;
-      if (first) bufs[count++] = asio::buffer(c.out);
-      bool done = res.body == framing::none;
-      const std::string_view in = view(c.upstream_in);
-      if (done) {
-      } else if (dechunk) {
-        // Payload runs only (a buffer each: one read holds few chunks).
-        while (n < in.size() && !dec.done() && count < bufs.size()) {
-          std::string_view data;
-          const auto used = dec.feed(in.substr(n), data);
-          if (!used) co_return std::pair{malformed, error_code{}};
-          n += *used;
-          if (!data.empty()) bufs[count++] = asio::buffer(data.data(), data.size());
-        }
-        done = dec.done();
-      } else if (rechunk) {
-        n = in.size();
-        if (n > 0) {
-          const auto len = std::snprintf(size_line.data(), size_line.size(), "%zx\r\n", n);
-          bufs[count++] = asio::buffer(size_line.data(), static_cast<std::size_t>(len));
-          bufs[count++] = asio::buffer(in.data(), n);
-          bufs[count++] = asio::buffer("\r\n", 2);
-        }
-        if (eof) bufs[count++] = asio::buffer("0\r\n\r\n", 5);
-        done = eof;
-      } else {
-        const auto part = body_part(in, res.body, remaining, dec, data_bytes);
-        if (!part) co_return std::pair{malformed, error_code{}};
-        n = *part;
-        if (n > 0) bufs[count++] = asio::buffer(in.data(), n);
-        if (res.body == framing::length) remaining -= n;
-        done = res.body == framing::length ? remaining == 0 : res.body == framing::chunked ? dec.done() : eof;
+  // Relays one message body: decides which received bytes belong to it and
+  // how they go out: as received, de-chunked (for an HTTP/1.0 client), or
+  // re-framed as chunked (a body the upstream delimits by closing, for an
+  // HTTP/1.1 client). Bytes past the end of the message are left alone.
+  struct body_relay {
+    body_relay(http1::framing in, http1::framing out, std::uint64_t length, std::size_t max_line)
+        : in_framing(in), dechunk(in == http1::framing::chunked && out != http1::framing::chunked),
+          rechunk(in == http1::framing::until_close && out == http1::framing::chunked), remaining(length),
+          dec(max_line), done(in == http1::framing::none) {}
+
+    http1::framing in_framing;
+    bool dechunk, rechunk;
+    std::uint64_t remaining;
+    http1::chunked_decoder dec;
+    std::uint64_t data_bytes = 0;  // payload bytes so far
+    bool eof = false;              // the upstream closed (until_close bodies end so)
+    bool done;
+    std::array<char, 24> size_line{};
+
+    // Adds to `out` what to send for the received bytes `in`; returns how
+    // many bytes of `in` that used, or nothing on malformed chunked framing.
+    std::optional<std::size_t> step(std::string_view in, buffer_list& out) {
+      using http1::framing;
+      std::size_t n = 0;
+      switch (in_framing) {
+        case framing::none: break;
+        case framing::length:
+          n = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, in.size()));
+          remaining -= n;
+          data_bytes += n;
+          done = remaining == 0;
+          if (n > 0) out.add(in.data(), n);
+          break;
+        case framing::chunked:
+          while (n < in.size() && !dec.done() && !out.full()) {
+            std::string_view data;
+            const auto used = dec.feed(in.substr(n), data);
+            if (!used) return std::nullopt;
+            if (dechunk && !data.empty()) out.add(data.data(), data.size());
+            n += *used;
+            data_bytes += data.size();
+          }
+          done = dec.done();
+          if (!dechunk && n > 0) out.add(in.data(), n);
+          break;
+        case framing::until_close:
+          n = in.size();
+          data_bytes += n;
+          if (rechunk && n > 0) {
+            const auto len = std::snprintf(size_line.data(), size_line.size(), "%zx\r\n", n);
+            out.add(size_line.data(), static_cast<std::size_t>(len));
+            out.add(in.data(), n);
+            out.add("\r\n", 2);
+          } else if (n > 0) {
+            out.add(in.data(), n);
+          }
+          if (rechunk && eof) out.add("0\r\n\r\n", 5);
+          done = eof;
+          break;
       }
-      if (count > 0) {
-        auto [ec, w] = co_await write(c, c.client, std::span<const asio::const_buffer>(bufs.data(), count),
-                                      rt.cfg.body_timeout);
-        (void)w;
-        if (ec) co_return std::pair{error_code{}, ec};
-      }
-      c.upstream_in.consume(n);
-      if (done) co_return std::pair{error_code{}, error_code{}};
-      if (c.upstream_in.size() > 0) continue;  // more framing at hand than one write took
-      auto [rec, got] = co_await read_some(c, up, c.upstream_in, k_relay_chunk, rt.cfg.upstream_timeout);
-      if (rec == asio::error::eof && res.body == framing::until_close) {
-        eof = true;
-        continue;
-      }
-      if (rec) co_return std::pair{c.classify(rec), error_code{}};
-      c.upstream_in.commit(got);
+      return n;
     }
-  }
+  };
 
   // ---- one request ---------------------------------------------------------
 
@@ -640,12 +598,36 @@ struct server::impl {
     // A pooled connection may have been closed by the upstream just now: a
     // retryable request is retried once on a fresh connection.
     for (int attempt = 0;; ++attempt) {
-      if (!co_await acquire(w, rt, c, r.upstream_index, up, attempt == 0, has_body)) {
+      if (!(attempt == 0 && take_pooled(w, rt, c, r.upstream_index, up, has_body)) &&
+          !co_await acquire(w, rt, c, r.upstream_index, up, attempt == 0, has_body)) {
         metrics_.upstream_no_server.inc();
         co_return co_await respond(c, version, 502, "upstream unavailable\n", false);
       }
-      const auto [client_failed, upstream_failed] = co_await send_request(c, rt, *up.sock, req);
-      if (client_failed) co_return false;  // the client failed mid-body: nothing sensible to answer
+      // The head and the body bytes at hand share one write; the rest of the
+      // body is streamed from the client through c.in (bytes past its end
+      // stay there: a pipelined request).
+      body_relay body(req.body, req.body, req.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
+      buffer_list bufs;
+      bufs.add(c.out.data(), c.out.size());
+      bool upstream_failed = false;
+      for (;;) {
+        const auto used = body.step(view(c.in), bufs);
+        if (!used || (rt.cfg.max_body_bytes > 0 && body.data_bytes > rt.cfg.max_body_bytes)) co_return false;
+        if (bufs.count > 0) {
+          auto [ec, n] = co_await write(c, *up.sock, bufs.span(), rt.cfg.upstream_timeout);
+          if (ec) {
+            upstream_failed = true;
+            break;
+          }
+        }
+        c.in.consume(*used);
+        bufs.count = 0;
+        if (body.done) break;
+        if (c.in.size() > 0) continue;
+        auto [ec, n] = co_await read_some(c, c.client, c.in, k_relay_chunk, rt.cfg.body_timeout);
+        if (ec) co_return false;  // the client failed mid-body: nothing sensible to answer
+        c.in.commit(n);
+      }
       if (upstream_failed) {
         if (up.reused && retryable && attempt == 0) continue;
         metrics_.upstream_reset.inc();
@@ -718,12 +700,34 @@ struct server::impl {
     const bool keep = req.keep_alive && !draining_ && out != framing::until_close;
     c.out.clear();
     http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep, false);
-    const auto [upstream_ec, client_ec] = co_await send_response(c, rt, *up.sock, res, out);
-    if (upstream_ec) {
-      (upstream_ec == asio::error::timed_out ? metrics_.upstream_timeout : metrics_.upstream_reset).inc();
-      co_return false;  // the response has started: the only honest signal left is closing
+    body_relay body(res.body, out, res.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
+    buffer_list bufs;
+    bufs.add(c.out.data(), c.out.size());
+    for (;;) {
+      const auto used = body.step(view(c.upstream_in), bufs);
+      if (!used) {
+        metrics_.upstream_reset.inc();
+        co_return false;  // malformed chunked framing; the response has started: closing is the only signal left
+      }
+      if (bufs.count > 0) {
+        auto [ec, n] = co_await write(c, c.client, bufs.span(), rt.cfg.body_timeout);
+        if (ec) co_return false;
+      }
+      c.upstream_in.consume(*used);
+      bufs.count = 0;
+      if (body.done) break;
+      if (c.upstream_in.size() > 0) continue;  // more at hand than one write took
+      auto [ec, n] = co_await read_some(c, *up.sock, c.upstream_in, k_relay_chunk, rt.cfg.upstream_timeout);
+      if (ec == asio::error::eof && res.body == framing::until_close) {
+        body.eof = true;
+        continue;
+      }
+      if (ec) {
+        (c.classify(ec) == asio::error::timed_out ? metrics_.upstream_timeout : metrics_.upstream_reset).inc();
+        co_return false;  // the response has started: the only honest signal left is closing
+      }
+      c.upstream_in.commit(n);
     }
-    if (client_ec) co_return false;
     if (res.keep_alive && c.upstream_in.size() == 0) give_back(w, rt, c, r.upstream_index, up);
     co_return keep;
   }
