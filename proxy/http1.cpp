@@ -191,6 +191,7 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
   }
   if (hosts > 1) return bad("more than one Host");
   if (hosts == 0 && out.version >= 11) return bad("HTTP/1.1 request without Host");
+  out.has_host = hosts == 1;
   if (lengths > 1) return bad("more than one Content-Length");
   if (encodings > 0 && lengths > 0) return bad("both Transfer-Encoding and Content-Length");
   out.content_length = 0;
@@ -251,7 +252,7 @@ parse_result parse_response(std::string_view data, std::size_t max_head, bool re
   for (const auto& f : out.headers) {
     if (f.name.size() == 14 && iequals(f.name, "Content-Length")) {
       // Repeated (as lines or as a list) only with one value.
-      bool ok = true;
+      bool ok = !trim(f.value).empty();
       for_each_token(f.value, [&](std::string_view v) {
         const auto n = parse_length(v);
         if (!n || (length && *length != *n)) ok = false;
@@ -270,6 +271,7 @@ parse_result parse_response(std::string_view data, std::size_t max_head, bool re
     }
   }
   out.content_length = 0;
+  out.transfer_encoded = encoded;
   if (request_was_head || out.status < 200 || out.status == 204 || out.status == 304) {
     out.body = framing::none;
   } else if (encoded) {
@@ -419,6 +421,10 @@ struct connection_lists {
   }
 };
 
+bool is_end_to_end(std::string_view name) {
+  return iequals(name, "Content-Length") || iequals(name, "Transfer-Encoding") || iequals(name, "Host");
+}
+
 bool hop_by_hop(std::string_view name, const connection_lists& conn, bool tunnel) {
   switch (name.size()) {
     case 2:
@@ -442,7 +448,10 @@ bool hop_by_hop(std::string_view name, const connection_lists& conn, bool tunnel
       break;
     default: break;
   }
-  return conn.count > 0 && conn.lists(name) && !(tunnel && iequals(name, "Upgrade"));
+  // Whatever Connection lists, the message's framing and Host are not the
+  // sender's to drop: without them the next hop would read the body as
+  // another (ungated) request.
+  return conn.count > 0 && conn.lists(name) && !(tunnel && iequals(name, "Upgrade")) && !is_end_to_end(name);
 }
 
 void append_line(std::string& out, std::string_view name, std::string_view value) {
@@ -482,6 +491,9 @@ void write_request_head(std::string& out, const request_head& req, const forward
   out.append(info.client_ip).append("\r\n");
   append_line(out, "X-Forwarded-Proto", info.proto);
   if (!req.host.empty()) append_line(out, "X-Forwarded-Host", req.host);
+  // HTTP/1.0 allows a request without Host; the HTTP/1.1 it goes on as does
+  // not: an empty one is what a target without authority calls for (RFC 9112 3.2).
+  if (req.version < 11 && !req.has_host) out.append("Host: \r\n");
   if (info.tunnel) out.append("Connection: upgrade\r\n");
   out.append("\r\n");
 }
@@ -495,7 +507,8 @@ void write_response_head(std::string& out, const response_head& res, unsigned cl
   const connection_lists conn(res.headers);
   // Framing headers are rewritten when the framing changes.
   const bool drop_te = res.body == framing::chunked && body != framing::chunked;
-  const bool drop_length = res.body == framing::chunked;
+  // A transfer coding makes Content-Length meaningless (RFC 9112 6.3): never send both.
+  const bool drop_length = res.transfer_encoded || body == framing::chunked;
   for (const auto& f : res.headers) {
     if (hop_by_hop(f.name, conn, tunnel)) continue;
     if (f.name.size() == 17 && drop_te && iequals(f.name, "Transfer-Encoding")) continue;

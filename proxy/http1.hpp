@@ -69,6 +69,7 @@ struct request_head {
   bool expect_continue = false;
   bool upgrade = false;  ///< Upgrade with "Connection: upgrade" (WebSocket and friends)
   bool head = false;     ///< method HEAD
+  bool has_host = false;
 };
 
 struct response_head {
@@ -80,6 +81,7 @@ struct response_head {
   framing body = framing::none;
   std::uint64_t content_length = 0;
   bool keep_alive = true;
+  bool transfer_encoded = false;  ///< has Transfer-Encoding (chunked or not)
 };
 
 enum class parse_status : std::uint8_t { complete, incomplete, bad, line_too_long, headers_too_large };
