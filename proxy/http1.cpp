@@ -93,21 +93,34 @@ head_bounds find_head(std::string_view data, std::size_t max_head, std::size_t& 
 // value check (as the request and status lines fail theirs): no line can be
 // split differently by the next hop.
 std::string_view parse_fields(std::string_view head, std::size_t pos, header_list& out) {
-  while (pos < head.size()) {
-    const auto eol = head.find("\r\n", pos);
-    const std::string_view line = head.substr(pos, eol - pos);
-    pos = eol + 2;
-    if (line.empty()) break;  // the blank line
-    if (line.front() == ' ' || line.front() == '\t') return "obsolete line folding";
-    const auto colon = line.find(':');
-    if (colon == std::string_view::npos) return "header line without a colon";
-    const auto name = line.substr(0, colon);
-    if (!is_token(name)) return "invalid header name";  // also whitespace before the colon
-    const auto value = trim(line.substr(colon + 1));
-    if (!is_field_value(value)) return "invalid header value";
-    out.insert(name, value);
+  // `head` ends with the blank line's CRLF: every scan below stops at a CR.
+  const char* p = head.data() + pos;
+  for (;;) {
+    const char* const name = p;
+    while (k_tchar[static_cast<unsigned char>(*p)]) ++p;
+    if (p == name) {
+      if (p[0] == '\r' && p[1] == '\n') return {};  // the blank line
+      if (*p == ' ' || *p == '\t') return "obsolete line folding";
+      return "invalid header name";
+    }
+    if (*p != ':') return *p == '\r' ? "header line without a colon" : "invalid header name";
+    const std::string_view field_name(name, static_cast<std::size_t>(p - name));
+    ++p;
+    while (*p == ' ' || *p == '\t') ++p;
+    const char* const value = p;
+    for (;; ++p) {
+      const auto c = static_cast<unsigned char>(*p);
+      if (c >= 0x20 && c != 0x7f) continue;
+      if (c == '\t') continue;
+      if (c == '\r') break;
+      return "invalid header value";  // control characters, bare LF
+    }
+    if (p[1] != '\n') return "invalid header value";  // bare CR
+    const char* end = p;
+    while (end > value && (end[-1] == ' ' || end[-1] == '\t')) --end;
+    out.insert(field_name, std::string_view(value, static_cast<std::size_t>(end - value)));
+    p += 2;
   }
-  return {};
 }
 
 bool parse_version(std::string_view v, unsigned& out) {
@@ -173,20 +186,46 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
   if (!parse_version(line.substr(sp2 + 1), out.version)) return bad("unsupported HTTP version");
   if (const auto why = parse_fields(head, eol + 2, out.headers); !why.empty()) return bad(why);
 
-  const auto& h = out.headers;
+  // One pass over the headers for everything the proxy decides on.
   std::size_t hosts = 0, lengths = 0, encodings = 0;
   std::string_view length_value, encoding_value;
+  std::optional<std::string_view> expect, upgrade;
+  bool conn_close = false, conn_keep_alive = false, conn_upgrade = false;
   out.host = {};
-  for (const auto& f : h) {
-    if (f.name.size() == 4 && iequals(f.name, "Host")) {
-      ++hosts;
-      out.host = f.value;
-    } else if (f.name.size() == 14 && iequals(f.name, "Content-Length")) {
-      ++lengths;
-      length_value = f.value;
-    } else if (f.name.size() == 17 && iequals(f.name, "Transfer-Encoding")) {
-      ++encodings;
-      encoding_value = f.value;
+  for (const auto& f : out.headers) {
+    switch (f.name.size()) {
+      case 4:
+        if (iequals(f.name, "Host")) {
+          ++hosts;
+          out.host = f.value;
+        }
+        break;
+      case 6:
+        if (!expect && iequals(f.name, "Expect")) expect = f.value;
+        break;
+      case 7:
+        if (!upgrade && iequals(f.name, "Upgrade")) upgrade = f.value;
+        break;
+      case 10:
+        if (iequals(f.name, "Connection")) {
+          conn_close = conn_close || has_token(f.value, "close");
+          conn_keep_alive = conn_keep_alive || has_token(f.value, "keep-alive");
+          conn_upgrade = conn_upgrade || has_token(f.value, "upgrade");
+        }
+        break;
+      case 14:
+        if (iequals(f.name, "Content-Length")) {
+          ++lengths;
+          length_value = f.value;
+        }
+        break;
+      case 17:
+        if (iequals(f.name, "Transfer-Encoding")) {
+          ++encodings;
+          encoding_value = f.value;
+        }
+        break;
+      default: break;
     }
   }
   if (hosts > 1) return bad("more than one Host");
@@ -208,11 +247,9 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
     out.content_length = *n;
     out.body = *n > 0 ? framing::length : framing::none;
   }
-  out.keep_alive = out.version >= 11 ? !connection_has(h, "close") : connection_has(h, "keep-alive");
-  const auto expect = h.first("Expect");
+  out.keep_alive = out.version >= 11 ? !conn_close : conn_keep_alive;
   out.expect_continue = expect && iequals(*expect, "100-continue");
-  const auto upgrade = h.first("Upgrade");
-  out.upgrade = upgrade && !upgrade->empty() && connection_has(h, "upgrade");
+  out.upgrade = upgrade && !upgrade->empty() && conn_upgrade;
   out.head = out.method == "HEAD";
   return {parse_status::complete, {}};
 }

@@ -6,6 +6,7 @@
 #include "proxy/server.hpp"
 
 #include <sched.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #include <boost/asio/as_tuple.hpp>
@@ -150,9 +151,9 @@ struct runtime {
 // One client connection and what its requests reuse: buffers, the parsed
 // heads, the upstream connection in use. Deadlines cost no timer operation:
 // an operation sets `deadline`, and a watchdog timer, never further away than
-// the shortest timeout (`tick`), cancels the connection's sockets once the
-// deadline has passed. Every deadline set later is at least `tick` away, so
-// the timer always fires in time.
+// half the shortest timeout (`tick`), cancels the connection's sockets once
+// the deadline has passed. Every deadline set later is further away than
+// `tick`, so the timer always fires in time.
 struct connection {
   connection(tcp_socket s, steady::duration t) : client(std::move(s)), timer(client.get_executor()), tick(t) {}
 
@@ -169,8 +170,13 @@ struct connection {
   bool idle = true;      // between requests (cancelled at once when draining)
   bool closed = false;
 
+  // Set per operation: the coarse clock (a few ms resolution) is cheap
+  // enough, and a deadline early by a few ms is no matter for timeouts of
+  // seconds (tick leaves room for it).
   void expires_after(steady::duration d) {
-    deadline = steady::now() + d;
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    deadline = steady::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + d;
     expired = false;
   }
   void expires_never() {
@@ -414,7 +420,7 @@ struct server::impl {
     auto& slots = w.pool[upstream];
     const std::size_t s = w.round_robin[upstream] % slots.size();
     auto& slot = slots[s];
-    if (slot.idle.empty() || slot.down_until > steady::now()) return false;
+    if (slot.idle.empty() || (slot.down_until != steady::time_point{} && slot.down_until > steady::now())) return false;
     if (check_idle && !still_open(slot.idle.back())) return false;  // acquire() drops it
     ++w.round_robin[upstream];
     up.use(c, std::move(slot.idle.back()), s, true);
@@ -886,14 +892,14 @@ struct server::impl {
                       who && who->source ? config::to_string(*who->source) : std::string("-"), upstream_ms);
   }
 
-  // The watchdog's period: no longer than the shortest timeout (see connection).
+  // The watchdog's period: half the shortest timeout (see connection).
   static steady::duration current_tick(const runtime& rt) {
     const auto& c = rt.cfg;
     steady::duration t = std::chrono::seconds(10);  // respond()'s write deadline
     for (const auto d : {c.header_timeout, c.idle_timeout, c.connect_timeout, c.upstream_timeout, c.body_timeout}) {
       t = std::min<steady::duration>(t, d);
     }
-    return std::max<steady::duration>(t, std::chrono::milliseconds(1));
+    return std::max<steady::duration>(t / 2, std::chrono::milliseconds(1));
   }
 
   awaitable<void> accept_loop(worker& w) {
