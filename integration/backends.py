@@ -15,10 +15,16 @@ What a request gets depends on its path:
     /status/NNN          answers NNN (204 and 304 without a body)
     /stream?mib=N&mode=chunked|length   N MiB generated on the fly
     /chunks?n=N&gap=S    a chunked response of N chunks "part-<i>;", each its own
-                         write, S seconds apart (exercises chunk-by-chunk relaying)
+                         write, S seconds apart (exercises chunk-by-chunk relaying);
+                         &trailers=1 ends it with CHUNK_TRAILERS after the last-chunk;
+                         &framing=close sends the parts with neither Content-Length nor
+                         Transfer-Encoding and closes the connection after the last one
     /upload, anything else (/echo...)   reads the whole body (Content-Length or
                          chunked), answers JSON {method, target, headers, body_bytes,
-                         body}; body is the text (latin-1) of bodies up to 4 KiB, else null
+                         body, raw_body, trailers}; body is the text (latin-1) of bodies
+                         up to 4 KiB, else null; raw_body the bytes as received (chunk
+                         framing and trailers included) when up to 4 KiB, else null;
+                         trailers the raw trailer lines of a chunked body ("" if none)
 
 Test side: BackendProcess (start/stop by PID, log access), RawConn (exact bytes
 over one client connection, HTTP/1.1 response reader), WebSocket frame helpers.
@@ -44,6 +50,8 @@ HOST = "127.0.0.1"
 MIB = 1 << 20
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _BLOCK = bytes(range(256)) * 4096  # 1 MiB of a recognisable pattern
+#: Trailer section /chunks?trailers=1 sends after its last-chunk (exact bytes).
+CHUNK_TRAILERS = b"X-Checksum: abc\r\nX-Trailer-Two: 2\r\n"
 
 
 # =============================================================================== WebSocket frames
@@ -118,31 +126,48 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD" and status not in (204, 304):
             self.wfile.write(body)
 
-    def _read_body(self) -> tuple[int, bytes]:
-        """Reads the request body; returns its size and its first KEEP bytes."""
+    def _read_body(self) -> tuple[int, bytes, bytes | None, bytes]:
+        """Reads the request body; returns its size, its first KEEP bytes, the raw bytes
+        received (chunk framing and trailers included; None beyond KEEP) and the raw
+        trailer lines of a chunked body."""
         te = self.headers.get("Transfer-Encoding", "")
         total = 0
         kept = bytearray()
         KEEP = 4096
         if "chunked" in te.lower():
+            raw = bytearray()
+            trailers = bytearray()
+
+            def keep_raw(b: bytes) -> None:
+                if len(raw) <= KEEP:
+                    raw.extend(b)
+
             while True:
                 line = self.rfile.readline(65537)
+                keep_raw(line)
                 if not line:
                     raise ConnectionError("EOF in chunk size")
                 size = int(line.split(b";")[0].strip(), 16)
                 if size == 0:
-                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return total, bytes(kept)
+                    while True:
+                        t = self.rfile.readline(65537)
+                        keep_raw(t)
+                        if t in (b"\r\n", b"\n", b""):
+                            break
+                        trailers += t
+                    return total, bytes(kept), (bytes(raw) if len(raw) <= KEEP else None), bytes(trailers)
                 while size:
                     got = self.rfile.read(min(size, MIB))
                     if not got:
                         raise ConnectionError("EOF in chunk")
+                    keep_raw(got)
                     size -= len(got)
                     total += len(got)
                     if len(kept) < KEEP:
                         kept += got[: KEEP - len(kept)]
-                if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                crlf = self.rfile.readline(3)
+                keep_raw(crlf)
+                if crlf not in (b"\r\n", b"\n"):
                     raise ConnectionError("chunk data not followed by CRLF")
         n = int(self.headers.get("Content-Length") or 0)
         while total < n:
@@ -152,11 +177,12 @@ class _Handler(BaseHTTPRequestHandler):
             total += len(got)
             if len(kept) < KEEP:
                 kept += got[: KEEP - len(kept)]
-        return total, bytes(kept)
+        return total, bytes(kept), (bytes(kept) if total <= KEEP else None), b""
 
     def _echo(self, entry):
         body = json.dumps({"method": self.command, "target": self.path, "headers": entry["headers"],
-                           "body_bytes": entry["body_bytes"], "body": entry["body"]}).encode()
+                           "body_bytes": entry["body_bytes"], "body": entry["body"],
+                           "raw_body": entry["raw_body"], "trailers": entry["trailers"]}).encode()
         self._send(200, body)
 
     # ---- dispatch
@@ -177,17 +203,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, b"{}")
         entry = {"t": arrived, "method": self.command, "target": self.path,
                  "headers": [[k, v] for k, v in self.headers.items()],
-                 "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0, "body": None}
+                 "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0, "body": None,
+                 "raw_body": None, "trailers": ""}
         with srv.lock:
             srv.log.append(entry)
         try:
-            size, kept = self._read_body()
+            size, kept, raw, trailers = self._read_body()
         except (ConnectionError, ValueError) as e:
             entry["error"] = repr(e)
             self.close_connection = True
             return
         entry["body_bytes"] = size
         entry["body"] = kept.decode("latin-1") if size <= len(kept) else None
+        entry["raw_body"] = raw.decode("latin-1") if raw is not None else None
+        entry["trailers"] = trailers.decode("latin-1")
         entry["complete"] = True
 
         if url.path == "/ws":
@@ -202,20 +231,30 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/stream":
             return self._stream(int(query.get("mib", "1")), query.get("mode", "length"))
         if url.path == "/chunks":
-            return self._chunks(int(query.get("n", "3")), float(query.get("gap", "0.05")))
+            return self._chunks(int(query.get("n", "3")), float(query.get("gap", "0.05")),
+                                query.get("trailers") == "1", query.get("framing", "chunked"))
         return self._echo(entry)
 
-    def _chunks(self, n: int, gap: float):
+    def _chunks(self, n: int, gap: float, trailers: bool = False, framing: str = "chunked"):
+        close = framing == "close"
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
-        self.send_header("Transfer-Encoding", "chunked")
+        if close:  # the body ends where the connection does (RFC 9112 6.3, last rule)
+            self.close_connection = True
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+            if trailers:
+                self.send_header("Trailer", "X-Checksum, X-Trailer-Two")
         self.end_headers()
+        self.wfile.flush()
         for i in range(n):
             time.sleep(gap)
             part = f"part-{i};".encode()
-            self.wfile.write(b"%x\r\n" % len(part) + part + b"\r\n")
+            self.wfile.write(part if close else b"%x\r\n" % len(part) + part + b"\r\n")
+        if close:
+            return
         time.sleep(gap)
-        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.write(b"0\r\n" + (CHUNK_TRAILERS if trailers else b"") + b"\r\n")
 
     def _stream(self, mib: int, mode: str):
         self.send_response(200)

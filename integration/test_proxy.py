@@ -749,11 +749,14 @@ class HttpSemanticsTest(ProxyCase):
 # =============================================================================== 10: streaming
 
 
-class StreamingTest(ProxyCase):
-    """200 MiB each way through the proxy while its RSS is sampled: bodies are streamed, never buffered."""
+class StreamingCase(ProxyCase):
+    """A backend and a proxy in front of it, plus helpers that stream SIZE_MIB through the
+    proxy (bodies generated on the fly and only counted, on both sides) while its RSS is
+    sampled. No tests of its own: StreamingTest here, the 1 GiB tests in test_http1."""
 
     SIZE_MIB = 200
     RSS_BUDGET_KIB = 30 * 1024
+    TRANSFER_DEADLINE_S = 60.0  # for one whole transfer, head to last byte
     BLOCK = bytes(range(256)) * 4096  # 1 MiB
 
     def setUp(self):
@@ -763,19 +766,22 @@ class StreamingTest(ProxyCase):
         for _ in range(3):  # warm up threads, pools and allocator arenas
             self.assertEqual(fetch(self.proxy.port, "/stream?mib=1")[0].status, 200)
 
-    def bounded_rss(self, transfer) -> None:
-        """Runs transfer() while sampling the proxy's VmRSS every 20 ms; asserts the growth."""
+    def bounded_rss(self, transfer, after_samples: int = 5) -> dict:
+        """Runs transfer() while sampling the proxy's VmRSS every 20 ms, then samples it
+        `after_samples` more times (50 ms apart); asserts that neither the peak during the
+        transfer nor any value after it is RSS_BUDGET_KIB above the value before it.
+        Returns {"seconds", "baseline_kib", "peak_kib", "after_kib", "samples"}."""
         baseline = self.proxy.rss_kib()
-        peak = [baseline]
+        during: list[int] = []
         stop = threading.Event()
 
         def sample():
             while not stop.is_set():
                 try:
-                    peak[0] = max(peak[0], self.proxy.rss_kib())
+                    during.append(self.proxy.rss_kib())
                 except OSError:
                     return
-                time.sleep(0.02)
+                stop.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -783,33 +789,65 @@ class StreamingTest(ProxyCase):
         try:
             transfer()
         finally:
+            seconds = time.monotonic() - t0
             stop.set()
             sampler.join(1)
-        growth = peak[0] - baseline
-        self.assertLess(growth, self.RSS_BUDGET_KIB,
-                        f"proxy RSS grew {growth / 1024:.1f} MiB (baseline {baseline / 1024:.1f} MiB) "
-                        f"while streaming {self.SIZE_MIB} MiB in {time.monotonic() - t0:.1f}s")
+        after = []
+        for i in range(after_samples):
+            if i:
+                time.sleep(0.05)  # spacing between samples, not a wait for a condition
+            after.append(self.proxy.rss_kib())
+        stats = {"seconds": seconds, "baseline_kib": baseline, "peak_kib": max(during + [baseline]),
+                 "after_kib": max(after), "samples": len(during) + len(after)}
+        what = (f"streaming {self.SIZE_MIB} MiB in {seconds:.1f}s (baseline {baseline / 1024:.1f} MiB, "
+                f"{len(during)} samples during, {len(after)} after)")
+        self.assertGreaterEqual(len(during), 1, f"no RSS sample while {what}")
+        self.assertLess(stats["peak_kib"] - baseline, self.RSS_BUDGET_KIB,
+                        f"proxy RSS grew {(stats['peak_kib'] - baseline) / 1024:.1f} MiB while {what}")
+        self.assertLess(stats["after_kib"] - baseline, self.RSS_BUDGET_KIB,
+                        f"proxy RSS {(stats['after_kib'] - baseline) / 1024:.1f} MiB above its baseline after {what}")
+        return stats
 
-    def upload(self, chunked: bool) -> None:
+    @staticmethod
+    def send_by(c: RawConn, data: bytes, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("transfer deadline passed")
+        c.sock.settimeout(left)
+        c.sock.sendall(data)
+
+    def upload(self, chunked: bool) -> int:
+        """POSTs SIZE_MIB to the backend's /upload (which counts and discards); returns the
+        byte count the backend reports after checking it."""
         n, total = self.SIZE_MIB, self.SIZE_MIB * MIB
-        with RawConn(self.proxy.port, 30) as c:
+        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
+        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
             if chunked:
-                c.send(request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]))
+                self.send_by(c, request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]), deadline)
                 for _ in range(n):
-                    c.send(b"100000\r\n" + self.BLOCK + b"\r\n")
-                c.send(b"0\r\n\r\n")
+                    self.send_by(c, b"100000\r\n" + self.BLOCK + b"\r\n", deadline)
+                self.send_by(c, b"0\r\n\r\n", deadline)
             else:
-                c.send(request_bytes("POST", "/upload", [("Content-Length", str(total))]))
+                self.send_by(c, request_bytes("POST", "/upload", [("Content-Length", str(total))]), deadline)
                 for _ in range(n):
-                    c.send(self.BLOCK)
-            r = c.read_response(timeout=30)
+                    self.send_by(c, self.BLOCK, deadline)
+            r = c.read_response(timeout=max(0.001, deadline - time.monotonic()))
         self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
+        return r.json()["body_bytes"]
 
-    def download(self, mode: str) -> None:
-        with RawConn(self.proxy.port, 30) as c:
-            c.send(request_bytes("GET", f"/stream?mib={self.SIZE_MIB}&mode={mode}"))
-            r = c.read_response(keep_body=False, timeout=30)
+    def download(self, mode: str) -> int:
+        """GETs SIZE_MIB generated by the backend's /stream; returns the byte count the
+        client read (counted, not kept) after checking it."""
+        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
+        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
+            self.send_by(c, request_bytes("GET", f"/stream?mib={self.SIZE_MIB}&mode={mode}"), deadline)
+            r = c.read_response(keep_body=False, timeout=max(0.001, deadline - time.monotonic()))
         self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, self.SIZE_MIB * MIB))
+        return int(r.headers["x-body-bytes"])
+
+
+class StreamingTest(StreamingCase):
+    """200 MiB each way through the proxy while its RSS is sampled: bodies are streamed, never buffered."""
 
     def test_upload_content_length(self):
         self.bounded_rss(lambda: self.upload(chunked=False))

@@ -231,6 +231,9 @@ constexpr std::size_t k_relay_chunk = 16384;        // body relay: bytes per rea
 constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
 
 struct worker {
+  // Declared before ioc, so destroyed after it: sessions still suspended at
+  // shutdown are destroyed with the io_context and unregister themselves.
+  std::set<connection*> sessions;
   // Sockets are only touched from this worker's thread: the reactor needs no locking.
   asio::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   std::optional<tcp_acceptor> acceptor;
@@ -244,7 +247,6 @@ struct worker {
   std::vector<std::vector<server_slot>> pool;
   std::vector<std::size_t> round_robin;
   std::uint64_t pool_generation = ~0ULL;
-  std::set<connection*> sessions;
   std::minstd_rand sample_rng{std::random_device{}()};
   asio::steady_timer flush_timer{ioc};
   std::thread thread;

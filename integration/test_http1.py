@@ -1,0 +1,350 @@
+"""Integration tests for smockron-proxy's HTTP/1.1 message framing.
+
+The proxy parses heads in place and relays bodies by their framing:
+Content-Length as is; chunked passed through unchanged (chunk sizes and
+trailers included) to HTTP/1.1 peers and de-chunked for HTTP/1.0 clients;
+bodies a backend ends by closing re-framed as chunked for HTTP/1.1 clients
+(whose connection then stays open) and relayed raw, ended by close, to
+HTTP/1.0 clients. These tests check the exact bytes on either side with raw
+sockets (RawConn) and the backend's own record of what it received
+(backends.py: raw_body and trailers of every request), plus 1 GiB each way
+with the proxy's RSS sampled.
+
+Each test starts its own backend and proxy on fresh 127.0.0.1 ports (no
+master: the proxy runs fail-open) and stops them in cleanup.
+
+Run: cd integration && python3 -m unittest -v test_http1
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from backends import CHUNK_TRAILERS, PeerClosed, RawConn, request_bytes  # noqa: E402
+from test_proxy import ProxyCase, StreamingCase  # noqa: E402  (no tests of their own)
+
+PARTS = b"part-0;part-1;part-2;"  # the body of /chunks?n=3
+# /chunks?n=3&trailers=1 exactly as the backend writes it after its head.
+CHUNKED_WITH_TRAILERS = b"7\r\npart-0;\r\n7\r\npart-1;\r\n7\r\npart-2;\r\n0\r\n" + CHUNK_TRAILERS + b"\r\n"
+
+
+# =============================================================================== helpers
+
+
+def split_head(raw: bytes) -> tuple[str, dict[str, list[str]], bytes]:
+    """(status line, {lower-case name: [values]}, rest) of a response given as raw bytes."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0:
+        raise AssertionError(f"no complete head in {raw[:300]!r}")
+    lines = raw[:end].decode("latin-1").split("\r\n")
+    headers: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers.setdefault(k.strip().lower(), []).append(v.strip())
+    return lines[0], headers, raw[end + 4:]
+
+
+def read_to_eof(c: RawConn, timeout: float) -> bytes:
+    """Everything the proxy sends until it closes the connection (EOF) within `timeout`.
+    A timeout or a reset (which may lose data in flight) fails the test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            c._fill(deadline)
+        except PeerClosed:
+            out = bytes(c.buf)
+            c.buf.clear()
+            return out
+        except (socket.timeout, TimeoutError):
+            raise AssertionError(f"connection still open after {timeout}s; received so far: {bytes(c.buf)[:500]!r}")
+        except ConnectionResetError:
+            raise AssertionError(f"connection reset instead of closed; received so far: {bytes(c.buf)[:500]!r}")
+
+
+def strict_dechunk(raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """Decodes a chunked body strictly (RFC 9112 7.1: hex size, CRLF, data, CRLF; last-chunk,
+    trailer lines, CRLF). Returns (data, trailer section, bytes after the body)."""
+    data = bytearray()
+    pos = 0
+    while True:
+        eol = raw.find(b"\r\n", pos)
+        if eol < 0:
+            raise AssertionError(f"chunk size line not terminated at {pos}: {raw!r}")
+        size_text = raw[pos:eol].split(b";")[0]
+        if not size_text or any(ch not in b"0123456789abcdefABCDEF" for ch in size_text):
+            raise AssertionError(f"bad chunk size {raw[pos:eol]!r} at {pos}: {raw!r}")
+        size = int(size_text, 16)
+        pos = eol + 2
+        if size == 0:
+            break
+        if raw[pos + size:pos + size + 2] != b"\r\n":
+            raise AssertionError(f"chunk of {size} bytes at {pos} not followed by CRLF: {raw!r}")
+        data += raw[pos:pos + size]
+        pos += size + 2
+    trailer_start = pos
+    while True:
+        eol = raw.find(b"\r\n", pos)
+        if eol < 0:
+            raise AssertionError(f"trailer section not terminated: {raw!r}")
+        if eol == pos:
+            return bytes(data), raw[trailer_start:pos], raw[pos + 2:]
+        pos = eol + 2
+
+
+class Http1Case(ProxyCase):
+    def setUp(self):
+        super().setUp()
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend)
+
+    def conn(self, timeout: float = 5.0) -> RawConn:
+        return self.closing(RawConn(self.proxy.port, timeout))
+
+    def assert_usable(self, c: RawConn, target: str) -> None:
+        """The client connection carries one more request and its response, with nothing
+        stray before it."""
+        self.assertEqual(bytes(c.buf), b"", "stray bytes after the previous response")
+        c.send(request_bytes("GET", target))
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["target"], target, r)
+
+    def backend_errors(self) -> list:
+        return [(e["target"], e["error"]) for e in self.backend.log() if e.get("error")]
+
+
+# =============================================================================== 1: trailers
+
+
+class ChunkedTrailersTest(Http1Case):
+    BODY = b"5\r\nhello\r\n3\r\nabc\r\n0\r\nX-Checksum: abc\r\nX-Trailer-Two: 2\r\n\r\n"
+
+    def check_upload(self, target: str, pieces: list[bytes]) -> None:
+        c = self.conn()
+        c.send(request_bytes("POST", target, [("Transfer-Encoding", "chunked")]))
+        for piece in pieces:
+            time.sleep(0.03)  # shapes the packets (separate reads in the proxy); not a timing assertion
+            c.send(piece)
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        echo = r.json()
+        self.assertEqual((echo["body_bytes"], echo["body"]), (8, "helloabc"))
+        self.assertEqual(echo["trailers"], "X-Checksum: abc\r\nX-Trailer-Two: 2\r\n", "trailers at the backend")
+        self.assertEqual(echo["raw_body"].encode("latin-1"), self.BODY,
+                         "a chunked body goes to an HTTP/1.1 backend as it came, trailers included")
+        [entry] = [e for e in self.backend.log() if e["target"] == target]
+        self.assertEqual(entry["raw_body"].encode("latin-1"), self.BODY)
+        # The upstream connection is not desynchronised by the trailer section.
+        self.assert_usable(c, f"{target}/after-1")
+        self.assert_usable(c, f"{target}/after-2")
+        self.assertEqual(self.backend_errors(), [])
+
+    def test_request_trailers_sent_with_the_body_reach_the_backend_intact(self):
+        self.check_upload("/trailers-whole", [self.BODY])
+
+    def test_request_trailers_arriving_in_pieces_reach_the_backend_intact(self):
+        self.check_upload("/trailers-pieces", [b"5\r\nhello\r\n3\r\nabc\r\n", b"0\r\n", b"X-Checksum: a", b"bc\r\n",
+                                               b"X-Trailer-Two: 2\r\n", b"\r\n"])
+
+    def test_response_trailers_reach_an_http11_client_intact(self):
+        c = self.conn()
+        for i in range(2):  # twice on one connection: nothing stray between the responses
+            c.send(request_bytes("GET", "/chunks?n=3&gap=0.02&trailers=1"))
+            status, _, headers, raw_head = c.read_head()
+            h = {k.lower(): v for k, v in headers}
+            self.assertEqual(status, 200, raw_head)
+            self.assertTrue(raw_head.startswith(b"HTTP/1.1 200"), raw_head)
+            self.assertEqual(h.get("transfer-encoding", "").lower(), "chunked", raw_head)
+            self.assertNotIn("content-length", h, raw_head)
+            self.assertNotIn("x-checksum", h, "a trailer moved into the head")
+            body = c.read_exact(len(CHUNKED_WITH_TRAILERS))
+            self.assertEqual(body, CHUNKED_WITH_TRAILERS, f"response {i}: chunked body with trailers relayed as is")
+            self.assertFalse(c.wait_closed(0.2), "the connection stays open")
+            self.assertEqual(bytes(c.buf), b"", "stray bytes after the trailer section")
+        self.assert_usable(c, "/after-trailers")
+
+
+# =============================================================================== 2: HTTP/1.0 client, chunked backend
+
+
+class Http10ChunkedResponseTest(Http1Case):
+    def check(self, target: str, extra_headers=()) -> None:
+        c = self.conn()
+        c.send(request_bytes("GET", target, list(extra_headers), version="HTTP/1.0"))
+        raw = read_to_eof(c, 5)
+        status_line, h, body = split_head(raw)
+        self.assertTrue(status_line.startswith("HTTP/1.0 200"), status_line)
+        self.assertNotIn("transfer-encoding", h, f"Transfer-Encoding sent to an HTTP/1.0 client: {raw!r}")
+        if "content-length" in h:
+            self.assertEqual(h["content-length"], [str(len(PARTS))], raw)
+        self.assertNotIn("keep-alive", [v.lower() for v in h.get("connection", [])],
+                         "promised keep-alive on a body that only the close can end")
+        self.assertEqual(body, PARTS, "de-chunked body, no chunk framing and no trailers, then the close")
+
+    def test_chunked_response_is_dechunked_and_the_connection_closed(self):
+        self.check("/chunks?n=3&gap=0.02")
+
+    def test_chunked_response_with_trailers_is_dechunked_without_them(self):
+        self.check("/chunks?n=3&gap=0.02&trailers=1")
+
+    def test_keep_alive_http10_client_still_gets_the_close(self):
+        self.check("/chunks?n=3&gap=0.02", [("Connection", "keep-alive")])
+
+    def test_backend_connection_stays_in_step_after_dechunking_for_http10(self):
+        # The proxy speaks HTTP/1.1 upstream; after de-chunking, the pooled backend
+        # connection is still in step (next request answered correctly).
+        self.check("/chunks?n=3&gap=0.02")
+        c = self.conn()
+        self.assert_usable(c, "/after-http10")
+        self.assertEqual(self.backend_errors(), [])
+
+
+# =============================================================================== 3: backend ends the body by closing
+
+
+class CloseDelimitedResponseTest(Http1Case):
+    TARGET = "/chunks?n=3&gap=0.05&framing=close"
+
+    def test_http11_client_gets_chunked_reframing_and_keeps_its_connection(self):
+        c = self.conn()
+        for i in range(2):
+            c.send(request_bytes("GET", self.TARGET))
+            status, _, headers, raw_head = c.read_head()
+            h = {k.lower(): v for k, v in headers}
+            self.assertEqual(status, 200, raw_head)
+            self.assertTrue(raw_head.startswith(b"HTTP/1.1 200"), raw_head)
+            self.assertEqual(h.get("transfer-encoding", "").lower(), "chunked", raw_head)
+            self.assertNotIn("content-length", h, raw_head)
+            self.assertNotEqual(h.get("connection", "").lower(), "close", raw_head)
+            raw = c.read_until(b"\r\n0\r\n\r\n", time.monotonic() + 5)
+            data, trailers, rest = strict_dechunk(raw)
+            self.assertEqual((data, trailers, rest), (PARTS, b"", b""), f"response {i}: {raw!r}")
+            self.assertFalse(c.wait_closed(0.2), f"response {i}: the client connection stays open")
+            self.assert_usable(c, f"/after-close-delimited-{i}")
+        self.assertEqual([e["target"] for e in self.backend.log()],
+                         [self.TARGET, "/after-close-delimited-0", self.TARGET, "/after-close-delimited-1"])
+
+    def test_http10_client_gets_the_raw_body_ended_by_close(self):
+        c = self.conn()
+        c.send(request_bytes("GET", self.TARGET, version="HTTP/1.0"))
+        raw = read_to_eof(c, 5)
+        status_line, h, body = split_head(raw)
+        self.assertTrue(status_line.startswith("HTTP/1.0 200"), status_line)
+        self.assertNotIn("transfer-encoding", h, raw)
+        self.assertNotIn("content-length", h, raw)
+        self.assertEqual(body, PARTS, "the body as the backend sent it, ended by the close")
+
+
+# =============================================================================== 4: smuggling via Connection
+
+
+class ConnectionSmugglingTest(Http1Case):
+    """Connection may list hop-by-hop headers to drop, but never the framing or Host: a
+    proxy dropping Content-Length forwards a bodiless POST and the backend then reads the
+    body as a second, ungated request."""
+
+    SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def check_one_request(self, target: str, sent_body: bytes, framing_header: tuple[str, str], raw_body: bytes):
+        [entry] = [e for e in self.backend.log() if e["target"] == target]
+        values = [v for k, v in entry["headers"] if k.lower() == framing_header[0].lower()]
+        self.assertEqual(values, [framing_header[1]], f"{framing_header[0]} at the backend")
+        self.assertTrue(entry["complete"], entry)
+        self.assertEqual(entry["body"].encode("latin-1"), sent_body)
+        self.assertEqual(entry["raw_body"].encode("latin-1"), raw_body)
+
+    def test_connection_cannot_strip_content_length(self):
+        for conn_value in ("Content-Length", "keep-alive, content-length"):
+            for body in (b"GET /", self.SMUGGLED):
+                with self.subTest(connection=conn_value, body=body):
+                    self.backend.reset()
+                    c = self.closing(RawConn(self.proxy.port))
+                    c.send(b"POST / HTTP/1.1\r\nHost: x\r\nConnection: " + conn_value.encode()
+                           + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    r = c.read_response()
+                    self.assertEqual(r.status, 200, r)
+                    echo = r.json()
+                    self.assertEqual((echo["target"], echo["body_bytes"], echo["body"].encode("latin-1")),
+                                     ("/", len(body), body))
+                    self.assert_usable(c, "/after")
+                    c.close()
+                    log = self.backend.log()
+                    self.assertEqual([(e["method"], e["target"]) for e in log], [("POST", "/"), ("GET", "/after")],
+                                     "exactly one POST, then the client's next request; nothing smuggled")
+                    self.check_one_request("/", body, ("Content-Length", str(len(body))), body)
+                    self.assertEqual(self.backend_errors(), [])
+
+    def test_connection_cannot_strip_transfer_encoding(self):
+        chunked = b"%x\r\n" % len(self.SMUGGLED) + self.SMUGGLED + b"\r\n0\r\n\r\n"
+        c = self.conn()
+        c.send(b"POST /te HTTP/1.1\r\nHost: x\r\nConnection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + chunked)
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["body"].encode("latin-1"), self.SMUGGLED)
+        self.assert_usable(c, "/after-te")
+        self.assertEqual([(e["method"], e["target"]) for e in self.backend.log()],
+                         [("POST", "/te"), ("GET", "/after-te")])
+        self.check_one_request("/te", self.SMUGGLED, ("Transfer-Encoding", "chunked"), chunked)
+
+    def test_connection_cannot_strip_host(self):
+        c = self.conn()
+        c.send(b"GET /host HTTP/1.1\r\nHost: kept.example\r\nConnection: Host\r\n\r\n")
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual([v for k, v in r.json()["headers"] if k.lower() == "host"], ["kept.example"])
+
+
+# =============================================================================== 5: 1 GiB each way
+
+
+class GigabyteStreamingTest(StreamingCase):
+    """1 GiB each way (Content-Length and chunked), generated on the fly and only counted
+    on both ends (backends.py /upload counts and discards, /stream generates), while the proxy's VmRSS is sampled
+    every 20 ms during the transfer and 5 times after it: it must stay within 32 MiB of
+    its value before. Each transfer has a 120 s deadline; the time taken is printed."""
+
+    SIZE_MIB = 1024
+    RSS_BUDGET_KIB = 32 * 1024
+    TRANSFER_DEADLINE_S = 120.0
+
+    def report(self, what: str, stats: dict, count: int) -> None:
+        s = stats["seconds"]
+        sys.stderr.write(f"\n  {what}: {count} bytes in {s:.1f}s ({self.SIZE_MIB / s:.0f} MiB/s); proxy VmRSS "
+                         f"{stats['baseline_kib'] / 1024:.1f} MiB before, peak +{(stats['peak_kib'] - stats['baseline_kib']) / 1024:.1f}"
+                         f" MiB, after +{(stats['after_kib'] - stats['baseline_kib']) / 1024:.1f} MiB "
+                         f"({stats['samples']} samples) ... ")
+
+    def test_1gib_upload_content_length(self):
+        box = {}
+        stats = self.bounded_rss(lambda: box.setdefault("n", self.upload(chunked=False)))
+        self.assertEqual(box["n"], 1 << 30)
+        self.report("1 GiB upload (Content-Length)", stats, box["n"])
+
+    def test_1gib_download_content_length(self):
+        box = {}
+        stats = self.bounded_rss(lambda: box.setdefault("n", self.download("length")))
+        self.assertEqual(box["n"], 1 << 30)
+        self.report("1 GiB download (Content-Length)", stats, box["n"])
+
+    # Chunked both ways too: framing passed through as is, 1024 chunks of 1 MiB.
+    def test_1gib_upload_chunked(self):
+        box = {}
+        stats = self.bounded_rss(lambda: box.setdefault("n", self.upload(chunked=True)))
+        self.assertEqual(box["n"], 1 << 30)
+        self.report("1 GiB upload (chunked)", stats, box["n"])
+
+    def test_1gib_download_chunked(self):
+        box = {}
+        stats = self.bounded_rss(lambda: box.setdefault("n", self.download("chunked")))
+        self.assertEqual(box["n"], 1 << 30)
+        self.report("1 GiB download (chunked)", stats, box["n"])
+
+
+if __name__ == "__main__":
+    unittest.main()
