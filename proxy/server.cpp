@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "proxy/control.hpp"
+#include "proxy/drain_read.hpp"
 #include "proxy/gate.hpp"
 #include "proxy/identify.hpp"
 #include "proxy/http1.hpp"
@@ -357,7 +358,7 @@ struct server::impl {
 
   static auto read_some(connection& c, tcp_socket& s, beast::flat_buffer& buf, std::size_t n, steady::duration timeout) {
     c.expires_after(timeout);
-    return s.async_read_some(buf.prepare(n), nothrow);
+    return s.async_read_some(drain_buffer(buf.prepare(n)), nothrow);
   }
   template <class Buffers>
   static auto write(connection& c, tcp_socket& s, const Buffers& b, steady::duration timeout) {
@@ -792,7 +793,8 @@ struct server::impl {
       for (std::size_t scanned = 0;;) {
         parsed = http1::parse_request(view(c.in), limit, req, scanned);
         if (parsed.status != http1::parse_status::incomplete) break;
-        auto [ec, n] = co_await c.client.async_read_some(c.in.prepare(std::min(std::max(k_head_read, c.in.size()), limit - c.in.size())), nothrow);
+        auto [ec, n] = co_await c.client.async_read_some(
+            drain_buffer(c.in.prepare(std::min(std::max(k_head_read, c.in.size()), limit - c.in.size()))), nothrow);
         if (ec) {
           if (c.expired) {
             metrics_.header_timeout.inc();
