@@ -61,9 +61,13 @@ def cpu_seconds(pids):
     return total / TICK
 
 
-def system_busy_seconds():
+def system_busy_seconds(line="cpu "):
+    """Busy CPU seconds of the whole machine, or of one cpu ("cpu0 ")."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+        for text in f:
+            if text.startswith(line):
+                v = [int(x) for x in text.split()[1:]]
+                break
     idle = v[3] + v[4]
     return (sum(v[:8]) - idle) / TICK
 
@@ -180,7 +184,7 @@ def main():
             run_wrk(port, max(2, args.seconds // 2), args.connections)
 
         results = {name: [] for name in contenders}
-        print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'noise':>6}")
+        print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'load':>5} {'noise':>6}")
         for rnd in range(args.rounds):
             for name in ("smockron", "nginx") if rnd % 2 == 0 else ("nginx", "smockron"):
                 port, pids = contenders[name]
@@ -189,11 +193,13 @@ def main():
                     perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
                                             stdout=log, stderr=log)
                 c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+                l0 = system_busy_seconds("cpu0 ")
                 r = run_wrk(port, args.seconds, args.connections)
                 if perf:
                     perf.send_signal(signal.SIGINT)
                     perf.wait()
                 c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+                r["load"] = (system_busy_seconds("cpu0 ") - l0) / (t1 - t0)  # wrk + backend (+ master) core
                 wall = t1 - t0
                 r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
                 r["busy"] = (c1 - c0) / wall
@@ -202,7 +208,7 @@ def main():
                 r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
-                      f"{r['busy']*100:>4.0f}% {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
+                      f"{r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
 
         ratios, kept = [], {n: [r for r in results[n] if r["kept"]] for n in results}
         for a, b in zip(results["smockron"], results["nginx"]):
@@ -214,7 +220,8 @@ def main():
             print(f"{name:>9}: median {statistics.median(r['rps'] for r in rs):.0f} req/s, "
                   f"p50 {statistics.median(r['p50'] for r in rs):.0f} us, p99 {statistics.median(r['p99'] for r in rs):.0f} us, "
                   f"cpu {statistics.median(r['cpu_us'] for r in rs):.1f} us/req, "
-                  f"core busy {statistics.median(r['busy'] for r in rs)*100:.0f}%  ({len(kept[name])} rounds kept)")
+                  f"core busy {statistics.median(r['busy'] for r in rs)*100:.0f}%, "
+                  f"load core busy {statistics.median(r['load'] for r in rs)*100:.0f}%  ({len(kept[name])} rounds kept)")
         if ratios:
             print(f"req/s ratio smockron/nginx: median {statistics.median(ratios):.2f} "
                   f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} paired rounds)")
