@@ -227,7 +227,10 @@ struct upstream_conn {
   }
 };
 
-constexpr std::size_t k_head_read = 4096;           // first read of a head
+// First read of a head: 1 KiB holds most request heads (as nginx's
+// client_header_buffer_size); the buffer grows when one is larger. Per idle
+// or held connection this is most of the memory it costs.
+constexpr std::size_t k_head_read = 1024;
 constexpr std::size_t k_relay_chunk = 16384;        // body relay: bytes per read
 constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
 
