@@ -7,9 +7,15 @@
 // upstream response and of each next client request, about 1.4 wasted
 // system calls per request. A read into a `drain_buffer` reports the socket
 // exhausted when it returned less than asked for (the kernel's receive queue
-// was empty then), so the next read waits for the reactor's readiness event
-// instead of trying first. New data always brings a new event, which turns
-// trying back on: nothing can be missed.
+// held no more data then), so the next read waits for the reactor's
+// readiness event instead of trying first. New data always brings a new
+// event, which turns trying back on.
+//
+// One thing can wait: an end of stream that arrived together with the data
+// just read (its edge is already consumed, and Asio does not ask epoll for
+// RDHUP). So only request-head reads use it, where that costs a half-closing
+// client its connection at idle_timeout instead of at once; bodies and
+// upstream reads, where an end of stream delimits or retries, read plainly.
 //
 // This specialises an Asio implementation template for our own buffer type
 // (Boost 1.81, Debian 12's); include this header before any read on it.

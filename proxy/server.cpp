@@ -361,7 +361,16 @@ struct server::impl {
 
   static auto read_some(connection& c, tcp_socket& s, beast::flat_buffer& buf, std::size_t n, steady::duration timeout) {
     c.expires_after(timeout);
-    return s.async_read_some(drain_buffer(buf.prepare(n)), nothrow);
+    return s.async_read_some(buf.prepare(n), nothrow);
+  }
+  // A read of a client's request head. A short read marks the socket drained
+  // (drain_read.hpp): the next head read then costs no failing recv(). The
+  // price: a client that half-closes right behind its request is noticed at
+  // idle_timeout rather than at once. Bodies and upstream reads, where an end
+  // of stream must never wait for a timeout, are read plainly.
+  static auto read_head_some(connection& c, std::size_t n, steady::duration timeout) {
+    c.expires_after(timeout);
+    return c.client.async_read_some(drain_buffer(c.in.prepare(n)), nothrow);
   }
   template <class Buffers>
   static auto write(connection& c, tcp_socket& s, const Buffers& b, steady::duration timeout) {
@@ -778,7 +787,7 @@ struct server::impl {
         head_deadline_running = first;
         if (draining_) co_return;
         c.idle = true;
-        auto [ec, n] = co_await read_some(c, c.client, c.in, k_head_read, first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
+        auto [ec, n] = co_await read_head_some(c, k_head_read, first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
         if (ec) co_return;  // closed, or silent until the deadline
         c.in.commit(n);
         // A reload may have happened while this connection was idle.
