@@ -240,6 +240,31 @@ class CloseDelimitedResponseTest(Http1Case):
         self.assertEqual(body, PARTS, "the body as the backend sent it, ended by the close")
 
 
+# =============================================================================== half-close
+
+
+class HalfCloseTest(Http1Case):
+    """A client that half-closes right behind its request (request and FIN in one
+    read) gets its response; the proxy then closes the connection by idle_timeout
+    at the latest (request heads are read with drained-socket tracking, which can
+    only see that end of stream at the next deadline: proxy/drain_read.hpp)."""
+
+    def setUp(self):
+        ProxyCase.setUp(self)
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend, idle_timeout="1s")
+
+    def test_response_then_close_within_idle_timeout(self):
+        c = self.conn()
+        c.sock.sendall(request_bytes("GET", "/half-close"))
+        c.sock.shutdown(socket.SHUT_WR)
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        start = time.monotonic()
+        read_to_eof(c, 5)
+        self.assertLess(time.monotonic() - start, 3.0, "closed by idle_timeout (1 s) at the latest")
+
+
 # =============================================================================== 4: smuggling via Connection
 
 
