@@ -345,30 +345,25 @@ class GigabyteStreamingTest(StreamingCase):
                          f" MiB, after +{(stats['after_kib'] - stats['baseline_kib']) / 1024:.1f} MiB "
                          f"({stats['samples']} samples) ... ")
 
-    def test_1gib_upload_content_length(self):
+    def transfer_gib(self, what: str, move) -> None:
+        """Runs one 1 GiB transfer (`move` returns the bytes counted) under the RSS bound."""
         box = {}
-        stats = self.bounded_rss(lambda: box.setdefault("n", self.upload(chunked=False)))
+        stats = self.bounded_rss(lambda: box.setdefault("n", move()))
         self.assertEqual(box["n"], 1 << 30)
-        self.report("1 GiB upload (Content-Length)", stats, box["n"])
+        self.report(f"1 GiB {what}", stats, box["n"])
+
+    def test_1gib_upload_content_length(self):
+        self.transfer_gib("upload (Content-Length)", lambda: self.upload(chunked=False))
 
     def test_1gib_download_content_length(self):
-        box = {}
-        stats = self.bounded_rss(lambda: box.setdefault("n", self.download("length")))
-        self.assertEqual(box["n"], 1 << 30)
-        self.report("1 GiB download (Content-Length)", stats, box["n"])
+        self.transfer_gib("download (Content-Length)", lambda: self.download("length"))
 
     # Chunked both ways too: framing passed through as is, 1024 chunks of 1 MiB.
     def test_1gib_upload_chunked(self):
-        box = {}
-        stats = self.bounded_rss(lambda: box.setdefault("n", self.upload(chunked=True)))
-        self.assertEqual(box["n"], 1 << 30)
-        self.report("1 GiB upload (chunked)", stats, box["n"])
+        self.transfer_gib("upload (chunked)", lambda: self.upload(chunked=True))
 
     def test_1gib_download_chunked(self):
-        box = {}
-        stats = self.bounded_rss(lambda: box.setdefault("n", self.download("chunked")))
-        self.assertEqual(box["n"], 1 << 30)
-        self.report("1 GiB download (chunked)", stats, box["n"])
+        self.transfer_gib("download (chunked)", lambda: self.download("chunked"))
 
 
 if __name__ == "__main__":
