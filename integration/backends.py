@@ -230,6 +230,12 @@ class _Handler(BaseHTTPRequestHandler):
                               extra=[("ETag", '"v1"')] if code == 304 else [])
         if url.path == "/stream":
             return self._stream(int(query.get("mib", "1")), query.get("mode", "length"))
+        if url.path == "/early-hints-then-close":
+            # An interim response, then the connection ends without a final one.
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if url.path == "/chunks":
             return self._chunks(int(query.get("n", "3")), float(query.get("gap", "0.05")),
                                 query.get("trailers") == "1", query.get("framing", "chunked"))

@@ -240,6 +240,56 @@ class CloseDelimitedResponseTest(Http1Case):
         self.assertEqual(body, PARTS, "the body as the backend sent it, ended by the close")
 
 
+# =============================================================================== refusals mid-request
+
+
+class BodyLimitTest(Http1Case):
+    """max_body_bytes and malformed chunked request bodies: the client hears why
+    (413 / 400) and the connection closes."""
+
+    def setUp(self):
+        ProxyCase.setUp(self)
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend, max_body_bytes="1KiB")
+
+    def test_content_length_over_the_limit_is_413_and_never_forwarded(self):
+        c = self.conn()
+        c.send(request_bytes("POST", "/too-big", body=b"x" * 2048))
+        raw = read_to_eof(c, 5)
+        self.assertTrue(raw.startswith(b"HTTP/1.1 413 "), raw[:200])
+        self.assertEqual([e["target"] for e in self.backend.log()], [])
+
+    def test_chunked_body_over_the_limit_is_413(self):
+        c = self.conn()
+        head = b"POST /too-big-chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        c.sock.sendall(head + b"400\r\n" + b"y" * 1024 + b"\r\n" + b"10\r\n" + b"z" * 16 + b"\r\n0\r\n\r\n")
+        raw = read_to_eof(c, 5)
+        self.assertTrue(raw.startswith(b"HTTP/1.1 413 "), raw[:200])
+
+    def test_bad_chunk_size_in_a_request_body_is_400(self):
+        c = self.conn()
+        c.sock.sendall(b"POST /bad-chunk HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
+        raw = read_to_eof(c, 5)
+        self.assertTrue(raw.startswith(b"HTTP/1.1 400 "), raw[:200])
+        self.assertIn(b"invalid chunk size", raw)
+
+
+class InterimResponseTest(Http1Case):
+    def test_no_retry_after_an_interim_response(self):
+        """A pooled connection that sends 103 and then closes: the 103 has reached the
+        client, so the request is not resent (a resend once wrote the 103's own head
+        upstream); the client gets 502."""
+        c = self.conn()
+        c.send(request_bytes("GET", "/warm"))  # leaves a pooled upstream connection
+        self.assertEqual(c.read_response().status, 200)
+        c.send(request_bytes("GET", "/early-hints-then-close"))
+        interim = c.read_response(allow_interim=True)
+        self.assertEqual(interim.status, 103, interim)
+        final = c.read_response()
+        self.assertEqual(final.status, 502, final)
+        self.assertEqual([e["target"] for e in self.backend.log()], ["/warm", "/early-hints-then-close"])
+
+
 # =============================================================================== half-close
 
 

@@ -68,7 +68,7 @@ struct proxy_metrics {
   explicit proxy_metrics(metrics::registry& r)
       : reg(r),
         no_route(r.add_counter("smockron_proxy_no_route_total", "Requests that matched no route (404)")),
-        bad_request(r.add_counter("smockron_proxy_bad_requests_total", "Requests refused as malformed (400)")),
+        bad_request(r.add_counter("smockron_proxy_bad_requests_total", "Requests refused as malformed (400) or with a body over max_body_bytes (413)")),
         header_too_large(r.add_counter("smockron_proxy_header_too_large_total", "Requests refused with 414 or 431")),
         header_timeout(r.add_counter("smockron_proxy_header_timeouts_total", "Clients that did not send a request head in time (408)")),
         client_gone_held(r.add_counter("smockron_proxy_held_client_disconnects_total",
@@ -112,6 +112,7 @@ struct runtime {
   std::vector<std::vector<tcp::endpoint>> servers;       // per upstream, per server (resolved once)
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
+  steady::duration tick{};  // the connection watchdog's period (see connection)
   std::uint64_t generation = 0;
 
   runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen)
@@ -146,6 +147,12 @@ struct runtime {
     limits.max_delay_us = cfg.max_delay.count();
     limits.max_held = cfg.max_held;
     limits.pacing_fresh_us = cfg.control_fresh.count();
+    // Half the shortest deadline any operation sets (respond() writes within 10 s, refuse() lingers 5 s).
+    steady::duration t = std::chrono::seconds(10);
+    for (const auto d : {cfg.header_timeout, cfg.idle_timeout, cfg.connect_timeout, cfg.upstream_timeout, cfg.body_timeout}) {
+      t = std::min<steady::duration>(t, d);
+    }
+    tick = std::max<steady::duration>(t / 2, std::chrono::milliseconds(1));
   }
 };
 
@@ -233,6 +240,8 @@ struct upstream_conn {
 constexpr std::size_t k_head_read = 1024;
 constexpr std::size_t k_relay_chunk = 16384;        // body relay: bytes per read
 constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
+constexpr auto k_linger = std::chrono::seconds(5);    // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
+constexpr std::size_t k_linger_bytes = 1 << 20;       // ... at most this much
 
 struct worker {
   // Declared before ioc, so destroyed after it: sessions still suspended at
@@ -387,6 +396,26 @@ struct server::impl {
     auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), std::chrono::seconds(10));
     (void)n;
     co_return !ec && keep_alive;
+  }
+
+  // Answers a request the proxy refuses while the client may still be
+  // sending (a head or body it will not read), then closes gracefully: closing
+  // with unread bytes would reset the connection, and a reset can destroy the
+  // answer before the client reads it. So: end our side, then read and
+  // discard what comes for at most k_linger (as nginx's lingering close).
+  static awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::string_view body) {
+    co_await respond(c, version, status, body, false);
+    boost::system::error_code ignored;
+    c.client.shutdown(tcp::socket::shutdown_send, ignored);
+    std::array<char, 4096> sink;
+    const auto until = steady::now() + k_linger;
+    for (std::size_t total = 0; total < k_linger_bytes && steady::now() < until;) {
+      c.expires_after(k_linger);
+      auto [ec, n] = co_await c.client.async_read_some(asio::buffer(sink), nothrow);
+      if (ec) break;
+      total += n;
+    }
+    co_return false;
   }
 
   // Holds until `release` (steady time) unless the client goes away first.
@@ -633,7 +662,16 @@ struct server::impl {
       bool upstream_failed = false;
       for (;;) {
         const auto used = body.step(view(c.in), bufs);
-        if (!used || (rt.cfg.max_body_bytes > 0 && body.data_bytes > rt.cfg.max_body_bytes)) co_return false;
+        // Refused mid-body: the upstream got part of it and its connection is
+        // dropped with `up`; the client hears why, then the connection closes.
+        if (!used) {
+          metrics_.bad_request.inc();
+          co_return co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
+        }
+        if (rt.cfg.max_body_bytes > 0 && body.data_bytes > rt.cfg.max_body_bytes) {
+          metrics_.bad_request.inc();
+          co_return co_await refuse(c, version, 413, "request body too large\n");
+        }
         if (bufs.count > 0) {
           auto [ec, n] = co_await write(c, *up.sock, bufs.span(), rt.cfg.upstream_timeout);
           if (ec) {
@@ -657,11 +695,12 @@ struct server::impl {
       // The response head, skipping or passing on 1xx informational responses (but not 101).
       c.upstream_in.clear();
       boost::system::error_code ec;
-      bool bad_head = false;
+      bool bad_head = false, interim = false;
       for (std::size_t scanned = 0;;) {
         const auto parsed = http1::parse_response(view(c.upstream_in), k_max_response_head, req.head, res, scanned);
         if (parsed.status == http1::parse_status::complete) {
           if (res.status >= 200 || res.status == 101) break;
+          interim = true;  // a response has begun: no retry after this
           if (version >= 11) {  // never to an HTTP/1.0 client (RFC 9110 15.2)
             c.out.clear();
             http1::write_response_head(c.out, res, 11, http1::framing::none, true, false);
@@ -685,7 +724,7 @@ struct server::impl {
       }
       if (ec || bad_head) {
         const bool nothing = c.upstream_in.size() == 0;
-        if (nothing && up.reused && retryable && attempt == 0 &&
+        if (nothing && !interim && up.reused && retryable && attempt == 0 &&
             (ec == asio::error::eof || ec == asio::error::connection_reset)) {
           continue;
         }
@@ -754,7 +793,7 @@ struct server::impl {
   }
 
   awaitable<void> session(worker& w, tcp_socket socket) {
-    auto conn = std::make_shared<connection>(std::move(socket), current_tick(*w.rt));
+    auto conn = std::make_shared<connection>(std::move(socket), w.rt->tick);
     connection& c = *conn;
     ++connections_;
     struct guard {
@@ -796,7 +835,7 @@ struct server::impl {
       c.idle = false;
       const std::shared_ptr<const runtime> rt_hold = w.rt;
       const runtime& rt = *rt_hold;
-      c.tick = current_tick(rt);
+      c.tick = rt.tick;
 
       // The request head, within max_header_bytes and header_timeout.
       if (!head_deadline_running) c.expires_after(rt.cfg.header_timeout);
@@ -820,21 +859,21 @@ struct server::impl {
         case http1::parse_status::complete: break;
         case http1::parse_status::line_too_long:
           metrics_.header_too_large.inc();
-          co_await respond(c, 11, 414, "request line too long\n", false);
+          co_await refuse(c, 11, 414, "request line too long\n");
           co_return;
         case http1::parse_status::headers_too_large:
           metrics_.header_too_large.inc();
-          co_await respond(c, 11, 431, "request headers too large\n", false);
+          co_await refuse(c, 11, 431, "request headers too large\n");
           co_return;
         default:
           metrics_.bad_request.inc();
-          co_await respond(c, 11, 400, "bad request: " + std::string(parsed.reason) + "\n", false);
+          co_await refuse(c, 11, 400, "bad request: " + std::string(parsed.reason) + "\n");
           co_return;
       }
       const unsigned version = req.version;
       if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
         metrics_.bad_request.inc();
-        co_await respond(c, version, 413, "request body too large\n", false);
+        co_await refuse(c, version, 413, "request body too large\n");
         co_return;
       }
       const std::string_view target = req.target;
@@ -852,8 +891,10 @@ struct server::impl {
       const auto& counts = rt.counts[r->domain_index];
       identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000};
       const auto who = identify(r->identify, req.headers, target, peer, ictx);
-      const std::string client_ip =
-          rt.cfg.trusted_proxies.empty() ? peer_text : format_ip(client_address(req.headers, peer, rt.cfg.trusted_proxies));
+      // Behind trusted proxies the client may be further out than the peer.
+      std::string forwarded_client;
+      if (!rt.cfg.trusted_proxies.empty()) forwarded_client = format_ip(client_address(req.headers, peer, rt.cfg.trusted_proxies));
+      const std::string_view client_ip = forwarded_client.empty() ? std::string_view(peer_text) : forwarded_client;
       gate_decision d;
       if (who) d = gate_.decide(rt.gate_domain[r->domain_index], who->value, now_us, rt.limits);
       if (!who) {
@@ -906,16 +947,6 @@ struct server::impl {
     access_log_->info("{} \"{}\" status={} decision={} source={} upstream_ms={}", format_ip(peer), request,
                       status ? std::to_string(status) : std::string("-"), decision,
                       who && who->source ? config::to_string(*who->source) : std::string("-"), upstream_ms);
-  }
-
-  // The watchdog's period: half the shortest timeout (see connection).
-  static steady::duration current_tick(const runtime& rt) {
-    const auto& c = rt.cfg;
-    steady::duration t = std::chrono::seconds(10);  // respond()'s write deadline
-    for (const auto d : {c.header_timeout, c.idle_timeout, c.connect_timeout, c.upstream_timeout, c.body_timeout}) {
-      t = std::min<steady::duration>(t, d);
-    }
-    return std::max<steady::duration>(t / 2, std::chrono::milliseconds(1));
   }
 
   awaitable<void> accept_loop(worker& w) {
