@@ -114,6 +114,17 @@ class Http1Case(ProxyCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["target"], target, r)
 
+    def read_chunked_head(self, c: RawConn) -> dict[str, str]:
+        """The next response head, which must be an HTTP/1.1 200 framed as chunked
+        (no Content-Length); its headers by lower-case name."""
+        status, _, headers, raw_head = c.read_head()
+        h = {k.lower(): v for k, v in headers}
+        self.assertEqual(status, 200, raw_head)
+        self.assertTrue(raw_head.startswith(b"HTTP/1.1 200"), raw_head)
+        self.assertEqual(h.get("transfer-encoding", "").lower(), "chunked", raw_head)
+        self.assertNotIn("content-length", h, raw_head)
+        return h
+
     def backend_errors(self) -> list:
         return [(e["target"], e["error"]) for e in self.backend.log() if e.get("error")]
 
@@ -155,12 +166,7 @@ class ChunkedTrailersTest(Http1Case):
         c = self.conn()
         for i in range(2):  # twice on one connection: nothing stray between the responses
             c.send(request_bytes("GET", "/chunks?n=3&gap=0.02&trailers=1"))
-            status, _, headers, raw_head = c.read_head()
-            h = {k.lower(): v for k, v in headers}
-            self.assertEqual(status, 200, raw_head)
-            self.assertTrue(raw_head.startswith(b"HTTP/1.1 200"), raw_head)
-            self.assertEqual(h.get("transfer-encoding", "").lower(), "chunked", raw_head)
-            self.assertNotIn("content-length", h, raw_head)
+            h = self.read_chunked_head(c)
             self.assertNotIn("x-checksum", h, "a trailer moved into the head")
             body = c.read_exact(len(CHUNKED_WITH_TRAILERS))
             self.assertEqual(body, CHUNKED_WITH_TRAILERS, f"response {i}: chunked body with trailers relayed as is")
@@ -214,13 +220,8 @@ class CloseDelimitedResponseTest(Http1Case):
         c = self.conn()
         for i in range(2):
             c.send(request_bytes("GET", self.TARGET))
-            status, _, headers, raw_head = c.read_head()
-            h = {k.lower(): v for k, v in headers}
-            self.assertEqual(status, 200, raw_head)
-            self.assertTrue(raw_head.startswith(b"HTTP/1.1 200"), raw_head)
-            self.assertEqual(h.get("transfer-encoding", "").lower(), "chunked", raw_head)
-            self.assertNotIn("content-length", h, raw_head)
-            self.assertNotEqual(h.get("connection", "").lower(), "close", raw_head)
+            h = self.read_chunked_head(c)
+            self.assertNotEqual(h.get("connection", "").lower(), "close", h)
             raw = c.read_until(b"\r\n0\r\n\r\n", time.monotonic() + 5)
             data, trailers, rest = strict_dechunk(raw)
             self.assertEqual((data, trailers, rest), (PARTS, b"", b""), f"response {i}: {raw!r}")
