@@ -243,6 +243,45 @@ constexpr std::size_t k_max_response_head = 65536;  // an upstream's response he
 constexpr auto k_linger = std::chrono::seconds(5);    // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
 constexpr std::size_t k_linger_bytes = 1 << 20;       // ... at most this much
 
+// Buffers of one write (a head, body bytes, chunk framing); what was sent
+// is dropped from the front.
+struct buffer_list {
+  std::array<asio::const_buffer, 16> items;
+  std::size_t first = 0, count = 0;
+  void add(const void* p, std::size_t n) { items[count++] = asio::const_buffer(p, n); }
+  bool full() const { return count + 3 > items.size(); }
+  bool empty() const { return first == count; }
+  void clear() { first = count = 0; }
+  std::span<const asio::const_buffer> span() const { return {items.data() + first, count - first}; }
+  void consume(std::size_t n) {
+    for (; first < count && n >= items[first].size(); ++first) n -= items[first].size();
+    if (first < count) items[first] += n;
+  }
+};
+
+// Sends what the socket takes now, without waiting, and drops it from `b`.
+// Returns false when something is left to wait for; true when all went or
+// the socket failed (`ec`).
+bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
+  std::array<iovec, 16> iov;
+  const auto bufs = b.span();
+  for (std::size_t i = 0; i < bufs.size(); ++i) iov[i] = {const_cast<void*>(bufs[i].data()), bufs[i].size()};
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = bufs.size();
+  for (;;) {
+    const auto n = ::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      b.consume(static_cast<std::size_t>(n));
+      return b.empty();
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    ec.assign(errno, boost::system::system_category());
+    return true;
+  }
+}
+
 struct worker {
   // Declared before ioc, so destroyed after it: sessions still suspended at
   // shutdown are destroyed with the io_context and unregister themselves.
@@ -365,26 +404,44 @@ struct server::impl {
   }
 
   // ---- I/O helpers ---------------------------------------------------------
-  // Each returns the socket operation itself (no coroutine frame of its own)
-  // after setting the connection's deadline.
+  // Writes go out at once when the socket takes them (nearly always: a head
+  // and a small body), so the coroutine carries on without a trip through the
+  // scheduler, as nginx writes; only what the socket did not take waits.
+  // Reads are of two kinds (drain_read.hpp): the first read of a message head
+  // waits for readiness when the last read drained the socket; every other
+  // read tries at once, so an end of stream is never missed.
 
-  static auto read_some(connection& c, tcp_socket& s, beast::flat_buffer& buf, std::size_t n, steady::duration timeout) {
+  static auto write(connection& c, tcp_socket& s, const buffer_list& b, steady::duration timeout) {
     c.expires_after(timeout);
-    return s.async_read_some(buf.prepare(n), nothrow);
+    return asio::async_write(s, b.span(), nothrow);
   }
-  // A read of a client's request head. A short read marks the socket drained
-  // (drain_read.hpp): the next head read then costs no failing recv(). The
-  // price: a client that half-closes right behind its request is noticed at
-  // idle_timeout rather than at once. Bodies and upstream reads, where an end
-  // of stream must never wait for a timeout, are read plainly.
-  static auto read_head_some(connection& c, std::size_t n, steady::duration timeout) {
-    c.expires_after(timeout);
-    return c.client.async_read_some(drain_buffer(c.in.prepare(n)), nothrow);
-  }
-  template <class Buffers>
-  static auto write(connection& c, tcp_socket& s, const Buffers& b, steady::duration timeout) {
+  template <class Buffer>
+  static auto write(connection& c, tcp_socket& s, const Buffer& b, steady::duration timeout) {
     c.expires_after(timeout);
     return asio::async_write(s, b, nothrow);
+  }
+  // The first read of a request or response head (see drain_read.hpp).
+  static auto read_first(connection& c, tcp_socket& s, asio::mutable_buffer b, steady::duration timeout) {
+    c.expires_after(timeout);
+    return s.async_read_some(drain_buffer(b), nothrow);
+  }
+  // Any other read: tries at once, waits for readiness only when the socket
+  // has nothing now.
+  static awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, tcp_socket& s,
+                                                                                 asio::mutable_buffer b,
+                                                                                 steady::duration timeout) {
+    for (;;) {
+      const auto n = ::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+      if (n > 0) co_return std::tuple{boost::system::error_code{}, static_cast<std::size_t>(n)};
+      if (n == 0) co_return std::tuple{make_error_code(asio::error::eof), std::size_t{0}};
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        co_return std::tuple{boost::system::error_code(errno, boost::system::system_category()), std::size_t{0}};
+      }
+      c.expires_after(timeout);
+      auto [ec] = co_await s.async_wait(tcp::socket::wait_read, nothrow);
+      if (ec) co_return std::tuple{ec, std::size_t{0}};
+    }
   }
 
   // Writes a small response generated by the proxy itself. Returns whether
@@ -393,8 +450,10 @@ struct server::impl {
                                  std::int64_t retry_after_s = 0) {
     c.out.clear();
     http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s);
-    auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), std::chrono::seconds(10));
-    (void)n;
+    buffer_list b;
+    b.add(c.out.data(), c.out.size());
+    boost::system::error_code ec;
+    if (!send_now(c.client, b, ec)) ec = std::get<0>(co_await write(c, c.client, b, std::chrono::seconds(10)));
     co_return !ec && keep_alive;
   }
 
@@ -410,8 +469,7 @@ struct server::impl {
     std::array<char, 4096> sink;
     const auto until = steady::now() + k_linger;
     for (std::size_t total = 0; total < k_linger_bytes && steady::now() < until;) {
-      c.expires_after(k_linger);
-      auto [ec, n] = co_await c.client.async_read_some(asio::buffer(sink), nothrow);
+      auto [ec, n] = co_await read_more(c, c.client, asio::buffer(sink), k_linger);
       if (ec) break;
       total += n;
     }
@@ -444,8 +502,7 @@ struct server::impl {
     }
     std::array<char, 16384> buf;
     for (;;) {
-      c.expires_after(idle);
-      auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), nothrow);
+      auto [ec, n] = co_await read_more(c, from, asio::buffer(buf), idle);
       if (ec) break;
       auto [wec, wn] = co_await write(c, to, asio::buffer(buf.data(), n), idle);
       (void)wn;
@@ -538,15 +595,6 @@ struct server::impl {
   static std::string_view view(const beast::flat_buffer& b) {
     return {static_cast<const char*>(b.data().data()), b.size()};
   }
-
-  // Buffers of one write (a head, body bytes, chunk framing).
-  struct buffer_list {
-    std::array<asio::const_buffer, 16> items;
-    std::size_t count = 0;
-    void add(const void* p, std::size_t n) { items[count++] = asio::const_buffer(p, n); }
-    bool full() const { return count + 3 > items.size(); }
-    std::span<const asio::const_buffer> span() const { return {items.data(), count}; }
-  };
 
   // Relays one message body: decides which received bytes belong to it and
   // how they go out: as received, de-chunked (for an HTTP/1.0 client), or
@@ -672,18 +720,19 @@ struct server::impl {
           metrics_.bad_request.inc();
           co_return co_await refuse(c, version, 413, "request body too large\n");
         }
-        if (bufs.count > 0) {
-          auto [ec, n] = co_await write(c, *up.sock, bufs.span(), rt.cfg.upstream_timeout);
+        if (!bufs.empty()) {
+          boost::system::error_code ec;
+          if (!send_now(*up.sock, bufs, ec)) ec = std::get<0>(co_await write(c, *up.sock, bufs, rt.cfg.upstream_timeout));
           if (ec) {
             upstream_failed = true;
             break;
           }
         }
         c.in.consume(*used);
-        bufs.count = 0;
+        bufs.clear();
         if (body.done) break;
         if (c.in.size() > 0) continue;
-        auto [ec, n] = co_await read_some(c, c.client, c.in, k_relay_chunk, rt.cfg.body_timeout);
+        auto [ec, n] = co_await read_more(c, c.client, c.in.prepare(k_relay_chunk), rt.cfg.body_timeout);
         if (ec) co_return false;  // the client failed mid-body: nothing sensible to answer
         c.in.commit(n);
       }
@@ -695,7 +744,7 @@ struct server::impl {
       // The response head, skipping or passing on 1xx informational responses (but not 101).
       c.upstream_in.clear();
       boost::system::error_code ec;
-      bool bad_head = false, interim = false;
+      bool bad_head = false, interim = false, first_read = true;
       for (std::size_t scanned = 0;;) {
         const auto parsed = http1::parse_response(view(c.upstream_in), k_max_response_head, req.head, res, scanned);
         if (parsed.status == http1::parse_status::complete) {
@@ -715,7 +764,12 @@ struct server::impl {
           bad_head = true;
           break;
         }
-        auto [rec, n] = co_await read_some(c, *up.sock, c.upstream_in, k_head_read, rt.cfg.upstream_timeout);
+        // The answer to a request just sent is rarely there yet: its first
+        // read waits for readiness instead of trying a recv() that fails.
+        const auto into = c.upstream_in.prepare(k_head_read);
+        auto [rec, n] = first_read ? co_await read_first(c, *up.sock, into, rt.cfg.upstream_timeout)
+                                   : co_await read_more(c, *up.sock, into, rt.cfg.upstream_timeout);
+        first_read = false;
         if (rec) {
           ec = c.classify(rec);
           break;
@@ -769,15 +823,16 @@ struct server::impl {
         metrics_.upstream_reset.inc();
         co_return false;  // malformed chunked framing; the response has started: closing is the only signal left
       }
-      if (bufs.count > 0) {
-        auto [ec, n] = co_await write(c, c.client, bufs.span(), rt.cfg.body_timeout);
+      if (!bufs.empty()) {
+        boost::system::error_code ec;
+        if (!send_now(c.client, bufs, ec)) ec = std::get<0>(co_await write(c, c.client, bufs, rt.cfg.body_timeout));
         if (ec) co_return false;
       }
       c.upstream_in.consume(*used);
-      bufs.count = 0;
+      bufs.clear();
       if (body.done) break;
       if (c.upstream_in.size() > 0) continue;  // more at hand than one write took
-      auto [ec, n] = co_await read_some(c, *up.sock, c.upstream_in, k_relay_chunk, rt.cfg.upstream_timeout);
+      auto [ec, n] = co_await read_more(c, *up.sock, c.upstream_in.prepare(k_relay_chunk), rt.cfg.upstream_timeout);
       if (ec == asio::error::eof && res.body == framing::until_close) {
         body.eof = true;
         continue;
@@ -826,7 +881,8 @@ struct server::impl {
         head_deadline_running = first;
         if (draining_) co_return;
         c.idle = true;
-        auto [ec, n] = co_await read_head_some(c, k_head_read, first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
+        auto [ec, n] = co_await read_first(c, c.client, c.in.prepare(k_head_read),
+                                           first ? w.rt->cfg.header_timeout : w.rt->cfg.idle_timeout);
         if (ec) co_return;  // closed, or silent until the deadline
         c.in.commit(n);
         // A reload may have happened while this connection was idle.
