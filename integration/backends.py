@@ -19,6 +19,7 @@ What a request gets depends on its path:
                          &trailers=1 ends it with CHUNK_TRAILERS after the last-chunk;
                          &framing=close sends the parts with neither Content-Length nor
                          Transfer-Encoding and closes the connection after the last one
+    /keepalive-then-close answers like /echo (keep-alive, Content-Length), then closes
     /upload, anything else (/echo...)   reads the whole body (Content-Length or
                          chunked), answers JSON {method, target, headers, body_bytes,
                          body, raw_body, trailers}; body is the text (latin-1) of bodies
@@ -234,6 +235,12 @@ class _Handler(BaseHTTPRequestHandler):
             # An interim response, then the connection ends without a final one.
             self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
             self.wfile.flush()
+            self.close_connection = True
+            return
+        if url.path == "/keepalive-then-close":
+            # A complete keep-alive response (no Connection: close), then the
+            # connection closes at once: the end of stream follows the data.
+            self._echo(entry)
             self.close_connection = True
             return
         if url.path == "/chunks":

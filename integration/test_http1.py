@@ -291,6 +291,30 @@ class InterimResponseTest(Http1Case):
         self.assertEqual([e["target"] for e in self.backend.log()], ["/warm", "/early-hints-then-close"])
 
 
+# =============================================================================== upstream closes after a response
+
+
+class UpstreamClosesAfterResponseTest(Http1Case):
+    """A backend that closes right after a complete keep-alive response (the end of
+    stream arrives with the data, so the proxy's read of it sees no new readiness
+    event): the next request must not wait on that pooled connection. It is
+    reset by the closed backend and the request is retried on a fresh one."""
+
+    def setUp(self):
+        ProxyCase.setUp(self)
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend, upstream_timeout="3s")
+
+    def test_next_request_is_answered_at_once(self):
+        c = self.conn()
+        for i in range(10):
+            c.send(request_bytes("GET", f"/keepalive-then-close?i={i}"))
+            self.assertEqual(c.read_response().status, 200)
+            start = time.monotonic()
+            self.assert_usable(c, f"/after/{i}")
+            self.assertLess(time.monotonic() - start, 1.5, f"round {i}: waited on a closed upstream connection")
+
+
 # =============================================================================== half-close
 
 

@@ -4,18 +4,25 @@
 // on the socket reported the socket exhausted, and its TCP read reports that
 // only at end of stream. So every read after a short one costs a recv()
 // that fails with EAGAIN: on the proxy's path that is the read of each
-// upstream response and of each next client request, about 1.4 wasted
-// system calls per request. A read into a `drain_buffer` reports the socket
-// exhausted when it returned less than asked for (the kernel's receive queue
-// held no more data then), so the next read waits for the reactor's
-// readiness event instead of trying first. New data always brings a new
-// event, which turns trying back on.
+// upstream response (sent for a request just written, it is rarely there
+// yet) and of each next client request, about 1.4 wasted system calls per
+// request. A read into a `drain_buffer` reports the socket exhausted when it
+// returned less than asked for (the kernel's receive queue held no more data
+// then), so the next such read waits for the reactor's readiness event
+// instead of trying first. New data always brings a new event, which turns
+// trying back on.
 //
 // One thing can wait: an end of stream that arrived together with the data
 // just read (its edge is already consumed, and Asio does not ask epoll for
-// RDHUP). So only request-head reads use it, where that costs a half-closing
-// client its connection at idle_timeout instead of at once; bodies and
-// upstream reads, where an end of stream delimits or retries, read plainly.
+// RDHUP). So only the first read of a head uses it (server.cpp read_first);
+// every other read tries a recv() itself first (read_more), so a body that
+// ends by closing, or a head cut short, sees its end at once. What is left:
+// - a client that half-closes right behind its request is closed at
+//   idle_timeout rather than at once;
+// - a pooled upstream connection whose server closed right behind its last
+//   response is found out by the reset that the next request on it draws
+//   (retried on a fresh connection when the request may be), not by the end
+//   of stream.
 //
 // This specialises an Asio implementation template for our own buffer type
 // (Boost 1.81, Debian 12's); include this header before any read on it.
