@@ -22,7 +22,8 @@
 // - a pooled upstream connection whose server closed right behind its last
 //   response is found out by the reset that the next request on it draws
 //   (retried on a fresh connection when the request may be), not by the end
-//   of stream.
+//   of stream; a server that only half-closes such a connection and keeps
+//   reading draws no reset, and that request waits for upstream_timeout.
 //
 // This specialises an Asio implementation template for our own buffer type
 // (Boost 1.81, Debian 12's); include this header before any read on it.
