@@ -34,6 +34,10 @@
 #include <boost/asio/detail/socket_ops.hpp>
 #include <boost/version.hpp>
 
+#include <cerrno>
+
+#include "proxy/sys_io.hpp"
+
 static_assert(BOOST_VERSION / 100 == 1081, "drain_read.hpp specialises Boost 1.81's reactor op: check it against this Boost");
 
 namespace smockron::proxy {
@@ -65,17 +69,21 @@ public:
   static status do_perform(reactor_op* base) {
     auto* o = static_cast<reactive_socket_recv_op_base*>(base);
     const std::size_t size = o->buffers_.size();
-    status result = socket_ops::non_blocking_recv1(o->socket_, o->buffers_.data(), size, o->flags_,
-                                                   (o->state_ & socket_ops::stream_oriented) != 0, o->ec_,
-                                                   o->bytes_transferred_)
-                        ? done
-                        : not_done;
-    // Short (or end of stream): the receive queue is empty now.
-    if (result == done && !o->ec_ && o->bytes_transferred_ < size) result = done_and_exhausted;
-    if (result == done && o->bytes_transferred_ == 0 && (o->state_ & socket_ops::stream_oriented) != 0) {
-      result = done_and_exhausted;
+    // As socket_ops::non_blocking_recv1 for a stream socket, with the bare system call.
+    for (;;) {
+      const auto n = smockron::proxy::sys::recv(o->socket_, o->buffers_.data(), size, o->flags_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return not_done;
+      if (n < 0) {
+        o->ec_ = boost::system::error_code(errno, boost::asio::error::get_system_category());
+        o->bytes_transferred_ = 0;
+        return done;
+      }
+      o->bytes_transferred_ = static_cast<std::size_t>(n);
+      if (n == 0) o->ec_ = boost::asio::error::eof;
+      // Short (or end of stream): the receive queue is empty now.
+      return static_cast<std::size_t>(n) < size || n == 0 ? done_and_exhausted : done;
     }
-    return result;
   }
 
 private:

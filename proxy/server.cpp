@@ -35,6 +35,7 @@
 #include "proxy/identify.hpp"
 #include "proxy/http1.hpp"
 #include "proxy/routes.hpp"
+#include "proxy/sys_io.hpp"
 #include "smockron/admin_server.hpp"
 #include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
@@ -156,6 +157,86 @@ struct runtime {
   }
 };
 
+// Buffers of one write (a head, body bytes, chunk framing); what was sent
+// is dropped from the front.
+struct buffer_list {
+  std::array<asio::const_buffer, 16> items;
+  std::size_t first = 0, count = 0;
+  void add(const void* p, std::size_t n) { items[count++] = asio::const_buffer(p, n); }
+  bool full() const { return count + 3 > items.size(); }
+  bool empty() const { return first == count; }
+  void clear() { first = count = 0; }
+  std::span<const asio::const_buffer> span() const { return {items.data() + first, count - first}; }
+  void consume(std::size_t n) {
+    for (; first < count && n >= items[first].size(); ++first) n -= items[first].size();
+    if (first < count) items[first] += n;
+  }
+};
+
+// Relays one message body: decides which received bytes belong to it and
+// how they go out: as received, de-chunked (for an HTTP/1.0 client), or
+// re-framed as chunked (a body the upstream delimits by closing, for an
+// HTTP/1.1 client). Bytes past the end of the message are left alone.
+struct body_relay {
+  body_relay(http1::framing in, http1::framing out, std::uint64_t length, std::size_t max_line)
+      : in_framing(in), dechunk(in == http1::framing::chunked && out != http1::framing::chunked),
+        rechunk(in == http1::framing::until_close && out == http1::framing::chunked), remaining(length),
+        dec(max_line), done(in == http1::framing::none) {}
+
+  http1::framing in_framing;
+  bool dechunk, rechunk;
+  std::uint64_t remaining;
+  http1::chunked_decoder dec;
+  std::uint64_t data_bytes = 0;  // payload bytes so far
+  bool eof = false;              // the upstream closed (until_close bodies end so)
+  bool done;
+  std::array<char, 24> size_line{};
+
+  // Adds to `out` what to send for the received bytes `in`; returns how
+  // many bytes of `in` that used, or nothing on malformed chunked framing.
+  std::optional<std::size_t> step(std::string_view in, buffer_list& out) {
+    using http1::framing;
+    std::size_t n = 0;
+    switch (in_framing) {
+      case framing::none: break;
+      case framing::length:
+        n = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, in.size()));
+        remaining -= n;
+        data_bytes += n;
+        done = remaining == 0;
+        if (n > 0) out.add(in.data(), n);
+        break;
+      case framing::chunked:
+        while (n < in.size() && !dec.done() && !out.full()) {
+          std::string_view data;
+          const auto used = dec.feed(in.substr(n), data);
+          if (!used) return std::nullopt;
+          if (dechunk && !data.empty()) out.add(data.data(), data.size());
+          n += *used;
+          data_bytes += data.size();
+        }
+        done = dec.done();
+        if (!dechunk && n > 0) out.add(in.data(), n);
+        break;
+      case framing::until_close:
+        n = in.size();
+        data_bytes += n;
+        if (rechunk && n > 0) {
+          const auto len = std::snprintf(size_line.data(), size_line.size(), "%zx\r\n", n);
+          out.add(size_line.data(), static_cast<std::size_t>(len));
+          out.add(in.data(), n);
+          out.add("\r\n", 2);
+        } else if (n > 0) {
+          out.add(in.data(), n);
+        }
+        if (rechunk && eof) out.add("0\r\n\r\n", 5);
+        done = eof;
+        break;
+    }
+    return n;
+  }
+};
+
 // One client connection and what its requests reuse: buffers, the parsed
 // heads, the upstream connection in use. Deadlines cost no timer operation:
 // an operation sets `deadline`, and a watchdog timer, never further away than
@@ -171,6 +252,11 @@ struct connection {
   std::string out;  // the head being written
   http1::request_head request;
   http1::response_head response;
+  // The body being relayed and the buffers of its next write (here, not in
+  // forward()'s coroutine frame, which then stays small enough for Asio to
+  // recycle instead of a malloc per request).
+  std::optional<body_relay> relay;
+  buffer_list bufs;
   steady_timer timer;
   steady::time_point deadline = steady::time_point::max();
   steady::duration tick;
@@ -243,22 +329,6 @@ constexpr std::size_t k_max_response_head = 65536;  // an upstream's response he
 constexpr auto k_linger = std::chrono::seconds(5);    // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
 constexpr std::size_t k_linger_bytes = 1 << 20;       // ... at most this much
 
-// Buffers of one write (a head, body bytes, chunk framing); what was sent
-// is dropped from the front.
-struct buffer_list {
-  std::array<asio::const_buffer, 16> items;
-  std::size_t first = 0, count = 0;
-  void add(const void* p, std::size_t n) { items[count++] = asio::const_buffer(p, n); }
-  bool full() const { return count + 3 > items.size(); }
-  bool empty() const { return first == count; }
-  void clear() { first = count = 0; }
-  std::span<const asio::const_buffer> span() const { return {items.data() + first, count - first}; }
-  void consume(std::size_t n) {
-    for (; first < count && n >= items[first].size(); ++first) n -= items[first].size();
-    if (first < count) items[first] += n;
-  }
-};
-
 // Sends what the socket takes now, without waiting, and drops it from `b`.
 // Returns false when something is left to wait for; true when all went or
 // the socket failed (`ec`).
@@ -270,7 +340,7 @@ bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
   msg.msg_iov = iov.data();
   msg.msg_iovlen = bufs.size();
   for (;;) {
-    const auto n = ::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const auto n = sys::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) {
       b.consume(static_cast<std::size_t>(n));
       return b.empty();
@@ -431,7 +501,7 @@ struct server::impl {
                                                                                  asio::mutable_buffer b,
                                                                                  steady::duration timeout) {
     for (;;) {
-      const auto n = ::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+      const auto n = sys::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
       if (n > 0) co_return std::tuple{boost::system::error_code{}, static_cast<std::size_t>(n)};
       if (n == 0) co_return std::tuple{make_error_code(asio::error::eof), std::size_t{0}};
       if (errno == EINTR) continue;
@@ -596,70 +666,6 @@ struct server::impl {
     return {static_cast<const char*>(b.data().data()), b.size()};
   }
 
-  // Relays one message body: decides which received bytes belong to it and
-  // how they go out: as received, de-chunked (for an HTTP/1.0 client), or
-  // re-framed as chunked (a body the upstream delimits by closing, for an
-  // HTTP/1.1 client). Bytes past the end of the message are left alone.
-  struct body_relay {
-    body_relay(http1::framing in, http1::framing out, std::uint64_t length, std::size_t max_line)
-        : in_framing(in), dechunk(in == http1::framing::chunked && out != http1::framing::chunked),
-          rechunk(in == http1::framing::until_close && out == http1::framing::chunked), remaining(length),
-          dec(max_line), done(in == http1::framing::none) {}
-
-    http1::framing in_framing;
-    bool dechunk, rechunk;
-    std::uint64_t remaining;
-    http1::chunked_decoder dec;
-    std::uint64_t data_bytes = 0;  // payload bytes so far
-    bool eof = false;              // the upstream closed (until_close bodies end so)
-    bool done;
-    std::array<char, 24> size_line{};
-
-    // Adds to `out` what to send for the received bytes `in`; returns how
-    // many bytes of `in` that used, or nothing on malformed chunked framing.
-    std::optional<std::size_t> step(std::string_view in, buffer_list& out) {
-      using http1::framing;
-      std::size_t n = 0;
-      switch (in_framing) {
-        case framing::none: break;
-        case framing::length:
-          n = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, in.size()));
-          remaining -= n;
-          data_bytes += n;
-          done = remaining == 0;
-          if (n > 0) out.add(in.data(), n);
-          break;
-        case framing::chunked:
-          while (n < in.size() && !dec.done() && !out.full()) {
-            std::string_view data;
-            const auto used = dec.feed(in.substr(n), data);
-            if (!used) return std::nullopt;
-            if (dechunk && !data.empty()) out.add(data.data(), data.size());
-            n += *used;
-            data_bytes += data.size();
-          }
-          done = dec.done();
-          if (!dechunk && n > 0) out.add(in.data(), n);
-          break;
-        case framing::until_close:
-          n = in.size();
-          data_bytes += n;
-          if (rechunk && n > 0) {
-            const auto len = std::snprintf(size_line.data(), size_line.size(), "%zx\r\n", n);
-            out.add(size_line.data(), static_cast<std::size_t>(len));
-            out.add(in.data(), n);
-            out.add("\r\n", 2);
-          } else if (n > 0) {
-            out.add(in.data(), n);
-          }
-          if (rechunk && eof) out.add("0\r\n\r\n", 5);
-          done = eof;
-          break;
-      }
-      return n;
-    }
-  };
-
   // ---- one request ---------------------------------------------------------
 
   static bool idempotent(std::string_view m) {
@@ -704,8 +710,9 @@ struct server::impl {
       // The head and the body bytes at hand share one write; the rest of the
       // body is streamed from the client through c.in (bytes past its end
       // stay there: a pipelined request).
-      body_relay body(req.body, req.body, req.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
-      buffer_list bufs;
+      body_relay& body = c.relay.emplace(req.body, req.body, req.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
+      buffer_list& bufs = c.bufs;
+      bufs.clear();
       bufs.add(c.out.data(), c.out.size());
       bool upstream_failed = false;
       for (;;) {
@@ -814,8 +821,9 @@ struct server::impl {
     const bool keep = req.keep_alive && !draining_ && out != framing::until_close;
     c.out.clear();
     http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep, false);
-    body_relay body(res.body, out, res.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
-    buffer_list bufs;
+    body_relay& body = c.relay.emplace(res.body, out, res.content_length, static_cast<std::size_t>(rt.cfg.max_header_bytes));
+    buffer_list& bufs = c.bufs;
+    bufs.clear();
     bufs.add(c.out.data(), c.out.size());
     for (;;) {
       const auto used = body.step(view(c.upstream_in), bufs);

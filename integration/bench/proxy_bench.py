@@ -4,13 +4,16 @@
 Method (see README "Performance"):
 - backend: nginx (1 worker) answering `return 200`; wrk (1 thread, 50
   keep-alive connections) and the backend share cpu 0; the proxy under test
-  has cpu 1 alone (the smockron master also sits on cpu 0).
+  has cpu 1 alone (the smockron master also sits on cpu 0: its CPU per
+  accounting message is the "master" column).
 - peer: nginx, 1 worker, proxy_http_version 1.1, upstream keepalive 128.
 - smockron-proxy: 1 worker thread, gate active (route with a domain,
   identifier extraction, master connected).
 - alternating rounds after a warm-up; per round: req/s, p50/p99 latency,
   proxy CPU us per request (/proc), and whether the proxy core was >= 90% busy.
   Rounds where other processes used noticeable CPU are dropped.
+- at the end: accounting messages the proxy published and dropped, and how
+  many the master processed (the gate's cost is only real if none is lost).
 """
 import argparse
 import os
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import one_box_toml  # noqa: E402
@@ -78,6 +82,14 @@ def children(pid):
             return [int(x) for x in f.read().split()]
     except FileNotFoundError:
         return []
+
+
+def metric_total(port, name):
+    """Sum of a Prometheus counter over its labels, from an admin endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
 
 
 class Proc:
@@ -183,8 +195,12 @@ def main():
         for name, (port, _) in contenders.items():
             run_wrk(port, max(2, args.seconds // 2), args.connections)
 
+        time.sleep(0.5)  # the warm-up's accounting settles
+        published0 = metric_total(padmin, "smockron_proxy_accounting_messages_total")
+        processed0 = metric_total(madmin, "smockron_master_accounting_messages_total")
         results = {name: [] for name in contenders}
-        print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'load':>5} {'noise':>6}")
+        print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'load':>5} "
+              f"{'master':>6} {'noise':>6}")
         for rnd in range(args.rounds):
             for name in ("smockron", "nginx") if rnd % 2 == 0 else ("nginx", "smockron"):
                 port, pids = contenders[name]
@@ -192,6 +208,7 @@ def main():
                 if args.perf and name == "smockron" and rnd == 0:
                     perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
                                             stdout=log, stderr=log)
+                m0 = cpu_seconds([master.p.pid])
                 c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
                 l0 = system_busy_seconds("cpu0 ")
                 r = run_wrk(port, args.seconds, args.connections)
@@ -200,6 +217,7 @@ def main():
                     perf.wait()
                 c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
                 r["load"] = (system_busy_seconds("cpu0 ") - l0) / (t1 - t0)  # wrk + backend (+ master) core
+                r["master_us"] = (cpu_seconds([master.p.pid]) - m0) / r["requests"] * 1e6
                 wall = t1 - t0
                 r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
                 r["busy"] = (c1 - c0) / wall
@@ -208,7 +226,8 @@ def main():
                 r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
-                      f"{r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
+                      f"{r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% "
+                      f"{r['master_us'] if name == 'smockron' else 0:>6.1f} {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
 
         ratios, kept = [], {n: [r for r in results[n] if r["kept"]] for n in results}
         for a, b in zip(results["smockron"], results["nginx"]):
@@ -227,6 +246,14 @@ def main():
                   f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} paired rounds)")
         else:
             print("no paired rounds kept (machine too noisy)")
+        # The master catches up on what is queued before it is asked.
+        requests = sum(r["requests"] for r in results["smockron"])
+        time.sleep(1.0)
+        published = metric_total(padmin, "smockron_proxy_accounting_messages_total") - published0
+        dropped = metric_total(padmin, "smockron_proxy_accounting_dropped_total")
+        processed = metric_total(madmin, "smockron_master_accounting_messages_total") - processed0
+        print(f"accounting: {requests} requests in smockron rounds, {published:.0f} messages "
+              f"published, {dropped:.0f} dropped, {processed:.0f} processed by the master")
     finally:
         for p in procs:
             p.stop()
