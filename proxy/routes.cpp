@@ -2,19 +2,34 @@
 #include "proxy/routes.hpp"
 
 #include <algorithm>
-#include <cctype>
 
 namespace smockron::proxy {
 
-std::string normalize_host(std::string_view host) {
+namespace {
+
+// The host without its port (an IPv6 literal keeps its brackets).
+std::string_view strip_port(std::string_view host) {
   if (!host.empty() && host.front() == '[') {
     const auto close = host.find(']');
-    host = host.substr(0, close == std::string_view::npos ? host.size() : close + 1);
-  } else if (const auto colon = host.rfind(':'); colon != std::string_view::npos) {
-    host = host.substr(0, colon);
+    return host.substr(0, close == std::string_view::npos ? host.size() : close + 1);
   }
-  std::string out(host);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (const auto colon = host.rfind(':'); colon != std::string_view::npos) return host.substr(0, colon);
+  return host;
+}
+
+constexpr char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
+
+// `host` (any case) equals `lower` (already lower case), ASCII case-insensitively.
+bool equals_lower(std::string_view host, std::string_view lower) {
+  return host.size() == lower.size() &&
+         std::equal(host.begin(), host.end(), lower.begin(), [](char a, char b) { return ascii_lower(a) == b; });
+}
+
+}  // namespace
+
+std::string normalize_host(std::string_view host) {
+  std::string out(strip_port(host));
+  std::transform(out.begin(), out.end(), out.begin(), ascii_lower);
   return out;
 }
 
@@ -45,15 +60,16 @@ route_table::route_table(const config::proxy_config& cfg) {
 }
 
 const route* route_table::match(std::string_view host_header, std::string_view path) const {
-  const std::string host = normalize_host(host_header);
+  // Compared in place, case-insensitively: no copy per request.
+  const std::string_view host = strip_port(host_header);
   for (const auto& r : routes_) {
     switch (r.host_kind) {
       case route::host_match::any: break;
       case route::host_match::exact:
-        if (host != r.host) continue;
+        if (!equals_lower(host, r.host)) continue;
         break;
       case route::host_match::suffix:
-        if (host.size() <= r.host.size() || !host.ends_with(r.host)) continue;
+        if (host.size() <= r.host.size() || !equals_lower(host.substr(host.size() - r.host.size()), r.host)) continue;
         break;
     }
     if (path.starts_with(r.path)) return &r;

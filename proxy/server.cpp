@@ -237,6 +237,21 @@ struct body_relay {
   }
 };
 
+// The upstream connection of the current request (cancelled with the client
+// connection when a deadline passes).
+struct upstream_conn {
+  std::optional<tcp_socket> sock;
+  std::size_t server = 0;
+  bool reused = false;
+
+  void use(tcp_socket s, std::size_t srv, bool was_pooled) {
+    sock.emplace(std::move(s));
+    server = srv;
+    reused = was_pooled;
+  }
+  void release() { sock.reset(); }
+};
+
 // One client connection and what its requests reuse: buffers, the parsed
 // heads, the upstream connection in use. Deadlines cost no timer operation:
 // an operation sets `deadline`, and a watchdog timer, never further away than
@@ -247,7 +262,7 @@ struct connection {
   connection(tcp_socket s, steady::duration t) : client(std::move(s)), timer(client.get_executor()), tick(t) {}
 
   tcp_socket client;
-  tcp_socket* upstream = nullptr;  // in use by the current request, cancelled with the client
+  upstream_conn up;  // in use by the current request
   beast::flat_buffer in, upstream_in;
   std::string out;  // the head being written
   http1::request_head request;
@@ -293,30 +308,12 @@ struct connection {
       c.deadline = steady::time_point::max();
       boost::system::error_code ignored;
       c.client.cancel(ignored);
-      if (c.upstream) c.upstream->cancel(ignored);
+      if (c.up.sock) c.up.sock->cancel(ignored);
     }
     c.timer.expires_at(c.deadline - now < c.tick ? c.deadline : now + c.tick);
     c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
       if (!self->closed) watch(std::move(self));
     });
-  }
-};
-
-// The upstream connection of one request; the connection knows it so that a deadline can cancel it.
-struct upstream_conn {
-  std::optional<tcp_socket> sock;
-  std::size_t server = 0;
-  bool reused = false;
-
-  void use(connection& c, tcp_socket s, std::size_t srv, bool was_pooled) {
-    sock.emplace(std::move(s));
-    c.upstream = &*sock;
-    server = srv;
-    reused = was_pooled;
-  }
-  void release(connection& c) {
-    c.upstream = nullptr;
-    sock.reset();
   }
 };
 
@@ -561,6 +558,16 @@ struct server::impl {
     co_return true;
   }
 
+  // After a 101 response: the response head to the client, then bytes both
+  // ways until either side ends.
+  static awaitable<void> tunnel(connection& c, const runtime& rt) {
+    c.out.clear();
+    http1::write_response_head(c.out, c.response, 11, http1::framing::none, true, true);
+    if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return;
+    const auto idle = rt.cfg.idle_timeout;
+    co_await (pump(c, c.client, *c.up.sock, c.in, idle) && pump(c, *c.up.sock, c.client, c.upstream_in, idle));
+  }
+
   // Copies bytes one way until EOF or error (WebSocket and other upgraded
   // protocols); the connection's idle deadline covers both directions.
   static awaitable<void> pump(connection& c, tcp_socket& from, tcp_socket& to, beast::flat_buffer& pending,
@@ -586,7 +593,8 @@ struct server::impl {
 
   // The fast path of acquire(): the next server in the rotation is up and has
   // an idle connection.
-  bool take_pooled(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up, bool check_idle) {
+  bool take_pooled(worker& w, const runtime& rt, connection& c, std::size_t upstream, bool check_idle) {
+    upstream_conn& up = c.up;
     if (w.pool_generation != rt.generation) return false;
     auto& slots = w.pool[upstream];
     const std::size_t s = w.round_robin[upstream] % slots.size();
@@ -594,7 +602,7 @@ struct server::impl {
     if (slot.idle.empty() || (slot.down_until != steady::time_point{} && slot.down_until > steady::now())) return false;
     if (check_idle && !still_open(slot.idle.back())) return false;  // acquire() drops it
     ++w.round_robin[upstream];
-    up.use(c, std::move(slot.idle.back()), s, true);
+    up.use(std::move(slot.idle.back()), s, true);
     slot.idle.pop_back();
     return true;
   }
@@ -606,12 +614,13 @@ struct server::impl {
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
 
-  // Puts a connection into `up`: reused from the pool or newly connected
+  // Puts a connection into `c.up`: reused from the pool or newly connected
   // (round-robin, passive health). `check_idle`: make sure a pooled
   // connection is still open before using it (worth a syscall only when a
   // request body could not be replayed). Returns false when no server answered.
-  awaitable<bool> acquire(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up,
-                          bool allow_reuse, bool check_idle) {
+  awaitable<bool> acquire(worker& w, const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse,
+                          bool check_idle) {
+    upstream_conn& up = c.up;
     if (w.pool_generation != rt.generation) {
       w.pool.clear();
       w.pool.resize(rt.servers.size());
@@ -622,7 +631,7 @@ struct server::impl {
     auto& slots = w.pool[upstream];
     const auto& cfg = rt.cfg.upstreams[upstream];
     const auto now = steady::now();
-    up.release(c);
+    up.release();
     for (std::size_t attempt = 0; attempt < slots.size(); ++attempt) {
       const std::size_t s = w.round_robin[upstream]++ % slots.size();
       auto& slot = slots[s];
@@ -631,16 +640,16 @@ struct server::impl {
         tcp_socket sock = std::move(slot.idle.back());
         slot.idle.pop_back();
         if (check_idle && !still_open(sock)) continue;
-        up.use(c, std::move(sock), s, true);
+        up.use(std::move(sock), s, true);
         co_return true;
       }
-      up.use(c, tcp_socket(w.ioc.get_executor()), s, false);
+      up.use(tcp_socket(w.ioc.get_executor()), s, false);
       c.expires_after(rt.cfg.connect_timeout);
       auto [ec] = co_await up.sock->async_connect(rt.servers[upstream][s], nothrow);
       if (ec) {
         (c.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
         slot.down_until = steady::now() + cfg.fail_timeout;
-        up.release(c);
+        up.release();
         continue;
       }
       up.sock->set_option(tcp::no_delay(true), ec);
@@ -650,14 +659,15 @@ struct server::impl {
     co_return false;
   }
 
-  void give_back(worker& w, const runtime& rt, connection& c, std::size_t upstream, upstream_conn& up) {
+  void give_back(worker& w, const runtime& rt, connection& c, std::size_t upstream) {
+    upstream_conn& up = c.up;
     if (w.pool_generation == rt.generation && up.sock) {
       auto& slot = w.pool[upstream][up.server];
       if (static_cast<std::int64_t>(slot.idle.size()) < rt.cfg.upstreams[upstream].keepalive) {
         slot.idle.push_back(std::move(*up.sock));
       }
     }
-    up.release(c);
+    up.release();
   }
 
   // ---- bodies --------------------------------------------------------------
@@ -692,18 +702,17 @@ struct server::impl {
     http1::write_request_head(c.out, req, {client_ip, "http", req.upgrade});
     c.in.consume(req.size);  // the head: what follows is body (or the next request)
 
-    upstream_conn up;
+    upstream_conn& up = c.up;
     struct release_guard {
-      connection& c;
       upstream_conn& up;
-      ~release_guard() { up.release(c); }
-    } guard{c, up};
+      ~release_guard() { up.release(); }
+    } guard{up};
     http1::response_head& res = c.response;
     // A pooled connection may have been closed by the upstream just now: a
     // retryable request is retried once on a fresh connection.
     for (int attempt = 0;; ++attempt) {
-      if (!(attempt == 0 && take_pooled(w, rt, c, r.upstream_index, up, has_body)) &&
-          !co_await acquire(w, rt, c, r.upstream_index, up, attempt == 0, has_body)) {
+      if (!(attempt == 0 && take_pooled(w, rt, c, r.upstream_index, has_body)) &&
+          !co_await acquire(w, rt, c, r.upstream_index, attempt == 0, has_body)) {
         metrics_.upstream_no_server.inc();
         co_return co_await respond(c, version, 502, "upstream unavailable\n", false);
       }
@@ -806,11 +815,7 @@ struct server::impl {
         metrics_.upstream_reset.inc();
         co_return co_await respond(c, version, 502, "upstream switched protocols unasked\n", false);
       }
-      c.out.clear();
-      http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
-      if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return false;
-      const auto idle = rt.cfg.idle_timeout;
-      co_await (pump(c, c.client, *up.sock, c.in, idle) && pump(c, *up.sock, c.client, c.upstream_in, idle));
+      co_await tunnel(c, rt);
       co_return false;
     }
 
@@ -851,7 +856,7 @@ struct server::impl {
       }
       c.upstream_in.commit(n);
     }
-    if (res.keep_alive && c.upstream_in.size() == 0) give_back(w, rt, c, r.upstream_index, up);
+    if (res.keep_alive && c.upstream_in.size() == 0) give_back(w, rt, c, r.upstream_index);
     co_return keep;
   }
 

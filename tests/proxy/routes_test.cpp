@@ -43,6 +43,7 @@ TEST(Routes, FirstMatchWinsByHostAndPathPrefix) {
   EXPECT_EQ(t.match("API.Example.COM:8080", "/v1/x")->domain, "v1");  // case and port ignored
   EXPECT_EQ(t.match("api.example.com", "/v2/")->domain, "wild");        // falls to the wildcard
   EXPECT_EQ(t.match("a.b.example.com", "/")->domain, "wild");
+  EXPECT_EQ(t.match("A.B.Example.COM:443", "/")->domain, "wild");     // suffix: case and port ignored too
   EXPECT_EQ(t.match("example.com", "/public/x")->domain, "v1");        // "*.example.com" needs a label
   EXPECT_EQ(t.match("example.com", "/public/x")->upstream_index, 1u);
   EXPECT_FALSE(t.match("example.com", "/private"));
