@@ -276,6 +276,7 @@ struct connection {
   steady::time_point deadline = steady::time_point::max();
   steady::duration tick;
   bool expired = false;  // the last deadline passed (operations were cancelled)
+  int reads_at_once = 0;  // read_more() results in a row without waiting
   bool idle = true;      // between requests (cancelled at once when draining)
   bool closed = false;
 
@@ -322,6 +323,7 @@ struct connection {
 // or held connection this is most of the memory it costs.
 constexpr std::size_t k_head_read = 1024;
 constexpr std::size_t k_relay_chunk = 16384;        // body relay: bytes per read
+constexpr int k_reads_per_turn = 16;                // read_more(): reads without waiting before others get a turn
 constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
 constexpr auto k_linger = std::chrono::seconds(5);    // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
 constexpr std::size_t k_linger_bytes = 1 << 20;       // ... at most this much
@@ -493,19 +495,33 @@ struct server::impl {
     return s.async_read_some(drain_buffer(b), nothrow);
   }
   // Any other read: tries at once, waits for readiness only when the socket
-  // has nothing now.
-  static awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, tcp_socket& s,
-                                                                                 asio::mutable_buffer b,
-                                                                                 steady::duration timeout) {
+  // has nothing now. `timeout`: the deadline from now (each read is
+  // progress), or none to keep the one running (a request head has one
+  // deadline for all of it). A result at once is never a timeout; after
+  // k_reads_per_turn of them in a row the connection lets the others on its
+  // worker have a turn, so a transfer between two fast peers cannot hold the
+  // worker for its whole length.
+  static awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(
+      connection& c, tcp_socket& s, asio::mutable_buffer b, std::optional<steady::duration> timeout) {
     for (;;) {
       const auto n = sys::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
-      if (n > 0) co_return std::tuple{boost::system::error_code{}, static_cast<std::size_t>(n)};
-      if (n == 0) co_return std::tuple{make_error_code(asio::error::eof), std::size_t{0}};
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        co_return std::tuple{boost::system::error_code(errno, boost::system::system_category()), std::size_t{0}};
+      if (n < 0 && errno == EINTR) continue;
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        const boost::system::error_code ec = n > 0    ? boost::system::error_code{}
+                                             : n == 0 ? make_error_code(asio::error::eof)
+                                                      : boost::system::error_code(errno, boost::system::system_category());
+        // Progress: the deadline starts again (a request head keeps its one deadline).
+        if (timeout) c.expires_after(*timeout);
+        else c.expired = false;
+        if (++c.reads_at_once == k_reads_per_turn) {
+          c.reads_at_once = 0;
+          co_await asio::post(s.get_executor(), asio::use_awaitable_t<executor_t>{});
+          if (c.expired) co_return std::tuple{make_error_code(asio::error::operation_aborted), std::size_t{0}};
+        }
+        co_return std::tuple{ec, n > 0 ? static_cast<std::size_t>(n) : std::size_t{0}};
       }
-      c.expires_after(timeout);
+      c.reads_at_once = 0;
+      if (timeout) c.expires_after(*timeout);
       auto [ec] = co_await s.async_wait(tcp::socket::wait_read, nothrow);
       if (ec) co_return std::tuple{ec, std::size_t{0}};
     }
@@ -913,8 +929,8 @@ struct server::impl {
       for (std::size_t scanned = 0;;) {
         parsed = http1::parse_request(view(c.in), limit, req, scanned);
         if (parsed.status != http1::parse_status::incomplete) break;
-        auto [ec, n] = co_await c.client.async_read_some(
-            drain_buffer(c.in.prepare(std::min(std::max(k_head_read, c.in.size()), limit - c.in.size()))), nothrow);
+        auto [ec, n] = co_await read_more(c, c.client, c.in.prepare(std::min(std::max(k_head_read, c.in.size()), limit - c.in.size())),
+                                          std::nullopt);
         if (ec) {
           if (c.expired) {
             metrics_.header_timeout.inc();
