@@ -340,6 +340,26 @@ class HalfCloseTest(Http1Case):
         self.assertLess(time.monotonic() - start, 3.0, "closed by idle_timeout (1 s) at the latest")
 
 
+class HeadCutShortTest(Http1Case):
+    """A client that closes in the middle of a request head is let go at once, not
+    at header_timeout (the rest of a head is read with a recv() first, which sees
+    the end of stream even when it came with the last bytes)."""
+
+    def setUp(self):
+        ProxyCase.setUp(self)
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend, header_timeout="10s")
+
+    def test_closed_at_once(self):
+        c = self.conn()
+        c.sock.sendall(b"GET /cut HTTP/1.1\r\nHost: x")
+        c.sock.shutdown(socket.SHUT_WR)
+        start = time.monotonic()
+        read_to_eof(c, 8)
+        self.assertLess(time.monotonic() - start, 2.0, "closed at once, not at header_timeout (10 s)")
+        self.assertEqual(self.backend.log(), [])
+
+
 # =============================================================================== 4: smuggling via Connection
 
 
