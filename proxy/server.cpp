@@ -632,8 +632,8 @@ struct server::impl {
 
   // Puts a connection into `c.up`: reused from the pool or newly connected
   // (round-robin, passive health). `check_idle`: make sure a pooled
-  // connection is still open before using it (worth a syscall only when a
-  // request body could not be replayed). Returns false when no server answered.
+  // connection is still open before using it (worth a syscall only when the
+  // request could not be resent). Returns false when no server answered.
   awaitable<bool> acquire(worker& w, const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse,
                           bool check_idle) {
     upstream_conn& up = c.up;
@@ -727,8 +727,9 @@ struct server::impl {
     // A pooled connection may have been closed by the upstream just now: a
     // retryable request is retried once on a fresh connection.
     for (int attempt = 0;; ++attempt) {
-      if (!(attempt == 0 && take_pooled(w, rt, c, r.upstream_index, has_body)) &&
-          !co_await acquire(w, rt, c, r.upstream_index, attempt == 0, has_body)) {
+      // A request that could not be resent makes sure a pooled connection is still open.
+      if (!(attempt == 0 && take_pooled(w, rt, c, r.upstream_index, !retryable)) &&
+          !co_await acquire(w, rt, c, r.upstream_index, attempt == 0, !retryable)) {
         metrics_.upstream_no_server.inc();
         co_return co_await respond(c, version, 502, "upstream unavailable\n", false);
       }

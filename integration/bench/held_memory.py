@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import free_port, http_get, metric, one_box_toml, wait_until  # noqa: E402
+from harness import free_port, http_get, metric, metric_sum, one_box_toml, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,6 +60,15 @@ def main():
         wait_until(lambda: socket.create_connection(("127.0.0.1", backend_port)).close() or True, 10)
         wait_until(lambda: http_get(padmin, "/readyz").status == 200, 10)
         wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_masters_connected") == 1, 10)
+        # ZeroMQ drops what a PUB sends before its subscriber is connected: warm
+        # the accounting path until the master has seen a message.
+        warm = iter(range(1000))
+
+        def master_saw_one():
+            req = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/", headers={"X-API-Key": f"warm-{next(warm)}"})
+            urllib.request.urlopen(req, timeout=5).read()
+            return metric_sum(http_get(madmin, "/metrics").body, "smockron_master_accounting_messages_total") > 0
+        wait_until(master_saw_one, 10, interval=0.1)
         # Phase 1: each identifier's first request passes and earns a DELAY_UNTIL.
         conn = socket.create_connection(("127.0.0.1", proxy_port))
         f = conn.makefile("rb")
