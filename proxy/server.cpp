@@ -522,8 +522,10 @@ struct server::impl {
       }
       c.reads_at_once = 0;
       if (timeout) c.expires_after(*timeout);
-      auto [ec] = co_await s.async_wait(tcp::socket::wait_read, nothrow);
-      if (ec) co_return std::tuple{ec, std::size_t{0}};
+      // Nothing now, so no end of stream is pending either: the reactor's next
+      // readiness event is sure to come (and unlike async_wait this re-arms
+      // nothing in epoll).
+      co_return co_await s.async_read_some(drain_buffer(b), nothrow);
     }
   }
 
