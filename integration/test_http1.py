@@ -97,10 +97,12 @@ def strict_dechunk(raw: bytes) -> tuple[bytes, bytes, bytes]:
 
 
 class Http1Case(ProxyCase):
+    proxy_keys: dict = {}  # [proxy] settings a test class needs
+
     def setUp(self):
         super().setUp()
         self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend)
+        self.proxy = self.simple_proxy(self.backend, **self.proxy_keys)
 
     def conn(self, timeout: float = 5.0) -> RawConn:
         return self.closing(RawConn(self.proxy.port, timeout))
@@ -248,10 +250,7 @@ class BodyLimitTest(Http1Case):
     """max_body_bytes and malformed chunked request bodies: the client hears why
     (413 / 400) and the connection closes."""
 
-    def setUp(self):
-        ProxyCase.setUp(self)
-        self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend, max_body_bytes="1KiB")
+    proxy_keys = {"max_body_bytes": "1KiB"}
 
     def test_content_length_over_the_limit_is_413_and_never_forwarded(self):
         c = self.conn()
@@ -300,10 +299,7 @@ class UpstreamClosesAfterResponseTest(Http1Case):
     event): the next request must not wait on that pooled connection. It is
     reset by the closed backend and the request is retried on a fresh one."""
 
-    def setUp(self):
-        ProxyCase.setUp(self)
-        self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend, upstream_timeout="3s")
+    proxy_keys = {"upstream_timeout": "3s"}
 
     def test_next_request_is_answered_at_once(self):
         c = self.conn()
@@ -324,10 +320,7 @@ class HalfCloseTest(Http1Case):
     at the latest (request heads are read with drained-socket tracking, which can
     only see that end of stream at the next deadline: proxy/drain_read.hpp)."""
 
-    def setUp(self):
-        ProxyCase.setUp(self)
-        self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend, idle_timeout="1s")
+    proxy_keys = {"idle_timeout": "1s"}
 
     def test_response_then_close_within_idle_timeout(self):
         c = self.conn()
@@ -345,10 +338,7 @@ class HeadCutShortTest(Http1Case):
     at header_timeout (the rest of a head is read with a recv() first, which sees
     the end of stream even when it came with the last bytes)."""
 
-    def setUp(self):
-        ProxyCase.setUp(self)
-        self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend, header_timeout="10s")
+    proxy_keys = {"header_timeout": "10s"}
 
     def test_closed_at_once(self):
         c = self.conn()
