@@ -18,7 +18,9 @@ Run: cd integration && python3 -m unittest -v test_http1
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 import unittest
@@ -26,7 +28,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import CHUNK_TRAILERS, PeerClosed, RawConn, request_bytes  # noqa: E402
-from test_proxy import ProxyCase, StreamingCase  # noqa: E402  (no tests of their own)
+from harness import HOST, free_port, wait_until  # noqa: E402
+from test_proxy import ProxyCase, StreamingCase, fetch  # noqa: E402  (no tests of their own)
 
 PARTS = b"part-0;part-1;part-2;"  # the body of /chunks?n=3
 # /chunks?n=3&trailers=1 exactly as the backend writes it after its head.
@@ -453,3 +456,87 @@ class GigabyteStreamingTest(StreamingCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# =============================================================================== fairness
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@unittest.skipUnless((shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")) and shutil.which("curl")
+                     and len(os.sched_getaffinity(0)) >= 2, "needs nginx, curl and 2 CPUs")
+class FairnessTest(ProxyCase):
+    """A transfer between two peers faster than the proxy must not hold the proxy's
+    only worker: small requests on other connections are answered meanwhile. To make
+    the peers faster on any machine, the proxy is starved of CPU: pinned to cpu 1 at
+    nice 15 beside a busy loop, while nginx (sendfile) and curl run on cpu 0. Its
+    reads then keep finding data and its writes keep finding room, so only the turn
+    it gives up every few reads lets the small requests through. Measured here: the
+    slowest small request 150-240 ms; 1.0-1.2 s with that turn taken out."""
+
+    FILE_MIB = 128
+
+    def setUp(self):
+        super().setUp()
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        root = os.path.join(self.tmp, "nginx")
+        os.makedirs(os.path.join(root, "logs"))
+        with open(os.path.join(root, "big"), "wb") as f:
+            f.truncate(self.FILE_MIB << 20)  # sparse: served from zero pages
+        with open(os.path.join(root, "small"), "w") as f:
+            f.write("ok\n")
+        port = free_port()
+        conf = os.path.join(root, "nginx.conf")
+        user = " user root;" if os.geteuid() == 0 else ""  # workers must read the files under a 0700 tmp dir
+        with open(conf, "w") as f:
+            f.write(f"""daemon off; worker_processes 1;{user} pid {root}/nginx.pid; error_log {root}/logs/error.log warn;
+events {{ worker_connections 64; }}
+http {{ access_log off; sendfile on; client_body_temp_path {root}; proxy_temp_path {root};
+  server {{ listen {HOST}:{port}; root {root}; }} }}
+""")
+        self.spawn(["taskset", "-c", "0", nginx, "-c", conf, "-p", root])
+        wait_until(lambda: port_open(port), 10, message="nginx listening")
+        self.proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{port}"]}},
+                                      [{"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}], threads=1)
+        self.spawn(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+        for tid in os.listdir(f"/proc/{self.proxy.pid}/task"):
+            os.sched_setaffinity(int(tid), {1})
+            os.setpriority(os.PRIO_PROCESS, int(tid), 15)
+
+    def spawn(self, argv):
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def stop():
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.addCleanup(stop)
+        return p
+
+    def test_small_requests_are_served_during_a_fast_transfer(self):
+        curl = subprocess.Popen(["taskset", "-c", "0", "curl", "-s", "-o", "/dev/null", "-w", "%{size_download} %{time_total}",
+                                 "--max-time", "120", f"http://{HOST}:{self.proxy.port}/big"],
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(curl.kill)
+        time.sleep(0.5)  # the transfer is under way
+        times = []
+        while curl.poll() is None and len(times) < 20:
+            r, elapsed = fetch(self.proxy.port, "/small", timeout=60)
+            self.assertEqual(r.status, 200, r)
+            times.append(elapsed)
+        out, _ = curl.communicate(timeout=150)
+        size, seconds = out.split()
+        self.assertEqual(int(size), self.FILE_MIB << 20, "the big transfer completed")
+        sys.stderr.write(f"\n  {self.FILE_MIB} MiB in {float(seconds):.1f}s with the proxy starved of CPU; "
+                         f"{len(times)} small requests meanwhile, slowest {max(times, default=0) * 1000:.0f} ms ... ")
+        self.assertGreaterEqual(len(times), 3, "the transfer ended before small requests could be timed")
+        self.assertLess(max(times), 0.6, "a small request waited for the big transfer")
