@@ -267,9 +267,9 @@ struct connection {
   std::string out;  // the head being written
   http1::request_head request;
   http1::response_head response;
-  // The body being relayed and the buffers of its next write (here, not in
-  // forward()'s coroutine frame, which then stays small enough for Asio to
-  // recycle instead of a malloc per request).
+  // The body being relayed and the buffers of its next write: here rather
+  // than in forward()'s coroutine frame, which every request allocates
+  // (2,480 -> 1,520 bytes; still over the 1 KB Asio recycles).
   std::optional<body_relay> relay;
   buffer_list bufs;
   steady_timer timer;
