@@ -313,6 +313,18 @@ class UpstreamClosesAfterResponseTest(Http1Case):
             self.assert_usable(c, f"/after/{i}")
             self.assertLess(time.monotonic() - start, 1.5, f"round {i}: waited on a closed upstream connection")
 
+    def test_bodiless_post_after_it_is_not_lost(self):
+        """A POST cannot be resent once it may have reached a server, so before using a
+        pooled connection the proxy checks it is still open (even without a body)."""
+        c = self.conn()
+        for i in range(10):
+            c.send(request_bytes("GET", f"/keepalive-then-close?i={i}"))
+            self.assertEqual(c.read_response().status, 200)
+            c.send(request_bytes("POST", f"/post/{i}"))
+            r = c.read_response()
+            self.assertEqual(r.status, 200, f"round {i}: {r}")
+            self.assertEqual(r.json()["target"], f"/post/{i}")
+
 
 # =============================================================================== half-close
 
@@ -345,7 +357,12 @@ class HeadCutShortTest(Http1Case):
 
     def test_closed_at_once(self):
         c = self.conn()
-        c.sock.sendall(b"GET /cut HTTP/1.1\r\nHost: x")
+        c.sock.sendall(b"GET /cut HTTP/1.1\r\n")
+        time.sleep(0.2)  # the proxy has read that and waits for the rest of the head
+        # The last bytes and the end of stream in one segment (corked until the
+        # shutdown), so one readiness event brings both.
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        c.sock.sendall(b"Host: x")
         c.sock.shutdown(socket.SHUT_WR)
         start = time.monotonic()
         read_to_eof(c, 8)
