@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<master::service> svc;
   try {
     svc = std::make_unique<master::service>(cfg, zmq_ctx, system_clock::instance(), registry);
-  } catch (const zmq::error_t& e) {
+  } catch (const std::exception& e) {  // zmq::error_t (control) or std::runtime_error (accounting)
     log->critical("cannot bind accounting {} / control {}: {}", cfg.accounting, cfg.control, e.what());
     return 1;
   }

@@ -42,7 +42,7 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     : cfg_(cfg),
       clock_(clk),
       metrics_(reg),
-      accounting_(ctx, zmq::socket_type::sub),
+      accounting_(cfg.accounting, {.max_peers = cfg.max_accounting_peers}, clk, reg),
       control_(ctx, zmq::socket_type::pub),
       limiter_(compile(cfg), cfg.max_identifiers),
       unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
@@ -69,12 +69,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
   }
   reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
                    [this] { return static_cast<double>(limiter_.tracked()); });
-  accounting_.set(zmq::sockopt::rcvhwm, static_cast<int>(cfg.accounting_hwm));
-  accounting_.set(zmq::sockopt::rcvbuf, 4 * 1024 * 1024);
   control_.set(zmq::sockopt::sndhwm, static_cast<int>(cfg.control_hwm));
   control_.set(zmq::sockopt::linger, 0);
-  accounting_.set(zmq::sockopt::linger, 0);
-  accounting_.bind(cfg.accounting);
   control_.bind(cfg.control);
   install_domains(cfg);
   if (cfg.store == config::store_kind::redis) {
@@ -138,7 +134,7 @@ void service::install_domains(const config::master_config& cfg) {
   // Subscribe to exactly the owned domains: topic = name + "\0" makes the
   // ZeroMQ prefix match exact, so masters can split domains between them.
   for (const auto& d : domains_) {
-    if (!cfg.find_domain(d.name)) accounting_.set(zmq::sockopt::unsubscribe, d.name + std::string(1, '\0'));
+    if (!cfg.find_domain(d.name)) accounting_.unsubscribe(d.name + std::string(1, '\0'));
   }
   std::vector<domain_slot> slots;
   domain_index_.clear();
@@ -154,7 +150,7 @@ void service::install_domains(const config::master_config& cfg) {
     s.tracked = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers",
                                     "Tracked identifiers per domain", metrics::labels({{"domain", d.name}}));
     const bool existed = std::any_of(domains_.begin(), domains_.end(), [&](const auto& o) { return o.name == d.name; });
-    if (!existed) accounting_.set(zmq::sockopt::subscribe, d.name + std::string(1, '\0'));
+    if (!existed) accounting_.subscribe(d.name + std::string(1, '\0'));
     domain_index_.emplace(d.name, slots.size());
     slots.push_back(std::move(s));
   }
@@ -176,9 +172,9 @@ void service::reconfigure(const config::master_config& next) {
   {
     std::lock_guard lock(status_mutex_);
     const auto endpoints = std::tie(cfg_.accounting, cfg_.control, cfg_.admin);
-    if (endpoints != std::tie(next.accounting, next.control, next.admin) || cfg_.accounting_hwm != next.accounting_hwm ||
+    if (endpoints != std::tie(next.accounting, next.control, next.admin) || cfg_.max_accounting_peers != next.max_accounting_peers ||
         cfg_.control_hwm != next.control_hwm) {
-      log_->warn("reload: endpoint and high-water-mark changes take effect only after a restart");
+      log_->warn("reload: endpoint, max_accounting_peers and high-water-mark changes take effect only after a restart");
     }
     if (cfg_.store != next.store || cfg_.redis_target != next.redis_target || cfg_.redis_timeout != next.redis_timeout) {
       log_->warn("reload: store changes take effect only after a restart");
@@ -186,12 +182,12 @@ void service::reconfigure(const config::master_config& next) {
     const auto kept_store = std::tuple(cfg_.store, cfg_.redis, cfg_.redis_target, cfg_.redis_timeout);
     const auto keep_accounting = cfg_.accounting, keep_control = cfg_.control;
     const auto keep_admin = cfg_.admin;
-    const auto keep_hwm = std::pair(cfg_.accounting_hwm, cfg_.control_hwm);
+    const auto keep_hwm = std::tuple(cfg_.accounting_hwm, cfg_.max_accounting_peers, cfg_.control_hwm);
     cfg_ = next;
     cfg_.accounting = keep_accounting;
     cfg_.control = keep_control;
     cfg_.admin = keep_admin;
-    std::tie(cfg_.accounting_hwm, cfg_.control_hwm) = keep_hwm;
+    std::tie(cfg_.accounting_hwm, cfg_.max_accounting_peers, cfg_.control_hwm) = keep_hwm;
     std::tie(cfg_.store, cfg_.redis, cfg_.redis_target, cfg_.redis_timeout) = kept_store;
   }
   reloads_.inc();
@@ -269,21 +265,9 @@ void service::sweep(std::int64_t now_us) {
 }
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {
-  std::size_t n = 0;
-  // Drain what is ready; only block in poll when the queue is empty.
-  while (n < 65536 && zmq_util::recv(accounting_, in_, zmq::recv_flags::dontwait)) {
-    handle(in_.frames(), in_.truncated);
-    ++n;
-  }
-  if (n == 0) {
-    zmq::pollitem_t item{accounting_.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) > 0) {
-      while (n < 65536 && zmq_util::recv(accounting_, in_, zmq::recv_flags::dontwait)) {
-        handle(in_.frames(), in_.truncated);
-        ++n;
-      }
-    }
-  }
+  const std::size_t n = accounting_.poll(timeout, [this](std::span<const std::string_view> frames, bool truncated) {
+    handle(frames, truncated);
+  });
   const auto now = clock_.steady_now();
   heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   if (store_) pump_store(now, false);
@@ -325,6 +309,10 @@ void service::run(const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;
       if (e.num() == ETERM) return;
       log_->error("accounting loop: {}", e.what());
+    } catch (const std::exception& e) {
+      // Never seen; if it were to repeat, a pause keeps it from spinning a core.
+      log_->error("accounting loop: {}", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 }

@@ -1,5 +1,5 @@
-// smockron-master's accounting loop: receives accounting messages on the SUB
-// socket (subscribed to the configured domains only), applies the rules via
+// smockron-master's accounting loop: receives accounting messages on the
+// accounting endpoint (zmtp_sub.hpp; subscribed to the configured domains only), applies the rules via
 // the limiter, publishes DELAY_UNTIL on the PUB socket, and keeps metrics.
 // All ZeroMQ sockets and the limiter live on the thread that calls run().
 #pragma once
@@ -18,6 +18,7 @@
 
 #include "master/limiter.hpp"
 #include "master/redis_store.hpp"
+#include "master/zmtp_sub.hpp"
 #include "smockron/clock.hpp"
 #include "smockron/config.hpp"
 #include "smockron/log.hpp"
@@ -37,7 +38,8 @@ public:
   static constexpr std::size_t k_flush_batch = 4096;
   static constexpr std::chrono::milliseconds k_flush_interval{5};
 
-  /// Binds both sockets; throws zmq::error_t if an endpoint cannot be bound (start-up only).
+  /// Binds both endpoints; throws (zmq::error_t for control, std::runtime_error
+  /// for accounting) if one cannot be bound (start-up only).
   service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
   ~service();
 
@@ -72,6 +74,8 @@ public:
   bool alive(std::chrono::steady_clock::duration max_stall) const;
 
   const limiter& state() const { return limiter_; }
+  /// The accounting endpoint as bound (the port filled in when it was "*").
+  const std::string& accounting_endpoint() const { return accounting_.endpoint(); }
 
 private:
   struct domain_slot {
@@ -89,12 +93,11 @@ private:
   config::master_config cfg_;
   const clock& clock_;
   metrics::registry& metrics_;
-  zmq::socket_t accounting_;
+  zmtp_subscriber accounting_;
   zmq::socket_t control_;
   limiter limiter_;
   std::vector<domain_slot> domains_;
   string_map<std::size_t> domain_index_;
-  zmq_util::multipart in_;
   wire::scratch scratch_;
   std::chrono::steady_clock::time_point next_sweep_{};
   std::unique_ptr<redis_store> store_;

@@ -244,6 +244,8 @@ master_config read_master(const toml::table& t, sink& s) {
   reader r(t, "master", s);
   if (auto* e = r.typed<toml::value<std::string>>("accounting", "a ZeroMQ endpoint string")) {
     if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
+    else if (e->get().starts_with("inproc://"))
+      s.add(*e, "master.accounting", "the master receives accounting on tcp:// or ipc:// endpoints, not inproc://");
     else m.accounting = e->get();
   }
   if (auto* e = r.typed<toml::value<std::string>>("control", "a ZeroMQ endpoint string")) {
@@ -268,6 +270,7 @@ master_config read_master(const toml::table& t, sink& s) {
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
   r.duration("max_clock_skew", m.max_clock_skew);
   r.integer("accounting_hwm", m.accounting_hwm, 0, 1'000'000'000);
+  r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);
   r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
   r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));
   r.string("log_level", m.log_level);

@@ -1,4 +1,5 @@
-// The master's accounting loop over in-process ZeroMQ with a manual clock:
+// The master's accounting loop (libzmq PUB -> the master's ZMTP receiver on
+// 127.0.0.1, control over in-process ZeroMQ) with a manual clock:
 // DELAY_UNTIL contents, error counting, subscription filtering, reloads.
 #include <gtest/gtest.h>
 
@@ -25,7 +26,7 @@ rules = [ { rate = "10/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
 rules = [ { rate = "1/h", burst = 1 } ]
 )", "test");
   auto cfg = *r.cfg->master;
-  cfg.accounting = "inproc://accounting-" + std::to_string(n);
+  cfg.accounting = "tcp://127.0.0.1:*";
   cfg.control = "inproc://control-" + std::to_string(n);
   return cfg;
 }
@@ -38,7 +39,7 @@ protected:
     clock_.set_wall_ms(now_ms_);
     sub_.connect(cfg_.control);
     sub_.set(zmq::sockopt::subscribe, "");
-    pub_.connect(cfg_.accounting);
+    pub_.connect(svc_.accounting_endpoint());
     // Both subscriptions propagate asynchronously: probe until a DELAY_UNTIL
     // round-trips through the master.
     for (int i = 0; i < 2000; ++i) {

@@ -38,6 +38,7 @@ redis_timeout = "250ms"
 max_identifiers = 5000
 max_clock_skew = "10s"
 accounting_hwm = 0
+max_accounting_peers = 64
 sweep_interval = "50ms"
 log_level = "debug"
 
@@ -103,6 +104,7 @@ upstream = "app"
   EXPECT_EQ(m.max_identifiers, 5000u);
   EXPECT_EQ(m.max_clock_skew, seconds(10));
   EXPECT_EQ(m.accounting_hwm, 0);
+  EXPECT_EQ(m.max_accounting_peers, 64u);
   EXPECT_EQ(m.sweep_interval, milliseconds(50));
   ASSERT_EQ(m.domains.size(), 2u);
   const auto* api = m.find_domain("api");
@@ -207,6 +209,10 @@ TEST(Config, MasterValueErrors) {
   EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
   EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid ZeroMQ endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: the master receives accounting on tcp:// or ipc://"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\ncontrol = 10005\n").find("master.control: expected a ZeroMQ endpoint string, got an integer"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);

@@ -55,8 +55,12 @@ struct master_config {
   microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
   std::uint64_t max_identifiers = 1'000'000;
   microseconds max_clock_skew = std::chrono::seconds(60);
-  std::int64_t accounting_hwm = 1'000'000;  ///< ZMQ receive high-water mark (messages)
-  std::int64_t control_hwm = 1'000'000;     ///< ZMQ send high-water mark (messages)
+  /// Accepted for old configs, no effect: the master reads accounting straight
+  /// off its connections (master/zmtp_sub.hpp); the backlog waits in each
+  /// connection's kernel receive buffer (4 MiB), then in the gatekeeper's queue.
+  std::int64_t accounting_hwm = 1'000'000;
+  std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
+  std::int64_t control_hwm = 1'000'000;       ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;  ///< empty = CLI / default
   std::vector<domain_config> domains;  ///< sorted by name
