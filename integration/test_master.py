@@ -378,6 +378,43 @@ class MalformedTrafficTest(MasterCase):
         gk.accepted("api", "after", base2)
         self.delay(gk.expect(), "api", "after", base2 + 100, 100)
 
+    def test_accounting_connections_that_break_the_protocol_are_closed_and_counted(self):
+        master = self.start_master(DOMAINS)
+        gk = self.gatekeeper(master, ["api"])
+
+        def greeting(major=3, mechanism=b"NULL"):
+            return b"\xff" + b"\0" * 8 + b"\x7f" + bytes([major, 1]) + mechanism.ljust(20, b"\0") + b"\0" * 32
+
+        ready_req = b"\x04\x19\x05READY\x0bSocket-Type\0\0\0\x03REQ"
+        cases = [
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "greeting"),   # not ZeroMQ at all
+            (greeting(major=2)[:12], "greeting"),                     # ZeroMQ 3.x (ZMTP 2.0)
+            (greeting(mechanism=b"CURVE"), "mechanism"),
+            (greeting() + ready_req, "handshake"),                     # a socket type that cannot publish
+        ]
+        for data, reason in cases:
+            with self.subTest(reason=reason), socket.create_connection(("127.0.0.1", master.accounting_port), 5) as s:
+                s.sendall(data)
+                deadline = time.monotonic() + 5
+                closed = False
+                while time.monotonic() < deadline and not closed:
+                    try:
+                        closed = s.recv(4096) == b""
+                    except ConnectionResetError:
+                        closed = True
+                self.assertTrue(closed, f"the master kept a {reason} breaker connected")
+        text = master.metrics()
+        for reason, n in (("greeting", 2), ("mechanism", 1), ("handshake", 1)):
+            self.assertEqual(metric(text, "smockron_master_accounting_disconnects_total", {"reason": reason}), n, reason)
+        self.assertEqual(metric(text, "smockron_master_accounting_peers"), 1)
+        self.assertIn("accounting connection closed", master.log())
+        # The real gatekeeper was never disturbed.
+        base = future_base()
+        for _ in range(2):
+            gk.accepted("api", "after-breakers", base)
+        self.delay(gk.expect(), "api", "after-breakers", base + 100, 100)
+        self.assertTrue(master.alive())
+
     def test_unknown_domains_are_filtered(self):
         master = self.start_master(DOMAINS)
         # Subscribe to the foreign domains too, so a stray DELAY_UNTIL for them would be seen.

@@ -19,7 +19,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, MasterProcess, free_port, now_ms, wait_until  # noqa: E402
+from harness import DaemonTestCase, MasterProcess, free_port, now_ms, wait_until, zmq  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 DOMAINS = {
@@ -152,6 +152,33 @@ class RedisStoreTest(DaemonTestCase):
         r = self.start_redis(port)
         m.wait_metric("smockron_master_redis_up", predicate=lambda v: v == 1, timeout=10)
         wait_until(lambda: r.command("GET", key("api", "early")) is not None, timeout=10)
+
+    def test_accounting_that_arrives_while_states_load_is_held_then_processed(self):
+        r = self.start_redis()
+        os.kill(r.proc.pid, signal.SIGSTOP)  # connects, never answers: loading lasts redis_timeout
+        self.addCleanup(lambda: os.kill(r.proc.pid, signal.SIGCONT))
+        m = self.start_master(DOMAINS, store="redis", redis=r.url, redis_timeout="5s")
+        # An XPUB shows when the master's subscription arrived: from then on
+        # nothing it publishes is dropped on the gatekeeper's side.
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, 0)
+        pub = ctx.socket(zmq.XPUB)
+        pub.connect(m.accounting)
+        self.assertTrue(pub.poll(5000), "the master never subscribed while loading")
+        subscriptions = set()
+        while pub.poll(0):
+            subscriptions.add(pub.recv())
+        wait_until(lambda: (pub.poll(10) and subscriptions.add(pub.recv())) or b"\x01api\0" in subscriptions,
+                   timeout=5, message="subscription to api while loading")
+        t = now_ms()
+        for i in range(3):
+            pub.send_multipart([b"api\0", b"ACCEPTED", b"held", str(t + i).encode(), b""])
+        accepted = {"domain": "api", "status": "ACCEPTED"}
+        self.assertEqual(m.metric("smockron_master_accounting_messages_total", accepted) or 0, 0,
+                         "the master is still loading its states (redis_timeout 5s)")
+        m.wait_metric("smockron_master_accounting_messages_total", accepted, predicate=lambda v: v == 3, timeout=15)
+        self.assertEqual(m.metric("smockron_master_accounting_dropped_total"), 0)
+        self.assertIn("3 accounting message(s) held meanwhile", m.log())
 
     def test_a_hung_redis_never_stalls_decisions(self):
         r = self.start_redis()

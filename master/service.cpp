@@ -56,6 +56,9 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
       reload_failures_(reg.add_counter("smockron_master_reload_failures_total",
                                        "Reloads rejected because the new configuration was invalid")),
+      held_dropped_(reg.add_counter("smockron_master_accounting_dropped_total",
+                                    "Accounting messages dropped while the master read its states from Redis "
+                                    "(more than accounting_hwm arrived)")),
       restore_skipped_(reg.add_counter("smockron_master_redis_restore_skipped_total",
                                        "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
       latency_(reg.add_histogram("smockron_master_processing_seconds",
@@ -290,14 +293,32 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
 void service::run(const std::atomic<bool>& stop) {
   if (store_) {
     const auto since = clock_.steady_now();
+    // Gatekeepers connect and publish meanwhile: their messages are held (at
+    // most accounting_hwm, the rest dropped and counted) and processed in
+    // order once the states are back.
+    std::vector<std::vector<std::string>> held;
     while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
       pump_store(clock_.steady_now(), false);
       heartbeat_ns_.store(clock_.steady_now().time_since_epoch().count(), std::memory_order_relaxed);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      accounting_.poll(std::chrono::milliseconds(2), [&](std::span<const std::string_view> frames, bool truncated) {
+        if (held.size() >= static_cast<std::size_t>(cfg_.accounting_hwm)) {
+          held_dropped_.inc();
+        } else if (truncated) {
+          handle(frames, true);  // counted as malformed now; needs no state
+        } else {
+          held.emplace_back(frames.begin(), frames.end());
+        }
+      });
     }
     pump_store(clock_.steady_now(), false);
-    log_->info("store {}: serving after {:.3f}s ({} state(s) in memory)", store_->describe(),
-               std::chrono::duration<double>(clock_.steady_now() - since).count(), limiter_.tracked());
+    log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
+               store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(),
+               limiter_.tracked(), held.size());
+    for (const auto& m : held) {
+      std::array<std::string_view, zmtp_subscriber::k_max_frames> v;
+      for (std::size_t i = 0; i < m.size(); ++i) v[i] = m[i];
+      handle({v.data(), m.size()});
+    }
   }
   while (!stop.load(std::memory_order_relaxed)) {
     try {

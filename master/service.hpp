@@ -44,9 +44,10 @@ public:
   ~service();
 
   /// Runs until `stop` becomes true (checked at least every sweep interval).
-  /// With a Redis store, first waits (without reading accounting messages,
-  /// which queue meanwhile) until the store has read its states back or found
-  /// Redis unreachable, so a restarted master does not start from nothing.
+  /// With a Redis store, first waits until the store has read its states back
+  /// or found Redis unreachable, so a restarted master does not start from
+  /// nothing; accounting messages arriving meanwhile are held (at most
+  /// accounting_hwm) and processed in order afterwards.
   void run(const std::atomic<bool>& stop);
 
   /// Hands every unwritten state to the store and stops it, waiting at most `deadline`.
@@ -112,6 +113,7 @@ private:
   metrics::counter& expirations_;
   metrics::counter& reloads_;
   metrics::counter& reload_failures_;
+  metrics::counter& held_dropped_;
   metrics::counter& restore_skipped_;
   metrics::histogram& latency_;
   std::uint64_t reported_evictions_ = 0;

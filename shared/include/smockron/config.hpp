@@ -55,9 +55,9 @@ struct master_config {
   microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
   std::uint64_t max_identifiers = 1'000'000;
   microseconds max_clock_skew = std::chrono::seconds(60);
-  /// Accepted for old configs, no effect: the master reads accounting straight
-  /// off its connections (master/zmtp_sub.hpp); the backlog waits in each
-  /// connection's kernel receive buffer (4 MiB), then in the gatekeeper's queue.
+  /// Accounting messages held while the Redis store loads at start-up (more
+  /// are dropped, counted). In normal running nothing queues in the master:
+  /// it reads straight off its connections (master/zmtp_sub.hpp).
   std::int64_t accounting_hwm = 1'000'000;
   std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
   std::int64_t control_hwm = 1'000'000;       ///< ZMQ send high-water mark (messages)
