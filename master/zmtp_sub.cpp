@@ -1,11 +1,12 @@
 // The master's accounting receiver (see zmtp_sub.hpp).
 #include "master/zmtp_sub.hpp"
 
+#include "smockron/zmtp.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -21,59 +22,11 @@
 namespace smockron::master {
 namespace {
 
-constexpr std::size_t k_greeting = 64;
 /// Input buffer per peer: twice the largest message, so after the complete
 /// messages are consumed a read always has at least k_max_message of room.
 constexpr std::size_t k_buffer = 2 * zmtp_subscriber::k_max_message;
 /// Output we queue for a peer that does not read (subscriptions, PONGs).
 constexpr std::size_t k_max_output = 64 * 1024;
-
-constexpr std::uint8_t k_more = 0x01, k_long = 0x02, k_command = 0x04;
-
-// Our greeting: signature, version 3.0, mechanism NULL, as-server 0, filler.
-constexpr std::array<char, k_greeting> greeting() {
-  std::array<char, k_greeting> g{};
-  g[0] = static_cast<char>(0xff);
-  g[9] = 0x7f;
-  g[10] = 3;
-  g[11] = 0;
-  g[12] = 'N', g[13] = 'U', g[14] = 'L', g[15] = 'L';
-  return g;
-}
-
-std::uint64_t load_be(const char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-
-void append_frame(std::string& out, std::uint8_t flags, std::string_view body) {
-  if (body.size() > 255) {
-    out += static_cast<char>(flags | k_long);
-    for (int shift = 56; shift >= 0; shift -= 8) out += static_cast<char>((body.size() >> shift) & 0xff);
-  } else {
-    out += static_cast<char>(flags);
-    out += static_cast<char>(body.size());
-  }
-  out += body;
-}
-
-std::string ready_command() {
-  std::string body = "\x05READY";
-  body += "\x0bSocket-Type";
-  body += std::string("\0\0\0\x03", 4);
-  body += "SUB";
-  std::string out;
-  append_frame(out, k_command, body);
-  return out;
-}
-
-// Peer-supplied text for a log line: no control characters, bounded.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return out;
-}
 
 struct bound_socket {
   int fd = -1;
@@ -247,7 +200,7 @@ void zmtp_subscriber::subscribe(std::string_view topic) {
   for (auto& p : peers_) {
     if (!p->closed && p->ph == peer::phase::messages) {
       std::string frame;
-      append_frame(frame, 0, body);
+      zmtp::append_frame(frame, 0, body);
       send(*p, frame);
     }
   }
@@ -262,7 +215,7 @@ void zmtp_subscriber::unsubscribe(std::string_view topic) {
   for (auto& p : peers_) {
     if (!p->closed && p->ph == peer::phase::messages) {
       std::string frame;
-      append_frame(frame, 0, body);
+      zmtp::append_frame(frame, 0, body);
       send(*p, frame);
     }
   }
@@ -350,10 +303,8 @@ void zmtp_subscriber::accept_all() {
     peers_.push_back(std::move(p));
     // Greeting and READY at once: the NULL mechanism needs nothing from the
     // peer first, and a libzmq peer reads exactly its greeting before READY.
-    static constexpr auto g = greeting();
-    static const std::string ready = ready_command();
-    send(ref, std::string_view(g.data(), g.size()));
-    if (!ref.closed) send(ref, ready);
+    static const std::string hello = std::string(zmtp::greeting()) + zmtp::ready("SUB");
+    send(ref, hello);
   }
 }
 
@@ -375,53 +326,38 @@ bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
   const char* in = p.in.get();
   std::size_t pos = 0;
   if (p.ph == peer::phase::greeting) {
-    // Refuse what is not ZMTP as soon as the first byte says so.
-    if (static_cast<unsigned char>(in[0]) != 0xff) {
-      drop(p, fault::greeting, "not a ZeroMQ peer");
-      return false;
+    std::string detail;
+    switch (zmtp::check_greeting({in, p.len}, detail)) {
+      case zmtp::greeting_status::need_more: return true;
+      case zmtp::greeting_status::ok: break;
+      case zmtp::greeting_status::mechanism: drop(p, fault::mechanism, detail); return false;
+      default: drop(p, fault::greeting, detail); return false;
     }
-    // The version byte decides at once: a ZMTP 2.0 peer sends only 12 bytes.
-    if (p.len >= 10 && !(in[9] & 0x01)) {
-      drop(p, fault::greeting, "ZMTP 1.0 peer (ZeroMQ 4.x is needed)");
-      return false;
-    }
-    if (p.len >= 11 && static_cast<unsigned char>(in[10]) < 3) {
-      drop(p, fault::greeting,
-           "ZMTP " + std::to_string(static_cast<unsigned char>(in[10])) + ".0 peer (ZeroMQ 4.x is needed)");
-      return false;
-    }
-    if (p.len < k_greeting) return true;
-    static constexpr char null_mechanism[20] = {'N', 'U', 'L', 'L'};
-    if (std::memcmp(in + 12, null_mechanism, sizeof null_mechanism) != 0) {
-      drop(p, fault::mechanism, "security mechanism \"" + printable(std::string_view(in + 12, strnlen(in + 12, 20))) +
-                                    "\" (only NULL)");
-      return false;
-    }
-    pos = k_greeting;
+    pos = zmtp::greeting_size;
     p.ph = peer::phase::handshake;
   }
   std::array<std::string_view, k_max_frames> frames;
   std::size_t count = 0;
   bool truncated = false;
   std::size_t message_start = pos;
-  while (p.len - pos >= 2) {
-    const auto flags = static_cast<std::uint8_t>(in[pos]);
-    if (flags & ~(k_more | k_long | k_command)) {
+  for (;;) {
+    zmtp::frame f;
+    // The bound is on the whole message, so a message of many frames is capped too.
+    const auto st = zmtp::next_frame({in + pos, p.len - pos}, k_max_message - (pos - message_start), f);
+    if (st == zmtp::frame_status::need_more) break;
+    if (st == zmtp::frame_status::reserved_flags) {
       drop(p, fault::framing, "reserved flag bits set");
       return false;
     }
-    const std::size_t header = (flags & k_long) ? 9 : 2;
-    if (p.len - pos < header) break;
-    const std::uint64_t size = (flags & k_long) ? load_be(in + pos + 1, 8) : static_cast<unsigned char>(in[pos + 1]);
-    if (size > k_max_message || pos - message_start + header + size > k_max_message) {
+    if (st == zmtp::frame_status::too_large || pos - message_start + f.size > k_max_message) {
       drop(p, fault::framing, "message over " + std::to_string(k_max_message) + " bytes");
       return false;
     }
-    if (p.len - pos - header < size) break;
-    const std::string_view body(in + pos + header, size);
-    pos += header + size;
-    if (flags & k_command) {
-      if (flags & k_more) {
+    const std::string_view body = f.body;
+    const std::uint8_t flags = f.flags;
+    pos += f.size;
+    if (flags & zmtp::flag_command) {
+      if (flags & zmtp::flag_more) {
         drop(p, fault::framing, "command frame with MORE set");
         return false;
       }
@@ -439,7 +375,7 @@ bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
     }
     if (count < frames.size()) frames[count++] = body;
     else truncated = true;
-    if (!(flags & k_more)) {
+    if (!(flags & zmtp::flag_more)) {
       on_message({frames.data(), count}, truncated);
       ++delivered;
       count = 0;
@@ -457,59 +393,44 @@ bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
 }
 
 bool zmtp_subscriber::handle_command(peer& p, std::string_view body) {
-  const std::size_t name_len = body.empty() ? 0 : static_cast<unsigned char>(body[0]);
-  if (body.empty() || body.size() < 1 + name_len) {
+  const auto cmd = zmtp::split_command(body);
+  if (!cmd) {
     drop(p, fault::framing, "malformed command");
     return false;
   }
-  const std::string_view name = body.substr(1, name_len);
-  std::string_view rest = body.substr(1 + name_len);
+  const auto [name, rest] = *cmd;
   if (name == "READY") {
     if (p.ph != peer::phase::handshake) {
       drop(p, fault::handshake, "second READY");
       return false;
     }
-    std::string_view socket_type;
-    while (!rest.empty()) {
-      const std::size_t n = static_cast<unsigned char>(rest[0]);
-      if (rest.size() < 1 + n + 4) break;
-      const std::string_view prop = rest.substr(1, n);
-      const std::uint64_t vlen = load_be(rest.data() + 1 + n, 4);
-      if (rest.size() - 1 - n - 4 < vlen) break;
-      const std::string_view value = rest.substr(1 + n + 4, vlen);
-      if (prop.size() == 11 && strncasecmp(prop.data(), "Socket-Type", 11) == 0) socket_type = value;
-      rest.remove_prefix(1 + n + 4 + vlen);
-    }
-    if (!rest.empty()) {
+    const auto socket_type = zmtp::ready_socket_type(rest);
+    if (!socket_type) {
       drop(p, fault::handshake, "malformed READY properties");
       return false;
     }
-    if (socket_type != "PUB" && socket_type != "XPUB") {
-      drop(p, fault::handshake, "peer socket type \"" + printable(socket_type) + "\" cannot publish to a SUB");
+    if (*socket_type != "PUB" && *socket_type != "XPUB") {
+      drop(p, fault::handshake, "peer socket type \"" + zmtp::printable(*socket_type) + "\" cannot publish to a SUB");
       return false;
     }
     p.ph = peer::phase::messages;
     ready_peers_.fetch_add(1, std::memory_order_relaxed);
     std::string subs;
-    for (const auto& t : topics_) append_frame(subs, 0, "\x01" + t);
+    for (const auto& t : topics_) zmtp::append_frame(subs, 0, "\x01" + t);
     if (!subs.empty()) send(p, subs);
     return !p.closed;
   }
   if (name == "ERROR") {
     const std::size_t n = rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
-    drop(p, fault::peer_error, "peer sent ERROR \"" + printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
+    drop(p, fault::peer_error, "peer sent ERROR \"" + zmtp::printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
     return false;
   }
   if (p.ph != peer::phase::messages) {
-    drop(p, fault::handshake, "unexpected command \"" + printable(name) + "\" before READY");
+    drop(p, fault::handshake, "unexpected command \"" + zmtp::printable(name) + "\" before READY");
     return false;
   }
   if (name == "PING") {
-    // PING carries a 2-byte TTL and up to 16 bytes of context, echoed in PONG.
-    const std::string_view context = rest.size() > 2 ? rest.substr(2, 16) : std::string_view();
-    std::string frame;
-    append_frame(frame, k_command, "\x04PONG" + std::string(context));
-    send(p, frame);
+    send(p, zmtp::pong_for(rest));
     return !p.closed;
   }
   return true;  // PONG and commands a publisher has no reason to send: ignored

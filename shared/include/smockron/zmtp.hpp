@@ -1,0 +1,57 @@
+// ZMTP 3.0 (rfc.zeromq.org/spec/23), the ZeroMQ wire protocol, as far as the
+// accounting stream needs it: the greeting, the NULL mechanism's READY, and
+// frames. Shared by the master's receiver (master/zmtp_sub.hpp) and the
+// proxy's sender (proxy/control.hpp); both announce 3.0, so a ZMTP 3.1 peer
+// (libzmq 4.2+) talks 3.0 to them: subscriptions travel as messages whose
+// first byte is 1 (subscribe) or 0 (cancel). Pure functions, no I/O.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace smockron::zmtp {
+
+inline constexpr std::size_t greeting_size = 64;
+inline constexpr std::uint8_t flag_more = 0x01, flag_long = 0x02, flag_command = 0x04;
+
+/// Our greeting: signature, version 3.0, mechanism NULL, as-server 0.
+std::string_view greeting();
+
+enum class greeting_status : std::uint8_t { need_more, ok, not_zmtp, old_version, mechanism };
+/// Judges a peer's greeting from the bytes received so far (decides as early
+/// as the bytes allow: a ZMTP 2.0 peer sends only 12). `detail` gets the reason.
+greeting_status check_greeting(std::string_view bytes, std::string& detail);
+
+/// A complete READY command frame announcing `socket_type`.
+std::string ready(std::string_view socket_type);
+
+/// Appends one frame (short or long form by size).
+void append_frame(std::string& out, std::uint8_t flags, std::string_view body);
+
+struct frame {
+  std::uint8_t flags = 0;
+  std::string_view body;
+  std::size_t size = 0;  ///< bytes the frame takes, header included
+  bool more() const { return flags & flag_more; }
+  bool command() const { return flags & flag_command; }
+};
+enum class frame_status : std::uint8_t { need_more, ok, reserved_flags, too_large };
+/// Parses the frame at the start of `buf`; bodies over `max_body` are refused.
+frame_status next_frame(std::string_view buf, std::uint64_t max_body, frame& out);
+
+/// A command body split into its name and the rest; nothing if malformed.
+std::optional<std::pair<std::string_view, std::string_view>> split_command(std::string_view body);
+/// Socket-Type from READY's properties (the body after the name); nothing if
+/// the properties are malformed, empty if absent.
+std::optional<std::string_view> ready_socket_type(std::string_view properties);
+/// The PONG frame answering a PING command's rest (TTL + context).
+std::string pong_for(std::string_view ping_rest);
+
+/// Peer-supplied text made safe for a log line: printable ASCII, at most 64 bytes.
+std::string printable(std::string_view s);
+
+}  // namespace smockron::zmtp
