@@ -383,6 +383,10 @@ class FailOpenTest(ProxyCase):
         self.assertEqual(len(backend.requests(key="same-key")), 25)
         self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 25)
         self.assertEqual(proxy.metric("smockron_proxy_control_dropped_updates"), 0)  # exported, nothing dropped
+        # No master took them: counted as unsent, not as published.
+        wait_until(lambda: proxy.metric("smockron_proxy_accounting_unsent_total") == 25, 5,
+                   message="accounting without a master is counted as unsent")
+        self.assertEqual(proxy.metric("smockron_proxy_accounting_messages_total"), 0)
 
     def test_healthcheck_probe(self):
         # `smockron-proxy --healthcheck` (the image's HEALTHCHECK) asks the running proxy's /livez.
@@ -427,6 +431,67 @@ class FailOpenTest(ProxyCase):
             passed = passed + 1 if r.status == 200 and elapsed < 0.5 else 0
             time.sleep(0.05)
         self.assertEqual(passed, 5, "carol's requests never pass freely after the master died")
+
+
+class StuckMaster:
+    """A master that completes the ZMTP 3.0 handshake as a SUB subscribed to
+    everything, then never reads again (hung process, full disk, SIGSTOP...)."""
+
+    GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    READY_SUB = b"\x04\x19\x05READY\x0bSocket-Type\0\0\0\x03SUB"
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited: a small window
+        self.listener.bind((HOST, 0))
+        self.listener.listen(1)
+        self.port = self.listener.getsockname()[1]
+        self.hello = b""  # what the proxy sent: its greeting and READY
+        self.ready = threading.Event()
+        self.conn = None
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        self.conn, _ = self.listener.accept()
+        self.conn.sendall(self.GREETING + self.READY_SUB + b"\x00\x01\x01")  # subscribe to everything
+        while len(self.hello) < 64 + 27:
+            chunk = self.conn.recv(64 + 27 - len(self.hello))
+            if not chunk:
+                return
+            self.hello += chunk
+        self.ready.set()
+
+    def close(self):
+        for s in (self.conn, self.listener):
+            if s is not None:
+                s.close()
+
+
+class AccountingTest(ProxyCase):
+    def test_a_master_that_stops_reading_costs_counted_drops_never_requests(self):
+        stuck = self.closing(StuckMaster())
+        # The upstream refuses (502 at once): the gate and its accounting run for every
+        # request, and the test is not paced by a backend.
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{free_port()}"]}},
+                                 [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}],
+                                 accounting=[f"tcp://{HOST}:{stuck.port}"], accounting_hwm=20)
+        self.assertTrue(stuck.ready.wait(10), "the proxy never completed the ZMTP handshake")
+        self.assertEqual(stuck.hello[:12], b"\xff" + b"\0" * 8 + b"\x7f\x03\x00", "a ZMTP 3.0 greeting")
+        self.assertIn(b"Socket-Type\0\0\0\x03PUB", stuck.hello[64:])
+        # 1 KiB identifiers: 6,000 messages (6 MiB) are more than the socket buffers
+        # (4 MiB at most here) and the queue of 20 can hold.
+        n, slowest = 6000, 0.0
+        for i in range(n):
+            r, elapsed = fetch(proxy.port, f"/r/{i}", key=f"{i:04d}" + "k" * 1020)
+            self.assertEqual(r.status, 502)
+            slowest = max(slowest, elapsed)
+        self.assertLess(slowest, 0.5, "a request waited for accounting")
+        counted = lambda: sum(proxy.metric(f"smockron_proxy_accounting_{k}_total") or 0  # noqa: E731
+                              for k in ("messages", "dropped", "unsent"))
+        wait_until(lambda: counted() == n, 5, message="every accounting message is counted exactly once")
+        self.assertGreater(proxy.metric("smockron_proxy_accounting_dropped_total"), 0,
+                           "a master that does not read must show as drops")
+        self.assertGreaterEqual(proxy.metric("smockron_proxy_accounting_messages_total"), 20)
 
 
 # =============================================================================== 5-6: routing and upstream failures

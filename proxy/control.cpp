@@ -26,49 +26,6 @@ std::optional<std::uint32_t> domain_registry::find(std::string_view name) const 
   return it->second;
 }
 
-accounting_publisher::accounting_publisher(zmq::context_t& ctx, const std::vector<std::string>& endpoints, int hwm,
-                                           metrics::counter& sent, metrics::counter& dropped)
-    : socket_(ctx, zmq::socket_type::pub), sent_(sent), dropped_(dropped) {
-  socket_.set(zmq::sockopt::sndhwm, hwm);
-  socket_.set(zmq::sockopt::linger, 0);
-  for (const auto& e : endpoints) socket_.connect(e);
-  bytes_.reserve(batch * 64);
-  frame_count_.reserve(batch);
-  frame_sizes_.reserve(batch * 6);
-}
-
-bool accounting_publisher::publish(const wire::accounting& m) {
-  auto enc = wire::encode(m, scratch_);
-  if (!enc) {
-    dropped_.inc();
-    return false;
-  }
-  if (frame_count_.size() >= batch) flush();
-  const bool was_empty = frame_count_.empty();
-  for (std::size_t i = 0; i < enc->count; ++i) {
-    bytes_.append(enc->frame[i]);
-    frame_sizes_.push_back(static_cast<std::uint32_t>(enc->frame[i].size()));
-  }
-  frame_count_.push_back(static_cast<std::uint8_t>(enc->count));
-  return was_empty;
-}
-
-void accounting_publisher::flush() {
-  std::size_t offset = 0, frame = 0;
-  std::array<std::string_view, 6> views;
-  for (const std::uint8_t n : frame_count_) {
-    for (std::size_t i = 0; i < n; ++i, ++frame) {
-      views[i] = std::string_view(bytes_.data() + offset, frame_sizes_[frame]);
-      offset += frame_sizes_[frame];
-    }
-    if (zmq_util::send(socket_, {views.data(), n})) sent_.inc();
-    else dropped_.inc();
-  }
-  bytes_.clear();
-  frame_count_.clear();
-  frame_sizes_.clear();
-}
-
 control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
                                        domain_registry& domains, const clock& clk, metrics::registry& reg)
     : ctx_(ctx),

@@ -1,6 +1,5 @@
-// The proxy's ZeroMQ side. accounting_publisher: one PUB per worker thread,
-// connected to every master, never blocks (drops counted). control_subscriber:
-// one thread owning the SUB socket (connected to every master, subscribed to
+// The proxy's control side (accounting is proxy/accounting.hpp).
+// control_subscriber: one thread owning the SUB socket (connected to every master, subscribed to
 // the routes' domains), feeding DELAY_UNTIL into the gate.
 #pragma once
 
@@ -33,31 +32,6 @@ public:
 private:
   mutable std::mutex mutex_;
   string_map<std::uint32_t> ids_;
-};
-
-/// Accounting messages are queued per worker and handed to ZeroMQ in
-/// batches (flush() every millisecond or at `batch` messages): one ZeroMQ
-/// I/O-thread wake-up per batch instead of one per request. Single-threaded.
-class accounting_publisher {
-public:
-  accounting_publisher(zmq::context_t& ctx, const std::vector<std::string>& endpoints, int hwm, metrics::counter& sent,
-                       metrics::counter& dropped);
-  /// Encodes and queues; returns true when the queue went from empty to
-  /// non-empty (the caller arms its flush timer). A full queue flushes first.
-  bool publish(const wire::accounting& m);
-  /// Sends everything queued without blocking; drops (counted) what ZeroMQ refuses.
-  void flush();
-
-  static constexpr std::size_t batch = 256;
-
-private:
-  zmq::socket_t socket_;
-  wire::scratch scratch_;
-  metrics::counter& sent_;
-  metrics::counter& dropped_;
-  std::string bytes_;                       // all queued frames, back to back
-  std::vector<std::uint8_t> frame_count_;   // per message
-  std::vector<std::uint32_t> frame_sizes_;  // per frame
 };
 
 class control_subscriber {

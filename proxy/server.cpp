@@ -29,6 +29,7 @@
 #include <span>
 #include <thread>
 
+#include "proxy/accounting.hpp"
 #include "proxy/control.hpp"
 #include "proxy/drain_read.hpp"
 #include "proxy/gate.hpp"
@@ -84,7 +85,11 @@ struct proxy_metrics {
         upstream_no_server(upstream_error("no_server")),
         accounting_sent(r.add_counter("smockron_proxy_accounting_messages_total", "Accounting messages published")),
         accounting_dropped(r.add_counter("smockron_proxy_accounting_dropped_total",
-                                         "Accounting messages dropped (send queue full); the request still passed")),
+                                         "Accounting messages a master's full queue refused, or lost with its connection; "
+                                         "the request still passed")),
+        accounting_unsent(r.add_counter("smockron_proxy_accounting_unsent_total",
+                                        "Accounting messages no connected master was subscribed to (master down or "
+                                        "just reconnected); the request still passed")),
         delay_seconds(r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed",
                                       {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})) {}
 
@@ -100,7 +105,7 @@ struct proxy_metrics {
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held, &reject_too_long,
       &reject_held_full, &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &accounting_sent,
-      &accounting_dropped;
+      &accounting_dropped, &accounting_unsent;
   metrics::histogram& delay_seconds;
 };
 
@@ -375,7 +380,7 @@ struct worker {
 
 struct server::impl {
   impl(const config::proxy_config& cfg, const clock& clk)
-      : clock_(clk), metrics_(registry_), gate_(static_cast<std::size_t>(cfg.max_control_entries)), accounting_ctx_(accounting_context()), control_ctx_(1), log_(log::get("proxy")),
+      : clock_(clk), metrics_(registry_), gate_(static_cast<std::size_t>(cfg.max_control_entries)), control_ctx_(1), log_(log::get("proxy")),
         access_log_(log::get("proxy.access")) {
     auto first = std::make_shared<const runtime>(cfg, domains_, metrics_, 0);
     runtime_ = first;
@@ -395,8 +400,9 @@ struct server::impl {
     for (std::size_t i = 0; i < threads; ++i) {
       auto w = std::make_unique<worker>();
       w->rt = first;
-      w->accounting = std::make_unique<accounting_publisher>(accounting_ctx_, cfg.accounting, static_cast<int>(cfg.accounting_hwm),
-                                                             metrics_.accounting_sent, metrics_.accounting_dropped);
+      w->accounting = std::make_unique<accounting_publisher>(
+          w->ioc, cfg.accounting, static_cast<std::size_t>(cfg.accounting_hwm),
+          accounting_publisher::counters{metrics_.accounting_sent, metrics_.accounting_dropped, metrics_.accounting_unsent});
       // One acceptor per worker on the same port (SO_REUSEPORT): the kernel spreads connections.
       w->acceptor.emplace(w->ioc.get_executor());
       const tcp::endpoint ep(listen.address(), port);
@@ -413,19 +419,6 @@ struct server::impl {
     control_ = std::make_unique<control_subscriber>(control_ctx_, cfg.control, gate_, domains_, clock_, registry_);
     control_->set_domains(first->routes.domains());
     admin_ = std::make_unique<admin_server>(admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); });
-  }
-
-  // The accounting I/O thread runs SCHED_BATCH: it never preempts a worker
-  // when a message is queued, but drains the queue when the worker waits or
-  // its time slice ends. Woken for every message instead, on a saturated
-  // core it cost a context switch and a loopback send per request (a quarter
-  // of the proxy's CPU). Same weight as any thread: it is never starved.
-  static zmq::context_t accounting_context() {
-    zmq::context_t ctx(1);
-    if (zmq_ctx_set(ctx.handle(), ZMQ_THREAD_SCHED_POLICY, SCHED_BATCH) != 0) {
-      log::get("proxy")->warn("accounting I/O thread: cannot set SCHED_BATCH ({})", zmq_strerror(zmq_errno()));
-    }
-    return ctx;
   }
 
   admin_server::response admin(std::string_view path) {
@@ -466,8 +459,8 @@ struct server::impl {
       // window in which two of them can reserve the same instant.
       w.accounting->flush();
     } else if (first) {
-      // First message of a batch: hand the batch to ZeroMQ within a millisecond.
-      w.flush_timer.expires_after(std::chrono::milliseconds(1));
+      // First message of a batch: the batch leaves within accounting_flush.
+      w.flush_timer.expires_after(rt.cfg.accounting_flush);
       w.flush_timer.async_wait([&w](const boost::system::error_code&) { w.accounting->flush(); });
     }
   }
@@ -1083,10 +1076,22 @@ struct server::impl {
     const auto deadline = steady::now() + current()->cfg.grace_period;
     while (connections_.load() > 0 && steady::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (connections_.load() > 0) log_->warn("grace period over: closing {} connection(s)", connections_.load());
-    for (auto& w : workers_) {
-      asio::post(w->ioc, [&w = *w] { w.accounting->flush(); });  // nothing accepted is lost
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Nothing accepted is lost: the last batches are written before the
+    // workers stop (at most 1 s; a master that does not read gets less).
+    std::atomic<std::size_t> busy{0};
+    const auto drain_until = steady::now() + std::chrono::seconds(1);
+    do {
+      std::atomic<std::size_t> answered{0};
+      busy = 0;
+      for (auto& w : workers_) {
+        asio::post(w->ioc, [&w = *w, &busy, &answered] {
+          w.accounting->flush();
+          if (!w.accounting->idle()) ++busy;
+          ++answered;
+        });
+      }
+      while (answered.load() < workers_.size()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } while (busy.load() > 0 && steady::now() < drain_until);
     for (auto& w : workers_) w->ioc.stop();
     for (auto& w : workers_) w->thread.join();
     admin_->stop();
@@ -1131,7 +1136,7 @@ struct server::impl {
   gate gate_;
   domain_registry domains_;
   // Accounting and control have a ZeroMQ context (and I/O thread) each: see accounting_context().
-  zmq::context_t accounting_ctx_, control_ctx_;
+  zmq::context_t control_ctx_;
   std::shared_ptr<spdlog::logger> log_, access_log_;
   std::mutex runtime_mutex_;
   std::shared_ptr<const runtime> runtime_;

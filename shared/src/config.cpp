@@ -103,7 +103,8 @@ public:
       out = *v;
     }
   }
-  void duration(std::string_view k, microseconds& out, microseconds min = microseconds(0)) {
+  void duration(std::string_view k, microseconds& out, microseconds min = microseconds(0),
+                microseconds max = microseconds::max()) {
     auto* v = typed<toml::value<std::string>>(k, "a duration string such as \"5s\"");
     if (!v) return;
     auto parsed = parse_duration(v->get());
@@ -111,6 +112,8 @@ public:
       sink_.add(*v, key(k), *err);
     } else if (std::get<microseconds>(parsed) < min) {
       sink_.add(*v, key(k), "must be at least " + format_duration(min));
+    } else if (std::get<microseconds>(parsed) > max) {
+      sink_.add(*v, key(k), "must be at most " + format_duration(max));
     } else {
       out = std::get<microseconds>(parsed);
     }
@@ -183,6 +186,14 @@ std::string check_zmq_endpoint(std::string_view e) {
   return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port, ipc://path or inproc://name)";
 }
 
+// Accounting travels on our own ZMTP code (master/zmtp_sub, proxy/accounting):
+// a stream socket, so in-process ZeroMQ endpoints cannot carry it.
+std::string check_accounting_endpoint(std::string_view e) {
+  if (auto msg = check_zmq_endpoint(e); !msg.empty()) return msg;
+  if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
+  return {};
+}
+
 std::string check_domain_name(std::string_view name) {
   if (name.empty()) return "domain name must not be empty";
   if (name.size() > 255) return "domain name longer than 255 bytes";
@@ -243,9 +254,7 @@ master_config read_master(const toml::table& t, sink& s) {
   master_config m;
   reader r(t, "master", s);
   if (auto* e = r.typed<toml::value<std::string>>("accounting", "a ZeroMQ endpoint string")) {
-    if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
-    else if (e->get().starts_with("inproc://"))
-      s.add(*e, "master.accounting", "the master receives accounting on tcp:// or ipc:// endpoints, not inproc://");
+    if (auto msg = check_accounting_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
     else m.accounting = e->get();
   }
   if (auto* e = r.typed<toml::value<std::string>>("control", "a ZeroMQ endpoint string")) {
@@ -377,7 +386,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.address("listen", p.listen);
   r.address("admin", p.admin);
   r.integer("threads", p.threads, 0, 1024);
-  r.string_list("accounting", p.accounting, check_zmq_endpoint);
+  r.string_list("accounting", p.accounting, check_accounting_endpoint);
   r.string_list("control", p.control, check_zmq_endpoint);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
@@ -401,6 +410,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.boolean("access_log", p.access_log);
   r.boolean("fail_closed", p.fail_closed);
   r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
+  r.duration("accounting_flush", p.accounting_flush, microseconds(0), std::chrono::seconds(1));
   r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);
   r.duration("control_fresh", p.control_fresh, ms(1));
   r.string("log_level", p.log_level);

@@ -67,6 +67,7 @@ grace_period = "3s"
 max_header_bytes = "8KiB"
 max_body_bytes = "1GiB"
 rejected_sample = 0.25
+accounting_flush = "5ms"
 access_log = true
 fail_closed = false
 max_control_entries = 5000
@@ -135,6 +136,7 @@ upstream = "app"
   EXPECT_EQ(p.max_header_bytes, 8u * 1024);
   EXPECT_EQ(p.max_body_bytes, 1024ull * 1024 * 1024);
   EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
+  EXPECT_EQ(p.accounting_flush, milliseconds(5));
   EXPECT_TRUE(p.access_log);
   EXPECT_EQ(p.max_control_entries, 5000);
   EXPECT_EQ(p.control_fresh, milliseconds(750));
@@ -209,7 +211,7 @@ TEST(Config, MasterValueErrors) {
   EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
   EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid ZeroMQ endpoint"), std::string::npos);
-  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: the master receives accounting on tcp:// or ipc://"),
+  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
             std::string::npos);
@@ -250,6 +252,8 @@ TEST(Config, DomainAndRuleErrors) {
 TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nlisten = \"8080\"\n").find("proxy.listen: invalid address"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"inproc://a\"]\n").find("proxy.accounting[0]: accounting travels on tcp://"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid ZeroMQ endpoint"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
@@ -261,6 +265,8 @@ TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nheader_timeout = \"0s\"\n").find("proxy.header_timeout: must be at least 1ms"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nmax_header_bytes = \"16XB\"\n").find("proxy.max_header_bytes: unknown size unit"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nmax_header_bytes = 10\n").find("proxy.max_header_bytes: must be between 256"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting_flush = \"2s\"\n").find("proxy.accounting_flush: must be at most 1s"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"), std::string::npos);

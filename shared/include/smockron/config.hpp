@@ -120,7 +120,11 @@ struct proxy_config {
   double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
   bool access_log = false;
   bool fail_closed = false;  ///< reject instead of pass when the gate cannot decide
-  std::int64_t accounting_hwm = 100'000;
+  std::int64_t accounting_hwm = 100'000;  ///< accounting messages queued per master at most (0 = unbounded)
+  /// ACCEPTED and REJECTED accounting is sent in batches at most this old
+  /// (or of 256 messages); DELAYED goes at once. Longer = fewer wake-ups of
+  /// the master, later reaction to a new client's burst.
+  microseconds accounting_flush = std::chrono::milliseconds(2);
   std::int64_t max_control_entries = 1'000'000;  ///< control memory bound; beyond it updates are dropped (fail-open)
   microseconds control_fresh = std::chrono::seconds(2);  ///< local pacing needs a master update this recent
   jwt_config jwt;
