@@ -492,6 +492,27 @@ class AccountingTest(ProxyCase):
         self.assertGreater(proxy.metric("smockron_proxy_accounting_dropped_total"), 0,
                            "a master that does not read must show as drops")
         self.assertGreaterEqual(proxy.metric("smockron_proxy_accounting_messages_total"), 20)
+        # The master goes away: what its queue held is lost for it, and counted so.
+        stuck.close()
+        wait_until(lambda: (proxy.metric("smockron_proxy_accounting_lost_total") or 0) > 0, 5,
+                   message="messages queued for a vanished master are counted as lost")
+        self.assertLessEqual(proxy.metric("smockron_proxy_accounting_lost_total"), 20)  # at most one full queue
+        self.assertEqual(counted(), n, "lost messages were already counted once")
+
+    def test_a_master_that_accepts_and_never_answers_is_retried(self):
+        silent = socket.socket()
+        self.addCleanup(silent.close)
+        silent.bind((HOST, 0))
+        silent.listen(8)
+        backend = self.start_backend()
+        self.simple_proxy(backend, accounting=[f"tcp://{HOST}:{silent.getsockname()[1]}"], threads=1)
+        silent.settimeout(10)
+        first, _ = silent.accept()
+        self.addCleanup(first.close)
+        t0 = time.monotonic()
+        second, _ = silent.accept()  # the proxy gave up on the handshake and came back
+        self.addCleanup(second.close)
+        self.assertGreater(time.monotonic() - t0, 3, "retried before the handshake deadline")
 
 
 # =============================================================================== 5-6: routing and upstream failures

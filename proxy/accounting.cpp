@@ -23,6 +23,8 @@ using generic_stream = asio::generic::stream_protocol;
 namespace {
 /// Largest frame a subscriber may send us (a subscription is a topic: small).
 constexpr std::size_t k_max_in_frame = 64 * 1024;
+/// Output beyond which a PING is not answered (the master is not reading).
+constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
 }  // namespace
 
 struct accounting_publisher::link {
@@ -39,6 +41,8 @@ struct accounting_publisher::link {
   std::array<char, 4096> chunk;
   std::string in;                ///< received and not yet parsed
   string_map<std::uint32_t> subs;  ///< topic -> how many times subscribed (ZeroMQ counts them)
+  std::size_t open_prefixes = 0;   ///< subscriptions not ending in \0: a topic may match them by prefix
+  std::uint64_t failures = 0;      ///< in a row, for the log
   std::string pending, writing;  ///< queued; being written
   std::size_t pending_msgs = 0, writing_msgs = 0;
   bool write_busy = false;
@@ -55,7 +59,7 @@ accounting_publisher::accounting_publisher(asio::io_context& ioc, const std::vec
   }
 }
 
-accounting_publisher::~accounting_publisher() = default;
+accounting_publisher::~accounting_publisher() { counters_.unsent.inc(batch_.size()); }
 
 bool accounting_publisher::publish(const wire::accounting& m) {
   auto enc = wire::encode(m, scratch_);
@@ -121,6 +125,9 @@ std::size_t accounting_publisher::connected() const {
 bool accounting_publisher::wants(const link& l, std::string_view topic) {
   if (l.subs.empty()) return false;
   if (l.subs.find(topic) != l.subs.end()) return true;  // the master's exact "domain\0"
+  // A topic is "domain\0" and a domain holds no \0: a subscription ending in
+  // \0 matches only itself. Only other prefixes ("" = everything) need a scan.
+  if (l.open_prefixes == 0) return false;
   for (const auto& [prefix, n] : l.subs) {
     if (topic.starts_with(prefix)) return true;  // any other SUB's prefixes ("" = everything)
   }
@@ -132,6 +139,12 @@ bool accounting_publisher::wants(const link& l, std::string_view topic) {
 void accounting_publisher::connect(link& l) {
   l.st = link::state::connecting;
   const std::uint64_t gen = l.generation;
+  // One deadline for resolve, connect and handshake: a master that accepts
+  // and never answers is retried like one that refuses.
+  l.retry.expires_after(k_handshake_timeout);
+  l.retry.async_wait([this, &l, gen](const boost::system::error_code& ec) {
+    if (!ec && gen == l.generation && l.st != link::state::ready) fail(l, "no handshake within 5 s");
+  });
   const std::string_view e = l.endpoint;
   if (e.starts_with("ipc://")) {
     std::string path(e.substr(6));
@@ -160,8 +173,14 @@ void accounting_publisher::connect(link& l) {
                         [this, &l, gen, endpoints](const boost::system::error_code& cec, const generic_stream::endpoint&) {
                           if (gen != l.generation) return;
                           if (cec) return fail(l, "connect: " + cec.message());
-                          const int one = 1;
-                          ::setsockopt(l.socket.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                          // Batches leave at once; a master whose host vanished is noticed (~90 s).
+                          const int one = 1, idle = 60, interval = 10, probes = 3;
+                          const int fd = l.socket.native_handle();
+                          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                          ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
                           on_connected(l);
                         });
   });
@@ -172,9 +191,10 @@ void accounting_publisher::on_connected(link& l) {
   l.greeted = false;
   l.in.clear();
   static const std::string hello = std::string(zmtp::greeting()) + zmtp::ready("PUB");
+  const std::uint64_t gen = l.generation;
   queue(l, hello, 0);
   write(l);
-  read(l);
+  if (gen == l.generation) read(l);
 }
 
 void accounting_publisher::read(link& l) {
@@ -188,6 +208,7 @@ void accounting_publisher::read(link& l) {
 }
 
 bool accounting_publisher::parse(link& l) {
+  const std::uint64_t gen = l.generation;  // a failure below (even inside a write) ends the parse
   std::size_t pos = 0;
   if (!l.greeted) {
     std::string detail;
@@ -209,13 +230,13 @@ bool accounting_publisher::parse(link& l) {
     }
     pos += f.size;
     if (f.command()) {
-      if (!handle_command(l, f.body)) return false;
+      handle_command(l, f.body);
     } else if (l.st == link::state::ready) {
       subscription(l, f.body);  // a SUB sends nothing else; other frames are ignored
     } else {
       fail(l, "message before READY");
-      return false;
     }
+    if (gen != l.generation) return false;
   }
   l.in.erase(0, pos);
   return true;
@@ -235,6 +256,8 @@ bool accounting_publisher::handle_command(link& l, std::string_view body) {
       return false;
     }
     l.st = link::state::ready;
+    l.failures = 0;
+    l.retry.cancel();  // the handshake deadline
     log_->info("accounting connected to {}", l.endpoint);
     return true;
   }
@@ -247,8 +270,11 @@ bool accounting_publisher::handle_command(link& l, std::string_view body) {
     return false;
   }
   if (name == "PING") {
-    queue(l, zmtp::pong_for(rest), 0);
-    write(l);
+    // Answered unless a master that sends PINGs does not read our output.
+    if (l.pending.size() < k_max_pong_backlog) {
+      queue(l, zmtp::pong_for(rest), 0);
+      write(l);
+    }
   } else if (name == "SUBSCRIBE") {
     subscription(l, "\x01" + std::string(rest));  // ZMTP 3.1 form, same meaning
   } else if (name == "CANCEL") {
@@ -260,11 +286,21 @@ bool accounting_publisher::handle_command(link& l, std::string_view body) {
 void accounting_publisher::subscription(link& l, std::string_view body) {
   if (body.empty()) return;
   const std::string_view topic = body.substr(1);
+  const bool open = topic.empty() || topic.back() != '\0';
   if (body[0] == 1) {
-    if (auto it = l.subs.find(topic); it != l.subs.end()) ++it->second;
-    else l.subs.emplace(std::string(topic), 1);
+    if (auto it = l.subs.find(topic); it != l.subs.end()) {
+      ++it->second;
+    } else if (l.subs.size() >= k_max_subscriptions) {
+      fail(l, "more than " + std::to_string(k_max_subscriptions) + " subscriptions");
+    } else {
+      l.subs.emplace(std::string(topic), 1);
+      l.open_prefixes += open;
+    }
   } else if (body[0] == 0) {
-    if (auto it = l.subs.find(topic); it != l.subs.end() && --it->second == 0) l.subs.erase(it);
+    if (auto it = l.subs.find(topic); it != l.subs.end() && --it->second == 0) {
+      l.subs.erase(it);
+      l.open_prefixes -= open;
+    }
   }
 }
 
@@ -303,8 +339,9 @@ void accounting_publisher::write(link& l) {
 
 void accounting_publisher::fail(link& l, std::string_view why) {
   const bool was_ready = l.st == link::state::ready;
-  // What was accepted for this master and not written is lost: counted.
-  counters_.dropped.inc(l.pending_msgs + l.writing_msgs);
+  // Taken for this master and not (wholly) written: lost for it. They were
+  // counted as sent (they may have reached the other masters).
+  counters_.lost.inc(l.pending_msgs + l.writing_msgs);
   ++l.generation;
   boost::system::error_code ignored;
   l.socket.close(ignored);
@@ -314,14 +351,19 @@ void accounting_publisher::fail(link& l, std::string_view why) {
   l.write_busy = false;
   l.in.clear();
   l.subs.clear();
+  l.open_prefixes = 0;
   l.pending.clear();
   l.writing.clear();
   l.pending_msgs = l.writing_msgs = 0;
+  // Warn when a working connection breaks, and when connecting keeps failing
+  // (the first time, then every 10 minutes of retries); the rest is debug.
+  const std::uint64_t n = ++l.failures;
   std::uint64_t suppressed = 0;
-  if (was_ready && fail_log_.allow(std::chrono::steady_clock::now(), suppressed)) {
-    log_->warn("accounting connection to {} lost: {}; retrying every {} ms", l.endpoint, why, k_retry.count());
+  if ((was_ready || n == 1 || n % 6000 == 0) && fail_log_.allow(std::chrono::steady_clock::now(), suppressed)) {
+    log_->warn("accounting to {}: {}{}; retrying every {} ms", l.endpoint, why,
+               was_ready ? " (connection lost)" : "", k_retry.count());
   } else {
-    log_->debug("accounting connection to {}: {}", l.endpoint, why);
+    log_->debug("accounting to {}: {}", l.endpoint, why);
   }
   l.retry.expires_after(k_retry);
   const std::uint64_t gen = l.generation;

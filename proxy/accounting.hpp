@@ -37,19 +37,24 @@ namespace smockron::proxy {
 
 class accounting_publisher {
 public:
+  /// Every message counts once in sent, dropped or unsent; `lost` counts
+  /// again those (taken by a queue) whose connection broke before they were
+  /// written, once per master.
   struct counters {
-    metrics::counter& sent;     ///< taken by at least one master's queue
-    metrics::counter& dropped;  ///< refused by a full queue, or lost with a connection
+    metrics::counter& sent;     ///< taken by every connected master subscribed to its domain
+    metrics::counter& dropped;  ///< refused by at least one full queue (or unencodable)
     metrics::counter& unsent;   ///< no connected master subscribed to the domain
+    metrics::counter& lost;     ///< queued for a master whose connection then broke
   };
 
   /// `hwm`: messages queued per master at most (0 = unbounded).
   accounting_publisher(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t hwm,
                        counters c);
-  ~accounting_publisher();
   accounting_publisher(const accounting_publisher&) = delete;
   accounting_publisher& operator=(const accounting_publisher&) = delete;
 
+  /// What is still in the batch is counted as unsent (the worker stopped).
+  ~accounting_publisher();
   /// Encodes and queues; returns true when the batch went from empty to
   /// non-empty (the caller arms its flush timer). A full batch flushes first.
   bool publish(const wire::accounting& m);
@@ -62,6 +67,10 @@ public:
 
   static constexpr std::size_t batch = 256;
   static constexpr std::chrono::milliseconds k_retry{100};
+  /// Connect plus handshake must finish in this, else the connection is retried.
+  static constexpr std::chrono::seconds k_handshake_timeout{5};
+  /// A master may hold this many subscriptions on one connection.
+  static constexpr std::size_t k_max_subscriptions = 10'000;
 
 private:
   struct link;

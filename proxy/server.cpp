@@ -90,6 +90,9 @@ struct proxy_metrics {
         accounting_unsent(r.add_counter("smockron_proxy_accounting_unsent_total",
                                         "Accounting messages no connected master was subscribed to (master down or "
                                         "just reconnected); the request still passed")),
+        accounting_lost(r.add_counter("smockron_proxy_accounting_lost_total",
+                                      "Accounting messages queued for a master whose connection broke before they "
+                                      "were written (once per master)")),
         delay_seconds(r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed",
                                       {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})) {}
 
@@ -105,7 +108,7 @@ struct proxy_metrics {
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held, &reject_too_long,
       &reject_held_full, &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &accounting_sent,
-      &accounting_dropped, &accounting_unsent;
+      &accounting_dropped, &accounting_unsent, &accounting_lost;
   metrics::histogram& delay_seconds;
 };
 
@@ -402,7 +405,8 @@ struct server::impl {
       w->rt = first;
       w->accounting = std::make_unique<accounting_publisher>(
           w->ioc, cfg.accounting, static_cast<std::size_t>(cfg.accounting_hwm),
-          accounting_publisher::counters{metrics_.accounting_sent, metrics_.accounting_dropped, metrics_.accounting_unsent});
+          accounting_publisher::counters{metrics_.accounting_sent, metrics_.accounting_dropped, metrics_.accounting_unsent,
+                                         metrics_.accounting_lost});
       // One acceptor per worker on the same port (SO_REUSEPORT): the kernel spreads connections.
       w->acceptor.emplace(w->ioc.get_executor());
       const tcp::endpoint ep(listen.address(), port);
@@ -461,7 +465,10 @@ struct server::impl {
     } else if (first) {
       // First message of a batch: the batch leaves within accounting_flush.
       w.flush_timer.expires_after(rt.cfg.accounting_flush);
-      w.flush_timer.async_wait([&w](const boost::system::error_code&) { w.accounting->flush(); });
+      w.flush_timer.async_wait([&w](const boost::system::error_code& ec) {
+        // Re-arming cancels a wait: that batch already left with an immediate flush.
+        if (ec != asio::error::operation_aborted) w.accounting->flush();
+      });
     }
   }
 
@@ -1078,20 +1085,24 @@ struct server::impl {
     if (connections_.load() > 0) log_->warn("grace period over: closing {} connection(s)", connections_.load());
     // Nothing accepted is lost: the last batches are written before the
     // workers stop (at most 1 s; a master that does not read gets less).
-    std::atomic<std::size_t> busy{0};
     const auto drain_until = steady::now() + std::chrono::seconds(1);
-    do {
-      std::atomic<std::size_t> answered{0};
-      busy = 0;
+    for (;;) {
+      struct pass {
+        std::atomic<std::size_t> answered{0}, busy{0};
+      };
+      auto p = std::make_shared<pass>();  // outlives a pass cut short by the deadline
       for (auto& w : workers_) {
-        asio::post(w->ioc, [&w = *w, &busy, &answered] {
+        asio::post(w->ioc, [&w = *w, p] {
           w.accounting->flush();
-          if (!w.accounting->idle()) ++busy;
-          ++answered;
+          if (!w.accounting->idle()) ++p->busy;
+          ++p->answered;
         });
       }
-      while (answered.load() < workers_.size()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    } while (busy.load() > 0 && steady::now() < drain_until);
+      while (p->answered.load() < workers_.size() && steady::now() < drain_until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if ((p->answered.load() == workers_.size() && p->busy.load() == 0) || steady::now() >= drain_until) break;
+    }
     for (auto& w : workers_) w->ioc.stop();
     for (auto& w : workers_) w->thread.join();
     admin_->stop();

@@ -251,9 +251,10 @@ def main():
         time.sleep(1.0)
         published = metric_total(padmin, "smockron_proxy_accounting_messages_total") - published0
         dropped = metric_total(padmin, "smockron_proxy_accounting_dropped_total")
+        unsent = metric_total(padmin, "smockron_proxy_accounting_unsent_total")
         processed = metric_total(madmin, "smockron_master_accounting_messages_total") - processed0
         print(f"accounting: {requests} requests in smockron rounds, {published:.0f} messages "
-              f"published, {dropped:.0f} dropped, {processed:.0f} processed by the master")
+              f"published, {dropped:.0f} dropped, {unsent:.0f} unsent, {processed:.0f} processed by the master")
     finally:
         for p in procs:
             p.stop()

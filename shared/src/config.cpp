@@ -191,6 +191,17 @@ std::string check_zmq_endpoint(std::string_view e) {
 std::string check_accounting_endpoint(std::string_view e) {
   if (auto msg = check_zmq_endpoint(e); !msg.empty()) return msg;
   if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
+  if (e.starts_with("tcp://")) {
+    const auto colon = e.rfind(':');
+    const std::string_view port = colon > 5 ? e.substr(colon + 1) : std::string_view();
+    const bool digits = !port.empty() && port.size() <= 5 &&
+                        std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (port != "*" && (!digits || std::stoi(std::string(port)) > 65535)) {
+      return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port)";
+    }
+  } else if (e.size() - 6 > 107) {
+    return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
+  }
   return {};
 }
 

@@ -254,6 +254,11 @@ TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"inproc://a\"]\n").find("proxy.accounting[0]: accounting travels on tcp://"),
             std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master\"]\n").find("expected tcp://host:port"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master:70000\"]\n").find("expected tcp://host:port"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"ipc:///" + std::string(120, 'p') + "\"]\n").find("longer than 107"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid ZeroMQ endpoint"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
