@@ -214,8 +214,9 @@ TEST_F(Zmtp, IpcEndpoint) {
     zmq::socket_t pub(ctx, zmq::socket_type::pub);
     pub.connect("ipc://" + path);
     bool got = false;
+    const std::string topic = "d\0"s;  // outlives the views below
     for (int i = 0; i < 3000 && !got; ++i) {
-      std::vector<std::string_view> v{"d\0"s, "ACCEPTED", "x", "1", ""};
+      std::vector<std::string_view> v{topic, "ACCEPTED", "x", "1", ""};
       ASSERT_TRUE(zmq_util::send(pub, v));
       ipc.poll(std::chrono::milliseconds(1), [&](std::span<const std::string_view>, bool) { got = true; });
     }
