@@ -242,32 +242,32 @@ bool accounting_publisher::parse(link& l) {
   return true;
 }
 
-bool accounting_publisher::handle_command(link& l, std::string_view body) {
+void accounting_publisher::handle_command(link& l, std::string_view body) {
   const auto cmd = zmtp::split_command(body);
   if (!cmd) {
     fail(l, "malformed command");
-    return false;
+    return;
   }
   const auto [name, rest] = *cmd;
   if (name == "READY") {
     const auto type = zmtp::ready_socket_type(rest);
     if (l.st != link::state::handshake || !type || (*type != "SUB" && *type != "XSUB")) {
       fail(l, "handshake: expected READY from a SUB, got socket type \"" + zmtp::printable(type.value_or("?")) + "\"");
-      return false;
+      return;
     }
     l.st = link::state::ready;
     l.failures = 0;
     l.retry.cancel();  // the handshake deadline
     log_->info("accounting connected to {}", l.endpoint);
-    return true;
+    return;
   }
   if (name == "ERROR") {
     fail(l, "master sent ERROR");
-    return false;
+    return;
   }
   if (l.st != link::state::ready) {
     fail(l, "unexpected command \"" + zmtp::printable(name) + "\" before READY");
-    return false;
+    return;
   }
   if (name == "PING") {
     // Answered unless a master that sends PINGs does not read our output.
@@ -280,7 +280,6 @@ bool accounting_publisher::handle_command(link& l, std::string_view body) {
   } else if (name == "CANCEL") {
     subscription(l, std::string(1, '\0') + std::string(rest));
   }
-  return true;
 }
 
 void accounting_publisher::subscription(link& l, std::string_view body) {

@@ -78,7 +78,8 @@ private:
   void on_connected(link& l);
   void read(link& l);
   bool parse(link& l);
-  bool handle_command(link& l, std::string_view body);
+  /// Failures call fail(): the caller checks the link's generation.
+  void handle_command(link& l, std::string_view body);
   void subscription(link& l, std::string_view body);
   static bool wants(const link& l, std::string_view topic);
   void queue(link& l, std::string_view bytes, std::size_t messages);
