@@ -34,28 +34,51 @@ std::int64_t count_between(const std::vector<std::int64_t>& times, std::int64_t 
                                    std::upper_bound(times.begin(), times.end(), since));
 }
 
-// The earliest free slot at time `t` given the history: a delayed request
-// whose slot other requests already filled (several gatekeepers released at
-// the same DELAY_UNTIL instant) is recorded after the last use. Only uses at
-// or before `t` fill its window: DELAYED messages of one identifier may arrive
-// out of order (one accounting socket per proxy worker), and a later
-// reservation does not make an earlier free slot taken.
+// True when a use at `t` keeps every window of rule `r` that contains it
+// within the burst: the window ending at `t`, and those ending at the later
+// uses already recorded (held requests reported out of order, uses charged
+// ahead of time).
+bool fits(const limits& l, const state& s, const rule& r, std::int64_t t) {
+  const std::int64_t since = t - r.window_us();
+  // A full history may have dropped uses up to its first entry. When those
+  // could lie inside the window, its count is unknown and the use is taken as
+  // over the limit: never admit more than the rate. A client under its limit
+  // never gets here: its history spans more than a window.
+  if (s.times.size() >= l.history_cap() && s.times.front() > since) return false;
+  if (count_between(s.times, since, t) >= r.burst) return false;
+  for (auto it = std::upper_bound(s.times.begin(), s.times.end(), t);
+       it != s.times.end() && *it < t + r.window_us(); ++it) {
+    if (count_between(s.times, *it - r.window_us(), *it) >= r.burst) return false;
+  }
+  return true;
+}
+
+// Where a use at time `t` is recorded: at `t` when it fits every rule (the
+// spec's case: a client under its limit is recorded at its own time),
+// otherwise one interval after the last use (of the rule it breaks; the
+// largest such). Every use is charged, never forgotten:
+//  - several gatekeepers that released held requests at the same DELAY_UNTIL
+//    instant report several DELAYED with one timestamp; each takes a slot;
+//  - a gatekeeper far from the master keeps accepting until its DELAY_UNTIL
+//    arrives; those ACCEPTED uses over the limit are recorded in the future,
+//    one interval apart, so the next allowed time moves out by what was
+//    over-used and the excess is paid back. (The spec records them at their
+//    own time, which the history cap then forgets: at a one-way delay near
+//    1/rate, every DELAY_UNTIL arrived in the past and nothing was limited.)
+// Messages of one identifier may arrive out of order (one accounting socket
+// per proxy worker, several gatekeepers): a use whose own slot is still free
+// takes it.
 std::int64_t free_slot(const limits& l, const state& s, std::int64_t t) {
   if (s.times.empty()) return t;
-  const std::int64_t last = s.times.back();
-  // Older than everything a full history remembers: whether its slot was used
-  // is unknown, so it is taken as used (never admit more than the rate).
-  const bool unknown = s.times.size() >= l.history_cap() && t < s.times.front();
   std::int64_t slot = t;
   for (const rule& r : l.rules) {
-    if (unknown || count_between(s.times, t - r.window_us(), t) >= r.burst) slot = std::max(slot, last + r.interval_us);
+    if (!fits(l, s, r, t)) slot = std::max(slot, s.times.back() + r.interval_us);
   }
   return slot;
 }
 
 void record_log(const limits& l, state& s, event e, std::int64_t now) {
-  std::int64_t t = e.at_us;
-  if (e.kind == event_kind::delayed) t = free_slot(l, s, t);
+  const std::int64_t t = free_slot(l, s, e.at_us);
   // Too old to be inside any window: it cannot change a decision.
   if (t <= now - l.max_window_us()) return;
   s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);

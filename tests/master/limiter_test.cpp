@@ -25,7 +25,8 @@ TEST(Limiter, KeepsStatePerDomainAndIdentifier) {
   EXPECT_TRUE(l.apply(1, "a", at(t0), t0).throttled);  // same identifier, other domain: own state
   EXPECT_EQ(l.tracked(), 2u);
   EXPECT_EQ(l.tracked(0), 1u);
-  EXPECT_EQ(l.apply(0, "a", at(t0 + 10 * ms), t0 + 10 * ms).next_us, t0 + 110 * ms);
+  // A second use 10 ms later is over the limit: charged at the next free slot (t0 + 100 ms).
+  EXPECT_EQ(l.apply(0, "a", at(t0 + 10 * ms), t0 + 10 * ms).next_us, t0 + 200 * ms);
 }
 
 TEST(Limiter, EvictsLeastRecentlyUsedAtTheCap) {

@@ -317,3 +317,122 @@ TEST(Rules, OutOfOrderDelayedAreChargedAtTheirOwnFreeSlots) {
   delayed(l, d, base + 500 * ms, t0);
   EXPECT_EQ(delayed(l, d, base + 500 * ms, t0).next_us, base + 1500 * ms);
 }
+
+// A gatekeeper far from the master accepts a whole burst over the limit
+// before the first DELAY_UNTIL reaches it. Every one of those uses is charged:
+// the next allowed time moves out by one interval per use over the burst.
+TEST_P(BothAlgorithms, AcceptedOverTheLimitIsPaidBack) {
+  const limits l = make(GetParam(), {per_second(10, 3)});
+  state s;
+  decision d;
+  for (int i = 0; i < 10; ++i) d = accepted(l, s, t0 + i * ms, t0 + 100 * ms);  // reported 100 ms later
+  ASSERT_TRUE(d.throttled);
+  // 3 within the burst, 7 over it: 7 intervals of debt, then one more interval.
+  EXPECT_NEAR(static_cast<double>(d.next_us - t0), 800.0 * ms, 2.0 * ms);
+  EXPECT_EQ(d.interval_us, 100 * ms);
+}
+
+TEST_P(BothAlgorithms, AcceptedOverTheLimitIsPaidBackWithSeveralRules) {
+  // 10/s burst 3 and 2/s burst 4: the slower rule's debt dominates.
+  const limits l = make(GetParam(), {per_second(10, 3), per_second(2, 4)});
+  state s;
+  decision d;
+  for (int i = 0; i < 10; ++i) d = accepted(l, s, t0 + i * ms, t0 + 100 * ms);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.interval_us, 500 * ms);
+  // 6 uses over the 2/s rule's burst of 4: at least 6 of its intervals of debt.
+  EXPECT_GE(d.next_us - t0, 6 * 500 * ms);
+  // Nothing is allowed again until that time.
+  EXPECT_TRUE(evaluate(l, s, d.next_us - 1).throttled);
+  EXPECT_FALSE(evaluate(l, s, d.next_us).throttled);
+}
+
+TEST_P(BothAlgorithms, ClientUnderItsLimitIsNeverThrottledWhenReportedLate) {
+  // Uses that fit the rule are recorded at their own time, however late they arrive.
+  const limits l = make(GetParam(), {per_second(10, 3)});
+  state s;
+  for (int i = 0; i < 50; ++i) {
+    const std::int64_t at = t0 + i * 110 * ms;  // 9/s
+    EXPECT_FALSE(accepted(l, s, at, at + 80 * ms).throttled) << "use " << i;
+  }
+}
+
+namespace {
+// Discrete-time model of G gatekeepers that reach the master with a one-way
+// delay: the master sees each use `one_way` after it happened, a gatekeeper
+// sees each DELAY_UNTIL `one_way` after it was decided. Gatekeepers hold a
+// request until the newest DELAY_UNTIL they know (pacing held ones one
+// interval apart), reject beyond 2 s, and report DELAYED with the release time.
+// A hot client sends every `gap` round robin over the gatekeepers. Returns how
+// many requests were admitted (forwarded) within [t0, t0 + duration).
+struct distance_run {
+  std::int64_t admitted = 0;
+};
+distance_run run_at_distance(const limits& l, int gatekeepers, std::int64_t one_way, std::int64_t gap,
+                             std::int64_t duration) {
+  struct use { std::int64_t seen_at; event e; };
+  struct control { std::int64_t seen_at; int gk; std::int64_t next; std::int64_t interval; };
+  std::vector<use> to_master;        // ordered by seen_at (constant delay)
+  std::vector<control> to_gk;
+  std::size_t mi = 0, gi = 0;
+  std::vector<std::int64_t> known(gatekeepers, 0), paced(gatekeepers, 0), interval(gatekeepers, 0);
+  state s;
+  distance_run out;
+  int seq = 0;
+  for (std::int64_t now = t0; now < t0 + duration; now += ms) {
+    while (mi < to_master.size() && to_master[mi].seen_at <= now) {
+      const decision d = apply(l, s, to_master[mi].e, now);
+      ++mi;
+      if (d.throttled && d.next_us > now) {
+        for (int g = 0; g < gatekeepers; ++g) to_gk.push_back({now + one_way, g, d.next_us, d.interval_us});
+      }
+    }
+    while (gi < to_gk.size() && to_gk[gi].seen_at <= now) {
+      const control& c = to_gk[gi++];
+      known[c.gk] = std::max(known[c.gk], c.next);
+      interval[c.gk] = c.interval;
+    }
+    if ((now - t0) % gap != 0) continue;
+    const int g = seq++ % gatekeepers;
+    const std::int64_t release = std::max(known[g], paced[g]);
+    if (release <= now) {
+      to_master.push_back({now + one_way, {event_kind::accepted, now}});
+      ++out.admitted;
+    } else if (release - now <= 2'000 * ms) {
+      paced[g] = release + interval[g];
+      to_master.push_back({now + one_way, {event_kind::delayed, release}});
+      if (release < t0 + duration) ++out.admitted;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// The limit holds whatever the distance: at a one-way delay of 2x the
+// interval, the spec's formula alone let every request through.
+TEST_P(BothAlgorithms, LongRunAdmittedRateHoldsAtADistance) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  const std::int64_t duration = 20'000 * ms;
+  const double ideal = 5 + 10 * 20;
+  for (int g : {1, 3}) {
+    for (std::int64_t one_way : {0 * ms, 25 * ms, 100 * ms, 200 * ms}) {
+      const auto r = run_at_distance(l, g, one_way, 5 * ms, duration);  // 200/s: 20x the rate
+      EXPECT_GE(r.admitted, 0.98 * ideal) << "G=" << g << " one-way " << one_way / ms << " ms";
+      EXPECT_LE(r.admitted, 1.03 * ideal) << "G=" << g << " one-way " << one_way / ms << " ms";
+    }
+  }
+}
+
+TEST_P(BothAlgorithms, LongRunAdmittedRateHoldsAtADistanceWithTwoRules) {
+  // 10/s burst 5 and 300/min burst 20: the second binds after about 2 s.
+  const limits l = make(GetParam(), {per_second(10, 5), {200 * ms, 20}});
+  const std::int64_t duration = 20'000 * ms;
+  const double ideal = 20 + 5 * 20;
+  for (int g : {1, 3}) {
+    for (std::int64_t one_way : {0 * ms, 50 * ms, 200 * ms}) {
+      const auto r = run_at_distance(l, g, one_way, 5 * ms, duration);
+      EXPECT_LE(r.admitted, 1.03 * ideal) << "G=" << g << " one-way " << one_way / ms << " ms";
+      EXPECT_GE(r.admitted, 0.9 * ideal) << "G=" << g << " one-way " << one_way / ms << " ms";
+    }
+  }
+}

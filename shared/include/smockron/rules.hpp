@@ -62,10 +62,14 @@ struct decision {
 
 /// Records `e` in `s` and evaluates when the next request is allowed.
 ///
-/// Several DELAYED events with the same timestamp (several gatekeepers that
-/// released requests at the same DELAY_UNTIL instant) each count as a use:
-/// a delayed request whose slot was already consumed is recorded at the next
-/// free slot, so the long-run admitted rate stays at the configured rate.
+/// Every ACCEPTED or DELAYED event is a use, and every use is charged.
+/// Sliding log: a use inside the limit is recorded at its own time (the
+/// spec); a use over the limit (a gatekeeper that accepted before it heard
+/// from the master, or several gatekeepers that released held requests at the
+/// same DELAY_UNTIL instant) is recorded at the next free slot, one interval
+/// after the last use, so over-use pushes the next allowed time out by as much
+/// and the long-run admitted rate stays at the configured rate at any
+/// gatekeeper-to-master distance. GCRA charges every use by construction.
 decision apply(const limits& l, state& s, event e, std::int64_t now_us);
 
 /// Evaluates without recording anything.
