@@ -250,12 +250,14 @@ class RateLogicTest(MasterCase):
         gk.accepted("multi", "dave", base)
         gk.accepted("multi", "dave", base)     # 10/s burst 2 full; 1/s burst 3 not yet
         self.delay(gk.expect(), "multi", "dave", base + 100, 100)
-        gk.accepted("multi", "dave", base)     # both full: base+100 vs base+1000
-        self.delay(gk.expect(), "multi", "dave", base + 1000, 1000)
-        gk.delayed("multi", "dave", base, base + 1000)   # history [b, b, b+1000]
-        self.delay(gk.expect(), "multi", "dave", base + 2000, 1000)
-        gk.accepted("multi", "dave", base + 2000)        # history [b, b+1000, b+2000]
-        self.delay(gk.expect(), "multi", "dave", base + 3000, 1000)
+        # A third, accepted before the gatekeeper heard, is over 10/s burst 2: charged at
+        # b+100 (not forgotten), and then 1/s burst 3 is full too: b+100 vs b+1100.
+        gk.accepted("multi", "dave", base)
+        self.delay(gk.expect(), "multi", "dave", base + 1100, 1000)
+        gk.delayed("multi", "dave", base, base + 1100)   # history [b, b, b+100, b+1100]
+        self.delay(gk.expect(), "multi", "dave", base + 2100, 1000)
+        gk.accepted("multi", "dave", base + 2100)        # on time: its own time, as the spec says
+        self.delay(gk.expect(), "multi", "dave", base + 3100, 1000)
         self.assert_quiet(gk)
 
     def test_nothing_published_under_the_limit(self):
@@ -637,9 +639,11 @@ class ReloadDomainsTest(MasterCase):
         doc = json.loads(m.get("/status").body)
         self.assertEqual([d["name"] for d in doc["domains"]], sorted([*new_domains, PROBE_DOMAIN]))
 
-        # multi kept its history [b, b] across the index shift: a third request fills 1/s burst 3.
+        # multi kept its history [b, b] across the index shift: a third request, over the
+        # 10/s burst 2, is charged at b+100 and fills 1/s burst 3. A fresh history would
+        # have taken it at b without a DELAY_UNTIL.
         gk.accepted("multi", "k", base)
-        self.delay(gk.expect(), "multi", "k", base + 1000, 1000)
+        self.delay(gk.expect(), "multi", "k", base + 1100, 1000)
         # api is GCRA now with a fresh state: TAT = b2+100, next = b2. Had the sliding-log
         # history [base] been kept as a TAT, the answer would be base.
         b2 = base - 2500
