@@ -50,6 +50,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
       control_sent_(reg.add_counter("smockron_master_control_messages_total", "DELAY_UNTIL messages published")),
       control_dropped_(reg.add_counter("smockron_master_control_dropped_total",
                                        "DELAY_UNTIL messages dropped because the send queue was full")),
+      policy_sent_(reg.add_counter("smockron_master_policy_messages_total",
+                                   "POLICY messages published (each domain's rules, every second)")),
       evictions_(reg.add_counter("smockron_master_evictions_total",
                                  "Tracked identifiers evicted (least recently used) at max_identifiers")),
       expirations_(reg.add_counter("smockron_master_expirations_total", "Tracked identifiers expired by the sweep")),
@@ -172,6 +174,7 @@ void service::reconfigure(const config::master_config& next) {
   limiter_.reconfigure(compile(next), old_index);
   limiter_.set_max_identifiers(next.max_identifiers);
   install_domains(next);
+  next_policy_ = {};  // the new rules reach the gatekeepers at once
   {
     std::lock_guard lock(status_mutex_);
     const auto endpoints = std::tie(cfg_.accounting, cfg_.control, cfg_.admin);
@@ -257,6 +260,21 @@ void service::publish(const domain_slot& d, std::string_view identifier, const r
   else control_dropped_.inc();
 }
 
+void service::publish_policies() {
+  for (const domain_slot& d : domains_) {
+    if (d.limits.rules.empty()) continue;
+    wire::policy p;
+    p.domain = d.name;
+    // Any subset of the rules bounds less, never more: the first few are enough.
+    for (const rules::rule& r : d.limits.rules) {
+      if (p.count == wire::max_policy_rules) break;
+      p.rules[p.count++] = {r.interval_us, r.burst};
+    }
+    auto enc = wire::encode(p, scratch_);
+    if (enc && zmq_util::send(control_, enc->view())) policy_sent_.inc();
+  }
+}
+
 void service::sweep(std::int64_t now_us) {
   // Small slices often: a long sweep would stall the loop and show in the
   // control-loop p99 (1,000 entries every 10 ms = 100k entries/s examined).
@@ -277,6 +295,10 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   if (now >= next_sweep_) {
     sweep(clock_.wall_us());
     next_sweep_ = now + cfg_.sweep_interval;
+  }
+  if (now >= next_policy_) {
+    publish_policies();
+    next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
   }
   if (reload_requested_.exchange(false)) {
     std::function<std::optional<config::master_config>()> loader;

@@ -87,6 +87,8 @@ private:
   };
   void install_domains(const config::master_config& cfg);
   void publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec);
+  /// POLICY for every domain with rules (the gatekeepers' first-round-trip bound).
+  void publish_policies();
   void sweep(std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
   void pump_store(std::chrono::steady_clock::time_point now, bool force);
@@ -101,6 +103,7 @@ private:
   string_map<std::size_t> domain_index_;
   wire::scratch scratch_;
   std::chrono::steady_clock::time_point next_sweep_{};
+  std::chrono::steady_clock::time_point next_policy_{};
   std::unique_ptr<redis_store> store_;
   std::chrono::steady_clock::time_point next_flush_{};
   std::atomic<std::size_t> unwritten_{0};  ///< limiter_.dirty() as last seen by the loop (for other threads)
@@ -109,6 +112,7 @@ private:
   metrics::counter& unknown_domain_;
   metrics::counter& control_sent_;
   metrics::counter& control_dropped_;
+  metrics::counter& policy_sent_;
   metrics::counter& evictions_;
   metrics::counter& expirations_;
   metrics::counter& reloads_;

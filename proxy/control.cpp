@@ -35,11 +35,17 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       clock_(clk),
       received_(reg.add_counter("smockron_proxy_control_messages_total", "DELAY_UNTIL messages applied")),
       unknown_domain_(reg.add_counter("smockron_proxy_control_unknown_domain_total",
-                                      "Control messages for a domain no route uses")) {
+                                      "Control messages for a domain no route uses")),
+      policies_(reg.add_counter("smockron_proxy_control_policies_total",
+                                "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
                                   metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
   }
+  reg.add_counter_callback(
+      "smockron_proxy_gate_unguarded_total",
+      "Requests the gate could not bound on its own (its guard state would pass half the control memory)",
+      [&g] { return static_cast<double>(g.unguarded()); });
   reg.add_callback("smockron_proxy_masters_connected", "Masters the control socket is connected to", "",
                    [this] { return static_cast<double>(connected_.load()); });
   thread_ = std::thread([this] { run(); });
@@ -104,14 +110,34 @@ void control_subscriber::run() {
       }
       // ZMQ_FD is edge-triggered: always drain everything that is ready.
       while (zmq_util::recv(sub, in)) {
-        auto m = in.truncated ? wire::result<wire::delay_until>(wire::decode_error::frame_count)
-                              : wire::decode_delay_until(in.frames());
-        if (!m) {
-          errors_[static_cast<int>(m.error())]->inc();
+        const auto bad = [&](wire::decode_error e) {
+          errors_[static_cast<int>(e)]->inc();
           std::uint64_t suppressed = 0;
           if (bad_log.allow(clock_.steady_now(), suppressed)) {
-            log->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(m.error()), suppressed);
+            log->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(e), suppressed);
           }
+        };
+        if (in.truncated) {
+          bad(wire::decode_error::frame_count);
+          continue;
+        }
+        if (wire::control_command(in.frames()) == wire::policy_command) {
+          const auto p = wire::decode_policy(in.frames());
+          if (!p) {
+            bad(p.error());
+            continue;
+          }
+          if (const auto domain = domains_.find(p->domain)) {
+            std::array<guard_rule, wire::max_policy_rules> rules;
+            for (std::size_t i = 0; i < p->count; ++i) rules[i] = {p->rules[i].interval_us, p->rules[i].burst};
+            gate_.set_policy(*domain, {rules.data(), p->count}, clock_.wall_us());
+            policies_.inc();
+          }
+          continue;
+        }
+        const auto m = wire::decode_delay_until(in.frames());
+        if (!m) {
+          bad(m.error());
           continue;
         }
         const auto domain = domains_.find(m->domain);

@@ -57,6 +57,7 @@ private:
   metrics::counter& received_;
   metrics::counter* errors_[wire::decode_error_count] = {};
   metrics::counter& unknown_domain_;
+  metrics::counter& policies_;
   std::atomic<int> connected_{0};
   std::atomic<bool> stop_{false};
   std::mutex pending_mutex_;

@@ -15,6 +15,50 @@ gate::gate(std::size_t max_entries) : max_per_shard_(std::max<std::size_t>(1, ma
 
 gate::shard& gate::shard_for(const key_view& k) { return shards_[(key_hash{}(k) >> 7) % k_shards]; }
 
+std::int64_t gate::entry::expires_us() const {
+  return std::max({next_us, local_next_us, spare_us, *std::max_element(tat.begin(), tat.end())});
+}
+
+void gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us) {
+  if (domain >= k_policy_domains) return;
+  policy_slot& p = policies_[domain];
+  const std::size_t n = std::min(rules.size(), k_guard_rules);
+  bool same = p.count.load(std::memory_order_relaxed) == n;
+  for (std::size_t i = 0; same && i < n; ++i) {
+    same = p.interval[i].load(std::memory_order_relaxed) == rules[i].interval_us &&
+           p.burst[i].load(std::memory_order_relaxed) == rules[i].burst;
+  }
+  if (!same) {
+    // Odd while writing: a reader that sees it, or sees it change, reads again.
+    p.seq.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < n; ++i) {
+      p.interval[i].store(rules[i].interval_us, std::memory_order_relaxed);
+      p.burst[i].store(rules[i].burst, std::memory_order_relaxed);
+    }
+    p.count.store(n, std::memory_order_relaxed);
+    p.seq.fetch_add(1, std::memory_order_release);
+  }
+  p.updated_us.store(now_us, std::memory_order_relaxed);
+}
+
+gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const {
+  policy out;
+  if (domain >= k_policy_domains) return out;
+  const policy_slot& p = policies_[domain];
+  if (now_us - p.updated_us.load(std::memory_order_relaxed) > wire::policy_fresh_ms * 1000) return out;
+  while (true) {
+    const std::uint32_t before = p.seq.load(std::memory_order_acquire);
+    if (before & 1) continue;
+    out.count = p.count.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < out.count; ++i) {
+      out.rules[i] = {p.interval[i].load(std::memory_order_relaxed), p.burst[i].load(std::memory_order_relaxed)};
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (p.seq.load(std::memory_order_relaxed) == before) return out;
+  }
+}
+
 void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
                   std::int64_t now_us) {
   const key_view k{domain, identifier};
@@ -25,9 +69,8 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
     if (next_us <= now_us) return;  // already in the past: nothing to remember
     if (s.map.size() >= max_per_shard_) {
       // Make room from expired entries; if none, fail open for this key.
-      entries_.fetch_sub(std::erase_if(s.map, [&](const auto& kv) {
-        return std::max(kv.second.next_us, kv.second.local_next_us) <= now_us;
-      }), std::memory_order_relaxed);
+      entries_.fetch_sub(std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; }),
+                         std::memory_order_relaxed);
       if (s.map.size() >= max_per_shard_) {
         dropped_updates_.fetch_add(1, std::memory_order_relaxed);
         return;
@@ -44,16 +87,44 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                            const gate_limits& limits) {
+  const policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);
   auto it = s.map.find(k);
-  if (it == s.map.end()) return {};
+  if (it == s.map.end()) {
+    if (guard.count == 0) return {};
+    // Half the control memory stays for the master's DELAY_UNTIL: identifiers
+    // the guard cannot track pass (fail-open) and are counted.
+    if (s.map.size() >= max_per_shard_ / 2) {
+      unguarded_.fetch_add(1, std::memory_order_relaxed);
+      return {};
+    }
+    it = s.map.emplace(key{domain, std::string(identifier)}, entry{}).first;
+    entries_.fetch_add(1, std::memory_order_relaxed);
+  }
   entry& e = it->second;
   const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
-  const std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  std::int64_t pace = e.interval_us;
+  // The guard: the earliest time every rule's GCRA conforms.
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t conform = e.tat[i] - (r.burst - 1) * r.interval_us;
+    if (conform > release) {
+      release = conform;
+      pace = r.interval_us;
+    }
+  }
+  // A use at `at` advances every rule's arrival time by its interval.
+  const auto charge = [&](std::int64_t at) {
+    for (std::size_t i = 0; i < guard.count; ++i) e.tat[i] = std::max(e.tat[i], at) + guard.rules[i].interval_us;
+  };
   if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
-  if (release <= now_us) return {};
+  if (release <= now_us) {
+    charge(now_us);
+    return {};
+  }
   if (e.spare_us != 0 && e.spare_us < release) {
     if (held_.fetch_add(1, std::memory_order_relaxed) < limits.max_held) {
       gate_decision d;
@@ -81,9 +152,10 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     return d;
   }
   d.v = verdict::delay;
-  d.interval_us = e.interval_us;
+  d.interval_us = pace;
+  charge(release);
   // Pace: the next held request of this identifier leaves one interval later.
-  e.local_next_us = release + e.interval_us;
+  e.local_next_us = release + pace;
   return d;
 }
 
@@ -101,9 +173,7 @@ void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_
 std::size_t gate::sweep(std::int64_t now_us) {
   shard& s = shards_[sweep_cursor_.fetch_add(1, std::memory_order_relaxed) % k_shards];
   std::lock_guard lock(s.mutex);
-  const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) {
-    return std::max({kv.second.next_us, kv.second.local_next_us, kv.second.spare_us}) <= now_us;
-  });
+  const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; });
   entries_.fetch_sub(removed, std::memory_order_relaxed);
   return removed;
 }

@@ -3,15 +3,29 @@
 // hold until a reserved time, or reject. Sharded locks, no global lock;
 // bounded memory; delays only move forward; held requests of one identifier
 // are released one interval apart.
+//
+// The first round trip: until the master's first DELAY_UNTIL for a client
+// reaches this gatekeeper, only a local bound can stop it. When the master
+// publishes a domain's policy (POLICY), the gate runs a GCRA per rule over the
+// uses it admits itself (the guard). A client under its limit is never held
+// by it: sends that fit the sliding log or GCRA of a rule fit its GCRA, and a
+// gatekeeper sees a subset of a client's sends. A hot client is held from its
+// first request over the burst, so G gatekeepers admit at most
+// G x (burst + rate x round trip) before the master speaks, whatever the
+// client's rate; the master charges that and it is paid back. Without a fresh
+// policy (master silent for wire::policy_fresh_ms) there is no guard.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+
+#include "smockron/wire.hpp"
 
 namespace smockron::proxy {
 
@@ -38,8 +52,19 @@ struct gate_limits {
   std::int64_t pacing_fresh_us = 2'000'000;
 };
 
+/// One rule of a domain's policy: `burst` uses, then one per `interval_us`.
+struct guard_rule {
+  std::int64_t interval_us = 0;
+  std::int64_t burst = 0;
+};
+
 class gate {
+  static constexpr std::size_t k_guard_rules = wire::max_policy_rules;
+
 public:
+  /// Domains (ids) whose policy can be kept; ids beyond it are not guarded.
+  static constexpr std::size_t k_policy_domains = 256;
+
   /// `max_entries` bounds the control memory (updates beyond it are dropped and counted).
   explicit gate(std::size_t max_entries = 1'000'000);
 
@@ -47,6 +72,11 @@ public:
   /// `interval_us` = 0 when the master sent no interval frame.
   void update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
               std::int64_t now_us);
+
+  /// Sets a domain's policy (POLICY): at most wire::max_policy_rules rules
+  /// (more are ignored: fewer rules bound less, never more). Also refreshes it.
+  /// Called from one thread (the control subscriber).
+  void set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us);
 
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
@@ -68,6 +98,8 @@ public:
   std::int64_t held() const { return held_.load(std::memory_order_relaxed); }
   std::size_t entries() const { return entries_.load(std::memory_order_relaxed); }
   std::uint64_t dropped_updates() const { return dropped_updates_.load(std::memory_order_relaxed); }
+  /// Requests of identifiers the guard could not track (half the control memory in use).
+  std::uint64_t unguarded() const { return unguarded_.load(std::memory_order_relaxed); }
 
 private:
   struct key_view {
@@ -96,8 +128,27 @@ private:
     std::int64_t interval_us = 0;
     std::int64_t updated_us = 0;    ///< when the master last spoke about this key
     std::int64_t spare_us = 0;      ///< a reported slot given back by a client that left (0 = none)
+    std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
+    /// When keeping this entry no longer changes any decision.
+    std::int64_t expires_us() const;
   };
+  /// A copy of a domain's policy (count 0: no guard).
+  struct policy {
+    std::array<guard_rule, k_guard_rules> rules{};
+    std::size_t count = 0;
+  };
+  // Written by one thread, read by every worker: a sequence lock over atomics.
+  struct policy_slot {
+    std::atomic<std::uint32_t> seq{0};
+    std::atomic<std::int64_t> updated_us{0};
+    std::atomic<std::size_t> count{0};
+    std::array<std::atomic<std::int64_t>, k_guard_rules> interval{};
+    std::array<std::atomic<std::int64_t>, k_guard_rules> burst{};
+  };
+  /// The domain's policy if it is fresh at `now_us`.
+  policy read_policy(std::uint32_t domain, std::int64_t now_us) const;
   static constexpr std::size_t k_shards = 64;
+  std::array<policy_slot, k_policy_domains> policies_;
   struct alignas(64) shard {
     std::mutex mutex;
     std::unordered_map<key, entry, key_hash, key_eq> map;
@@ -109,6 +160,7 @@ private:
   std::atomic<std::int64_t> held_{0};
   std::atomic<std::size_t> entries_{0};
   std::atomic<std::uint64_t> dropped_updates_{0};
+  std::atomic<std::uint64_t> unguarded_{0};
   std::atomic<std::size_t> sweep_cursor_{0};
 };
 

@@ -195,7 +195,7 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                     dom = d(f[0].rstrip(b"\0"))
                     if kind == "A" and len(f) >= 5:
                         out.write(f"A {now} {dom} {d(f[1])} {d(f[2])} {d(f[3])} {d(f[4])}\n")
-                    elif kind == "C" and len(f) >= 4:
+                    elif kind == "C" and len(f) >= 4 and f[1] == b"DELAY_UNTIL":
                         out.write(f"C {now} {dom} {d(f[2])} {d(f[3])} {d(f[4]) if len(f) > 4 else '-'}\n")
             if time.monotonic() - last_flush > 0.02:
                 out.flush()

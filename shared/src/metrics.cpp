@@ -107,8 +107,17 @@ histogram& registry::add_histogram(const std::string& name, const std::string& h
 
 void registry::add_callback(const std::string& name, const std::string& help, const std::string& label_set,
                             std::function<double()> fn) {
+  add_callback(name, help, label_set, std::move(fn), kind::gauge);
+}
+
+void registry::add_counter_callback(const std::string& name, const std::string& help, std::function<double()> fn) {
+  add_callback(name, help, "", std::move(fn), kind::counter);
+}
+
+void registry::add_callback(const std::string& name, const std::string& help, const std::string& label_set,
+                            std::function<double()> fn, kind type) {
   std::lock_guard lock(mutex_);
-  family& f = family_for(name, help, kind::gauge);
+  family& f = family_for(name, help, type);
   if (auto* s = find(f, label_set)) {
     s->fn = std::move(fn);
     return;

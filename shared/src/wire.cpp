@@ -72,6 +72,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::delayed_missing: return "delayed_missing";
     case decode_error::delayed_unexpected: return "delayed_unexpected";
     case decode_error::interval_invalid: return "interval_invalid";
+    case decode_error::policy_invalid: return "policy_invalid";
   }
   return "unknown";
 }
@@ -146,6 +147,32 @@ result<delay_until> decode_delay_until(frames f) {
   return m;
 }
 
+result<policy> decode_policy(frames f) {
+  if (f.size() < 2) return decode_error::frame_count;
+  policy m;
+  auto domain = decode_domain(f[0]);
+  if (!domain) return domain.error();
+  m.domain = domain.value();
+  if (f[1] != policy_command) return decode_error::unknown_command;
+  if (f.size() != 4) return decode_error::frame_count;
+  if (!f[2].empty()) return decode_error::policy_invalid;
+  std::string_view rest = f[3];
+  if (rest.empty()) return decode_error::policy_invalid;
+  while (true) {
+    const std::size_t end = rest.find(' ');
+    const std::string_view token = rest.substr(0, end);
+    const std::size_t slash = token.find('/');
+    if (m.count == max_policy_rules || slash == std::string_view::npos) return decode_error::policy_invalid;
+    auto interval = parse_timestamp(token.substr(0, slash));
+    auto burst = parse_timestamp(token.substr(slash + 1));
+    if (!interval || !burst || interval.value() < 1 || burst.value() < 1) return decode_error::policy_invalid;
+    m.rules[m.count++] = {interval.value(), burst.value()};
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return m;
+}
+
 std::optional<encoded> encode(const accounting& m, scratch& s) {
   auto domain = write_domain(m.domain, s);
   if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes ||
@@ -181,6 +208,29 @@ std::optional<encoded> encode(const delay_until& m, scratch& s) {
   e.frame[3] = write_number(m.next_ms, s.number_a);
   e.count = 4;
   if (m.interval_ms > 0) e.frame[e.count++] = write_number(m.interval_ms, s.number_b);
+  return e;
+}
+
+std::optional<encoded> encode(const policy& m, scratch& s) {
+  auto domain = write_domain(m.domain, s);
+  if (!domain || m.count == 0 || m.count > max_policy_rules) return std::nullopt;
+  char* out = s.text.data();
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const policy::rule& r = m.rules[i];
+    if (r.interval_us < 1 || r.burst < 1 || !valid_timestamp(r.interval_us) || !valid_timestamp(r.burst)) {
+      return std::nullopt;
+    }
+    if (i) *out++ = ' ';
+    out = std::to_chars(out, s.text.data() + s.text.size(), r.interval_us).ptr;
+    *out++ = '/';
+    out = std::to_chars(out, s.text.data() + s.text.size(), r.burst).ptr;  // 4 x (15 + 1 + 15 + 1) fits
+  }
+  encoded e;
+  e.frame[0] = *domain;
+  e.frame[1] = policy_command;
+  e.frame[2] = std::string_view{};
+  e.frame[3] = std::string_view(s.text.data(), static_cast<std::size_t>(out - s.text.data()));
+  e.count = 4;
   return e;
 }
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
+#include <thread>
 
 #include "master/service.hpp"
 #include "smockron/wire.hpp"
@@ -46,10 +48,9 @@ protected:
       send({"probe\0"s, "ACCEPTED", "sync", std::to_string(now_ms_), ""});
       svc_.poll_once(std::chrono::milliseconds(1));
       zmq_util::multipart m;
-      if (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) {
-        while (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) {}
-        return;
-      }
+      bool answered = false;
+      while (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) answered |= m.frames()[1] == "DELAY_UNTIL";
+      if (answered) return;
     }
     ADD_FAILURE() << "in-process sockets never connected";
   }
@@ -62,13 +63,16 @@ protected:
     std::vector<std::string_view> v(frames.begin(), frames.end());
     svc_.handle(v);
   }
-  // The next control message, if one arrives within a short bound.
-  std::optional<std::vector<std::string>> next_control() {
-    zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(2000)) <= 0) return std::nullopt;
-    zmq_util::multipart m;
-    if (!zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) return std::nullopt;
-    return std::vector<std::string>(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
+  // The next control message (POLICY too when `policies`), if one arrives within a short bound.
+  std::optional<std::vector<std::string>> next_control(bool policies = false) {
+    while (true) {
+      zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(2000)) <= 0) return std::nullopt;
+      zmq_util::multipart m;
+      if (!zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) return std::nullopt;
+      if (!policies && m.frames()[1] == "POLICY") continue;
+      return std::vector<std::string>(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
+    }
   }
   std::string ts(std::int64_t offset_ms) const { return std::to_string(now_ms_ + offset_ms); }
   std::string metrics() const { return registry_.render(); }
@@ -200,4 +204,36 @@ TEST_F(MasterLoop, ExpiredStateIsSweptOnTheLoopTick) {
   svc_.poll_once(std::chrono::milliseconds(1));
   EXPECT_EQ(svc_.state().tracked(), 1u);  // the 1/h probe state is still relevant
   EXPECT_NE(metrics().find("smockron_master_expirations_total 1"), std::string::npos);
+}
+
+TEST_F(MasterLoop, PublishesEveryDomainsPolicyEverySecond) {
+  // Only what poll_once publishes from here on.
+  for (zmq_util::multipart m; zmq_util::recv(sub_, m, zmq::recv_flags::dontwait);) {}
+  std::set<std::vector<std::string>> seen;
+  const auto collect = [&] {
+    seen.clear();
+    for (zmq_util::multipart m; zmq_util::recv(sub_, m, zmq::recv_flags::dontwait);) {
+      seen.emplace(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
+    }
+  };
+  clock_.advance(std::chrono::milliseconds(wire::policy_interval_ms));
+  svc_.poll_once(std::chrono::milliseconds(1));
+  ASSERT_TRUE(next_control(true));  // wait for the first one, then take the rest
+  collect();
+  EXPECT_GE(seen.size(), 2u);
+  svc_.poll_once(std::chrono::milliseconds(1));  // less than a second later: nothing more
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  collect();
+  EXPECT_TRUE(seen.empty());
+  clock_.advance(std::chrono::milliseconds(wire::policy_interval_ms));
+  svc_.poll_once(std::chrono::milliseconds(1));
+  const auto first = next_control(true);
+  ASSERT_TRUE(first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  collect();
+  seen.insert(*first);
+  EXPECT_TRUE(seen.contains({"api\0"s, "POLICY", "", "100000/2"}));
+  EXPECT_TRUE(seen.contains({"slow\0"s, "POLICY", "", "100000/5 1000000/2"}));
+  EXPECT_TRUE(seen.contains({"probe\0"s, "POLICY", "", "3600000000/1"}));
+  EXPECT_NE(metrics().find("smockron_master_policy_messages_total 9"), std::string::npos);
 }

@@ -161,3 +161,109 @@ TEST(Gate, LocalPacingStopsWhenTheMasterFallsSilent) {
   g.update(0, "a", t0 + 2'700 * ms, 100 * ms, t0 + 2'500 * ms);       // the master is back
   EXPECT_EQ(g.decide(0, "a", t0 + 2'500 * ms, l).v, verdict::delay);
 }
+
+namespace {
+void set_policy(gate& g, std::uint32_t domain, std::initializer_list<guard_rule> rules, std::int64_t now) {
+  g.set_policy(domain, std::vector<guard_rule>(rules), now);
+}
+}  // namespace
+
+// Before the master's first DELAY_UNTIL: the burst passes, then requests are
+// held one interval apart, by the gate alone.
+TEST(GateGuard, HotClientIsBoundedBeforeTheMasterSpeaks) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 3}}, t0);  // 10/s burst 3
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(g.decide(0, "hot", t0, limits()).v, verdict::accept) << i;
+  std::vector<std::int64_t> releases;
+  for (int i = 0; i < 3; ++i) {
+    const auto d = g.decide(0, "hot", t0, limits());
+    ASSERT_EQ(d.v, verdict::delay);
+    EXPECT_EQ(d.interval_us, 100 * ms);
+    releases.push_back(d.release_us - t0);
+  }
+  EXPECT_EQ(releases, (std::vector<std::int64_t>{100 * ms, 200 * ms, 300 * ms}));
+  // Beyond max_delay: rejected, and a rejection uses no slot.
+  EXPECT_EQ(g.decide(0, "hot", t0, limits(250)).v, verdict::reject);
+  EXPECT_EQ(g.decide(0, "hot", t0, limits()).release_us, t0 + 400 * ms);
+  // Other identifiers and domains have their own budget; an unguarded domain has none.
+  EXPECT_EQ(g.decide(0, "other", t0, limits()).v, verdict::accept);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(g.decide(1, "hot", t0, limits()).v, verdict::accept);
+}
+
+// A client under its limit is never held by the guard: sends that fit the
+// rule (here bursts of 3 every 300 ms, the sliding log's window) fit its GCRA.
+TEST(GateGuard, ClientUnderItsLimitIsNeverHeld) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 3}, {1'000 * ms, 20}}, t0);
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      const std::int64_t at = t0 + round * 300 * ms + i * ms;
+      set_policy(g, 0, {{100 * ms, 3}, {1'000 * ms, 20}}, at);  // the master keeps publishing
+      EXPECT_EQ(g.decide(0, "calm", at, limits()).v, verdict::accept) << round << "/" << i;
+    }
+  }
+}
+
+// The master's word and the guard combine: whichever is later holds.
+TEST(GateGuard, MasterDelayAndGuardCombine) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 1}}, t0);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
+  g.update(0, "a", t0 + 500 * ms, 100 * ms, t0);  // the master knows of earlier uses elsewhere
+  const auto d = g.decide(0, "a", t0 + 1 * ms, limits());
+  ASSERT_EQ(d.v, verdict::delay);
+  EXPECT_EQ(d.release_us, t0 + 500 * ms);
+  EXPECT_EQ(g.decide(0, "a", t0 + 2 * ms, limits()).release_us, t0 + 600 * ms);  // paced behind it
+}
+
+// A silent master means fail-open: the guard needs a fresh policy.
+TEST(GateGuard, StalePolicyMeansNoGuard) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 1}}, t0);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::delay);
+  g.release_held();
+  const std::int64_t later = t0 + smockron::wire::policy_fresh_ms * ms + 1;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(g.decide(0, "b", later, limits()).v, verdict::accept);
+  set_policy(g, 0, {{100 * ms, 1}}, later);  // refreshed: guarded again
+  EXPECT_EQ(g.decide(0, "c", later, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "c", later, limits()).v, verdict::delay);
+  g.release_held();
+}
+
+TEST(GateGuard, PolicyChangesApplyAndExtraRulesAreIgnored) {
+  gate g;
+  std::vector<guard_rule> many(smockron::wire::max_policy_rules + 2, guard_rule{100 * ms, 2});
+  g.set_policy(0, many, t0);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::delay);
+  g.release_held();
+  set_policy(g, 0, {{100 * ms, 5}}, t0);  // a larger burst takes effect at once
+  EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::accept);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::accept) << i;
+  EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::delay);
+  g.release_held();
+  // Domain ids beyond what policies are kept for are simply not guarded.
+  set_policy(g, gate::k_policy_domains, {{100 * ms, 1}}, t0);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(g.decide(gate::k_policy_domains, "a", t0, limits()).v, verdict::accept);
+}
+
+// Guard state is bounded: it uses at most half the control memory, the rest
+// stays for the master's DELAY_UNTIL; untracked identifiers pass and are counted.
+TEST(GateGuard, GuardUsesAtMostHalfTheControlMemory) {
+  gate g(64 * 4);  // 4 per shard
+  set_policy(g, 0, {{1'000 * ms, 1}}, t0);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(g.decide(0, "id" + std::to_string(i), t0, limits()).v, verdict::accept);
+  EXPECT_LE(g.entries(), 64u * 2);
+  EXPECT_GT(g.unguarded(), 0u);
+  // The master's word still finds room (two keys fit even in one shard).
+  g.update(0, "hot-a", t0 + 500 * ms, 100 * ms, t0);
+  g.update(0, "hot-b", t0 + 500 * ms, 100 * ms, t0);
+  EXPECT_EQ(g.dropped_updates(), 0u);
+  EXPECT_EQ(g.decide(0, "hot-a", t0, limits()).release_us, t0 + 500 * ms);
+  EXPECT_EQ(g.decide(0, "hot-b", t0, limits()).release_us, t0 + 500 * ms);
+  // Expired guard state is swept.
+  for (std::size_t i = 0; i < 64; ++i) g.sweep(t0 + 2'000 * ms);
+  EXPECT_EQ(g.entries(), 0u);
+}

@@ -176,3 +176,68 @@ TEST(Wire, EveryErrorHasADistinctName) {
     names.push_back(n);
   }
 }
+
+TEST(Wire, PolicyGoldenBytesAndRoundTrip) {
+  scratch s;
+  policy p;
+  p.domain = "api";
+  p.rules[0] = {50'000, 10};      // 20/s burst 10
+  p.rules[1] = {100'000, 40};     // 600/min burst 40
+  p.count = 2;
+  auto e = encode(p, s);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->count, 4u);
+  EXPECT_EQ(e->frame[0], "api\0"s);
+  EXPECT_EQ(e->frame[1], "POLICY");
+  EXPECT_EQ(e->frame[2], "");
+  EXPECT_EQ(e->frame[3], "50000/10 100000/40");
+  EXPECT_EQ(control_command(e->view()), "POLICY");
+  auto d = decode_policy(e->view());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->domain, "api");
+  ASSERT_EQ(d->count, 2u);
+  EXPECT_EQ(d->rules[1].interval_us, 100'000);
+  EXPECT_EQ(d->rules[1].burst, 40);
+  // The largest values still fit the scratch space.
+  for (auto& r : p.rules) r = {max_timestamp_ms, max_timestamp_ms};
+  p.count = max_policy_rules;
+  auto big = encode(p, s);
+  ASSERT_TRUE(big);
+  auto back = decode_policy(big->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->rules[3].burst, max_timestamp_ms);
+}
+
+TEST(Wire, PolicyEncodeRefusesWhatCannotBeDecoded) {
+  scratch s;
+  policy p;
+  p.domain = "api";
+  EXPECT_FALSE(encode(p, s));  // no rule
+  p.rules[0] = {0, 1};
+  p.count = 1;
+  EXPECT_FALSE(encode(p, s));  // interval 0
+  p.rules[0] = {1, 0};
+  EXPECT_FALSE(encode(p, s));  // burst 0
+  p.rules[0] = {1, 1};
+  p.count = max_policy_rules + 1;
+  EXPECT_FALSE(encode(p, s));
+}
+
+TEST(Wire, PolicyErrors) {
+  const auto err = [](const std::vector<std::string>& f) {
+    auto v = views(f);
+    auto r = decode_policy(v);
+    EXPECT_FALSE(r);
+    return r.error();
+  };
+  EXPECT_EQ(err({"api\0"s}), decode_error::frame_count);
+  EXPECT_EQ(err({"api\0"s, "POLICY", ""}), decode_error::frame_count);
+  EXPECT_EQ(err({"api\0"s, "POLICY", "", "1/1", "x"}), decode_error::frame_count);
+  EXPECT_EQ(err({"api\0"s, "DELAY_UNTIL", "", "1/1"}), decode_error::unknown_command);
+  EXPECT_EQ(err({"api"s, "POLICY", "", "1/1"}), decode_error::domain_not_terminated);
+  EXPECT_EQ(err({"api\0"s, "POLICY", "k", "1/1"}), decode_error::policy_invalid);  // identifier frame must be empty
+  for (const char* bad : {"", " ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1",
+                          "1/1 2/2 3/3 4/4 5/5", "1/1,2/2", "9999999999999999/1"}) {
+    EXPECT_EQ(err({"api\0"s, "POLICY", "", bad}), decode_error::policy_invalid) << '"' << bad << '"';
+  }
+}

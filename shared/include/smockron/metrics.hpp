@@ -69,6 +69,8 @@ public:
   /// A gauge computed when scraped (called under the registry lock).
   void add_callback(const std::string& name, const std::string& help, const std::string& label_set,
                     std::function<double()> fn);
+  /// A counter kept elsewhere (a monotonic count read when scraped).
+  void add_counter_callback(const std::string& name, const std::string& help, std::function<double()> fn);
 
   /// Prometheus text exposition format 0.0.4.
   std::string render() const;
@@ -88,6 +90,8 @@ private:
     std::vector<series> members;
   };
   family& family_for(const std::string& name, const std::string& help, kind type);
+  void add_callback(const std::string& name, const std::string& help, const std::string& label_set,
+                    std::function<double()> fn, kind type);
   series* find(family& f, const std::string& label_set);
 
   mutable std::mutex mutex_;

@@ -43,8 +43,9 @@ enum class decode_error : std::uint8_t {
   delayed_missing,         ///< DELAYED without a delayed timestamp
   delayed_unexpected,      ///< ACCEPTED/REJECTED with a non-empty delayed frame
   interval_invalid,        ///< DELAY_UNTIL interval frame not a positive number
+  policy_invalid,          ///< POLICY identifier frame not empty, or its rules frame malformed
 };
-inline constexpr std::size_t decode_error_count = 14;
+inline constexpr std::size_t decode_error_count = 15;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -65,6 +66,28 @@ struct delay_until {
   std::string_view identifier;
   std::int64_t next_ms = 0;
   std::int64_t interval_ms = 0;  ///< 0 = frame 4 omitted (wire addition, optional)
+};
+
+/// Control message POLICY (wire addition; gatekeepers that do not know it
+/// ignore it): [domain\0, "POLICY", "", rules], where rules is
+/// "INTERVAL_US/BURST" per rule (interval = 1/rate in microseconds), separated
+/// by one space, at most max_policy_rules of them. The master publishes it for
+/// every domain with rules each policy_interval_ms, so that a gatekeeper can
+/// bound a client on its own until the master's first DELAY_UNTIL for it
+/// arrives (the first round trip); a policy not refreshed for
+/// policy_fresh_ms is dropped (a silent master means fail-open).
+inline constexpr std::string_view policy_command = "POLICY";
+inline constexpr std::size_t max_policy_rules = 4;
+inline constexpr std::int64_t policy_interval_ms = 1000;
+inline constexpr std::int64_t policy_fresh_ms = 3500;
+struct policy {
+  struct rule {
+    std::int64_t interval_us = 0;
+    std::int64_t burst = 0;
+  };
+  std::string_view domain;
+  std::array<rule, max_policy_rules> rules{};
+  std::size_t count = 0;
 };
 
 /// Either a decoded value or an error. A tiny expected<> for C++20.
@@ -89,6 +112,9 @@ using frames = std::span<const std::string_view>;
 
 result<accounting> decode_accounting(frames f);
 result<delay_until> decode_delay_until(frames f);
+result<policy> decode_policy(frames f);
+/// The command frame of a control message ("" when there is none).
+inline std::string_view control_command(frames f) { return f.size() >= 2 ? f[1] : std::string_view{}; }
 
 /// Parses an ASCII decimal timestamp frame (shared with tests and tools).
 result<std::int64_t> parse_timestamp(std::string_view frame);
@@ -99,6 +125,7 @@ struct scratch {
   std::array<char, max_domain_bytes + 1> domain{};
   std::array<char, 20> number_a{};
   std::array<char, 20> number_b{};
+  std::array<char, max_policy_rules * 32> text{};  ///< POLICY's rules frame
 };
 
 /// Up to six frames and how many are used.
@@ -111,5 +138,7 @@ struct encoded {
 /// Encodes; returns nothing if a field exceeds its bound or the domain has a "\0".
 std::optional<encoded> encode(const accounting& m, scratch& s);
 std::optional<encoded> encode(const delay_until& m, scratch& s);
+/// Refuses more than max_policy_rules rules, or an interval or burst below 1 or over 15 digits.
+std::optional<encoded> encode(const policy& m, scratch& s);
 
 }  // namespace smockron::wire

@@ -1,0 +1,183 @@
+"""The global limit holds when gatekeepers are far from the master.
+
+One smockron-master and two smockron-proxy gatekeepers, each reaching the
+master through its own delay relay path (bench/delay_relay.py, 30 ms one way,
+both the accounting and the control stream), a counting backend, all on
+127.0.0.1. A hot client sends at 10x its limit (20/s burst 5) spread over both
+gatekeepers, open loop, for a few seconds, on a sliding-log and a GCRA domain
+at once; a calm client on each domain sends at half its limit.
+
+At 30 ms one way the round trip (60 ms) is longer than the rule's interval
+(50 ms): with the spec's formula alone every DELAY_UNTIL arrived in the past and
+the hot client passed unlimited. Now:
+  - admitted (at the backend) within [t0, t0 + D) is burst + rate x D within a
+    few requests: what gatekeepers admit before they hear from the master is
+    charged and paid back;
+  - no 1 s window holds more than rate + burst + G + hot rate x round trip;
+  - the calm clients are never delayed or rejected.
+And a silent master still means fail-open: once the master is gone and its
+policy has gone stale, the hot client passes.
+
+Run: cd integration && python3 -m unittest -v test_distance
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from backends import BackendProcess  # noqa: E402
+from harness import HOST, DaemonTestCase, free_ports, metric_sum, wait_until  # noqa: E402
+from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, proxy_toml  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ONE_WAY_MS = 30
+RATE, BURST = 20, 5
+HOT_FACTOR = 10
+D = 4.0
+G = 2
+POLICY_FRESH_S = 3.5  # wire::policy_fresh_ms
+ACCESS_RE = re.compile(r'"GET (/[^" ]+)" status=(\S+) decision=(\w+)')
+
+
+def max_in_window(ts: list[float], w: float) -> int:
+    best, j = 0, 0
+    for i in range(len(ts)):
+        while ts[i] - ts[j] >= w:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+async def one_request(port: int, target: str, key: str) -> int:
+    try:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: t\r\nX-API-Key: {key}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+        return int(line.split()[1])
+    except (OSError, asyncio.TimeoutError, IndexError, ValueError):
+        return -1
+
+
+async def open_loop(ports: list[int], clients: list[tuple[str, str, float]], duration: float) -> dict:
+    """clients: (domain, key, rate/s). Every request leaves at its scheduled time,
+    round robin over the gatekeepers; returns {key: [status, ...]}."""
+    t0 = time.time() + 0.2
+    sched = []
+    for domain, key, rate in clients:
+        n = int(duration * rate)
+        sched += [(t0 + i / rate, domain, key, i) for i in range(n)]
+    sched.sort()
+    tasks = []
+    for t, domain, key, i in sched:
+        d = t - time.time()
+        if d > 0:
+            await asyncio.sleep(d)
+        tasks.append((key, asyncio.ensure_future(one_request(ports[i % len(ports)], f"/{domain}/{key}/{i}", key))))
+    out: dict[str, list[int]] = {}
+    for key, task in tasks:
+        out.setdefault(key, []).append(await task)
+    return {"t0": t0, "status": out}
+
+
+class DistanceTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        self.master = self.start_master({"sl": {"rules": [(f"{RATE}/s", BURST)]},
+                                         "gc": {"rules": [(f"{RATE}/s", BURST)], "algorithm": "gcra"},
+                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+        self.backend = BackendProcess(free_ports(1)[0]).start()
+        self.addCleanup(self.backend.stop)
+        relay_ports = free_ports(2 * G)
+        routes = [f"{relay_ports[i]}:{HOST}:{self.master.accounting_port}" for i in range(G)]
+        routes += [f"{relay_ports[G + i]}:{HOST}:{self.master.control_port}" for i in range(G)]
+        self.relay = subprocess.Popen([sys.executable, os.path.join(HERE, "bench", "delay_relay.py"),
+                                       "--delay-ms", str(ONE_WAY_MS), *routes], stdout=subprocess.PIPE, text=True)
+        self.addCleanup(self._stop_relay)
+        self.assertEqual(self.relay.stdout.readline().strip(), "ready")
+        route = lambda d: {"path": f"/{d}/", "domain": d, "upstream": "app", "identify": ["header:X-API-Key"]}  # noqa: E731
+        self.proxies = []
+        for i in range(G):
+            port, admin = free_ports(2)
+            conf = self.write_file(f"proxy-{i}.toml", proxy_toml(
+                port, admin, {"app": {"servers": [f"{HOST}:{self.backend.port}"]}},
+                [route("sl"), route("gc"), WARM_ROUTE],
+                accounting=[f"tcp://{HOST}:{relay_ports[i]}"], control=[f"tcp://{HOST}:{relay_ports[G + i]}"],
+                threads=1, max_delay="1s", access_log=True))
+            self.proxies.append(self.track(ProxyProcess(self.tmp, conf, port, admin, args=["--log-level", "info"])).start())
+        for p in self.proxies:
+            wait_until(lambda p=p: "masters connected: 1/1" in p.readyz(), 10, message="proxy connected to the master")
+            ProxyCase.prime(self, p)
+            # The master's rules (POLICY, every second) have reached the gatekeeper.
+            wait_until(lambda p=p: (p.metric("smockron_proxy_control_policies_total") or 0) >= 2, 5,
+                       message="POLICY reached the gatekeeper")
+
+    def _stop_relay(self):
+        if self.relay.poll() is None:
+            self.relay.terminate()
+            try:
+                self.relay.wait(5)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
+                self.relay.wait(5)
+        self.relay.stdout.close()
+
+    def decisions(self, key: str) -> list[str]:
+        out = []
+        for p in self.proxies:
+            for m in ACCESS_RE.finditer(p.log()):
+                if f"/{key}/" in m.group(1):
+                    out.append(m.group(3))
+        return out
+
+    def test_hot_client_is_limited_across_distant_gatekeepers(self):
+        ports = [p.port for p in self.proxies]
+        clients = [("sl", "hot-sl", HOT_FACTOR * RATE), ("gc", "hot-gc", HOT_FACTOR * RATE),
+                   ("sl", "calm-sl", RATE / 2), ("gc", "calm-gc", RATE / 2)]
+        res = asyncio.run(open_loop(ports, clients, D))
+        time.sleep(1.2)  # held requests (max_delay 1 s) reach the backend
+        t0 = res["t0"]
+        ideal = BURST + RATE * D
+        rtt = 2 * ONE_WAY_MS / 1000
+        window_bound = RATE + BURST + G + HOT_FACTOR * RATE * rtt
+        for key in ("hot-sl", "hot-gc"):
+            with self.subTest(key=key):
+                arrivals = sorted(e["t"] for e in self.backend.requests(key=key) if t0 <= e["t"] < t0 + D)
+                sys.stderr.write(f"\n[measured] {key}: admitted {len(arrivals)} in {D:g} s (ideal {ideal:g}, "
+                                 f"{len(arrivals) / ideal:.3f}); max in 1 s {max_in_window(arrivals, 1.0)} "
+                                 f"(bound {window_bound:g}); one-way delay {ONE_WAY_MS} ms\n")
+                # Upper: the ideal plus one use per gatekeeper (a release racing the window's end).
+                self.assertLessEqual(len(arrivals), ideal + G)
+                # Lower: the limit does not over-throttle (held releases on a busy machine may run late).
+                self.assertGreaterEqual(len(arrivals), 0.85 * ideal)
+                self.assertLessEqual(max_in_window(arrivals, 1.0), window_bound)
+                self.assertTrue(all(s in (200, 503) for s in res["status"][key]), res["status"][key])
+        for key in ("calm-sl", "calm-gc"):
+            with self.subTest(key=key):
+                self.assertEqual(set(res["status"][key]), {200})
+                decisions = self.decisions(key)
+                self.assertEqual(len(decisions), len(res["status"][key]))
+                self.assertEqual(set(decisions), {"accepted"}, "a client under its limit was held")
+        text = self.master.metrics()
+        self.assertGreater(metric_sum(text, "smockron_master_control_messages_total"), 0)
+
+    def test_silent_master_means_fail_open(self):
+        self.master.kill()
+        # The last POLICY goes stale; the gatekeepers' own bound goes with it.
+        time.sleep(POLICY_FRESH_S + 0.3)
+        ports = [p.port for p in self.proxies]
+        res = asyncio.run(open_loop(ports, [("sl", "after-sl", HOT_FACTOR * RATE)], 1.0))
+        self.assertEqual(set(res["status"]["after-sl"]), {200})
+        self.assertEqual(set(self.decisions("after-sl")), {"accepted"})
+
+
+if __name__ == "__main__":
+    unittest.main()
