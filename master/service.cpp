@@ -43,7 +43,7 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
       clock_(clk),
       metrics_(reg),
       accounting_(cfg.accounting, {.max_peers = cfg.max_accounting_peers}, clk, reg),
-      control_(ctx, zmq::socket_type::pub),
+      control_(ctx, zmq::socket_type::xpub),
       limiter_(compile(cfg), cfg.max_identifiers),
       unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
                                       "Accounting messages for a domain this master does not own")),
@@ -76,6 +76,9 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
                    [this] { return static_cast<double>(limiter_.tracked()); });
   control_.set(zmq::sockopt::sndhwm, static_cast<int>(cfg.control_hwm));
   control_.set(zmq::sockopt::linger, 0);
+  // Every subscription is passed up (not only a topic's first), so that each
+  // gatekeeper gets a domain's policy as soon as it subscribes.
+  control_.set(zmq::sockopt::xpub_verbose, 1);
   control_.bind(cfg.control);
   install_domains(cfg);
   if (cfg.store == config::store_kind::redis) {
@@ -260,18 +263,32 @@ void service::publish(const domain_slot& d, std::string_view identifier, const r
   else control_dropped_.inc();
 }
 
-void service::publish_policies() {
-  for (const domain_slot& d : domains_) {
-    if (d.limits.rules.empty()) continue;
-    wire::policy p;
-    p.domain = d.name;
-    // Any subset of the rules bounds less, never more: the first few are enough.
-    for (const rules::rule& r : d.limits.rules) {
-      if (p.count == wire::max_policy_rules) break;
-      p.rules[p.count++] = {r.interval_us, r.burst};
+void service::publish_policy(const domain_slot& d) {
+  if (d.limits.rules.empty()) return;
+  wire::policy p;
+  p.domain = d.name;
+  // Any subset of the rules bounds less, never more: the first few are enough.
+  for (const rules::rule& r : d.limits.rules) {
+    if (p.count == wire::max_policy_rules) break;
+    p.rules[p.count++] = {r.interval_us, r.burst};
+  }
+  auto enc = wire::encode(p, scratch_);
+  if (enc && zmq_util::send(control_, enc->view())) policy_sent_.inc();
+}
+
+void service::serve_subscriptions() {
+  // XPUB hands up each subscription as one frame: \x01 + topic (domain + "\0";
+  // "" for everything). Unsubscriptions (\x00) need nothing.
+  zmq_util::multipart m;
+  while (zmq_util::recv(control_, m, zmq::recv_flags::dontwait)) {
+    if (m.count != 1 || m.views[0].empty() || m.views[0][0] != 1) continue;
+    std::string_view topic = m.views[0].substr(1);
+    if (topic.empty()) {
+      for (const domain_slot& d : domains_) publish_policy(d);
+      continue;
     }
-    auto enc = wire::encode(p, scratch_);
-    if (enc && zmq_util::send(control_, enc->view())) policy_sent_.inc();
+    if (topic.back() == '\0') topic.remove_suffix(1);
+    if (const auto it = domain_index_.find(topic); it != domain_index_.end()) publish_policy(domains_[it->second]);
   }
 }
 
@@ -296,8 +313,9 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
     sweep(clock_.wall_us());
     next_sweep_ = now + cfg_.sweep_interval;
   }
+  serve_subscriptions();
   if (now >= next_policy_) {
-    publish_policies();
+    for (const domain_slot& d : domains_) publish_policy(d);
     next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
   }
   if (reload_requested_.exchange(false)) {

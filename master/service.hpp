@@ -87,8 +87,10 @@ private:
   };
   void install_domains(const config::master_config& cfg);
   void publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec);
-  /// POLICY for every domain with rules (the gatekeepers' first-round-trip bound).
-  void publish_policies();
+  /// POLICY for a domain with rules (the gatekeepers' first-round-trip bound).
+  void publish_policy(const domain_slot& d);
+  /// Answers new control subscriptions with their domains' policies.
+  void serve_subscriptions();
   void sweep(std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
   void pump_store(std::chrono::steady_clock::time_point now, bool force);
