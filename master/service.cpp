@@ -178,6 +178,7 @@ void service::reconfigure(const config::master_config& next) {
   limiter_.set_max_identifiers(next.max_identifiers);
   install_domains(next);
   next_policy_ = {};  // the new rules reach the gatekeepers at once
+  policy_due_.clear();
   {
     std::lock_guard lock(status_mutex_);
     const auto endpoints = std::tie(cfg_.accounting, cfg_.control, cfg_.admin);
@@ -263,20 +264,31 @@ void service::publish(const domain_slot& d, std::string_view identifier, const r
   else control_dropped_.inc();
 }
 
-void service::publish_policy(const domain_slot& d) {
+void service::publish_policy(domain_slot& d, std::chrono::steady_clock::time_point now) {
+  d.policy_sent = now;
+  d.policy_due = false;
   if (d.limits.rules.empty()) return;
   wire::policy p;
   p.domain = d.name;
-  // Any subset of the rules bounds less, never more: the first few are enough.
+  // Any subset of the rules bounds less, never more: the first few that the
+  // wire can carry are enough.
   for (const rules::rule& r : d.limits.rules) {
     if (p.count == wire::max_policy_rules) break;
-    p.rules[p.count++] = {r.interval_us, r.burst};
+    if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
+      p.rules[p.count++] = {r.interval_us, r.burst};
+    }
   }
+  if (p.count == 0) return;
   auto enc = wire::encode(p, scratch_);
   if (enc && zmq_util::send(control_, enc->view())) policy_sent_.inc();
 }
 
-void service::serve_subscriptions() {
+void service::serve_subscriptions(std::chrono::steady_clock::time_point now) {
+  const auto ask = [&](std::size_t i) {
+    domain_slot& d = domains_[i];
+    if (now - d.policy_sent >= k_policy_gap) publish_policy(d, now);
+    else if (!std::exchange(d.policy_due, true)) policy_due_.push_back(i);
+  };
   // XPUB hands up each subscription as one frame: \x01 + topic (domain + "\0";
   // "" for everything). Unsubscriptions (\x00) need nothing.
   zmq_util::multipart m;
@@ -284,12 +296,18 @@ void service::serve_subscriptions() {
     if (m.count != 1 || m.views[0].empty() || m.views[0][0] != 1) continue;
     std::string_view topic = m.views[0].substr(1);
     if (topic.empty()) {
-      for (const domain_slot& d : domains_) publish_policy(d);
+      for (std::size_t i = 0; i < domains_.size(); ++i) ask(i);
       continue;
     }
     if (topic.back() == '\0') topic.remove_suffix(1);
-    if (const auto it = domain_index_.find(topic); it != domain_index_.end()) publish_policy(domains_[it->second]);
+    if (const auto it = domain_index_.find(topic); it != domain_index_.end()) ask(it->second);
   }
+  std::erase_if(policy_due_, [&](std::size_t i) {
+    if (i >= domains_.size() || !domains_[i].policy_due) return true;
+    if (now - domains_[i].policy_sent < k_policy_gap) return false;
+    publish_policy(domains_[i], now);
+    return true;
+  });
 }
 
 void service::sweep(std::int64_t now_us) {
@@ -313,9 +331,9 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
     sweep(clock_.wall_us());
     next_sweep_ = now + cfg_.sweep_interval;
   }
-  serve_subscriptions();
+  serve_subscriptions(now);
   if (now >= next_policy_) {
-    for (const domain_slot& d : domains_) publish_policy(d);
+    for (domain_slot& d : domains_) publish_policy(d, now);
     next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
   }
   if (reload_requested_.exchange(false)) {

@@ -78,19 +78,27 @@ public:
   /// The accounting endpoint as bound (the port filled in when it was "*").
   const std::string& accounting_endpoint() const { return accounting_.endpoint(); }
 
+  /// Subscription-triggered POLICY messages for one domain are at least this far apart.
+  static constexpr std::chrono::milliseconds k_policy_gap{100};
+
 private:
   struct domain_slot {
     std::string name;
     rules::limits limits;
     metrics::counter* messages[3] = {};  // by wire::status
     metrics::gauge* tracked = nullptr;
+    std::chrono::steady_clock::time_point policy_sent{};  ///< last POLICY for this domain
+    bool policy_due = false;  ///< a subscription asked for it within k_policy_gap of the last
   };
   void install_domains(const config::master_config& cfg);
   void publish(const domain_slot& d, std::string_view identifier, const rules::decision& dec);
   /// POLICY for a domain with rules (the gatekeepers' first-round-trip bound).
-  void publish_policy(const domain_slot& d);
-  /// Answers new control subscriptions with their domains' policies.
-  void serve_subscriptions();
+  void publish_policy(domain_slot& d, std::chrono::steady_clock::time_point now);
+  /// Answers new control subscriptions with their domains' policies: at once,
+  /// but at most one POLICY per domain per k_policy_gap (every publication
+  /// reaches every subscriber, so G gatekeepers reconnecting together would
+  /// otherwise cost G x G messages per domain).
+  void serve_subscriptions(std::chrono::steady_clock::time_point now);
   void sweep(std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
   void pump_store(std::chrono::steady_clock::time_point now, bool force);
@@ -106,6 +114,7 @@ private:
   wire::scratch scratch_;
   std::chrono::steady_clock::time_point next_sweep_{};
   std::chrono::steady_clock::time_point next_policy_{};
+  std::vector<std::size_t> policy_due_;  ///< domains whose subscription-triggered POLICY waits for k_policy_gap
   std::unique_ptr<redis_store> store_;
   std::chrono::steady_clock::time_point next_flush_{};
   std::atomic<std::size_t> unwritten_{0};  ///< limiter_.dirty() as last seen by the loop (for other threads)

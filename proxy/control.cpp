@@ -37,7 +37,10 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       unknown_domain_(reg.add_counter("smockron_proxy_control_unknown_domain_total",
                                       "Control messages for a domain no route uses")),
       policies_(reg.add_counter("smockron_proxy_control_policies_total",
-                                "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")) {
+                                "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")),
+      policies_ignored_(reg.add_counter("smockron_proxy_control_policies_ignored_total",
+                                        "POLICY messages not kept: more domains than the gate keeps policies for "
+                                        "(those domains are not bounded before the master's first DELAY_UNTIL)")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
                                   metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
@@ -130,8 +133,8 @@ void control_subscriber::run() {
           if (const auto domain = domains_.find(p->domain)) {
             std::array<guard_rule, wire::max_policy_rules> rules;
             for (std::size_t i = 0; i < p->count; ++i) rules[i] = {p->rules[i].interval_us, p->rules[i].burst};
-            gate_.set_policy(*domain, {rules.data(), p->count}, clock_.wall_us());
-            policies_.inc();
+            if (gate_.set_policy(*domain, {rules.data(), p->count}, clock_.wall_us())) policies_.inc();
+            else policies_ignored_.inc();
           }
           continue;
         }

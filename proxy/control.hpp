@@ -58,6 +58,7 @@ private:
   metrics::counter* errors_[wire::decode_error_count] = {};
   metrics::counter& unknown_domain_;
   metrics::counter& policies_;
+  metrics::counter& policies_ignored_;
   std::atomic<int> connected_{0};
   std::atomic<bool> stop_{false};
   std::mutex pending_mutex_;

@@ -19,8 +19,8 @@ std::int64_t gate::entry::expires_us() const {
   return std::max({next_us, local_next_us, spare_us, *std::max_element(tat.begin(), tat.end())});
 }
 
-void gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us) {
-  if (domain >= k_policy_domains) return;
+bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
   policy_slot& p = policies_[domain];
   const std::size_t n = std::min(rules.size(), k_guard_rules);
   bool same = p.count.load(std::memory_order_relaxed) == n;
@@ -40,6 +40,7 @@ void gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, s
     p.seq.fetch_add(1, std::memory_order_release);
   }
   p.updated_us.store(now_us, std::memory_order_relaxed);
+  return true;
 }
 
 gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const {
@@ -55,6 +56,7 @@ gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const 
       out.rules[i] = {p.interval[i].load(std::memory_order_relaxed), p.burst[i].load(std::memory_order_relaxed)};
     }
     std::atomic_thread_fence(std::memory_order_acquire);
+    out.seq = before;
     if (p.seq.load(std::memory_order_relaxed) == before) return out;
   }
 }
@@ -104,6 +106,10 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
   entry& e = it->second;
+  if (guard.count != 0 && e.policy_seq != guard.seq) {
+    e.tat.fill(0);  // computed under other rules: start afresh
+    e.policy_seq = guard.seq;
+  }
   const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
   std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
   std::int64_t pace = e.interval_us;

@@ -63,7 +63,7 @@ class gate {
 
 public:
   /// Domains (ids) whose policy can be kept; ids beyond it are not guarded.
-  static constexpr std::size_t k_policy_domains = 256;
+  static constexpr std::size_t k_policy_domains = 4096;
 
   /// `max_entries` bounds the control memory (updates beyond it are dropped and counted).
   explicit gate(std::size_t max_entries = 1'000'000);
@@ -75,8 +75,9 @@ public:
 
   /// Sets a domain's policy (POLICY): at most wire::max_policy_rules rules
   /// (more are ignored: fewer rules bound less, never more). Also refreshes it.
-  /// Called from one thread (the control subscriber).
-  void set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us);
+  /// Called from one thread (the control subscriber). False (not kept, the
+  /// domain is not guarded) for a domain id of k_policy_domains or more.
+  bool set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us);
 
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
@@ -129,6 +130,7 @@ private:
     std::int64_t updated_us = 0;    ///< when the master last spoke about this key
     std::int64_t spare_us = 0;      ///< a reported slot given back by a client that left (0 = none)
     std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
+    std::uint32_t policy_seq = 0;  ///< the policy `tat` was computed under (another one resets it)
     /// When keeping this entry no longer changes any decision.
     std::int64_t expires_us() const;
   };
@@ -136,6 +138,7 @@ private:
   struct policy {
     std::array<guard_rule, k_guard_rules> rules{};
     std::size_t count = 0;
+    std::uint32_t seq = 0;
   };
   // Written by one thread, read by every worker: a sequence lock over atomics.
   struct policy_slot {

@@ -815,7 +815,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     ideal = sc.ideal(args.duration)
     res.update(hot_in=len(hot_t), ideal=ideal, ref_in=ref_in, ref=(ref_acc, ref_dly, ref_rej),
                max1s=max_in_window(hot_t, 1.0),
-               limit1s=sc.window_limit(g, args.hot_factor * sc.rate, 2 * args.delay_ms / 1000),
+               limit1s=sc.window_limit(g, args.hot_factor * sc.rate, 2 * args.delay_ms * (1 + args.jitter) / 1000),
                max_iv=max_in_window(hot_t, sc.min_interval),
                max_iv_steady=max_in_window([t for t in hot_t if t >= t0 + 1.0], sc.min_interval),
                ref_max1s=max_in_window([t for t in ref_arr if t0 <= t < t0 + args.duration], 1.0))

@@ -9,6 +9,8 @@ uniformly from delay * (1 +- jitter), and never lets a chunk overtake the one
 before it (TCP keeps order, so a late chunk delays those behind it, as a real
 path with queueing does). End of stream is passed on after the data before it.
 
+Unbounded buffering (no backpressure): meant for bounded benchmark traffic.
+
 Usage:
   delay_relay.py [--delay-ms MS] [--jitter FRACTION] [--settings FILE] LISTEN:HOST:PORT ...
 
@@ -46,6 +48,7 @@ class Pump(asyncio.Protocol):
         self.link = link
         self.peer: asyncio.Transport | None = None
         self.pending: list[bytes] = []  # read before the peer transport exists
+        self.pending_eof = False
         self.last_due = 0.0
         self.transport = None
 
@@ -70,7 +73,9 @@ class Pump(asyncio.Protocol):
             self.peer.write(data)
 
     def _eof(self):
-        if self.peer is not None and not self.peer.is_closing():
+        if self.peer is None:
+            self.pending_eof = True
+        elif not self.peer.is_closing():
             self.peer.write_eof()
 
     def _close(self):
@@ -82,6 +87,8 @@ class Pump(asyncio.Protocol):
         for data in self.pending:
             peer.write(data)
         self.pending.clear()
+        if self.pending_eof:
+            peer.write_eof()
 
     def data_received(self, data):
         self._at_due(self._write, data)

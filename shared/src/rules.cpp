@@ -28,27 +28,26 @@ decision evaluate_log(const limits& l, const state& s, std::int64_t now) {
   return d;
 }
 
-// Number of history entries in (since, until].
-std::int64_t count_between(const std::vector<std::int64_t>& times, std::int64_t since, std::int64_t until) {
-  return static_cast<std::int64_t>(std::upper_bound(times.begin(), times.end(), until) -
-                                   std::upper_bound(times.begin(), times.end(), since));
-}
-
 // True when a use at `t` keeps every window of rule `r` that contains it
 // within the burst: the window ending at `t`, and those ending at the later
 // uses already recorded (held requests reported out of order, uses charged
-// ahead of time).
+// ahead of time: this is what catches a use that arrives while the debt of
+// earlier ones is still being paid). One pass over the entries involved.
 bool fits(const limits& l, const state& s, const rule& r, std::int64_t t) {
-  const std::int64_t since = t - r.window_us();
-  // A full history may have dropped uses up to its first entry. When those
-  // could lie inside the window, its count is unknown and the use is taken as
-  // over the limit: never admit more than the rate. A client under its limit
-  // never gets here: its history spans more than a window.
-  if (s.times.size() >= l.history_cap() && s.times.front() > since) return false;
-  if (count_between(s.times, since, t) >= r.burst) return false;
-  for (auto it = std::upper_bound(s.times.begin(), s.times.end(), t);
-       it != s.times.end() && *it < t + r.window_us(); ++it) {
-    if (count_between(s.times, *it - r.window_us(), *it) >= r.burst) return false;
+  const auto& times = s.times;
+  // Older than everything a full history remembers: whether its slot was used
+  // is unknown, so it is taken as used (never admit more than the rate).
+  // Otherwise the entries still remembered are counted: a use reported late
+  // by a client under its limit (gatekeepers at different distances) keeps
+  // its own time.
+  if (times.size() >= l.history_cap() && t < times.front()) return false;
+  const std::int64_t w = r.window_us();
+  auto lo = std::upper_bound(times.begin(), times.end(), t - w);  // first entry inside (t - w, t]
+  auto it = std::upper_bound(lo, times.end(), t);                 // first entry after t
+  if (it - lo >= r.burst) return false;
+  for (; it != times.end() && *it < t + w; ++it) {
+    while (*lo <= *it - w) ++lo;
+    if (it - lo + 1 >= r.burst) return false;  // (*it - w, *it] holds these and the new use
   }
   return true;
 }
@@ -68,17 +67,20 @@ bool fits(const limits& l, const state& s, const rule& r, std::int64_t t) {
 // Messages of one identifier may arrive out of order (one accounting socket
 // per proxy worker, several gatekeepers): a use whose own slot is still free
 // takes it.
-std::int64_t free_slot(const limits& l, const state& s, std::int64_t t) {
+std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int64_t now) {
   if (s.times.empty()) return t;
   std::int64_t slot = t;
   for (const rule& r : l.rules) {
     if (!fits(l, s, r, t)) slot = std::max(slot, s.times.back() + r.interval_us);
   }
-  return slot;
+  // The debt is bounded: a gatekeeper that keeps accepting (failing open, an
+  // older version, lost DELAY_UNTILs) cannot lock a client out for longer
+  // than one window or max_future_us, whichever is longer.
+  return std::min(slot, std::max(t, now + l.max_debt_us()));
 }
 
 void record_log(const limits& l, state& s, event e, std::int64_t now) {
-  const std::int64_t t = free_slot(l, s, e.at_us);
+  const std::int64_t t = free_slot(l, s, e.at_us, now);
   // Too old to be inside any window: it cannot change a decision.
   if (t <= now - l.max_window_us()) return;
   s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);
@@ -100,10 +102,12 @@ decision evaluate_gcra(const limits& l, const state& s, std::int64_t now) {
   return d;
 }
 
-void record_gcra(const limits& l, state& s, event e) {
+void record_gcra(const limits& l, state& s, event e, std::int64_t now) {
   s.times.resize(l.rules.size(), 0);
+  // The debt is bounded as for the sliding log (see free_slot).
+  const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
   for (std::size_t i = 0; i < l.rules.size(); ++i) {
-    s.times[i] = std::max(s.times[i], e.at_us) + l.rules[i].interval_us;
+    s.times[i] = std::min(std::max(s.times[i], e.at_us), most) + l.rules[i].interval_us;
   }
 }
 
@@ -128,7 +132,7 @@ decision evaluate(const limits& l, const state& s, std::int64_t now_us) {
 decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
   if (e.kind != event_kind::rejected && !l.rules.empty()) {
     e.at_us = std::min(e.at_us, now_us + l.max_future_us);
-    if (l.algo == algorithm::gcra) record_gcra(l, s, e);
+    if (l.algo == algorithm::gcra) record_gcra(l, s, e, now_us);
     else record_log(l, s, e, now_us);
   }
   return evaluate(l, s, now_us);

@@ -165,7 +165,10 @@ result<policy> decode_policy(frames f) {
     if (m.count == max_policy_rules || slash == std::string_view::npos) return decode_error::policy_invalid;
     auto interval = parse_timestamp(token.substr(0, slash));
     auto burst = parse_timestamp(token.substr(slash + 1));
-    if (!interval || !burst || interval.value() < 1 || burst.value() < 1) return decode_error::policy_invalid;
+    if (!interval || !burst || interval.value() < 1 || burst.value() < 1 || burst.value() > max_policy_burst ||
+        interval.value() > max_policy_span_us / burst.value()) {
+      return decode_error::policy_invalid;
+    }
     m.rules[m.count++] = {interval.value(), burst.value()};
     if (end == std::string_view::npos) break;
     rest.remove_prefix(end + 1);
@@ -217,13 +220,13 @@ std::optional<encoded> encode(const policy& m, scratch& s) {
   char* out = s.text.data();
   for (std::size_t i = 0; i < m.count; ++i) {
     const policy::rule& r = m.rules[i];
-    if (r.interval_us < 1 || r.burst < 1 || !valid_timestamp(r.interval_us) || !valid_timestamp(r.burst)) {
+    if (r.interval_us < 1 || r.burst < 1 || r.burst > max_policy_burst || r.interval_us > max_policy_span_us / r.burst) {
       return std::nullopt;
     }
     if (i) *out++ = ' ';
     out = std::to_chars(out, s.text.data() + s.text.size(), r.interval_us).ptr;
     *out++ = '/';
-    out = std::to_chars(out, s.text.data() + s.text.size(), r.burst).ptr;  // 4 x (15 + 1 + 15 + 1) fits
+    out = std::to_chars(out, s.text.data() + s.text.size(), r.burst).ptr;  // 4 x (19 + 1 + 7 + 1) fits
   }
   encoded e;
   e.frame[0] = *domain;

@@ -436,3 +436,30 @@ TEST_P(BothAlgorithms, LongRunAdmittedRateHoldsAtADistanceWithTwoRules) {
     }
   }
 }
+
+TEST(SlidingLog, LateUseOfAClientUnderItsLimitKeepsItsOwnTime) {
+  // 10/s burst 2 (history of 6). One use went through a far gatekeeper and
+  // arrives after five later ones: it fits where it happened, so it is not
+  // charged ahead (here it is older than the window and changes nothing).
+  const limits l = make(algorithm::sliding_log, {per_second(10, 2)});
+  state s;
+  accepted(l, s, t0 - 100 * ms, t0 - 100 * ms);
+  for (int i = 1; i <= 5; ++i) accepted(l, s, t0 + i * 100 * ms, t0 + i * 100 * ms);
+  ASSERT_EQ(s.times.size(), l.history_cap());
+  accepted(l, s, t0, t0 + 500 * ms);
+  EXPECT_EQ(s.times.back(), t0 + 500 * ms);  // not charged at t0 + 600 ms
+  EXPECT_FALSE(evaluate(l, s, t0 + 600 * ms).throttled);  // its next use on time is not held
+}
+
+TEST_P(BothAlgorithms, DebtIsBounded) {
+  // A gatekeeper that keeps accepting (failing open, an older version) cannot
+  // push a client's next allowed time beyond the longest window or
+  // max_future_us from now.
+  const limits l = make(GetParam(), {{60'000 * ms, 1}});  // 1/min
+  state s;
+  decision d;
+  for (int i = 0; i < 1000; ++i) d = accepted(l, s, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_LE(d.next_us, t0 + l.max_debt_us() + 60'000 * ms);
+  EXPECT_GE(d.next_us, t0 + 60'000 * ms);
+}

@@ -199,13 +199,15 @@ TEST(Wire, PolicyGoldenBytesAndRoundTrip) {
   EXPECT_EQ(d->rules[1].interval_us, 100'000);
   EXPECT_EQ(d->rules[1].burst, 40);
   // The largest values still fit the scratch space.
-  for (auto& r : p.rules) r = {max_timestamp_ms, max_timestamp_ms};
+  for (auto& r : p.rules) r = {max_policy_span_us, 1};
+  p.rules[3] = {max_policy_span_us / max_policy_burst, max_policy_burst};
   p.count = max_policy_rules;
   auto big = encode(p, s);
   ASSERT_TRUE(big);
   auto back = decode_policy(big->view());
   ASSERT_TRUE(back);
-  EXPECT_EQ(back->rules[3].burst, max_timestamp_ms);
+  EXPECT_EQ(back->rules[3].burst, max_policy_burst);
+  EXPECT_EQ(back->rules[0].interval_us, max_policy_span_us);
 }
 
 TEST(Wire, PolicyEncodeRefusesWhatCannotBeDecoded) {
@@ -218,6 +220,10 @@ TEST(Wire, PolicyEncodeRefusesWhatCannotBeDecoded) {
   EXPECT_FALSE(encode(p, s));  // interval 0
   p.rules[0] = {1, 0};
   EXPECT_FALSE(encode(p, s));  // burst 0
+  p.rules[0] = {1, max_policy_burst + 1};
+  EXPECT_FALSE(encode(p, s));  // burst over the bound
+  p.rules[0] = {max_policy_span_us / 2 + 1, 2};
+  EXPECT_FALSE(encode(p, s));  // window over the bound
   p.rules[0] = {1, 1};
   p.count = max_policy_rules + 1;
   EXPECT_FALSE(encode(p, s));
@@ -237,7 +243,8 @@ TEST(Wire, PolicyErrors) {
   EXPECT_EQ(err({"api"s, "POLICY", "", "1/1"}), decode_error::domain_not_terminated);
   EXPECT_EQ(err({"api\0"s, "POLICY", "k", "1/1"}), decode_error::policy_invalid);  // identifier frame must be empty
   for (const char* bad : {"", " ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1",
-                          "1/1 2/2 3/3 4/4 5/5", "1/1,2/2", "9999999999999999/1"}) {
+                          "1/1 2/2 3/3 4/4 5/5", "1/1,2/2", "9999999999999999/1", "1/1000001",
+                          "140737488355329/1", "70368744177665/2"}) {
     EXPECT_EQ(err({"api\0"s, "POLICY", "", bad}), decode_error::policy_invalid) << '"' << bad << '"';
   }
 }

@@ -3,6 +3,7 @@
 // microseconds since the epoch; the wire's milliseconds are converted at the edge.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -35,6 +36,10 @@ struct limits {
   std::size_t history_cap() const { return max_burst() + k_reorder_slack; }
   static constexpr std::size_t k_reorder_slack = 4;
   std::int64_t max_window_us() const;
+  /// How far past now uses over the limit may be charged (the longest window,
+  /// or max_future_us if longer): a gatekeeper that keeps accepting a client
+  /// (failing open, an older version) cannot lock it out for hours.
+  std::int64_t max_debt_us() const { return std::max(max_future_us, max_window_us()); }
 };
 
 /// Kind of accounting event.

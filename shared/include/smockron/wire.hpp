@@ -68,16 +68,21 @@ struct delay_until {
   std::int64_t interval_ms = 0;  ///< 0 = frame 4 omitted (wire addition, optional)
 };
 
-/// Control message POLICY (wire addition; gatekeepers that do not know it
-/// ignore it): [domain\0, "POLICY", "", rules], where rules is
+/// Control message POLICY (wire addition; a gatekeeper that does not know it
+/// drops it as an unknown command, counting and logging it, and works as
+/// before): [domain\0, "POLICY", "", rules], where rules is
 /// "INTERVAL_US/BURST" per rule (interval = 1/rate in microseconds), separated
-/// by one space, at most max_policy_rules of them. The master publishes it for
+/// by one space, at most max_policy_rules of them; burst at most
+/// max_policy_burst and interval x burst (the window) at most
+/// max_policy_span_us, so a gatekeeper's arithmetic cannot overflow. The master publishes it for
 /// every domain with rules each policy_interval_ms, so that a gatekeeper can
 /// bound a client on its own until the master's first DELAY_UNTIL for it
 /// arrives (the first round trip); a policy not refreshed for
 /// policy_fresh_ms is dropped (a silent master means fail-open).
 inline constexpr std::string_view policy_command = "POLICY";
 inline constexpr std::size_t max_policy_rules = 4;
+inline constexpr std::int64_t max_policy_burst = 1'000'000;
+inline constexpr std::int64_t max_policy_span_us = std::int64_t{1} << 47;  // ~4.5 years, 15 digits
 inline constexpr std::int64_t policy_interval_ms = 1000;
 inline constexpr std::int64_t policy_fresh_ms = 3500;
 struct policy {
