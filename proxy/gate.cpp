@@ -11,7 +11,9 @@ std::size_t gate::key_hash::operator()(const key_view& k) const {
   return std::hash<std::string_view>{}(k.id) ^ (static_cast<std::size_t>(k.domain) * 0x9E3779B97F4A7C15ULL);
 }
 
-gate::gate(std::size_t max_entries) : max_per_shard_(std::max<std::size_t>(1, max_entries / k_shards)) {}
+gate::gate(std::size_t max_entries, double horizon)
+    : max_per_shard_(std::max<std::size_t>(1, max_entries / k_shards)),
+      horizon_cut_(std::clamp(horizon, 0.0, 1.0) * k_horizon_spread) {}
 
 gate::shard& gate::shard_for(const key_view& k) { return shards_[(key_hash{}(k) >> 7) % k_shards]; }
 
@@ -113,6 +115,8 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
   std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
   std::int64_t pace = e.interval_us;
+  std::int64_t max_delay =
+      limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
   // The guard: the earliest time every rule's GCRA conforms.
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
@@ -120,6 +124,11 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     if (conform > release) {
       release = conform;
       pace = r.interval_us;
+      // Until the master has spoken about this client, the gate holds it only
+      // a little on its own authority: every gatekeeper would fill its own
+      // queue of paced slots up to max_delay within the first round trip, and
+      // those G queues released together are G times the rate.
+      if (!master_fresh) max_delay = std::min(max_delay, k_guard_hold_intervals * pace);
     }
   }
   // A use at `at` advances every rule's arrival time by its interval.
@@ -146,7 +155,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   gate_decision d;
   d.release_us = release;
   d.retry_after_s = std::max<std::int64_t>(1, (release - now_us + 999'999) / 1'000'000);
-  if (release - now_us > limits.max_delay_us) {
+  if (release - now_us > max_delay) {
     d.v = verdict::reject;
     d.reason = reject_reason::delay_too_long;
     return d;

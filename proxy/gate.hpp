@@ -12,7 +12,8 @@
 // gatekeeper sees a subset of a client's sends. A hot client is held from its
 // first request over the burst, so G gatekeepers admit at most
 // G x (burst + rate x round trip) before the master speaks, whatever the
-// client's rate; the master charges that and it is paid back. Without a fresh
+// client's rate; the master charges that and it is paid back. On its own
+// authority it holds a client only k_guard_hold_intervals ahead. Without a fresh
 // policy (master silent for wire::policy_fresh_ms) there is no guard.
 #pragma once
 
@@ -62,11 +63,22 @@ class gate {
   static constexpr std::size_t k_guard_rules = wire::max_policy_rules;
 
 public:
+  /// Before the master's first word about a client, the guard holds it at most
+  /// this many of its rule's intervals (longer waits are refused with 503).
+  static constexpr std::int64_t k_guard_hold_intervals = 2;
   /// Domains (ids) whose policy can be kept; ids beyond it are not guarded.
   static constexpr std::size_t k_policy_domains = 4096;
 
   /// `max_entries` bounds the control memory (updates beyond it are dropped and counted).
-  explicit gate(std::size_t max_entries = 1'000'000);
+  /// `horizon` in [0, 1): this gatekeeper holds a request at most
+  /// max_delay x (1 - horizon x k_horizon_spread) ahead. Gatekeepers with
+  /// different horizons do not reserve the same freshly opened slot of a
+  /// client that keeps all of them at their limit: the one with the farthest
+  /// horizon takes it, the master's next DELAY_UNTIL moves past it, and the
+  /// others refuse instead of releasing G requests at one instant. The proxy
+  /// draws it at random at start-up; 0 is plain max_delay.
+  explicit gate(std::size_t max_entries = 1'000'000, double horizon = 0.0);
+  static constexpr double k_horizon_spread = 0.25;
 
   /// Applies DELAY_UNTIL: the next allowed time only moves forward.
   /// `interval_us` = 0 when the master sent no interval frame.
@@ -160,6 +172,7 @@ private:
 
   std::array<shard, k_shards> shards_;
   std::size_t max_per_shard_;
+  double horizon_cut_;  ///< horizon x k_horizon_spread
   std::atomic<std::int64_t> held_{0};
   std::atomic<std::size_t> entries_{0};
   std::atomic<std::uint64_t> dropped_updates_{0};

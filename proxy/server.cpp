@@ -383,7 +383,7 @@ struct worker {
 
 struct server::impl {
   impl(const config::proxy_config& cfg, const clock& clk)
-      : clock_(clk), metrics_(registry_), gate_(static_cast<std::size_t>(cfg.max_control_entries)), control_ctx_(1), log_(log::get("proxy")),
+      : clock_(clk), metrics_(registry_), gate_(static_cast<std::size_t>(cfg.max_control_entries), std::random_device{}() / (std::random_device::max() + 1.0)), control_ctx_(1), log_(log::get("proxy")),
         access_log_(log::get("proxy.access")) {
     auto first = std::make_shared<const runtime>(cfg, domains_, metrics_, 0);
     runtime_ = first;

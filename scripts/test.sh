@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test: unit tests, the same
-# unit tests under ASan + UBSan, and the integration tests (real binaries,
-# real ZeroMQ, services started by the tests on 127.0.0.1).
+# unit tests under ASan + UBSan, the integration tests (real binaries, real
+# ZeroMQ, services started by the tests on 127.0.0.1), and the fuzz targets
+# for a bounded time each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
@@ -12,4 +13,6 @@ echo "== unit tests under ASan + UBSan (build-asan/)"
 bash scripts/build.sh --sanitize
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ./build-asan/bin/smockron_tests --gtest_brief=1
+echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-15}s each)"
+bash scripts/fuzz.sh
 echo "== all tests passed"

@@ -175,16 +175,24 @@ TEST(GateGuard, HotClientIsBoundedBeforeTheMasterSpeaks) {
   set_policy(g, 0, {{100 * ms, 3}}, t0);  // 10/s burst 3
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g.decide(0, "hot", t0, limits()).v, verdict::accept) << i;
   std::vector<std::int64_t> releases;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const auto d = g.decide(0, "hot", t0, limits());
     ASSERT_EQ(d.v, verdict::delay);
     EXPECT_EQ(d.interval_us, 100 * ms);
     releases.push_back(d.release_us - t0);
   }
-  EXPECT_EQ(releases, (std::vector<std::int64_t>{100 * ms, 200 * ms, 300 * ms}));
-  // Beyond max_delay: rejected, and a rejection uses no slot.
-  EXPECT_EQ(g.decide(0, "hot", t0, limits(250)).v, verdict::reject);
-  EXPECT_EQ(g.decide(0, "hot", t0, limits()).release_us, t0 + 400 * ms);
+  EXPECT_EQ(releases, (std::vector<std::int64_t>{100 * ms, 200 * ms}));
+  // On its own authority the guard holds only k_guard_hold_intervals ahead
+  // (max_delay is 5 s): refused, and a refusal uses no slot.
+  const auto refused = g.decide(0, "hot", t0, limits());
+  EXPECT_EQ(refused.v, verdict::reject);
+  EXPECT_EQ(refused.release_us, t0 + 300 * ms);
+  EXPECT_EQ(g.decide(0, "hot", t0 + 100 * ms, limits()).release_us, t0 + 300 * ms);
+  // Once the master has spoken about the client, max_delay applies again.
+  g.update(0, "hot", t0 + 150 * ms, 100 * ms, t0 + 100 * ms);
+  const auto d = g.decide(0, "hot", t0 + 100 * ms, limits());
+  ASSERT_EQ(d.v, verdict::delay);
+  EXPECT_EQ(d.release_us, t0 + 400 * ms);
   // Other identifiers and domains have their own budget; an unguarded domain has none.
   EXPECT_EQ(g.decide(0, "other", t0, limits()).v, verdict::accept);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(g.decide(1, "hot", t0, limits()).v, verdict::accept);
@@ -206,7 +214,7 @@ TEST(GateGuard, ClientUnderItsLimitIsNeverHeld) {
   }
   // The same pacing kept up goes over the second rule: it binds (GCRA admits
   // burst + elapsed / interval = 20 + 2.4 by then).
-  int held = 0;
+  int stopped = 0;
   for (int k = 0; k < 27; ++k) {
     const std::int64_t at = t0 + 60'000 * ms + (k / 3) * 300 * ms + (k % 3) * ms;
     g.set_policy(0, rules, at);
@@ -214,12 +222,10 @@ TEST(GateGuard, ClientUnderItsLimitIsNeverHeld) {
     if (k < 20) {
       EXPECT_EQ(d.v, verdict::accept) << k;
     }
-    if (d.v == verdict::delay) {
-      ++held;
-      g.release_held();
-    }
+    if (d.v != verdict::accept) ++stopped;
+    if (d.v == verdict::delay) g.release_held();
   }
-  EXPECT_GE(held, 4);
+  EXPECT_GE(stopped, 4);
 }
 
 // Arrival times computed under other rules are not carried over (a reload on
@@ -297,4 +303,15 @@ TEST(GateGuard, GuardUsesAtMostHalfTheControlMemory) {
   // Expired guard state is swept.
   for (std::size_t i = 0; i < 64; ++i) g.sweep(t0 + 2'000 * ms);
   EXPECT_EQ(g.entries(), 0u);
+}
+
+// Gatekeepers with different horizons do not all reserve the slot that just
+// came within reach: the farthest-reaching one takes it.
+TEST(Gate, HorizonShortensHowFarAheadRequestsAreHeld) {
+  gate near_one(1'000'000, 0.0), far_one(1'000'000, 1.0);
+  for (gate* g : {&near_one, &far_one}) g->update(0, "hot", t0 + 4'000 * ms, 100 * ms, t0);
+  // max_delay 5 s: 4 s ahead is within plain max_delay, beyond 5 s x (1 - 0.25).
+  EXPECT_EQ(near_one.decide(0, "hot", t0, limits(5000)).v, verdict::delay);
+  EXPECT_EQ(far_one.decide(0, "hot", t0, limits(5000)).v, verdict::reject);
+  EXPECT_EQ(far_one.decide(0, "hot", t0 + 300 * ms, limits(5000)).v, verdict::delay);
 }
