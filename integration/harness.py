@@ -65,6 +65,16 @@ def binary(name: str) -> str:
 # --------------------------------------------------------------------------- ports and time
 
 
+def max_in_window(ts: list[float], w: float) -> int:
+    """Largest number of (sorted) times in any half-open window [t, t+w)."""
+    best, j = 0, 0
+    for i in range(len(ts)):
+        while ts[i] - ts[j] >= w:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports on 127.0.0.1 that were free a moment ago.
 

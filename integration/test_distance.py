@@ -36,7 +36,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import BackendProcess  # noqa: E402
-from harness import HOST, DaemonTestCase, free_ports, metric_sum, wait_until  # noqa: E402
+from harness import HOST, DaemonTestCase, free_ports, max_in_window, metric_sum, wait_until  # noqa: E402
 from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, proxy_toml  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,15 +47,6 @@ D = 4.0
 G = 2
 POLICY_FRESH_S = 3.5  # wire::policy_fresh_ms
 ACCESS_RE = re.compile(r'"GET (/[^" ]+)" status=(\S+) decision=(\w+)')
-
-
-def max_in_window(ts: list[float], w: float) -> int:
-    best, j = 0, 0
-    for i in range(len(ts)):
-        while ts[i] - ts[j] >= w:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
 
 
 async def one_request(port: int, target: str, key: str) -> int:

@@ -90,7 +90,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import harness  # noqa: E402
-from harness import Daemon, free_ports, http_get, master_toml, parse_metrics, wait_until  # noqa: E402
+from harness import Daemon, free_ports, http_get, master_toml, max_in_window, parse_metrics, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 HOST = "127.0.0.1"
@@ -451,16 +451,6 @@ def build_schedule(sc: Scenario, args, g: int, t0: float, rng: random.Random, pr
 
 
 # =============================================================================== analysis helpers
-
-def max_in_window(ts: list[float], w: float) -> int:
-    """Largest number of times in any half-open window [t, t+w)."""
-    best, j = 0, 0
-    for i in range(len(ts)):
-        while ts[i] - ts[j] >= w:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
-
 
 def pct(values, p):
     if not values:
