@@ -65,6 +65,17 @@ def binary(name: str) -> str:
 # --------------------------------------------------------------------------- ports and time
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` s; reaps it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 def max_in_window(ts: list[float], w: float) -> int:
     """Largest number of (sorted) times in any half-open window [t, t+w)."""
     best, j = 0, 0

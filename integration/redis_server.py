@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 
+from harness import stop_process
+
 HOST = "127.0.0.1"
 
 
@@ -60,13 +62,8 @@ class RedisServer:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc:
+            stop_process(self.proc)
 
     close = stop
 

@@ -36,7 +36,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import BackendProcess  # noqa: E402
-from harness import HOST, DaemonTestCase, free_ports, max_in_window, metric_sum, wait_until  # noqa: E402
+from harness import HOST, DaemonTestCase, free_ports, max_in_window, metric_sum, stop_process, wait_until  # noqa: E402
 from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, proxy_toml  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,13 +115,7 @@ class DistanceTest(DaemonTestCase):
                        message="POLICY reached the gatekeeper")
 
     def _stop_relay(self):
-        if self.relay.poll() is None:
-            self.relay.terminate()
-            try:
-                self.relay.wait(5)
-            except subprocess.TimeoutExpired:
-                self.relay.kill()
-                self.relay.wait(5)
+        stop_process(self.relay)
         self.relay.stdout.close()
 
     def decisions(self, key: str) -> list[str]:
