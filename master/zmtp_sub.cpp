@@ -134,6 +134,9 @@ struct zmtp_subscriber::peer {
   bool want_output = false;  ///< EPOLLOUT registered
   std::unique_ptr<char[]> in = std::make_unique<char[]>(k_buffer);
   std::size_t len = 0;
+  std::uint64_t skip = 0;       ///< bytes of an oversized message still to discard
+  std::uint64_t skipped = 0;    ///< bytes of it discarded or due so far
+  bool skip_more = false;       ///< the message being discarded has more frames
   std::string out;
   std::chrono::steady_clock::time_point since;
 };
@@ -157,6 +160,8 @@ zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const c
       opt_(o),
       connections_(reg.add_counter("smockron_master_accounting_connections_total",
                                    "Gatekeeper connections accepted on the accounting endpoint")),
+      oversized_(reg.add_counter("smockron_master_accounting_oversized_total",
+                                 "Accounting messages over 32 KiB, skipped (the connection stays)")),
       log_(log::get("master.accounting")) {
   for (std::size_t i = 0; i < fault_count; ++i) {
     faults_[i] = &reg.add_counter("smockron_master_accounting_disconnects_total",
@@ -341,6 +346,14 @@ bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
   bool truncated = false;
   std::size_t message_start = pos;
   for (;;) {
+    if (p.skip > 0) {  // discarding an oversized message by length
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(p.skip, p.len - pos));
+      pos += n;
+      p.skip -= n;
+      message_start = pos;
+      if (p.skip > 0) break;  // the rest has not arrived yet
+      continue;
+    }
     zmtp::frame f;
     // The bound is on the whole message, so a message of many frames is capped too.
     const auto st = zmtp::next_frame({in + pos, p.len - pos}, k_max_message - (pos - message_start), f);
@@ -349,8 +362,36 @@ bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
       drop(p, fault::framing, "reserved flag bits set");
       return false;
     }
-    if (st == zmtp::frame_status::too_large || pos - message_start + f.size > k_max_message) {
-      drop(p, fault::framing, "message over " + std::to_string(k_max_message) + " bytes");
+    const bool over = st == zmtp::frame_status::too_large || pos - message_start + f.size > k_max_message;
+    // A message over the bound, and every later frame of it, is consumed by
+    // length and skipped on its own; commands between its frames are served.
+    if ((over || p.skip_more) && !(f.flags & zmtp::flag_command)) {
+      if (p.ph != peer::phase::messages) {
+        drop(p, fault::handshake, "message before READY");
+        return false;
+      }
+      if (!p.skip_more) p.skipped = pos - message_start;  // its frames already here count too
+      p.skipped += f.size;
+      if (p.skipped > k_max_skip) {
+        drop(p, fault::framing, "message over " + std::to_string(k_max_skip) + " bytes");
+        return false;
+      }
+      p.skip = f.size;
+      p.skip_more = f.flags & zmtp::flag_more;
+      count = 0;
+      truncated = false;
+      if (!p.skip_more) {
+        oversized_.inc();
+        std::uint64_t suppressed = 0;
+        if (fault_log_.allow(clock_.steady_now(), suppressed)) {
+          log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", p.skipped,
+                     k_max_message, suppressed);
+        }
+      }
+      continue;
+    }
+    if (over) {
+      drop(p, fault::framing, "command over " + std::to_string(k_max_message) + " bytes");
       return false;
     }
     const std::string_view body = f.body;

@@ -23,8 +23,9 @@
 // Bounds: at most `max_peers` connections (more are closed at once), a
 // handshake must finish within `handshake_timeout`, one message is at most
 // k_max_message bytes (accounting messages are under 6 KiB by the wire
-// limits), output a peer does not read is capped; a peer breaking a bound is
-// disconnected, never the daemon. TCP keepalive finds vanished gatekeepers.
+// limits: a larger one is skipped on its own, the connection stays), output a
+// peer does not read is capped; a peer breaking a bound is disconnected, never
+// the daemon. TCP keepalive finds vanished gatekeepers.
 #pragma once
 
 #include <atomic>
@@ -48,6 +49,11 @@ class zmtp_subscriber {
 public:
   /// Largest message (all frames with their headers) a peer may send.
   static constexpr std::size_t k_max_message = 32 * 1024;
+  /// A message over k_max_message is skipped on its own (its frames consumed
+  /// by length, counted in smockron_master_accounting_oversized_total) and
+  /// the connection stays; one declared over this is taken as a stream that
+  /// cannot be read (framing fault).
+  static constexpr std::uint64_t k_max_skip = 16 * 1024 * 1024;
   /// Frames kept per message; more set `truncated` (the message is malformed).
   static constexpr std::size_t k_max_frames = 8;
 
@@ -62,7 +68,7 @@ public:
     greeting,        ///< not a ZMTP 3.x greeting (older ZeroMQ, or not ZeroMQ at all)
     mechanism,       ///< security mechanism other than NULL
     handshake,       ///< READY missing, malformed, or from a socket type that cannot publish
-    framing,         ///< reserved flag bits, a command with MORE, a message over k_max_message
+    framing,         ///< reserved flag bits, a command with MORE or over k_max_message, a message over k_max_skip
     peer_error,      ///< the peer sent ERROR
     timeout,         ///< handshake not finished in time
     peer_limit,      ///< max_peers reached
@@ -124,6 +130,7 @@ private:
   std::atomic<std::size_t> ready_peers_{0};  ///< read by the admin thread
 
   metrics::counter& connections_;
+  metrics::counter& oversized_;
   metrics::counter* faults_[fault_count] = {};
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter fault_log_;

@@ -1,6 +1,8 @@
 // ZMTP 3.0 pieces (see zmtp.hpp).
 #include "smockron/zmtp.hpp"
 
+#include <limits>
+
 #include <strings.h>
 
 #include <array>
@@ -85,7 +87,14 @@ frame_status next_frame(std::string_view buf, std::uint64_t max_body, frame& out
   const std::size_t header = (flags & flag_long) ? 9 : 2;
   if (buf.size() < header) return frame_status::need_more;
   const std::uint64_t size = (flags & flag_long) ? load_be(buf.data() + 1, 8) : static_cast<unsigned char>(buf[1]);
-  if (size > max_body) return frame_status::too_large;
+  if (size > max_body) {
+    // Described, not delivered: a caller may skip the frame by its length.
+    out.flags = flags;
+    out.body = {};
+    out.size = size > std::numeric_limits<std::size_t>::max() - header ? std::numeric_limits<std::size_t>::max()
+                                                                        : header + static_cast<std::size_t>(size);
+    return frame_status::too_large;
+  }
   if (buf.size() - header < size) return frame_status::need_more;
   out.flags = flags;
   out.body = buf.substr(header, size);

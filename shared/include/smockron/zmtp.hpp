@@ -40,7 +40,9 @@ struct frame {
   bool command() const { return flags & flag_command; }
 };
 enum class frame_status : std::uint8_t { need_more, ok, reserved_flags, too_large };
-/// Parses the frame at the start of `buf`; bodies over `max_body` are refused.
+/// Parses the frame at the start of `buf`; bodies over `max_body` are refused
+/// (too_large: `out` then has the frame's flags and size, header included,
+/// saturated, and no body, so that the caller can skip it by its length).
 frame_status next_frame(std::string_view buf, std::uint64_t max_body, frame& out);
 
 /// A command body split into its name and the rest; nothing if malformed.
