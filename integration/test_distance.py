@@ -19,7 +19,8 @@ the hot client passed unlimited. Now:
   - no 1 s window holds more than rate + burst + G + hot rate x round trip;
   - the calm clients are never delayed or rejected.
 And a silent master still means fail-open: once the master is gone and its
-policy has gone stale, the hot client passes.
+policy has gone stale, the hot client passes; unless the proxy is configured
+fail_closed, which then refuses with 503 + Retry-After (FailClosedTest).
 
 Run: cd integration && python3 -m unittest -v test_distance
 """
@@ -37,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import BackendProcess  # noqa: E402
 from harness import HOST, DaemonTestCase, free_ports, max_in_window, metric_sum, stop_process, wait_until  # noqa: E402
-from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, proxy_toml  # noqa: E402
+from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, fetch, proxy_toml  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_WAY_MS = 60
@@ -176,3 +177,40 @@ class DistanceTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FailClosedTest(DaemonTestCase):
+    """fail_closed: a route whose domain no master covers (none reachable, or the
+    last POLICY older than 3.5 s) is refused with 503 + Retry-After, not passed."""
+
+    def start_proxy(self, accounting: str, control: str) -> ProxyProcess:
+        if not hasattr(self, "backend"):
+            self.backend = BackendProcess(free_ports(1)[0]).start()
+            self.addCleanup(self.backend.stop)
+        port, admin = free_ports(2)
+        route = {"path": "/", "domain": "open", "upstream": "app", "identify": ["header:X-API-Key"]}
+        conf = self.write_file(f"proxy-{port}.toml", proxy_toml(
+            port, admin, {"app": {"servers": [f"{HOST}:{self.backend.port}"]}}, [route],
+            accounting=[accounting], control=[control], threads=1, fail_closed=True))
+        return self.track(ProxyProcess(self.tmp, conf, port, admin)).start()
+
+    def test_refused_without_a_master_and_served_with_one(self):
+        # "open" has no rules: only its (empty) POLICY tells the proxy a master covers it.
+        master = self.start_master({"open": {"rules": []}})
+        proxy = self.start_proxy(master.accounting, master.control)
+        wait_until(lambda: fetch(proxy.port, "/", key="k")[0].status == 200, 10,
+                   message="served once the master's POLICY arrived")
+        master.kill()
+        t_kill = time.monotonic()
+        wait_until(lambda: fetch(proxy.port, "/", key="k")[0].status == 503, POLICY_FRESH_S + 5,
+                   message="refused once the POLICY went stale")
+        self.assertGreaterEqual(time.monotonic() - t_kill, POLICY_FRESH_S - 0.5)
+        r, _ = fetch(proxy.port, "/", key="k")
+        self.assertEqual(r.status, 503)
+        self.assertEqual(r.headers.get("retry-after"), "1")
+        self.assertIn("fail_closed", proxy.readyz())
+        self.assertGreaterEqual(metric_sum(proxy.metrics(), "smockron_proxy_rejects_total", reason="no_master"), 1)
+        # A proxy that never reached a master refuses from the start.
+        dead = free_ports(2)
+        lonely = self.start_proxy(f"tcp://{HOST}:{dead[0]}", f"tcp://{HOST}:{dead[1]}")
+        self.assertEqual(fetch(lonely.port, "/", key="k")[0].status, 503)

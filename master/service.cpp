@@ -267,18 +267,17 @@ void service::publish(const domain_slot& d, std::string_view identifier, const r
 void service::publish_policy(domain_slot& d, std::chrono::steady_clock::time_point now) {
   d.policy_sent = now;
   d.policy_due = false;
-  if (d.limits.rules.empty()) return;
   wire::policy p;
   p.domain = d.name;
   // Any subset of the rules bounds less, never more: the first few that the
-  // wire can carry are enough.
+  // wire can carry are enough. A domain without rules gets an empty POLICY:
+  // it still tells gatekeepers that a master covers the domain (fail_closed).
   for (const rules::rule& r : d.limits.rules) {
     if (p.count == wire::max_policy_rules) break;
     if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
       p.rules[p.count++] = {r.interval_us, r.burst};
     }
   }
-  if (p.count == 0) return;
   auto enc = wire::encode(p, scratch_);
   if (enc && zmq_util::send(control_, enc->view())) policy_sent_.inc();
 }

@@ -45,6 +45,12 @@ bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, s
   return true;
 }
 
+bool gate::covered(std::uint32_t domain, std::int64_t now_us) const {
+  if (domain >= k_policy_domains) return false;
+  const std::int64_t updated = policies_[domain].updated_us.load(std::memory_order_relaxed);
+  return updated != 0 && now_us - updated <= wire::policy_fresh_ms * 1000;
+}
+
 gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const {
   policy out;
   if (domain >= k_policy_domains) return out;

@@ -91,6 +91,10 @@ public:
   /// domain is not guarded) for a domain id of k_policy_domains or more.
   bool set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us);
 
+  /// True while a master keeps publishing the domain's POLICY (refreshed
+  /// within wire::policy_fresh_ms): a master covers the domain.
+  bool covered(std::uint32_t domain, std::int64_t now_us) const;
+
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
   /// release_held() is called.

@@ -79,6 +79,8 @@ struct proxy_metrics {
                                       metrics::labels({{"reason", "delay_too_long"}}))),
         reject_held_full(r.add_counter("smockron_proxy_rejects_total", "Requests rejected with 503 by reason",
                                        metrics::labels({{"reason", "held_full"}}))),
+        reject_no_master(r.add_counter("smockron_proxy_rejects_total", "Requests rejected with 503 by reason",
+                                       metrics::labels({{"reason", "no_master"}}))),
         upstream_connect(upstream_error("connect")),
         upstream_timeout(upstream_error("timeout")),
         upstream_reset(upstream_error("reset")),
@@ -107,7 +109,7 @@ struct proxy_metrics {
 
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held, &reject_too_long,
-      &reject_held_full, &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &accounting_sent,
+      &reject_held_full, &reject_no_master, &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &accounting_sent,
       &accounting_dropped, &accounting_unsent, &accounting_lost;
   metrics::histogram& delay_seconds;
 };
@@ -432,7 +434,10 @@ struct server::impl {
       if (draining_) return {503, "text/plain", "draining\n"};
       const int up = control_->connected(), all = control_->endpoints();
       std::string body = "ready\nmasters connected: " + std::to_string(up) + "/" + std::to_string(all) + "\n";
-      if (up == 0) body += "no master reachable: every request passes (fail-open)\n";
+      if (up == 0) {
+        body += current()->cfg.fail_closed ? "no master reachable: requests are refused with 503 (fail_closed)\n"
+                                           : "no master reachable: every request passes (fail-open)\n";
+      }
       return {200, "text/plain", body};
     }
     return {404, "text/plain", "not found (try /metrics, /livez, /readyz)\n"};
@@ -983,6 +988,21 @@ struct server::impl {
       std::string forwarded_client;
       if (!rt.cfg.trusted_proxies.empty()) forwarded_client = format_ip(client_address(req.headers, peer, rt.cfg.trusted_proxies));
       const std::string_view client_ip = forwarded_client.empty() ? std::string_view(peer_text) : forwarded_client;
+      // fail_closed: no master has published this domain's policy lately
+      // (none reachable, or none owns the domain): refuse rather than pass.
+      if (rt.cfg.fail_closed && !gate_.covered(rt.gate_domain[r->domain_index], now_us)) {
+        counts[static_cast<int>(decision_label::rejected)]->inc();
+        metrics_.reject_no_master.inc();
+        if (rt.cfg.access_log) {
+          log_access(peer, std::string(req.method) + " " + std::string(req.target), 503, "rejected", who ? &*who : nullptr, 0);
+        }
+        if (!co_await respond(c, version, 503, "no rate-limit master covers this route, retry later\n",
+                              can_answer_and_continue, 1)) {
+          co_return;
+        }
+        c.in.consume(req.size);
+        continue;
+      }
       gate_decision d;
       if (who) d = gate_.decide(rt.gate_domain[r->domain_index], who->value, now_us, rt.limits);
       if (!who) {

@@ -157,7 +157,7 @@ result<policy> decode_policy(frames f) {
   if (f.size() != 4) return decode_error::frame_count;
   if (!f[2].empty()) return decode_error::policy_invalid;
   std::string_view rest = f[3];
-  if (rest.empty()) return decode_error::policy_invalid;
+  if (rest.empty()) return m;  // the domain is owned and has no rules
   while (true) {
     const std::size_t end = rest.find(' ');
     const std::string_view token = rest.substr(0, end);
@@ -216,7 +216,7 @@ std::optional<encoded> encode(const delay_until& m, scratch& s) {
 
 std::optional<encoded> encode(const policy& m, scratch& s) {
   auto domain = write_domain(m.domain, s);
-  if (!domain || m.count == 0 || m.count > max_policy_rules) return std::nullopt;
+  if (!domain || m.count > max_policy_rules) return std::nullopt;
   char* out = s.text.data();
   for (std::size_t i = 0; i < m.count; ++i) {
     const policy::rule& r = m.rules[i];

@@ -315,3 +315,16 @@ TEST(Gate, HorizonShortensHowFarAheadRequestsAreHeld) {
   EXPECT_EQ(far_one.decide(0, "hot", t0, limits(5000)).v, verdict::reject);
   EXPECT_EQ(far_one.decide(0, "hot", t0 + 300 * ms, limits(5000)).v, verdict::delay);
 }
+
+// A domain is covered while a master keeps publishing its POLICY (rules or
+// none): what fail_closed asks.
+TEST(Gate, CoveredWhilePoliciesArriveEvenWithoutRules) {
+  gate g;
+  EXPECT_FALSE(g.covered(0, t0));
+  g.set_policy(0, {}, t0);  // a domain without rules
+  EXPECT_TRUE(g.covered(0, t0 + 1'000 * ms));
+  EXPECT_FALSE(g.covered(1, t0));
+  EXPECT_FALSE(g.covered(0, t0 + smockron::wire::policy_fresh_ms * ms + 1));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);  // no rules, no guard
+  EXPECT_FALSE(g.covered(gate::k_policy_domains, t0));
+}

@@ -214,7 +214,6 @@ TEST(Wire, PolicyEncodeRefusesWhatCannotBeDecoded) {
   scratch s;
   policy p;
   p.domain = "api";
-  EXPECT_FALSE(encode(p, s));  // no rule
   p.rules[0] = {0, 1};
   p.count = 1;
   EXPECT_FALSE(encode(p, s));  // interval 0
@@ -242,9 +241,23 @@ TEST(Wire, PolicyErrors) {
   EXPECT_EQ(err({"api\0"s, "DELAY_UNTIL", "", "1/1"}), decode_error::unknown_command);
   EXPECT_EQ(err({"api"s, "POLICY", "", "1/1"}), decode_error::domain_not_terminated);
   EXPECT_EQ(err({"api\0"s, "POLICY", "k", "1/1"}), decode_error::policy_invalid);  // identifier frame must be empty
-  for (const char* bad : {"", " ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1",
+  for (const char* bad : {" ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1",
                           "1/1 2/2 3/3 4/4 5/5", "1/1,2/2", "9999999999999999/1", "1/1000001",
                           "140737488355329/1", "70368744177665/2"}) {
     EXPECT_EQ(err({"api\0"s, "POLICY", "", bad}), decode_error::policy_invalid) << '"' << bad << '"';
   }
+}
+
+TEST(Wire, PolicyWithoutRules) {
+  // A domain the master owns with no rules: an empty rules frame.
+  scratch s;
+  policy p;
+  p.domain = "open";
+  auto e = encode(p, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[3], "");
+  auto d = decode_policy(e->view());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->domain, "open");
+  EXPECT_EQ(d->count, 0u);
 }

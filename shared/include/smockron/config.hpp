@@ -119,7 +119,9 @@ struct proxy_config {
   std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
   double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
   bool access_log = false;
-  bool fail_closed = false;  ///< reject instead of pass when the gate cannot decide
+  /// Refuse (503, Retry-After 1) requests of a route whose domain no master
+  /// covers (no POLICY for it within wire::policy_fresh_ms) instead of passing them.
+  bool fail_closed = false;
   std::int64_t accounting_hwm = 100'000;  ///< accounting messages queued per master at most (0 = unbounded)
   /// ACCEPTED and REJECTED accounting is sent in batches at most this old
   /// (or of 256 messages); DELAYED goes at once. Longer = fewer wake-ups of

@@ -74,7 +74,9 @@ struct delay_until {
 /// "INTERVAL_US/BURST" per rule (interval = 1/rate in microseconds), separated
 /// by one space, at most max_policy_rules of them; burst at most
 /// max_policy_burst and interval x burst (the window) at most
-/// max_policy_span_us, so a gatekeeper's arithmetic cannot overflow. The master publishes it for
+/// max_policy_span_us, so a gatekeeper's arithmetic cannot overflow. An empty
+/// rules frame: the master owns the domain and it has no rules (a fresh
+/// POLICY also tells a gatekeeper that a master covers the domain). The master publishes it for
 /// every domain with rules each policy_interval_ms, so that a gatekeeper can
 /// bound a client on its own until the master's first DELAY_UNTIL for it
 /// arrives (the first round trip); a policy not refreshed for
