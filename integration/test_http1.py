@@ -382,6 +382,23 @@ class HeadCutShortTest(Http1Case):
         self.assertEqual(self.backend.log(), [])
 
 
+class BareLfHeadTest(Http1Case):
+    """A request head with bare-LF line endings never completes (lines end at
+    CRLF): it is answered 400 as soon as the LF arrives, not 408 at
+    header_timeout, and never forwarded."""
+
+    proxy_keys = {"header_timeout": "10s"}
+
+    def test_answered_400_at_once(self):
+        c = self.conn()
+        start = time.monotonic()
+        c.sock.sendall(b"GET /lf HTTP/1.1\nHost: x\n\n")
+        raw = read_to_eof(c, 8)
+        self.assertTrue(raw.startswith(b"HTTP/1.1 400 "), raw[:200])
+        self.assertLess(time.monotonic() - start, 2.0, "answered at once, not at header_timeout (10 s)")
+        self.assertEqual(self.backend.log(), [])
+
+
 # =============================================================================== 4: smuggling via Connection
 
 

@@ -73,6 +73,7 @@ std::optional<std::uint64_t> parse_length(std::string_view v) {
 struct head_bounds {
   parse_status status;
   std::size_t start = 0, end = 0;
+  std::string_view reason = {};  ///< for bad
 };
 head_bounds find_head(std::string_view data, std::size_t max_head, std::size_t& scanned) {
   std::size_t start = 0;
@@ -82,6 +83,11 @@ head_bounds find_head(std::string_view data, std::size_t max_head, std::size_t& 
   // The request line alone ends with CRLF followed by the blank line's CRLF.
   if (blank != std::string_view::npos && blank + 4 <= max_head) return {parse_status::complete, start, blank + 4};
   scanned = data.size();
+  // Lines end at CRLF only: a head with a bare LF never completes (or fails
+  // its checks once it does). Refuse it now, not when a timeout fires.
+  for (auto lf = data.find('\n', from); lf != std::string_view::npos; lf = data.find('\n', lf + 1)) {
+    if (lf == 0 || data[lf - 1] != '\r') return {parse_status::bad, 0, 0, "bare LF in the head"};
+  }
   if (data.size() < max_head && blank == std::string_view::npos) return {parse_status::incomplete};
   const auto line_end = data.find("\r\n", start);
   return {line_end == std::string_view::npos || line_end >= max_head ? parse_status::line_too_long
@@ -165,7 +171,7 @@ std::size_t header_list::count(std::string_view name) const {
 
 parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out, std::size_t& scanned) {
   const auto bounds = find_head(data, max_head, scanned);
-  if (bounds.status != parse_status::complete) return {bounds.status, {}};
+  if (bounds.status != parse_status::complete) return {bounds.status, bounds.reason};
   const std::string_view head = data.substr(0, bounds.end);
   out.headers.clear();
   out.size = bounds.end;
@@ -262,7 +268,7 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
 parse_result parse_response(std::string_view data, std::size_t max_head, bool request_was_head, response_head& out,
                             std::size_t& scanned) {
   const auto bounds = find_head(data, max_head, scanned);
-  if (bounds.status != parse_status::complete) return {bounds.status, {}};
+  if (bounds.status != parse_status::complete) return {bounds.status, bounds.reason};
   if (bounds.start != 0) return bad("empty line before the status line");
   const std::string_view head = data.substr(0, bounds.end);
   out.headers.clear();

@@ -282,9 +282,19 @@ TEST(Http1ParseRequest, RejectsBareCrOrLf) {
   EXPECT_TRUE(request_rejected("GET / HTTP/1.1\r\nHost: a\rX-A: b\r\n\r\n"));
   EXPECT_TRUE(request_rejected("GET / HTTP/1.1\r\nHost: a\r\nX-A: b\rc\r\n\r\n"));
   EXPECT_TRUE(request_rejected("GET /a\rb HTTP/1.1\r\nHost: a\r\n\r\n"));
-  // With LF-only line endings there is no CRLF CRLF: the head never completes.
+  // With LF-only line endings there is no CRLF CRLF: the head would never
+  // complete. It is refused as soon as the bare LF is in, fed in one piece
+  // or byte by byte, and a CR split from its LF is not taken for one.
   request_head h;
-  EXPECT_NE(parse_request("GET / HTTP/1.1\nHost: a\n\n", k_max_head, h).status, parse_status::complete);
+  EXPECT_EQ(parse_request("GET / HTTP/1.1\nHost: a\n\n", k_max_head, h).status, parse_status::bad);
+  const std::string_view lf_head = "GET / HTTP/1.1\r\nHost: a\nX";
+  std::size_t scanned = 0;
+  for (std::size_t n = 1; n <= lf_head.size(); ++n) {
+    const auto r = parse_request(lf_head.substr(0, n), k_max_head, h, scanned);
+    EXPECT_EQ(r.status, n < 24 ? parse_status::incomplete : parse_status::bad) << n;
+  }
+  EXPECT_EQ(parse_response("HTTP/1.1 200 OK\n", k_max_head, false, *std::make_unique<response_head>()).status,
+            parse_status::bad);
 }
 
 TEST(Http1ParseRequest, RejectsUnsupportedVersion) {
