@@ -131,9 +131,7 @@ void control_subscriber::run() {
             continue;
           }
           if (const auto domain = domains_.find(p->domain)) {
-            std::array<guard_rule, wire::max_policy_rules> rules;
-            for (std::size_t i = 0; i < p->count; ++i) rules[i] = {p->rules[i].interval_us, p->rules[i].burst};
-            if (gate_.set_policy(*domain, {rules.data(), p->count}, clock_.wall_us())) policies_.inc();
+            if (gate_.set_policy(*domain, {p->rules.data(), p->count}, clock_.wall_us())) policies_.inc();
             else policies_ignored_.inc();
           }
           continue;

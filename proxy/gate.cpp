@@ -53,9 +53,8 @@ bool gate::covered(std::uint32_t domain, std::int64_t now_us) const {
 
 gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const {
   policy out;
-  if (domain >= k_policy_domains) return out;
+  if (!covered(domain, now_us)) return out;
   const policy_slot& p = policies_[domain];
-  if (now_us - p.updated_us.load(std::memory_order_relaxed) > wire::policy_fresh_ms * 1000) return out;
   while (true) {
     const std::uint32_t before = p.seq.load(std::memory_order_acquire);
     if (before & 1) continue;

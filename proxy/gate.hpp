@@ -53,11 +53,9 @@ struct gate_limits {
   std::int64_t pacing_fresh_us = 2'000'000;
 };
 
-/// One rule of a domain's policy: `burst` uses, then one per `interval_us`.
-struct guard_rule {
-  std::int64_t interval_us = 0;
-  std::int64_t burst = 0;
-};
+/// One rule of a domain's policy: `burst` uses, then one per `interval_us`
+/// (as POLICY carries it).
+using guard_rule = wire::policy::rule;
 
 class gate {
   static constexpr std::size_t k_guard_rules = wire::max_policy_rules;
