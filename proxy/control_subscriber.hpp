@@ -1,6 +1,6 @@
-// The proxy's control side (accounting is proxy/accounting.hpp).
-// control_subscriber: one thread owning the SUB socket (connected to every master, subscribed to
-// the routes' domains), feeding DELAY_UNTIL into the gate.
+// The proxy's control side: one thread owning the libzmq SUB socket,
+// connected to every master and subscribed to the routes' domains, feeding
+// DELAY_UNTIL and POLICY into the gate.
 #pragma once
 
 #include <zmq.hpp>
@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "proxy/domain_registry.hpp"
 #include "proxy/gate.hpp"
 #include "smockron/clock.hpp"
 #include "smockron/metrics.hpp"
@@ -21,18 +22,6 @@
 #include "smockron/wire.hpp"
 
 namespace smockron::proxy {
-
-/// Stable numeric ids for domain names (the gate's keys); grows only.
-class domain_registry {
-public:
-  std::uint32_t id(std::string_view name);
-  /// Id of a known domain, or nothing.
-  std::optional<std::uint32_t> find(std::string_view name) const;
-
-private:
-  mutable std::mutex mutex_;
-  string_map<std::uint32_t> ids_;
-};
 
 class control_subscriber {
 public:

@@ -1,5 +1,5 @@
-// Accounting publisher and control subscriber (see control.hpp).
-#include "proxy/control.hpp"
+// The proxy's control subscriber (see control_subscriber.hpp).
+#include "proxy/control_subscriber.hpp"
 
 #include <array>
 #include <cstring>
@@ -9,22 +9,6 @@
 #include "smockron/zmq_util.hpp"
 
 namespace smockron::proxy {
-
-std::uint32_t domain_registry::id(std::string_view name) {
-  std::lock_guard lock(mutex_);
-  auto it = ids_.find(name);
-  if (it != ids_.end()) return it->second;
-  const auto next = static_cast<std::uint32_t>(ids_.size());
-  ids_.emplace(std::string(name), next);
-  return next;
-}
-
-std::optional<std::uint32_t> domain_registry::find(std::string_view name) const {
-  std::lock_guard lock(mutex_);
-  auto it = ids_.find(name);
-  if (it == ids_.end()) return std::nullopt;
-  return it->second;
-}
 
 control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
                                        domain_registry& domains, const clock& clk, metrics::registry& reg)

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -35,29 +36,39 @@
 
 namespace smockron::proxy {
 
-class accounting_publisher {
+class accounting_sender {
 public:
   /// Every message counts once in sent, dropped or unsent; `lost` counts
   /// again those (taken by a queue) whose connection broke before they were
-  /// written, once per master.
+  /// written, once per master. Shared by every worker's sender.
   struct counters {
+    explicit counters(metrics::registry& reg);
     metrics::counter& sent;     ///< taken by every connected master subscribed to its domain
     metrics::counter& dropped;  ///< refused by at least one full queue (or unencodable)
     metrics::counter& unsent;   ///< no connected master subscribed to the domain
     metrics::counter& lost;     ///< queued for a master whose connection then broke
   };
 
-  /// `hwm`: messages queued per master at most (0 = unbounded).
-  accounting_publisher(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t hwm,
-                       counters c);
-  accounting_publisher(const accounting_publisher&) = delete;
-  accounting_publisher& operator=(const accounting_publisher&) = delete;
+  /// How messages leave (from the configuration in force; reloadable).
+  struct policy {
+    std::chrono::microseconds flush_after{2000};  ///< a batch leaves at most this long after its first message
+    double rejected_sample = 1.0;                 ///< fraction of REJECTED messages sent
+  };
+
+  /// `queue_limit`: messages queued per master at most (accounting_hwm; 0 = unbounded).
+  accounting_sender(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t queue_limit,
+                    counters& c);
+  accounting_sender(const accounting_sender&) = delete;
+  accounting_sender& operator=(const accounting_sender&) = delete;
 
   /// What is still in the batch is counted as unsent (the worker stopped).
-  ~accounting_publisher();
-  /// Encodes and queues; returns true when the batch went from empty to
-  /// non-empty (the caller arms its flush timer). A full batch flushes first.
-  bool publish(const wire::accounting& m);
+  ~accounting_sender();
+  /// Accounts one request. A DELAYED message (a reservation) leaves at once:
+  /// other gatekeepers learn of it one round trip later, and every
+  /// millisecond of that is a window in which two of them can reserve the
+  /// same instant. Others join the batch, which leaves within
+  /// `p.flush_after` or when full. REJECTED messages are sampled.
+  void account(const wire::accounting& m, const policy& p);
   /// Hands the batch to every master and starts writing.
   void flush();
   /// True when nothing handed to a connected master is still unwritten.
@@ -74,6 +85,9 @@ public:
 
 private:
   struct link;
+  /// Encodes and queues; returns true when the batch went from empty to
+  /// non-empty. A full batch flushes first.
+  bool publish(const wire::accounting& m);
   void connect(link& l);
   void on_connected(link& l);
   void read(link& l);
@@ -87,8 +101,10 @@ private:
   void fail(link& l, std::string_view why);
 
   boost::asio::io_context& ioc_;
-  std::size_t hwm_;
-  counters counters_;
+  std::size_t queue_limit_;
+  counters& counters_;
+  boost::asio::steady_timer flush_timer_;
+  std::minstd_rand sample_rng_;
   std::vector<std::unique_ptr<link>> links_;
   wire::scratch scratch_;
   struct queued {

@@ -1,5 +1,5 @@
-// The proxy's accounting sender (see accounting.hpp).
-#include "proxy/accounting.hpp"
+// The proxy's accounting sender (see accounting_sender.hpp).
+#include "proxy/accounting_sender.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -27,7 +27,7 @@ constexpr std::size_t k_max_in_frame = 64 * 1024;
 constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
 }  // namespace
 
-struct accounting_publisher::link {
+struct accounting_sender::link {
   enum class state : std::uint8_t { idle, connecting, handshake, ready };
   link(asio::io_context& ioc, std::string ep) : endpoint(std::move(ep)), socket(ioc), retry(ioc), resolver(ioc) {}
 
@@ -48,9 +48,26 @@ struct accounting_publisher::link {
   bool write_busy = false;
 };
 
-accounting_publisher::accounting_publisher(asio::io_context& ioc, const std::vector<std::string>& endpoints,
-                                           std::size_t hwm, counters c)
-    : ioc_(ioc), hwm_(hwm), counters_(c), log_(log::get("proxy.accounting")) {
+accounting_sender::counters::counters(metrics::registry& r)
+    : sent(r.add_counter("smockron_proxy_accounting_messages_total", "Accounting messages published")),
+      dropped(r.add_counter("smockron_proxy_accounting_dropped_total",
+                            "Accounting messages a master's full queue refused, or lost with its connection; "
+                            "the request still passed")),
+      unsent(r.add_counter("smockron_proxy_accounting_unsent_total",
+                           "Accounting messages no connected master was subscribed to (master down or "
+                           "just reconnected); the request still passed")),
+      lost(r.add_counter("smockron_proxy_accounting_lost_total",
+                         "Accounting messages queued for a master whose connection broke before they "
+                         "were written (once per master)")) {}
+
+accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<std::string>& endpoints,
+                                     std::size_t queue_limit, counters& c)
+    : ioc_(ioc),
+      queue_limit_(queue_limit),
+      counters_(c),
+      flush_timer_(ioc),
+      sample_rng_(std::random_device{}()),
+      log_(log::get("proxy.accounting")) {
   bytes_.reserve(batch * 96);
   batch_.reserve(batch);
   for (const auto& e : endpoints) {
@@ -59,9 +76,26 @@ accounting_publisher::accounting_publisher(asio::io_context& ioc, const std::vec
   }
 }
 
-accounting_publisher::~accounting_publisher() { counters_.unsent.inc(batch_.size()); }
+accounting_sender::~accounting_sender() { counters_.unsent.inc(batch_.size()); }
 
-bool accounting_publisher::publish(const wire::accounting& m) {
+void accounting_sender::account(const wire::accounting& m, const policy& p) {
+  if (m.state == wire::status::rejected && p.rejected_sample < 1.0 &&
+      std::uniform_real_distribution<double>(0, 1)(sample_rng_) >= p.rejected_sample) {
+    return;
+  }
+  const bool first = publish(m);
+  if (m.state == wire::status::delayed) {
+    flush();
+  } else if (first) {
+    flush_timer_.expires_after(p.flush_after);
+    flush_timer_.async_wait([this](const boost::system::error_code& ec) {
+      // Re-arming cancels a wait: that batch already left with an immediate flush.
+      if (ec != asio::error::operation_aborted) flush();
+    });
+  }
+}
+
+bool accounting_sender::publish(const wire::accounting& m) {
   auto enc = wire::encode(m, scratch_);
   if (!enc) {
     counters_.dropped.inc();
@@ -84,7 +118,7 @@ bool accounting_publisher::publish(const wire::accounting& m) {
   return was_empty;
 }
 
-void accounting_publisher::flush() {
+void accounting_sender::flush() {
   if (batch_.empty()) return;
   for (const queued& q : batch_) {
     const std::string_view topic(bytes_.data() + q.topic_offset, q.topic_size);
@@ -92,7 +126,7 @@ void accounting_publisher::flush() {
     bool taken = false, refused = false;
     for (auto& l : links_) {
       if (l->st != link::state::ready || !wants(*l, topic)) continue;
-      if (hwm_ > 0 && l->pending_msgs + l->writing_msgs >= hwm_) {
+      if (queue_limit_ > 0 && l->pending_msgs + l->writing_msgs >= queue_limit_) {
         refused = true;
         continue;
       }
@@ -111,18 +145,18 @@ void accounting_publisher::flush() {
   }
 }
 
-bool accounting_publisher::idle() const {
+bool accounting_sender::idle() const {
   return std::all_of(links_.begin(), links_.end(), [](const auto& l) {
     return l->st != link::state::ready || (l->pending.empty() && l->writing.empty());
   });
 }
 
-std::size_t accounting_publisher::connected() const {
+std::size_t accounting_sender::connected() const {
   return static_cast<std::size_t>(
       std::count_if(links_.begin(), links_.end(), [](const auto& l) { return l->st == link::state::ready; }));
 }
 
-bool accounting_publisher::wants(const link& l, std::string_view topic) {
+bool accounting_sender::wants(const link& l, std::string_view topic) {
   if (l.subs.empty()) return false;
   if (l.subs.find(topic) != l.subs.end()) return true;  // the master's exact "domain\0"
   // A topic is "domain\0" and a domain holds no \0: a subscription ending in
@@ -136,7 +170,7 @@ bool accounting_publisher::wants(const link& l, std::string_view topic) {
 
 // ---- connection --------------------------------------------------------------
 
-void accounting_publisher::connect(link& l) {
+void accounting_sender::connect(link& l) {
   l.st = link::state::connecting;
   const std::uint64_t gen = l.generation;
   // One deadline for resolve, connect and handshake: a master that accepts
@@ -186,7 +220,7 @@ void accounting_publisher::connect(link& l) {
   });
 }
 
-void accounting_publisher::on_connected(link& l) {
+void accounting_sender::on_connected(link& l) {
   l.st = link::state::handshake;
   l.greeted = false;
   l.in.clear();
@@ -197,7 +231,7 @@ void accounting_publisher::on_connected(link& l) {
   if (gen == l.generation) read(l);
 }
 
-void accounting_publisher::read(link& l) {
+void accounting_sender::read(link& l) {
   const std::uint64_t gen = l.generation;
   l.socket.async_read_some(asio::buffer(l.chunk), [this, &l, gen](const boost::system::error_code& ec, std::size_t n) {
     if (gen != l.generation) return;
@@ -207,7 +241,7 @@ void accounting_publisher::read(link& l) {
   });
 }
 
-bool accounting_publisher::parse(link& l) {
+bool accounting_sender::parse(link& l) {
   const std::uint64_t gen = l.generation;  // a failure below (even inside a write) ends the parse
   std::size_t pos = 0;
   if (!l.greeted) {
@@ -242,7 +276,7 @@ bool accounting_publisher::parse(link& l) {
   return true;
 }
 
-void accounting_publisher::handle_command(link& l, std::string_view body) {
+void accounting_sender::handle_command(link& l, std::string_view body) {
   const auto cmd = zmtp::split_command(body);
   if (!cmd) {
     fail(l, "malformed command");
@@ -282,7 +316,7 @@ void accounting_publisher::handle_command(link& l, std::string_view body) {
   }
 }
 
-void accounting_publisher::subscription(link& l, std::string_view body) {
+void accounting_sender::subscription(link& l, std::string_view body) {
   if (body.empty()) return;
   const std::string_view topic = body.substr(1);
   const bool open = topic.empty() || topic.back() != '\0';
@@ -305,12 +339,12 @@ void accounting_publisher::subscription(link& l, std::string_view body) {
 
 // ---- writing -----------------------------------------------------------------
 
-void accounting_publisher::queue(link& l, std::string_view bytes, std::size_t messages) {
+void accounting_sender::queue(link& l, std::string_view bytes, std::size_t messages) {
   l.pending += bytes;
   l.pending_msgs += messages;
 }
 
-void accounting_publisher::write(link& l) {
+void accounting_sender::write(link& l) {
   if (l.write_busy || l.pending.empty() || (l.st != link::state::ready && l.st != link::state::handshake)) return;
   std::swap(l.pending, l.writing);
   l.writing_msgs = l.pending_msgs;
@@ -336,7 +370,7 @@ void accounting_publisher::write(link& l) {
   });
 }
 
-void accounting_publisher::fail(link& l, std::string_view why) {
+void accounting_sender::fail(link& l, std::string_view why) {
   const bool was_ready = l.st == link::state::ready;
   // Taken for this master and not (wholly) written: lost for it. They were
   // counted as sent (they may have reached the other masters).

@@ -1,0 +1,66 @@
+// Admission (see admission.hpp).
+#include "proxy/admission.hpp"
+
+namespace smockron::proxy {
+namespace {
+
+void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
+             std::int64_t now_us, std::int64_t delayed_ms) {
+  wire::accounting m;
+  m.domain = r.domain;
+  m.state = st;
+  m.identifier = id;
+  m.received_ms = now_us / 1000;
+  m.delayed_ms = delayed_ms;
+  env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
+}
+
+}  // namespace
+
+admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us) {
+  admission a;
+  const auto domain = rt.gate_domain[r.domain_index];
+  const auto& count = rt.decisions[r.domain_index];
+  const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000};
+  a.who = identify(r.identify, req.headers, req.target, peer, ictx);
+  // fail_closed: no master has published this domain's policy lately (none
+  // reachable, or none owns the domain): refuse rather than pass.
+  if (rt.cfg.fail_closed && !env.g.covered(domain, now_us)) {
+    a.outcome = decision::rejected;
+    a.no_master = true;
+    count[static_cast<int>(decision::rejected)]->inc();
+    env.metrics.reject_no_master.inc();
+    return a;
+  }
+  if (!a.who) {
+    count[static_cast<int>(decision::unidentified)]->inc();
+    return a;
+  }
+  const std::string_view id = a.who->value;
+  a.gate = env.g.decide(domain, id, now_us, rt.limits);
+  switch (a.gate.v) {
+    case verdict::reject:
+      a.outcome = decision::rejected;
+      (a.gate.reason == reject_reason::delay_too_long ? env.metrics.reject_too_long : env.metrics.reject_held_full).inc();
+      account(env, rt, r, wire::status::rejected, id, now_us, 0);
+      break;
+    case verdict::delay:
+      a.outcome = decision::delayed;
+      // Reported when the hold starts, with the time it will be forwarded:
+      // the master then knows every gatekeeper's reservations within a round
+      // trip, which is what holds one limit across gatekeepers. A prepaid
+      // slot (given back by a held client that left) was reported already.
+      if (!a.gate.prepaid) account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000);
+      env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+      break;
+    case verdict::accept:
+      a.outcome = decision::accepted;
+      account(env, rt, r, wire::status::accepted, id, now_us, 0);
+      break;
+  }
+  count[static_cast<int>(a.outcome)]->inc();
+  return a;
+}
+
+}  // namespace smockron::proxy

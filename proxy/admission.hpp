@@ -1,0 +1,41 @@
+// Admission: what the gate decides for one request, with no I/O. Identifies
+// the client, applies fail_closed, asks the gate, counts the decision and
+// accounts the request to the masters. The session then answers, holds or
+// forwards (session.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "proxy/accounting_sender.hpp"
+#include "proxy/gate.hpp"
+#include "proxy/http1.hpp"
+#include "proxy/identify.hpp"
+#include "proxy/proxy_metrics.hpp"
+#include "proxy/routes.hpp"
+#include "proxy/runtime.hpp"
+
+namespace smockron::proxy {
+
+struct admission {
+  decision outcome = decision::unidentified;
+  std::optional<identity> who;  ///< nothing: no identifier source yielded a value (the request passes)
+  gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
+  bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
+};
+
+/// What admission uses beyond the request (the worker's sender; shared rest).
+struct admission_env {
+  gate& g;
+  proxy_metrics& metrics;
+  accounting_sender& accounting;
+};
+
+/// Decides request `req` on route `r` from `peer` at wall time `now_us`. A
+/// delayed request holds a place among the held: the caller calls
+/// gate::release_held() when the hold ends (and gate::cancel() when the
+/// client left).
+admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us);
+
+}  // namespace smockron::proxy

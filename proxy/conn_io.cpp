@@ -1,0 +1,140 @@
+// Connection I/O (see conn_io.hpp).
+#include "proxy/conn_io.hpp"
+
+#include <sys/socket.h>
+#include <time.h>
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+
+#include <array>
+#include <cerrno>
+
+#include "proxy/sys_io.hpp"
+
+namespace smockron::proxy {
+
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+constexpr int k_reads_per_turn = 16;                // read_more(): reads without waiting before others get a turn
+constexpr auto k_linger = std::chrono::seconds(5);  // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
+constexpr std::size_t k_linger_bytes = 1 << 20;     // ... at most this much
+constexpr auto k_respond_timeout = std::chrono::seconds(10);
+}  // namespace
+
+void connection::expires_after(steady::duration d) {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  deadline = steady::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + d;
+  expired = false;
+}
+
+void connection::watch(std::shared_ptr<connection> self) {
+  connection& c = *self;
+  const auto now = steady::now();
+  if (c.deadline <= now) {
+    c.expired = true;
+    c.deadline = steady::time_point::max();
+    boost::system::error_code ignored;
+    c.client.cancel(ignored);
+    if (c.up.sock) c.up.sock->cancel(ignored);
+  }
+  c.timer.expires_at(c.deadline - now < c.tick ? c.deadline : now + c.tick);
+  c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
+    if (!self->closed) watch(std::move(self));
+  });
+}
+
+bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
+  std::array<iovec, 16> iov;
+  const auto bufs = b.span();
+  for (std::size_t i = 0; i < bufs.size(); ++i) iov[i] = {const_cast<void*>(bufs[i].data()), bufs[i].size()};
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = bufs.size();
+  for (;;) {
+    const auto n = sys::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      b.consume(static_cast<std::size_t>(n));
+      return b.empty();
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    ec.assign(errno, boost::system::system_category());
+    return true;
+  }
+}
+
+awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, tcp_socket& s,
+                                                                        asio::mutable_buffer b,
+                                                                        std::optional<steady::duration> timeout) {
+  for (;;) {
+    const auto n = sys::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      const boost::system::error_code ec = n > 0    ? boost::system::error_code{}
+                                           : n == 0 ? make_error_code(asio::error::eof)
+                                                    : boost::system::error_code(errno, boost::system::system_category());
+      // Progress: the deadline starts again (a request head keeps its one deadline).
+      if (timeout) c.expires_after(*timeout);
+      else c.expired = false;
+      if (++c.reads_at_once == k_reads_per_turn) {
+        c.reads_at_once = 0;
+        co_await asio::post(s.get_executor(), asio::use_awaitable_t<executor_t>{});
+        if (c.expired) co_return std::tuple{make_error_code(asio::error::operation_aborted), std::size_t{0}};
+      }
+      co_return std::tuple{ec, n > 0 ? static_cast<std::size_t>(n) : std::size_t{0}};
+    }
+    c.reads_at_once = 0;
+    if (timeout) c.expires_after(*timeout);
+    // Nothing now, so no end of stream is pending either: the reactor's next
+    // readiness event is sure to come (and unlike async_wait this re-arms
+    // nothing in epoll).
+    co_return co_await s.async_read_some(drain_buffer(b), nothrow);
+  }
+}
+
+awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::string_view body, bool keep_alive,
+                        std::int64_t retry_after_s) {
+  c.out.clear();
+  http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s);
+  buffer_list b;
+  b.add(c.out.data(), c.out.size());
+  boost::system::error_code ec;
+  if (!send_now(c.client, b, ec)) ec = std::get<0>(co_await write(c, c.client, b, k_respond_timeout));
+  co_return !ec && keep_alive;
+}
+
+// Closing with unread bytes would reset the connection, and a reset can
+// destroy the answer before the client reads it. So: end our side, then read
+// and discard what comes for at most k_linger (as nginx's lingering close).
+awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::string_view body) {
+  co_await respond(c, version, status, body, false);
+  boost::system::error_code ignored;
+  c.client.shutdown(tcp::socket::shutdown_send, ignored);
+  std::array<char, 4096> sink;
+  const auto until = steady::now() + k_linger;
+  for (std::size_t total = 0; total < k_linger_bytes && steady::now() < until;) {
+    auto [ec, n] = co_await read_more(c, c.client, asio::buffer(sink), k_linger);
+    if (ec) break;
+    total += n;
+  }
+  co_return false;
+}
+
+awaitable<bool> hold(connection& c, steady::time_point release) {
+  steady_timer timer(co_await asio::this_coro::executor);
+  timer.expires_at(release);
+  auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
+  if (first.index() == 0) co_return true;
+  // Readable: either the client closed (EOF/reset) or it sent more bytes
+  // (body or a pipelined request), which stay queued for later.
+  char ch;
+  const auto n = ::recv(c.client.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return false;
+  co_await timer.async_wait(nothrow);
+  co_return true;
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,272 @@
+// Forwarding (see forward.hpp).
+#include "proxy/forward.hpp"
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <array>
+
+namespace smockron::proxy {
+
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
+
+// RFC 9110 9.2.2: a proxy must not resend a non-idempotent request (POST, PATCH, ...).
+bool idempotent(std::string_view m) {
+  return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
+}
+
+// One request's exchange with its upstream. Each step either goes on or
+// answers the client itself (then `keep` says whether the connection goes on).
+struct exchange {
+  forward_env& env;
+  const runtime& rt;
+  const route& r;
+  connection& c;
+  http1::request_head& req = c.request;
+  http1::response_head& res = c.response;
+  unsigned version = req.version;
+  // A request that may have reached a pooled connection's server is resent
+  // only when that is harmless: no body (nothing consumed) and an idempotent method.
+  bool retryable = req.body == http1::framing::none && idempotent(req.method);
+  bool keep = false;
+
+  enum class step : std::uint8_t { next, retry, answered };
+
+  awaitable<step> send_request(int attempt);
+  awaitable<step> read_response_head(int attempt);
+  awaitable<bool> relay_response();
+  awaitable<void> tunnel();
+  awaitable<void> pump(tcp_socket& from, tcp_socket& to, boost::beast::flat_buffer& pending);
+
+  awaitable<step> answer(unsigned status, std::string_view body) {
+    keep = co_await respond(c, version, status, body, false);
+    co_return step::answered;
+  }
+};
+
+// Takes an upstream connection and writes the head (in c.out) and the body:
+// the head and the body bytes at hand share one write; the rest of the body
+// is streamed from the client through c.in (bytes past its end stay there:
+// a pipelined request).
+awaitable<exchange::step> exchange::send_request(int attempt) {
+  // A request that could not be resent makes sure a pooled connection is still open.
+  if (!(attempt == 0 && env.pool.take_pooled(rt, c, r.upstream_index, !retryable)) &&
+      !co_await env.pool.acquire(rt, c, r.upstream_index, attempt == 0, !retryable)) {
+    env.metrics.upstream_no_server.inc();
+    co_return co_await answer(502, "upstream unavailable\n");
+  }
+  const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+  body_relay& body = c.relay.emplace(req.body, req.body, req.content_length, max_line);
+  buffer_list& bufs = c.bufs;
+  bufs.clear();
+  bufs.add(c.out.data(), c.out.size());
+  for (;;) {
+    const auto used = body.step(view(c.in), bufs);
+    // Refused mid-body: the upstream got part of it and its connection is
+    // dropped with `up`; the client hears why, then the connection closes.
+    if (!used) {
+      env.metrics.bad_request.inc();
+      keep = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
+      co_return step::answered;
+    }
+    if (rt.cfg.max_body_bytes > 0 && body.data_bytes > rt.cfg.max_body_bytes) {
+      env.metrics.bad_request.inc();
+      keep = co_await refuse(c, version, 413, "request body too large\n");
+      co_return step::answered;
+    }
+    if (!bufs.empty()) {
+      boost::system::error_code ec;
+      if (!send_now(*c.up.sock, bufs, ec)) ec = std::get<0>(co_await write(c, *c.up.sock, bufs, rt.cfg.upstream_timeout));
+      if (ec) {
+        if (c.up.reused && retryable && attempt == 0) co_return step::retry;
+        env.metrics.upstream_reset.inc();
+        co_return co_await answer(502, "upstream write failed\n");
+      }
+    }
+    c.in.consume(*used);
+    bufs.clear();
+    if (body.done) co_return step::next;
+    if (c.in.size() > 0) continue;
+    auto [ec, n] = co_await read_more(c, c.client, c.in.prepare(k_relay_chunk), rt.cfg.body_timeout);
+    if (ec) {  // the client failed mid-body: nothing sensible to answer
+      keep = false;
+      co_return step::answered;
+    }
+    c.in.commit(n);
+  }
+}
+
+// Reads the response head, passing 1xx informational responses on to an
+// HTTP/1.1 client (never to HTTP/1.0, RFC 9110 15.2) and stopping at a final
+// one or 101.
+awaitable<exchange::step> exchange::read_response_head(int attempt) {
+  c.upstream_in.clear();
+  boost::system::error_code ec;
+  bool bad_head = false, interim = false, first_read = true;
+  for (std::size_t scanned = 0;;) {
+    const auto parsed = http1::parse_response(view(c.upstream_in), k_max_response_head, req.head, res, scanned);
+    if (parsed.status == http1::parse_status::complete) {
+      if (res.status >= 200 || res.status == 101) break;
+      interim = true;  // a response has begun: no retry after this
+      if (version >= 11) {
+        c.out.clear();
+        http1::write_response_head(c.out, res, 11, http1::framing::none, true, false);
+        auto [wec, wn] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout);
+        if (wec) {
+          keep = false;
+          co_return step::answered;
+        }
+      }
+      c.upstream_in.consume(res.size);
+      scanned = 0;
+      continue;
+    }
+    if (parsed.status != http1::parse_status::incomplete) {
+      bad_head = true;
+      break;
+    }
+    // The answer to a request just sent is rarely there yet: its first
+    // read waits for readiness instead of trying a recv() that fails.
+    const auto into = c.upstream_in.prepare(k_head_read);
+    auto [rec, n] = first_read ? co_await read_first(c, *c.up.sock, into, rt.cfg.upstream_timeout)
+                               : co_await read_more(c, *c.up.sock, into, rt.cfg.upstream_timeout);
+    first_read = false;
+    if (rec) {
+      ec = c.classify(rec);
+      break;
+    }
+    c.upstream_in.commit(n);
+  }
+  if (!ec && !bad_head) co_return step::next;
+  // A pooled connection the server closed just now: nothing came back.
+  const bool nothing = c.upstream_in.size() == 0 && !interim;
+  if (nothing && c.up.reused && retryable && attempt == 0 &&
+      (ec == asio::error::eof || ec == asio::error::connection_reset)) {
+    co_return step::retry;
+  }
+  if (ec == asio::error::timed_out) {
+    env.metrics.upstream_timeout.inc();
+    co_return co_await answer(504, "upstream timed out\n");
+  }
+  env.metrics.upstream_reset.inc();
+  co_return co_await answer(502, bad_head ? "upstream sent a malformed response\n" : "upstream failed\n");
+}
+
+// The response head and body to the client, re-framed for its version:
+// HTTP/1.0 knows no chunks, and an HTTP/1.1 client keeps its connection when
+// a body that ends by closing is sent chunked.
+awaitable<bool> exchange::relay_response() {
+  using http1::framing;
+  framing out = res.body;
+  if (res.body == framing::until_close && version >= 11) out = framing::chunked;
+  if (res.body == framing::chunked && version < 11) out = framing::until_close;
+  const bool keep_client = req.keep_alive && !env.draining && out != framing::until_close;
+  c.out.clear();
+  http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false);
+  const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+  body_relay& body = c.relay.emplace(res.body, out, res.content_length, max_line);
+  buffer_list& bufs = c.bufs;
+  bufs.clear();
+  bufs.add(c.out.data(), c.out.size());
+  for (;;) {
+    const auto used = body.step(view(c.upstream_in), bufs);
+    if (!used) {
+      env.metrics.upstream_reset.inc();
+      co_return false;  // malformed chunked framing; the response has started: closing is the only signal left
+    }
+    if (!bufs.empty()) {
+      boost::system::error_code ec;
+      if (!send_now(c.client, bufs, ec)) ec = std::get<0>(co_await write(c, c.client, bufs, rt.cfg.body_timeout));
+      if (ec) co_return false;
+    }
+    c.upstream_in.consume(*used);
+    bufs.clear();
+    if (body.done) break;
+    if (c.upstream_in.size() > 0) continue;  // more at hand than one write took
+    auto [ec, n] = co_await read_more(c, *c.up.sock, c.upstream_in.prepare(k_relay_chunk), rt.cfg.upstream_timeout);
+    if (ec == asio::error::eof && res.body == framing::until_close) {
+      body.eof = true;
+      continue;
+    }
+    if (ec) {
+      (c.classify(ec) == asio::error::timed_out ? env.metrics.upstream_timeout : env.metrics.upstream_reset).inc();
+      co_return false;  // the response has started: the only honest signal left is closing
+    }
+    c.upstream_in.commit(n);
+  }
+  if (res.keep_alive && c.upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
+  co_return keep_client;
+}
+
+// After a 101 response: the response head to the client, then bytes both
+// ways until either side ends.
+awaitable<void> exchange::tunnel() {
+  c.out.clear();
+  http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
+  if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return;
+  co_await (pump(c.client, *c.up.sock, c.in) && pump(*c.up.sock, c.client, c.upstream_in));
+}
+
+// Copies bytes one way until EOF or error; the connection's idle deadline
+// covers both directions.
+awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::flat_buffer& pending) {
+  const auto idle = rt.cfg.idle_timeout;
+  if (pending.size() > 0) {
+    auto [ec, n] = co_await write(c, to, pending.data(), idle);
+    if (ec) co_return;
+    pending.consume(n);
+  }
+  std::array<char, 16384> buf;
+  for (;;) {
+    auto [ec, n] = co_await read_more(c, from, asio::buffer(buf), idle);
+    if (ec) break;
+    auto [wec, wn] = co_await write(c, to, asio::buffer(buf.data(), n), idle);
+    (void)wn;
+    if (wec) break;
+  }
+  boost::system::error_code ignored;
+  to.shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace
+
+awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c, std::string_view client_ip) {
+  exchange x{env, rt, r, c};
+  const http1::request_head& req = c.request;
+  if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {
+    // The proxy answers 100-continue itself, once the gate has admitted the request.
+    static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout);
+    if (ec) co_return false;
+  }
+  c.out.clear();
+  http1::write_request_head(c.out, req, {client_ip, "http", req.upgrade});
+  c.in.consume(req.size);  // the head: what follows is body (or the next request)
+  struct release_guard {
+    upstream_conn& up;
+    ~release_guard() { up.release(); }
+  } guard{c.up};
+  // A pooled connection may have been closed by the upstream just now: a
+  // retryable request is retried once on a fresh connection.
+  for (int attempt = 0;; ++attempt) {
+    auto st = co_await x.send_request(attempt);
+    if (st == exchange::step::next) st = co_await x.read_response_head(attempt);
+    if (st == exchange::step::answered) co_return x.keep;
+    if (st == exchange::step::next) break;
+  }
+  c.upstream_in.consume(c.response.size);
+  if (c.response.status == 101) {
+    if (!req.upgrade) {
+      env.metrics.upstream_reset.inc();
+      co_return co_await respond(c, x.version, 502, "upstream switched protocols unasked\n", false);
+    }
+    co_await x.tunnel();
+    co_return false;
+  }
+  co_return co_await x.relay_response();
+}
+
+}  // namespace smockron::proxy

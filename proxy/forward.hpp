@@ -1,0 +1,31 @@
+// Forwarding an admitted request: the upstream exchange (connection from
+// the pool, request head and body out, response head in, 1xx passed on),
+// the retry rule, the response body back to the client, and the tunnel after
+// a 101 (WebSocket and other upgrades).
+#pragma once
+
+#include <atomic>
+#include <string_view>
+
+#include "proxy/conn_io.hpp"
+#include "proxy/proxy_metrics.hpp"
+#include "proxy/routes.hpp"
+#include "proxy/runtime.hpp"
+#include "proxy/upstream_pool.hpp"
+
+namespace smockron::proxy {
+
+/// What forwarding needs beyond the request: the worker's pool, the
+/// counters, and whether the proxy is draining (no keep-alive then).
+struct forward_env {
+  upstream_pool& pool;
+  proxy_metrics& metrics;
+  const std::atomic<bool>& draining;
+};
+
+/// Forwards `c.request` (whose head is at the front of `c.in`) to the
+/// route's upstream and relays the response. `client_ip` goes into
+/// X-Forwarded-For. Returns whether the client connection may be kept alive.
+awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c, std::string_view client_ip);
+
+}  // namespace smockron::proxy

@@ -1,0 +1,53 @@
+// The proxy's request counters (see proxy_metrics.hpp).
+#include "proxy/proxy_metrics.hpp"
+
+namespace smockron::proxy {
+namespace {
+
+constexpr std::array<std::string_view, decision_count> k_decision_names = {"accepted", "delayed", "rejected",
+                                                                           "unidentified"};
+
+metrics::counter& reject(metrics::registry& r, std::string_view reason) {
+  return r.add_counter("smockron_proxy_rejects_total", "Requests rejected with 503 by reason",
+                       metrics::labels({{"reason", reason}}));
+}
+
+metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
+  return r.add_counter("smockron_proxy_upstream_errors_total", "Upstream failures by kind",
+                       metrics::labels({{"kind", kind}}));
+}
+
+}  // namespace
+
+std::string_view to_string(decision d) { return k_decision_names[static_cast<std::size_t>(d)]; }
+
+proxy_metrics::proxy_metrics(metrics::registry& r)
+    : reg(r),
+      no_route(r.add_counter("smockron_proxy_no_route_total", "Requests that matched no route (404)")),
+      bad_request(r.add_counter("smockron_proxy_bad_requests_total",
+                                "Requests refused as malformed (400) or with a body over max_body_bytes (413)")),
+      header_too_large(r.add_counter("smockron_proxy_header_too_large_total", "Requests refused with 414 or 431")),
+      header_timeout(r.add_counter("smockron_proxy_header_timeouts_total",
+                                   "Clients that did not send a request head in time (408)")),
+      client_gone_held(r.add_counter("smockron_proxy_held_client_disconnects_total",
+                                     "Clients that disconnected while held (dropped, never forwarded)")),
+      reject_too_long(reject(r, "delay_too_long")),
+      reject_held_full(reject(r, "held_full")),
+      reject_no_master(reject(r, "no_master")),
+      upstream_connect(upstream_error(r, "connect")),
+      upstream_timeout(upstream_error(r, "timeout")),
+      upstream_reset(upstream_error(r, "reset")),
+      upstream_no_server(upstream_error(r, "no_server")),
+      delay_seconds(r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed",
+                                    {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})) {}
+
+std::array<metrics::counter*, decision_count> proxy_metrics::decisions(const std::string& domain) {
+  std::array<metrics::counter*, decision_count> row{};
+  for (std::size_t i = 0; i < decision_count; ++i) {
+    row[i] = &reg.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+  }
+  return row;
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,35 @@
+// The proxy's request counters, resolved once per configuration so that
+// nothing is looked up by name on the request path. Accounting counters are
+// the accounting sender's (accounting_sender.hpp), control counters the
+// control subscriber's.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "smockron/metrics.hpp"
+
+namespace smockron::proxy {
+
+/// What became of a request at the gate: the `decision` label of
+/// smockron_proxy_requests_total and of the access log.
+enum class decision : std::uint8_t { accepted, delayed, rejected, unidentified };
+inline constexpr std::size_t decision_count = 4;
+std::string_view to_string(decision d);
+
+struct proxy_metrics {
+  explicit proxy_metrics(metrics::registry& r);
+
+  /// smockron_proxy_requests_total{domain, decision}, one per decision.
+  std::array<metrics::counter*, decision_count> decisions(const std::string& domain);
+
+  metrics::registry& reg;
+  metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held;
+  metrics::counter &reject_too_long, &reject_held_full, &reject_no_master;
+  metrics::counter &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server;
+  metrics::histogram& delay_seconds;
+};
+
+}  // namespace smockron::proxy

@@ -1,0 +1,56 @@
+// One configuration generation (see runtime.hpp).
+#include "proxy/runtime.hpp"
+
+#include <boost/asio/ip/address.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace smockron::proxy {
+namespace {
+
+// Host names are resolved once here (control plane), never per connection.
+std::vector<tcp::endpoint> resolve(const config::upstream_config& u) {
+  std::vector<tcp::endpoint> eps;
+  for (const auto& s : u.servers) {
+    boost::system::error_code ec;
+    const auto addr = asio::ip::make_address(s.host, ec);
+    if (!ec) {
+      eps.emplace_back(addr, s.port);
+      continue;
+    }
+    asio::io_context tmp;
+    tcp::resolver resolver(tmp);
+    const auto results = resolver.resolve(s.host, std::to_string(s.port), ec);
+    if (ec || results.empty()) throw std::runtime_error("cannot resolve upstream server " + s.to_string());
+    eps.push_back(results.begin()->endpoint());
+  }
+  return eps;
+}
+
+}  // namespace
+
+runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen)
+    : cfg(c), routes(c), generation(gen) {
+  for (const auto& d : routes.domains()) {
+    gate_domain.push_back(domains.id(d));
+    decisions.push_back(m.decisions(d));
+  }
+  for (const auto& u : cfg.upstreams) servers.push_back(resolve(u));
+  std::string error;
+  jwt = jwt_verifier::create(cfg.jwt, error);
+  if (!jwt) throw std::runtime_error("proxy.jwt: " + error);
+  limits.max_delay_us = cfg.max_delay.count();
+  limits.max_held = cfg.max_held;
+  limits.pacing_fresh_us = cfg.control_fresh.count();
+  // Half the shortest deadline any operation sets (respond() writes within
+  // 10 s, refuse() lingers 5 s), so the watchdog is never late by more than that.
+  steady::duration t = std::chrono::seconds(10);
+  for (const auto d : {cfg.header_timeout, cfg.idle_timeout, cfg.connect_timeout, cfg.upstream_timeout, cfg.body_timeout}) {
+    t = std::min<steady::duration>(t, d);
+  }
+  tick = std::max<steady::duration>(t / 2, std::chrono::milliseconds(1));
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,40 @@
+// One generation of the proxy's configuration, as the request path uses it:
+// routes, domain ids and counters resolved, upstream servers resolved to
+// addresses, the JWT verifier built, the gate's limits and the watchdog's
+// period derived. Built on the control plane (start-up, reload), immutable
+// after; workers hold it by shared_ptr and pick up a new generation between
+// requests.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "proxy/asio_types.hpp"
+#include "proxy/domain_registry.hpp"
+#include "proxy/gate.hpp"
+#include "proxy/identify.hpp"
+#include "proxy/proxy_metrics.hpp"
+#include "proxy/routes.hpp"
+#include "smockron/config.hpp"
+
+namespace smockron::proxy {
+
+struct runtime {
+  /// Throws std::runtime_error when an upstream host does not resolve or the JWT settings are unusable.
+  runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen);
+
+  config::proxy_config cfg;
+  route_table routes;
+  std::vector<std::uint32_t> gate_domain;                                  ///< per routes.domains() index
+  std::vector<std::array<metrics::counter*, decision_count>> decisions;   ///< per domain index, by decision
+  std::vector<std::vector<tcp::endpoint>> servers;                        ///< per upstream, per server
+  std::unique_ptr<jwt_verifier> jwt;
+  gate_limits limits;
+  steady::duration tick{};  ///< the connection watchdog's period (see conn_io.hpp)
+  std::uint64_t generation = 0;
+};
+
+}  // namespace smockron::proxy

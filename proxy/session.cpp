@@ -1,0 +1,191 @@
+// One client connection (see session.hpp).
+#include "proxy/session.hpp"
+
+#include <memory>
+#include <string>
+
+#include "proxy/admission.hpp"
+#include "proxy/forward.hpp"
+
+namespace smockron::proxy {
+namespace {
+
+class session {
+public:
+  session(shared_state& s, worker& w, std::shared_ptr<connection> conn)
+      : s_(s), w_(w), conn_(std::move(conn)), c_(*conn_) {}
+
+  awaitable<void> run() {
+    boost::system::error_code ignored;
+    c_.client.set_option(tcp::no_delay(true), ignored);
+    if (auto parsed = parse_ip(c_.client.remote_endpoint(ignored).address().to_string())) peer_ = *parsed;
+    peer_text_ = format_ip(peer_);
+    for (bool first = true;; first = false) {
+      if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
+      // Between requests the connection is idle: closed after idle_timeout,
+      // or at once when draining. On a new connection the header_timeout runs
+      // from the accept: one deadline for the whole head.
+      const bool deadline_running = first && c_.in.size() == 0;
+      if (c_.in.size() == 0 && !co_await wait_for_request(first)) co_return;
+      // This request's generation, whatever other sessions of the worker pick up meanwhile.
+      const std::shared_ptr<const runtime> rt = w_.rt;
+      c_.idle = false;
+      c_.tick = rt->tick;
+      if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
+      if (!co_await read_head(*rt)) co_return;
+      if (!co_await serve_request(*rt)) co_return;
+    }
+  }
+
+private:
+  // Waits for the first bytes of a request on an idle connection. False:
+  // closed, draining, or silent until the deadline.
+  awaitable<bool> wait_for_request(bool first) {
+    if (s_.draining) co_return false;
+    c_.idle = true;
+    const auto& cfg = w_.rt->cfg;
+    auto [ec, n] = co_await read_first(c_, c_.client, c_.in.prepare(k_head_read),
+                                       first ? cfg.header_timeout : cfg.idle_timeout);
+    if (ec) co_return false;
+    c_.in.commit(n);
+    if (s_.newer_than(*w_.rt)) w_.rt = s_.current();  // a reload while this connection was idle
+    co_return true;
+  }
+
+  // Reads the rest of a request head within max_header_bytes and the
+  // deadline running, or answers why not (408, 414, 431, 400). False: the
+  // connection ends.
+  awaitable<bool> read_head(const runtime& rt) {
+    const auto limit = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+    http1::parse_result parsed;
+    for (std::size_t scanned = 0;;) {
+      parsed = http1::parse_request(view(c_.in), limit, c_.request, scanned);
+      if (parsed.status != http1::parse_status::incomplete) break;
+      const auto room = std::min(std::max(k_head_read, c_.in.size()), limit - c_.in.size());
+      auto [ec, n] = co_await read_more(c_, c_.client, c_.in.prepare(room), std::nullopt);
+      if (ec) {
+        if (c_.expired) {
+          s_.metrics.header_timeout.inc();
+          co_await respond(c_, 11, 408, "request head not received in time\n", false);
+        }
+        co_return false;
+      }
+      c_.in.commit(n);
+    }
+    switch (parsed.status) {
+      case http1::parse_status::complete: co_return true;
+      case http1::parse_status::line_too_long:
+        s_.metrics.header_too_large.inc();
+        co_return co_await refuse(c_, 11, 414, "request line too long\n");
+      case http1::parse_status::headers_too_large:
+        s_.metrics.header_too_large.inc();
+        co_return co_await refuse(c_, 11, 431, "request headers too large\n");
+      default:
+        s_.metrics.bad_request.inc();
+        co_return co_await refuse(c_, 11, 400, "bad request: " + std::string(parsed.reason) + "\n");
+    }
+  }
+
+  // One request whose head is in c_.request. False: the connection ends.
+  awaitable<bool> serve_request(const runtime& rt) {
+    const http1::request_head& req = c_.request;
+    const unsigned version = req.version;
+    if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
+      s_.metrics.bad_request.inc();
+      co_return co_await refuse(c_, version, 413, "request body too large\n");
+    }
+    const std::string_view target = req.target;
+    const route* r = rt.routes.match(req.host, target.substr(0, target.find('?')));
+    if (!r) {
+      s_.metrics.no_route.inc();
+      co_return co_await answer(404, "no route\n", 0);
+    }
+    const std::int64_t now_us = s_.clk.wall_us();
+    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    const admission a = admit(env, rt, *r, req, peer_, now_us);
+    if (a.outcome == decision::rejected) {
+      if (rt.cfg.access_log) log_access(std::string(req.method) + " " + std::string(target), 503, a, 0);
+      if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
+      co_return co_await answer(503, "rate limit exceeded, retry later\n", a.gate.retry_after_s);
+    }
+    if (a.outcome == decision::delayed && !co_await hold_for(rt, *r, a)) co_return false;
+    // Behind trusted proxies the client may be further out than the peer.
+    std::string forwarded_client;
+    if (!rt.cfg.trusted_proxies.empty()) {
+      forwarded_client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies));
+    }
+    // The head's views do not outlive forwarding (the buffer is reused): what the log needs is copied.
+    std::string logged_request;
+    if (rt.cfg.access_log) logged_request.append(req.method).append(" ").append(target);
+    const auto started = rt.cfg.access_log ? s_.clk.steady_now() : steady::time_point{};
+    forward_env fenv{w_.pool, s_.metrics, s_.draining};
+    const bool keep = co_await forward(fenv, rt, *r, c_, forwarded_client.empty() ? peer_text_ : forwarded_client);
+    if (rt.cfg.access_log) {
+      log_access(logged_request, 0, a,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(s_.clk.steady_now() - started).count());
+    }
+    co_return keep;
+  }
+
+  // A response of the proxy's own to a request that has no body to skip
+  // (else the connection closes after it: unread body bytes would be parsed
+  // as the next request).
+  awaitable<bool> answer(unsigned status, std::string_view body, std::int64_t retry_after_s) {
+    const http1::request_head& req = c_.request;
+    const bool go_on = req.keep_alive && req.body == http1::framing::none && !s_.draining;
+    if (!co_await respond(c_, req.version, status, body, go_on, retry_after_s)) co_return false;
+    c_.in.consume(req.size);
+    co_return true;
+  }
+
+  // Holds a delayed request until its release time, unless the client
+  // leaves first (then its slot goes back to the gate). False: it left.
+  awaitable<bool> hold_for(const runtime& rt, const route& r, const admission& a) {
+    c_.expires_never();
+    // The gate speaks wall time; the timer runs on steady time from the same clock.
+    const auto wait = std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us());
+    const bool stayed = co_await hold(c_, s_.clk.steady_now() + wait);
+    s_.gate.release_held();
+    if (stayed) co_return true;
+    s_.metrics.client_gone_held.inc();
+    s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, s_.clk.wall_us());
+    co_return false;
+  }
+
+  void log_access(std::string_view request, unsigned status, const admission& a, std::int64_t upstream_ms) {
+    const identity* who = a.who ? &*a.who : nullptr;
+    s_.access_log->info("{} \"{}\" status={} decision={} source={} upstream_ms={}", peer_text_, request,
+                        status ? std::to_string(status) : std::string("-"), to_string(a.outcome),
+                        who && who->source ? config::to_string(*who->source) : std::string("-"), upstream_ms);
+  }
+
+  shared_state& s_;
+  worker& w_;
+  std::shared_ptr<connection> conn_;
+  connection& c_;
+  ip_address peer_;
+  std::string peer_text_;
+};
+
+}  // namespace
+
+awaitable<void> serve_connection(shared_state& s, worker& w, tcp_socket socket) {
+  auto conn = std::make_shared<connection>(std::move(socket), w.rt->tick);
+  ++s.connections;
+  w.sessions.insert(conn.get());
+  struct unregister {
+    shared_state& s;
+    worker& w;
+    connection& c;
+    ~unregister() {
+      w.sessions.erase(&c);
+      c.close();
+      --s.connections;
+    }
+  } guard{s, w, *conn};
+  connection::watch(conn);
+  session sess(s, w, conn);
+  co_await sess.run();
+}
+
+}  // namespace smockron::proxy

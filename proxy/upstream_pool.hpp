@@ -1,0 +1,51 @@
+// One worker's upstream connections: per upstream, per server, the idle
+// keep-alive connections and passive health (a server that failed to
+// connect is skipped for its upstream's fail_timeout). Servers are taken
+// round-robin. A pooled connection goes back only after a complete
+// keep-alive response; a new configuration generation empties the pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "proxy/asio_types.hpp"
+#include "proxy/conn_io.hpp"
+#include "proxy/proxy_metrics.hpp"
+#include "proxy/runtime.hpp"
+#include "smockron/clock.hpp"
+
+namespace smockron::proxy {
+
+class upstream_pool {
+public:
+  upstream_pool(const clock& clk, proxy_metrics& m) : clock_(clk), metrics_(m) {}
+
+  /// The fast path: the next server in the rotation is up and has an idle
+  /// connection; it goes into `c.up`. `check_idle`: make sure it is still
+  /// open first. False when acquire() is needed.
+  bool take_pooled(const runtime& rt, connection& c, std::size_t upstream, bool check_idle);
+  /// Puts a connection into `c.up`: reused from the pool (when
+  /// `allow_reuse`) or newly connected within connect_timeout. `check_idle`:
+  /// make sure a pooled connection is still open before using it (worth a
+  /// system call only when the request could not be resent). False when no
+  /// server answered.
+  awaitable<bool> acquire(const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse, bool check_idle);
+  /// Returns `c.up` to the pool (up to the upstream's keepalive) or closes it.
+  void give_back(const runtime& rt, connection& c, std::size_t upstream);
+
+private:
+  struct server_slot {
+    std::vector<tcp_socket> idle;
+    steady::time_point down_until{};
+  };
+  void adopt(const runtime& rt);
+
+  const clock& clock_;
+  proxy_metrics& metrics_;
+  std::vector<std::vector<server_slot>> slots_;  ///< per upstream, per server
+  std::vector<std::size_t> round_robin_;         ///< per upstream
+  std::uint64_t generation_ = ~0ULL;
+};
+
+}  // namespace smockron::proxy
