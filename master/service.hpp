@@ -1,5 +1,5 @@
 // smockron-master's accounting loop: receives accounting messages on the
-// accounting endpoint (zmtp_sub.hpp; subscribed to the configured domains only), applies the rules via
+// accounting endpoint (zmtp_subscriber.hpp; subscribed to the configured domains only), applies the rules via
 // the limiter, publishes DELAY_UNTIL on the PUB socket, and keeps metrics.
 // All ZeroMQ sockets and the limiter live on the thread that calls run().
 #pragma once
@@ -18,7 +18,7 @@
 
 #include "master/limiter.hpp"
 #include "master/redis_store.hpp"
-#include "master/zmtp_sub.hpp"
+#include "master/zmtp_subscriber.hpp"
 #include "smockron/clock.hpp"
 #include "smockron/config.hpp"
 #include "smockron/log.hpp"

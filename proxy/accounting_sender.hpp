@@ -1,20 +1,20 @@
-// The proxy's accounting sender: the PUB side of the accounting stream,
-// spoken directly on the wire (ZMTP 3.0, shared/zmtp) from each worker's own
-// event loop, one connection per worker per master.
+// The proxy's accounting sender: the PUB end of the accounting stream, one
+// connection per worker per master, on the worker's own event loop. The
+// protocol is shared/zmtp_session.hpp; this file moves bytes, batches, and
+// bounds queues.
 //
-// Why not a libzmq PUB: its I/O thread shared the worker's core, woke for
-// every batch and cost ~0.7 µs per request, and a libzmq PUB drops silently
-// when a subscriber's queue is full, so drops could not be counted. Here a
-// batch is encoded once (5 frames per message), copied into the queue of
-// every master subscribed to its domain and written with one send() per
-// master; a full queue refuses the message and it is counted.
+// Why not a libzmq PUB: its I/O thread would share the worker's core and
+// wake for every batch, and a libzmq PUB drops silently when a subscriber's
+// queue is full, so drops could not be counted. Here a batch is encoded once
+// (5 frames per message), copied into the queue of every master subscribed
+// to its domain and written with one send() per master; a full queue refuses
+// the message and it is counted.
 //
 // Per master: connect (TCP, host names resolved asynchronously, or IPC),
-// greeting + READY as a PUB, the peer must be SUB or XSUB, its subscriptions
-// (0x01/0x00-prefixed messages, or SUBSCRIBE/CANCEL commands) select what it
-// receives, PING is answered. A failed or closed connection is retried every
-// 100 ms; what was queued for it is counted as dropped. Nothing here blocks
-// a request: publish() and flush() only copy bytes and try a non-blocking send.
+// handshake as a PUB; the master's subscriptions select what it receives. A
+// failed or closed connection is counted by reason and retried every 100 ms;
+// what was queued for it is counted as lost. Nothing here blocks a request:
+// account() and flush() only copy bytes and try a non-blocking send.
 #pragma once
 
 #include <boost/asio/generic/stream_protocol.hpp>
@@ -33,6 +33,7 @@
 #include "smockron/metrics.hpp"
 #include "smockron/string_hash.hpp"
 #include "smockron/wire.hpp"
+#include "smockron/zmtp_session.hpp"
 
 namespace smockron::proxy {
 
@@ -47,6 +48,8 @@ public:
     metrics::counter& dropped;  ///< refused by at least one full queue (or unencodable)
     metrics::counter& unsent;   ///< no connected master subscribed to the domain
     metrics::counter& lost;     ///< queued for a master whose connection then broke
+    /// smockron_proxy_accounting_disconnects_total by reason (null: cannot happen here).
+    metrics::counter* disconnects[zmtp::fault_count] = {};
   };
 
   /// How messages leave (from the configuration in force; reloadable).
@@ -92,13 +95,11 @@ private:
   void on_connected(link& l);
   void read(link& l);
   bool parse(link& l);
-  /// Failures call fail(): the caller checks the link's generation.
-  void handle_command(link& l, std::string_view body);
-  void subscription(link& l, std::string_view body);
-  static bool wants(const link& l, std::string_view topic);
   void queue(link& l, std::string_view bytes, std::size_t messages);
   void write(link& l);
-  void fail(link& l, std::string_view why);
+  /// Closes the connection, counts `why`, and retries after k_retry. Late
+  /// completions check the link's generation.
+  void fail(link& l, zmtp::fault why, std::string_view detail);
 
   boost::asio::io_context& ioc_;
   std::size_t queue_limit_;

@@ -186,23 +186,13 @@ std::string check_zmq_endpoint(std::string_view e) {
   return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port, ipc://path or inproc://name)";
 }
 
-// Accounting travels on our own ZMTP code (master/zmtp_sub, proxy/accounting):
+// Accounting travels on the project's own ZMTP code (shared/zmtp_session):
 // a stream socket, so in-process ZeroMQ endpoints cannot carry it.
 std::string check_accounting_endpoint(std::string_view e) {
-  if (auto msg = check_zmq_endpoint(e); !msg.empty()) return msg;
   if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
-  if (e.starts_with("tcp://")) {
-    const auto colon = e.rfind(':');
-    const std::string_view port = colon > 5 ? e.substr(colon + 1) : std::string_view();
-    const bool digits = !port.empty() && port.size() <= 5 &&
-                        std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (port != "*" && (!digits || std::stoi(std::string(port)) > 65535)) {
-      return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port)";
-    }
-  } else if (e.size() - 6 > 107) {
-    return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
-  }
-  return {};
+  if (parse_stream_endpoint(e)) return {};
+  if (e.starts_with("ipc://") && e.size() - 6 > 107) return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
+  return "invalid endpoint \"" + std::string(e) + "\" (expected tcp://host:port or ipc://path)";
 }
 
 std::string check_domain_name(std::string_view name) {

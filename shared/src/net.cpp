@@ -37,6 +37,23 @@ std::optional<host_port> parse_host_port(std::string_view text) {
   return hp;
 }
 
+std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text) {
+  stream_endpoint e;
+  if (text.starts_with("ipc://")) {
+    e.type = stream_endpoint::kind::ipc;
+    e.path = std::string(text.substr(6));
+    if (e.path.empty() || e.path.size() > 107) return std::nullopt;  // sockaddr_un's sun_path
+    return e;
+  }
+  if (!text.starts_with("tcp://")) return std::nullopt;
+  std::string rest(text.substr(6));
+  if (rest.ends_with(":*")) rest.back() = '0';
+  auto hp = parse_host_port(rest);
+  if (!hp) return std::nullopt;
+  e.address = std::move(*hp);
+  return e;
+}
+
 std::optional<ip_address> parse_ip(std::string_view text) {
   if (text.empty() || text.size() > 45) return std::nullopt;
   char buf[46];

@@ -210,7 +210,7 @@ TEST(Config, UnknownKeysAreErrorsEverywhere) {
 TEST(Config, MasterValueErrors) {
   EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
-  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid ZeroMQ endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"), std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
@@ -259,7 +259,7 @@ TEST(Config, ProxyValueErrors) {
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"ipc:///" + std::string(120, 'p') + "\"]\n").find("longer than 107"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid ZeroMQ endpoint"),
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid endpoint"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol = {}\n").find("proxy.control: expected an array of strings"), std::string::npos);

@@ -57,7 +57,7 @@ struct master_config {
   microseconds max_clock_skew = std::chrono::seconds(60);
   /// Accounting messages held while the Redis store loads at start-up (more
   /// are dropped, counted). In normal running nothing queues in the master:
-  /// it reads straight off its connections (master/zmtp_sub.hpp).
+  /// it reads straight off its connections (master/zmtp_subscriber.hpp).
   std::int64_t accounting_hwm = 1'000'000;
   std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
   std::int64_t control_hwm = 1'000'000;       ///< ZMQ send high-water mark (messages)

@@ -19,6 +19,18 @@ struct host_port {
 };
 std::optional<host_port> parse_host_port(std::string_view text);
 
+/// An endpoint of the accounting stream (ZeroMQ's notation, stream sockets
+/// only): "tcp://host:port" ("[v6]:port"; port "*" or 0 = any, when binding)
+/// or "ipc://path" ("ipc://@name": Linux's abstract namespace, as libzmq).
+struct stream_endpoint {
+  enum class kind : std::uint8_t { tcp, ipc };
+  kind type = kind::tcp;
+  host_port address;  ///< tcp
+  std::string path;   ///< ipc, as written (at most 107 bytes)
+  bool abstract() const { return type == kind::ipc && !path.empty() && path.front() == '@'; }
+};
+std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text);
+
 /// An IPv4 or IPv6 address as 16 bytes (IPv4 mapped into ::ffff:0:0/96).
 struct ip_address {
   std::array<std::uint8_t, 16> bytes{};

@@ -1,24 +1,17 @@
-// The master's accounting receiver: the SUB side of ZeroMQ PUB/SUB spoken
-// directly on the wire (ZMTP 3.0, rfc.zeromq.org/spec/23, NULL mechanism)
-// over TCP or IPC, on the master's own thread.
+// The master's accounting receiver: the SUB end of ZeroMQ PUB/SUB, spoken
+// on the wire (ZMTP 3.0 through shared/zmtp_session.hpp) over TCP or IPC,
+// on the master's own thread with epoll.
 //
 // Why not a libzmq SUB socket: at gatekeeper rates libzmq's receive path (an
 // I/O thread that decodes every frame into a message object and hands it over
-// a pipe, then one zmq_msg_recv per frame) costs ~1.8 µs of CPU per
-// five-frame accounting message, four times the rule logic itself. Here one
-// recv() brings in up to 64 KiB (hundreds of messages) and the frames are
-// views into that buffer. Gatekeepers keep their libzmq PUB sockets: this is
-// the same protocol, so any ZeroMQ PUB (libzmq 4.x, pyzmq, a zmq_proxy XPUB)
-// can publish to the master. The control PUB stays libzmq.
+// a pipe, then one zmq_msg_recv per frame) costs several times the rule logic
+// per message. Here one recv() brings in up to 64 KiB (hundreds of messages)
+// and the frames are views into that buffer. Any ZeroMQ PUB (libzmq 4.x,
+// pyzmq, a zmq_proxy XPUB) can publish to the master.
 //
-// What is implemented: the 64-byte greeting (we announce 3.0, so a 3.1 peer
-// talks 3.0 to us: subscriptions travel as 0x01/0x00-prefixed messages), the
-// NULL handshake (READY with Socket-Type; the peer must be PUB or XPUB),
-// message frames (short and long), PING answered with PONG, ERROR closes.
 // Subscriptions go out only after the peer's READY arrived: a libzmq peer
 // that has not sent its own READY yet would take them for a handshake
-// command and drop the connection. Peers speaking ZMTP 1.0/2.0 (libzmq 2.x,
-// 3.x) and other mechanisms (PLAIN, CURVE) are refused, counted and logged.
+// command and drop the connection.
 //
 // Bounds: at most `max_peers` connections (more are closed at once), a
 // handshake must finish within `handshake_timeout`, one message is at most
@@ -42,6 +35,7 @@
 #include "smockron/clock.hpp"
 #include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
+#include "smockron/zmtp_session.hpp"
 
 namespace smockron::master {
 
@@ -63,19 +57,6 @@ public:
     int rcvbuf = 4 * 1024 * 1024;  ///< SO_RCVBUF of every connection (0 = kernel default)
     int sndbuf = 0;                ///< SO_SNDBUF of every connection (0 = kernel default)
   };
-
-  enum class fault : std::uint8_t {
-    greeting,        ///< not a ZMTP 3.x greeting (older ZeroMQ, or not ZeroMQ at all)
-    mechanism,       ///< security mechanism other than NULL
-    handshake,       ///< READY missing, malformed, or from a socket type that cannot publish
-    framing,         ///< reserved flag bits, a command with MORE or over k_max_message, a message over k_max_skip
-    peer_error,      ///< the peer sent ERROR
-    timeout,         ///< handshake not finished in time
-    peer_limit,      ///< max_peers reached
-    stalled,         ///< does not read what we send (over 64 KiB queued)
-  };
-  static constexpr std::size_t fault_count = 8;
-  static std::string_view to_string(fault f);
 
   using message_fn = std::function<void(std::span<const std::string_view> frames, bool truncated)>;
 
@@ -106,11 +87,10 @@ private:
   struct peer;
   void accept_all();
   void on_readable(peer& p, const message_fn& on_message, std::size_t& delivered);
-  bool parse(peer& p, const message_fn& on_message, std::size_t& delivered);
-  bool handle_command(peer& p, std::string_view body);
+  void parse(peer& p, const message_fn& on_message, std::size_t& delivered);
   void send(peer& p, std::string_view bytes);
   void flush(peer& p);
-  void drop(peer& p, fault why, std::string_view detail);
+  void drop(peer& p, zmtp::fault why, std::string_view detail);
   void close(peer& p);
   void expire_handshakes();
   void update_interest(peer& p);
@@ -131,7 +111,7 @@ private:
 
   metrics::counter& connections_;
   metrics::counter& oversized_;
-  metrics::counter* faults_[fault_count] = {};
+  metrics::counter* faults_[zmtp::fault_count] = {};  ///< the faults a subscriber can meet (others stay null)
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter fault_log_;
 };

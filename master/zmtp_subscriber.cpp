@@ -1,6 +1,7 @@
-// The master's accounting receiver (see zmtp_sub.hpp).
-#include "master/zmtp_sub.hpp"
+// The master's accounting receiver (see zmtp_subscriber.hpp).
+#include "master/zmtp_subscriber.hpp"
 
+#include "smockron/net.hpp"
 #include "smockron/zmtp.hpp"
 
 #include <arpa/inet.h>
@@ -53,17 +54,9 @@ int open_listener(int family, const sockaddr* addr, socklen_t len, const std::st
   return fd;
 }
 
-bound_socket bind_tcp(const std::string& endpoint, std::string_view rest, int rcvbuf) {
-  const auto colon = rest.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) fail(endpoint, "expected tcp://host:port");
-  std::string host(rest.substr(0, colon));
-  std::string port(rest.substr(colon + 1));
-  if (port == "*") port = "0";
-  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      std::stoi(port) > 65535) {
-    fail(endpoint, "invalid port \"" + port + "\"");
-  }
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+bound_socket bind_tcp(const std::string& endpoint, const host_port& at, int rcvbuf) {
+  const std::string& host = at.host;
+  const std::string port = std::to_string(at.port);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
@@ -118,42 +111,32 @@ bound_socket bind_ipc(const std::string& endpoint, std::string_view path, int rc
 }
 
 bound_socket bind_endpoint(const std::string& endpoint, int rcvbuf) {
-  const std::string_view e = endpoint;
-  if (e.starts_with("tcp://")) return bind_tcp(endpoint, e.substr(6), rcvbuf);
-  if (e.starts_with("ipc://")) return bind_ipc(endpoint, e.substr(6), rcvbuf);
-  fail(endpoint, "the master accepts accounting on tcp:// or ipc:// endpoints");
+  const auto e = parse_stream_endpoint(endpoint);
+  if (!e) fail(endpoint, "expected tcp://host:port or ipc://path");
+  if (e->type == stream_endpoint::kind::tcp) return bind_tcp(endpoint, e->address, rcvbuf);
+  return bind_ipc(endpoint, e->path, rcvbuf);
 }
 
 }  // namespace
 
 struct zmtp_subscriber::peer {
-  enum class phase : std::uint8_t { greeting, handshake, messages };
   int fd = -1;
-  phase ph = phase::greeting;
+  zmtp::session session{zmtp::session::role::sub,
+                        {.max_message = k_max_message, .max_skip = k_max_skip, .max_frames = k_max_frames}};
   bool closed = false;
   bool want_output = false;  ///< EPOLLOUT registered
   std::unique_ptr<char[]> in = std::make_unique<char[]>(k_buffer);
   std::size_t len = 0;
-  std::uint64_t skip = 0;       ///< bytes of an oversized message still to discard
-  std::uint64_t skipped = 0;    ///< bytes of it discarded or due so far
-  bool skip_more = false;       ///< the message being discarded has more frames
   std::string out;
   std::chrono::steady_clock::time_point since;
 };
 
-std::string_view zmtp_subscriber::to_string(fault f) {
-  switch (f) {
-    case fault::greeting: return "greeting";
-    case fault::mechanism: return "mechanism";
-    case fault::handshake: return "handshake";
-    case fault::framing: return "framing";
-    case fault::peer_error: return "peer_error";
-    case fault::timeout: return "timeout";
-    case fault::peer_limit: return "peer_limit";
-    case fault::stalled: return "stalled";
-  }
-  return "unknown";
-}
+namespace {
+// What a subscriber can meet, and so counts (the `reason` label).
+constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mechanism, zmtp::fault::handshake,
+                                     zmtp::fault::framing,    zmtp::fault::peer_error, zmtp::fault::timeout,
+                                     zmtp::fault::peer_limit, zmtp::fault::stalled};
+}  // namespace
 
 zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const clock& clk, metrics::registry& reg)
     : clock_(clk),
@@ -163,10 +146,11 @@ zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const c
       oversized_(reg.add_counter("smockron_master_accounting_oversized_total",
                                  "Accounting messages over 32 KiB, skipped (the connection stays)")),
       log_(log::get("master.accounting")) {
-  for (std::size_t i = 0; i < fault_count; ++i) {
-    faults_[i] = &reg.add_counter("smockron_master_accounting_disconnects_total",
-                                  "Accounting connections closed for breaking the protocol or a bound, by reason",
-                                  metrics::labels({{"reason", to_string(static_cast<fault>(i))}}));
+  for (const auto f : k_counted) {
+    faults_[static_cast<int>(f)] = &reg.add_counter(
+        "smockron_master_accounting_disconnects_total",
+        "Accounting connections closed for breaking the protocol or a bound, by reason",
+        metrics::labels({{"reason", zmtp::to_string(f)}}));
   }
   bound_socket b = bind_endpoint(endpoint, opt_.rcvbuf);
   listen_fd_ = b.fd;
@@ -203,7 +187,7 @@ void zmtp_subscriber::subscribe(std::string_view topic) {
   subscription_bytes_ += topic.size() + 10;
   std::string body = "\x01" + std::string(topic);
   for (auto& p : peers_) {
-    if (!p->closed && p->ph == peer::phase::messages) {
+    if (!p->closed && p->session.ready()) {
       std::string frame;
       zmtp::append_frame(frame, 0, body);
       send(*p, frame);
@@ -218,7 +202,7 @@ void zmtp_subscriber::unsubscribe(std::string_view topic) {
   subscription_bytes_ -= topic.size() + 10;
   std::string body = std::string(1, '\0') + std::string(topic);
   for (auto& p : peers_) {
-    if (!p->closed && p->ph == peer::phase::messages) {
+    if (!p->closed && p->session.ready()) {
       std::string frame;
       zmtp::append_frame(frame, 0, body);
       send(*p, frame);
@@ -277,7 +261,7 @@ void zmtp_subscriber::accept_all() {
     }
     if (peers_.size() >= opt_.max_peers) {
       ::close(fd);
-      faults_[static_cast<int>(fault::peer_limit)]->inc();
+      faults_[static_cast<int>(zmtp::fault::peer_limit)]->inc();
       std::uint64_t suppressed = 0;
       if (fault_log_.allow(clock_.steady_now(), suppressed)) {
         log_->warn("accounting connection refused: {} connections already (max_accounting_peers)", peers_.size());
@@ -306,10 +290,7 @@ void zmtp_subscriber::accept_all() {
     connections_.inc();
     peer& ref = *p;
     peers_.push_back(std::move(p));
-    // Greeting and READY at once: the NULL mechanism needs nothing from the
-    // peer first, and a libzmq peer reads exactly its greeting before READY.
-    static const std::string hello = std::string(zmtp::greeting()) + zmtp::ready("SUB");
-    send(ref, hello);
+    send(ref, zmtp::session::hello(zmtp::session::role::sub));
   }
 }
 
@@ -327,154 +308,43 @@ void zmtp_subscriber::on_readable(peer& p, const message_fn& on_message, std::si
   parse(p, on_message, delivered);
 }
 
-bool zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& delivered) {
-  const char* in = p.in.get();
-  std::size_t pos = 0;
-  if (p.ph == peer::phase::greeting) {
-    std::string detail;
-    switch (zmtp::check_greeting({in, p.len}, detail)) {
-      case zmtp::greeting_status::need_more: return true;
-      case zmtp::greeting_status::ok: break;
-      case zmtp::greeting_status::mechanism: drop(p, fault::mechanism, detail); return false;
-      default: drop(p, fault::greeting, detail); return false;
+void zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& delivered) {
+  struct events final : zmtp::session_events {
+    zmtp_subscriber& self;
+    const message_fn& deliver;
+    std::size_t& delivered;
+    std::string& replies;
+    events(zmtp_subscriber& s, const message_fn& m, std::size_t& d, std::string& r)
+        : self(s), deliver(m), delivered(d), replies(r) {}
+    void on_ready() override {
+      self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
+      for (const auto& t : self.topics_) zmtp::append_frame(replies, 0, "\x01" + t);
     }
-    pos = zmtp::greeting_size;
-    p.ph = peer::phase::handshake;
-  }
-  std::array<std::string_view, k_max_frames> frames;
-  std::size_t count = 0;
-  bool truncated = false;
-  std::size_t message_start = pos;
-  for (;;) {
-    if (p.skip > 0) {  // discarding an oversized message by length
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(p.skip, p.len - pos));
-      pos += n;
-      p.skip -= n;
-      message_start = pos;
-      if (p.skip > 0) break;  // the rest has not arrived yet
-      continue;
-    }
-    zmtp::frame f;
-    // The bound is on the whole message, so a message of many frames is capped too.
-    const auto st = zmtp::next_frame({in + pos, p.len - pos}, k_max_message - (pos - message_start), f);
-    if (st == zmtp::frame_status::need_more) break;
-    if (st == zmtp::frame_status::reserved_flags) {
-      drop(p, fault::framing, "reserved flag bits set");
-      return false;
-    }
-    const bool over = st == zmtp::frame_status::too_large || pos - message_start + f.size > k_max_message;
-    // A message over the bound, and every later frame of it, is consumed by
-    // length and skipped on its own; commands between its frames are served.
-    if ((over || p.skip_more) && !(f.flags & zmtp::flag_command)) {
-      if (p.ph != peer::phase::messages) {
-        drop(p, fault::handshake, "message before READY");
-        return false;
-      }
-      if (!p.skip_more) p.skipped = pos - message_start;  // its frames already here count too
-      p.skipped += f.size;
-      if (p.skipped > k_max_skip) {
-        drop(p, fault::framing, "message over " + std::to_string(k_max_skip) + " bytes");
-        return false;
-      }
-      p.skip = f.size;
-      p.skip_more = f.flags & zmtp::flag_more;
-      count = 0;
-      truncated = false;
-      if (!p.skip_more) {
-        oversized_.inc();
-        std::uint64_t suppressed = 0;
-        if (fault_log_.allow(clock_.steady_now(), suppressed)) {
-          log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", p.skipped,
-                     k_max_message, suppressed);
-        }
-      }
-      continue;
-    }
-    if (over) {
-      drop(p, fault::framing, "command over " + std::to_string(k_max_message) + " bytes");
-      return false;
-    }
-    const std::string_view body = f.body;
-    const std::uint8_t flags = f.flags;
-    pos += f.size;
-    if (flags & zmtp::flag_command) {
-      if (flags & zmtp::flag_more) {
-        drop(p, fault::framing, "command frame with MORE set");
-        return false;
-      }
-      if (!handle_command(p, body)) return false;
-      // libzmq sends a heartbeat PING whenever it is due, even between the
-      // frames of a message. Then the message stays unfinished here and, if
-      // it is cut by the end of the buffer, the PING is read (and answered)
-      // again next time: a second PONG is harmless.
-      if (count == 0) message_start = pos;
-      continue;
-    }
-    if (p.ph != peer::phase::messages) {
-      drop(p, fault::handshake, "message before READY");
-      return false;
-    }
-    if (count < frames.size()) frames[count++] = body;
-    else truncated = true;
-    if (!(flags & zmtp::flag_more)) {
-      on_message({frames.data(), count}, truncated);
+    void on_message(std::span<const std::string_view> frames, bool truncated) override {
+      deliver(frames, truncated);
       ++delivered;
-      count = 0;
-      truncated = false;
-      message_start = pos;
     }
-  }
+    void on_oversized(std::uint64_t bytes) override {
+      self.oversized_.inc();
+      std::uint64_t suppressed = 0;
+      if (self.fault_log_.allow(self.clock_.steady_now(), suppressed)) {
+        self.log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", bytes,
+                        k_max_message, suppressed);
+      }
+    }
+  };
+  std::string replies;  // subscriptions after READY, PONGs
+  events ev(*this, on_message, delivered, replies);
+  const std::size_t used = p.session.feed({p.in.get(), p.len}, ev, replies);
+  if (!replies.empty()) send(p, replies);
+  if (const auto f = p.session.failed()) return drop(p, *f, p.session.detail());
+  if (p.closed) return;
   // Keep the unfinished message (at most k_max_message plus a frame header,
   // so the next read has nearly k_max_message of room).
-  if (message_start > 0) {
-    std::memmove(p.in.get(), in + message_start, p.len - message_start);
-    p.len -= message_start;
+  if (used > 0) {
+    std::memmove(p.in.get(), p.in.get() + used, p.len - used);
+    p.len -= used;
   }
-  return true;
-}
-
-bool zmtp_subscriber::handle_command(peer& p, std::string_view body) {
-  const auto cmd = zmtp::split_command(body);
-  if (!cmd) {
-    drop(p, fault::framing, "malformed command");
-    return false;
-  }
-  const auto [name, rest] = *cmd;
-  if (name == "READY") {
-    if (p.ph != peer::phase::handshake) {
-      drop(p, fault::handshake, "second READY");
-      return false;
-    }
-    const auto socket_type = zmtp::ready_socket_type(rest);
-    if (!socket_type) {
-      drop(p, fault::handshake, "malformed READY properties");
-      return false;
-    }
-    if (*socket_type != "PUB" && *socket_type != "XPUB") {
-      drop(p, fault::handshake, "peer socket type \"" + zmtp::printable(*socket_type) + "\" cannot publish to a SUB");
-      return false;
-    }
-    p.ph = peer::phase::messages;
-    ready_peers_.fetch_add(1, std::memory_order_relaxed);
-    std::string subs;
-    for (const auto& t : topics_) zmtp::append_frame(subs, 0, "\x01" + t);
-    if (!subs.empty()) send(p, subs);
-    return !p.closed;
-  }
-  if (name == "ERROR") {
-    const std::size_t n = rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
-    drop(p, fault::peer_error, "peer sent ERROR \"" + zmtp::printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
-    return false;
-  }
-  if (p.ph != peer::phase::messages) {
-    drop(p, fault::handshake, "unexpected command \"" + zmtp::printable(name) + "\" before READY");
-    return false;
-  }
-  if (name == "PING") {
-    send(p, zmtp::pong_for(rest));
-    return !p.closed;
-  }
-  return true;  // PONG and commands a publisher has no reason to send: ignored
 }
 
 void zmtp_subscriber::send(peer& p, std::string_view bytes) {
@@ -483,7 +353,7 @@ void zmtp_subscriber::send(peer& p, std::string_view bytes) {
   // What the kernel would not take yet may be the whole subscription list
   // (one frame per domain) plus a bounded surplus (PONGs, later changes).
   if (!p.closed && p.out.size() > subscription_bytes_ + k_max_output) {
-    drop(p, fault::stalled, "peer does not read what the master sends");
+    drop(p, zmtp::fault::stalled, "peer does not read what the master sends");
   }
 }
 
@@ -512,8 +382,8 @@ void zmtp_subscriber::update_interest(peer& p) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p.fd, &ev);
 }
 
-void zmtp_subscriber::drop(peer& p, fault why, std::string_view detail) {
-  faults_[static_cast<int>(why)]->inc();
+void zmtp_subscriber::drop(peer& p, zmtp::fault why, std::string_view detail) {
+  if (auto* c = faults_[static_cast<int>(why)]) c->inc();
   std::uint64_t suppressed = 0;
   if (fault_log_.allow(clock_.steady_now(), suppressed)) {
     if (suppressed > 0) log_->warn("accounting connection closed: {} ({} similar suppressed)", detail, suppressed);
@@ -524,7 +394,7 @@ void zmtp_subscriber::drop(peer& p, fault why, std::string_view detail) {
 
 void zmtp_subscriber::close(peer& p) {
   if (p.closed) return;
-  if (p.ph == peer::phase::messages) ready_peers_.fetch_sub(1, std::memory_order_relaxed);
+  if (p.session.ready()) ready_peers_.fetch_sub(1, std::memory_order_relaxed);
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.fd, nullptr);
   ::close(p.fd);
   p.closed = true;
@@ -533,8 +403,8 @@ void zmtp_subscriber::close(peer& p) {
 void zmtp_subscriber::expire_handshakes() {
   const auto now = clock_.steady_now();
   for (auto& p : peers_) {
-    if (!p->closed && p->ph != peer::phase::messages && now - p->since >= opt_.handshake_timeout) {
-      drop(*p, fault::timeout, "no handshake within " + std::to_string(opt_.handshake_timeout.count()) + " ms");
+    if (!p->closed && !p->session.ready() && now - p->since >= opt_.handshake_timeout) {
+      drop(*p, zmtp::fault::timeout, "no handshake within " + std::to_string(opt_.handshake_timeout.count()) + " ms");
     }
   }
 }

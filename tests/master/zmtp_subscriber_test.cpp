@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "master/zmtp_sub.hpp"
+#include "master/zmtp_subscriber.hpp"
 #include "smockron/zmq_util.hpp"
 
 using namespace smockron;
