@@ -66,6 +66,7 @@ std::size_t session::feed(std::string_view in, session_events& ev, std::string& 
       pos += n;
       skip_ -= n;
       message_start = pos;
+      served_ = 0;
       if (skip_ > 0) break;  // the rest has not arrived yet
       continue;
     }
@@ -97,12 +98,18 @@ std::size_t session::feed(std::string_view in, session_events& ev, std::string& 
     pos += f.size;
     if (is_command) {
       if (f.more()) return stop(fault::framing, "command frame with MORE set");
-      if (!command(f.body, ev, out)) return message_start;
       // libzmq sends a heartbeat PING whenever it is due, even between the
-      // frames of a message. Then the message stays unfinished and, if it is
-      // cut by the end of the input, the PING is read (and answered) again
-      // next time: a second PONG is harmless.
-      if (count == 0) message_start = pos;
+      // frames of a message. Such a command is served at once, but its bytes
+      // stay with the unfinished message and are parsed again with the rest
+      // of it: `served_` makes sure it is served only once.
+      const std::size_t at = pos - message_start;
+      if (at > served_ && !command(f.body, ev, out)) return message_start;
+      if (count == 0) {
+        message_start = pos;
+        served_ = 0;
+      } else {
+        served_ = std::max(served_, at);
+      }
       continue;
     }
     if (phase_ != phase::messages) return stop(fault::handshake, "message before READY");
@@ -113,6 +120,7 @@ std::size_t session::feed(std::string_view in, session_events& ev, std::string& 
       count = 0;
       truncated = false;
       message_start = pos;
+      served_ = 0;
     }
   }
   return message_start;

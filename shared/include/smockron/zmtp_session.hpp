@@ -105,6 +105,7 @@ private:
   std::uint64_t skip_ = 0;     ///< bytes of an oversized message still to discard
   std::uint64_t skipped_ = 0;  ///< bytes of it discarded or due so far
   bool skip_more_ = false;     ///< the message being discarded has more frames
+  std::size_t served_ = 0;     ///< commands inside the unfinished message served up to this offset
 };
 
 /// The topic prefixes a peer subscribed to, with ZeroMQ's counting (a topic
