@@ -7,6 +7,8 @@
 #include <iostream>
 #include <thread>
 
+#include <zmq.hpp>
+
 #include "master/service.hpp"
 #include "smockron/admin_server.hpp"
 #include "smockron/daemon.hpp"

@@ -244,7 +244,7 @@ struct master_process {
     config_path = "/tmp/smockron-master-bench-" + std::to_string(::getpid()) + ".toml";
     std::ofstream(config_path) << "[master]\naccounting = \"" << accounting << "\"\ncontrol = \"" << control
                                << "\"\nadmin = \"127.0.0.1:" << admin
-                               << "\"\naccounting_hwm = 10000000\ncontrol_hwm = 10000000\nmax_identifiers = 2000000\n"
+                               << "\"\nstartup_backlog = 10000000\ncontrol_hwm = 10000000\nmax_identifiers = 2000000\n"
                                << store_config
                                << "[master.domains.bench]\nrules = [ { rate = \"10/s\", burst = 20 } ]\n"
                                   "[master.domains.lat]\nrules = [ { rate = \"1/h\", burst = 1 } ]\n";

@@ -167,7 +167,10 @@ public:
 private:
   void finish() {
     for (auto&& [k, v] : table_) {
-      if (!known_.contains(std::string(k.str()))) {
+      if (known_.contains(std::string(k.str()))) continue;
+      if (path_ == "master" && k.str() == "accounting_hwm") {
+        sink_.add(k.source(), key(k.str()), "renamed to startup_backlog (accounting_hwm is the proxy's queue per master)");
+      } else {
         sink_.add(k.source(), key(k.str()), "unknown key (check the spelling; unknown keys are errors)");
       }
     }
@@ -279,7 +282,7 @@ master_config read_master(const toml::table& t, sink& s) {
   r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
   r.duration("max_clock_skew", m.max_clock_skew);
-  r.integer("accounting_hwm", m.accounting_hwm, 0, 1'000'000'000);
+  r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);
   r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);
   r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
   r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));

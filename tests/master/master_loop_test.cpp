@@ -7,8 +7,10 @@
 #include <set>
 #include <thread>
 
+#include "master/control_publisher.hpp"
 #include "master/service.hpp"
 #include "smockron/wire.hpp"
+#include "smockron/zmq_util.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;
@@ -203,10 +205,10 @@ TEST_F(MasterLoop, StatusAndLiveness) {
 
 TEST_F(MasterLoop, ExpiredStateIsSweptOnTheLoopTick) {
   handle({"api\0"s, "ACCEPTED", "gone", ts(0), ""});
-  EXPECT_EQ(svc_.state().tracked(), 2u);  // + the probe identifier
+  EXPECT_EQ(svc_.tracked(), 2u);  // + the probe identifier
   clock_.advance(std::chrono::seconds(2));
   svc_.poll_once(std::chrono::milliseconds(1));
-  EXPECT_EQ(svc_.state().tracked(), 1u);  // the 1/h probe state is still relevant
+  EXPECT_EQ(svc_.tracked(), 1u);  // the 1/h probe state is still relevant
   EXPECT_NE(metrics().find("smockron_master_expirations_total 1"), std::string::npos);
 }
 
@@ -259,7 +261,7 @@ TEST_F(MasterLoop, NewSubscriberGetsItsDomainsPolicyAtOnce) {
   zmq::socket_t first(ctx_, zmq::socket_type::sub), second(ctx_, zmq::socket_type::sub);
   first.connect(cfg_.control);
   first.set(zmq::sockopt::subscribe, "slow\0"s);
-  clock_.advance(master::service::k_policy_gap);  // well under the periodic second
+  clock_.advance(master::control_publisher::k_policy_gap);  // well under the periodic second
   EXPECT_EQ(wait_policy(first), slow);
   second.connect(cfg_.control);
   second.set(zmq::sockopt::subscribe, "slow\0"s);
@@ -267,6 +269,6 @@ TEST_F(MasterLoop, NewSubscriberGetsItsDomainsPolicyAtOnce) {
   for (int i = 0; i < 20; ++i) svc_.poll_once(std::chrono::milliseconds(5));
   zmq_util::multipart m;
   EXPECT_FALSE(zmq_util::recv(second, m, zmq::recv_flags::dontwait));
-  clock_.advance(master::service::k_policy_gap);
+  clock_.advance(master::control_publisher::k_policy_gap);
   EXPECT_EQ(wait_policy(second), slow);
 }

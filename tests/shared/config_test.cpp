@@ -37,7 +37,7 @@ redis      = "redis://127.0.0.1:6380/1"
 redis_timeout = "250ms"
 max_identifiers = 5000
 max_clock_skew = "10s"
-accounting_hwm = 0
+startup_backlog = 0
 max_accounting_peers = 64
 sweep_interval = "50ms"
 log_level = "debug"
@@ -104,7 +104,7 @@ upstream = "app"
   EXPECT_EQ(m.redis_timeout, milliseconds(250));
   EXPECT_EQ(m.max_identifiers, 5000u);
   EXPECT_EQ(m.max_clock_skew, seconds(10));
-  EXPECT_EQ(m.accounting_hwm, 0);
+  EXPECT_EQ(m.startup_backlog, 0);
   EXPECT_EQ(m.max_accounting_peers, 64u);
   EXPECT_EQ(m.sweep_interval, milliseconds(50));
   ASSERT_EQ(m.domains.size(), 2u);
@@ -211,6 +211,8 @@ TEST(Config, MasterValueErrors) {
   EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
   EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),

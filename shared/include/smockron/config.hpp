@@ -58,7 +58,7 @@ struct master_config {
   /// Accounting messages held while the Redis store loads at start-up (more
   /// are dropped, counted). In normal running nothing queues in the master:
   /// it reads straight off its connections (master/zmtp_subscriber.hpp).
-  std::int64_t accounting_hwm = 1'000'000;
+  std::int64_t startup_backlog = 1'000'000;
   std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
   std::int64_t control_hwm = 1'000'000;       ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick

@@ -1,0 +1,88 @@
+// The master's control stream (see control_publisher.hpp).
+#include "master/control_publisher.hpp"
+
+#include <utility>
+
+#include "smockron/zmq_util.hpp"
+
+namespace smockron::master {
+
+control_publisher::control_publisher(zmq::context_t& ctx, const config::master_config& cfg, metrics::registry& reg)
+    : socket_(ctx, zmq::socket_type::xpub),
+      sent_(reg.add_counter("smockron_master_control_messages_total", "DELAY_UNTIL messages published")),
+      dropped_(reg.add_counter("smockron_master_control_dropped_total",
+                               "DELAY_UNTIL messages dropped because the send queue was full")),
+      policy_sent_(reg.add_counter("smockron_master_policy_messages_total",
+                                   "POLICY messages published (each domain's rules, every second)")) {
+  socket_.set(zmq::sockopt::sndhwm, static_cast<int>(cfg.control_hwm));
+  socket_.set(zmq::sockopt::linger, 0);
+  // Every subscription is passed up (not only a topic's first), so that each
+  // gatekeeper gets a domain's policy as soon as it subscribes.
+  socket_.set(zmq::sockopt::xpub_verbose, 1);
+  socket_.bind(cfg.control);
+  slots_.resize(cfg.domains.size());
+}
+
+void control_publisher::delay_until(const wire::delay_until& m) {
+  auto enc = wire::encode(m, scratch_);
+  if (enc && zmq_util::send(socket_, enc->view())) sent_.inc();
+  else dropped_.inc();
+}
+
+void control_publisher::domains_changed(std::size_t count) {
+  slots_.assign(count, {});
+  due_.clear();
+  next_policy_ = {};
+}
+
+void control_publisher::publish_policy(const ingest::domain& d, policy_slot& slot,
+                                       std::chrono::steady_clock::time_point now) {
+  slot.sent = now;
+  slot.due = false;
+  wire::policy p;
+  p.domain = d.name;
+  // Any subset of the rules bounds less, never more: the first few that the
+  // wire can carry are enough. A domain without rules gets an empty POLICY:
+  // it still tells gatekeepers that a master covers the domain (fail_closed).
+  for (const rules::rule& r : d.limits.rules) {
+    if (p.count == wire::max_policy_rules) break;
+    if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
+      p.rules[p.count++] = {r.interval_us, r.burst};
+    }
+  }
+  auto enc = wire::encode(p, scratch_);
+  if (enc && zmq_util::send(socket_, enc->view())) policy_sent_.inc();
+}
+
+void control_publisher::tick(const std::vector<ingest::domain>& domains, const ingest& lookup,
+                             std::chrono::steady_clock::time_point now) {
+  const auto ask = [&](std::size_t i) {
+    if (now - slots_[i].sent >= k_policy_gap) publish_policy(domains[i], slots_[i], now);
+    else if (!std::exchange(slots_[i].due, true)) due_.push_back(i);
+  };
+  // XPUB hands up each subscription as one frame: \x01 + topic (domain + "\0";
+  // "" for everything). Unsubscriptions (\x00) need nothing.
+  zmq_util::multipart m;
+  while (zmq_util::recv(socket_, m, zmq::recv_flags::dontwait)) {
+    if (m.count != 1 || m.views[0].empty() || m.views[0][0] != 1) continue;
+    std::string_view topic = m.views[0].substr(1);
+    if (topic.empty()) {
+      for (std::size_t i = 0; i < domains.size(); ++i) ask(i);
+      continue;
+    }
+    if (topic.back() == '\0') topic.remove_suffix(1);
+    if (const auto i = lookup.find(topic)) ask(*i);
+  }
+  std::erase_if(due_, [&](std::size_t i) {
+    if (i >= domains.size() || !slots_[i].due) return true;
+    if (now - slots_[i].sent < k_policy_gap) return false;
+    publish_policy(domains[i], slots_[i], now);
+    return true;
+  });
+  if (now >= next_policy_) {
+    for (std::size_t i = 0; i < domains.size(); ++i) publish_policy(domains[i], slots_[i], now);
+    next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
+  }
+}
+
+}  // namespace smockron::master

@@ -1,0 +1,58 @@
+// The master's control stream: a libzmq XPUB socket carrying DELAY_UNTIL to
+// every gatekeeper, and each domain's POLICY (its rules, for the
+// gatekeepers' own first-round-trip bound) every policy interval and to each
+// gatekeeper as soon as it subscribes.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "master/ingest.hpp"
+#include "smockron/config.hpp"
+#include "smockron/metrics.hpp"
+#include "smockron/wire.hpp"
+
+namespace smockron::master {
+
+class control_publisher {
+public:
+  /// Subscription-triggered POLICY messages for one domain are at least this far apart.
+  static constexpr std::chrono::milliseconds k_policy_gap{100};
+
+  /// Binds `cfg.control`; throws zmq::error_t when it cannot.
+  control_publisher(zmq::context_t& ctx, const config::master_config& cfg, metrics::registry& reg);
+
+  /// Publishes one DELAY_UNTIL (dropped and counted when the queue is full).
+  void delay_until(const wire::delay_until& m);
+
+  /// POLICY for new subscriptions (at most one per domain per k_policy_gap:
+  /// every publication reaches every subscriber, so G gatekeepers
+  /// reconnecting together would otherwise cost G x G messages per domain)
+  /// and for every domain once the policy interval has passed.
+  void tick(const std::vector<ingest::domain>& domains, const ingest& lookup, std::chrono::steady_clock::time_point now);
+
+  /// The domain list changed: every domain's POLICY goes out at the next tick.
+  void domains_changed(std::size_t count);
+
+private:
+  struct policy_slot {
+    std::chrono::steady_clock::time_point sent{};  ///< last POLICY for this domain
+    bool due = false;  ///< a subscription asked for it within k_policy_gap of the last
+  };
+  void publish_policy(const ingest::domain& d, policy_slot& slot, std::chrono::steady_clock::time_point now);
+
+  zmq::socket_t socket_;
+  wire::scratch scratch_;
+  std::vector<policy_slot> slots_;  ///< per domain index
+  std::vector<std::size_t> due_;    ///< domains whose subscription-triggered POLICY waits for k_policy_gap
+  std::chrono::steady_clock::time_point next_policy_{};
+  metrics::counter& sent_;
+  metrics::counter& dropped_;
+  metrics::counter& policy_sent_;
+};
+
+}  // namespace smockron::master

@@ -1,0 +1,82 @@
+// The master's decisions, with no sockets: an accounting message is decoded,
+// checked against the owned domains, applied to the limiter (the rules), and
+// turned into the DELAY_UNTIL to publish, if any. Also the sweep of expired
+// states and the per-domain counters. The loop (service.hpp) feeds it from
+// the accounting subscriber and publishes what it returns.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "master/limiter.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/config.hpp"
+#include "smockron/log.hpp"
+#include "smockron/metrics.hpp"
+#include "smockron/rules.hpp"
+#include "smockron/string_hash.hpp"
+#include "smockron/wire.hpp"
+
+namespace smockron::master {
+
+class ingest {
+public:
+  /// Entries examined per sweep (see config sweep_interval).
+  static constexpr std::size_t k_sweep_batch = 1000;
+
+  struct domain {
+    std::string name;
+    rules::limits limits;
+    metrics::counter* messages[3] = {};  ///< by wire::status
+    metrics::gauge* tracked = nullptr;
+  };
+
+  ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg);
+
+  /// Applies one accounting message given as frames (`truncated`: it had
+  /// more than the receiver keeps) at wall time `now_us`. Returns the
+  /// DELAY_UNTIL to publish (views into the message and the domain list,
+  /// valid until the next call), or nothing.
+  std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated, std::int64_t now_us);
+
+  /// Domains, rules and max_identifiers from `next`; states of domains that
+  /// stay are kept. Returns the names of domains added and removed.
+  struct domain_changes {
+    std::vector<std::string> added, removed;
+  };
+  domain_changes reconfigure(const config::master_config& next);
+
+  /// Expires a slice of states and refreshes the counters and gauges.
+  void sweep(std::int64_t now_us);
+
+  const std::vector<domain>& domains() const { return domains_; }
+  std::optional<std::size_t> find(std::string_view name) const;
+  limiter& states() { return limiter_; }
+  const limiter& states() const { return limiter_; }
+
+private:
+  void install(const config::master_config& cfg);
+  void log_bad(std::string_view what, std::string_view detail);
+
+  const clock& clock_;
+  metrics::registry& metrics_;
+  limiter limiter_;
+  std::vector<domain> domains_;
+  string_map<std::size_t> index_;
+  metrics::counter* decode_errors_[wire::decode_error_count] = {};
+  metrics::counter& unknown_domain_;
+  metrics::counter& evictions_;
+  metrics::counter& expirations_;
+  metrics::histogram& latency_;
+  std::uint64_t reported_evictions_ = 0;
+  std::uint64_t handled_ = 0;
+  std::shared_ptr<spdlog::logger> log_;
+  log::rate_limiter bad_input_log_;
+};
+
+}  // namespace smockron::master

@@ -1,0 +1,29 @@
+// The master's /status document (see status.hpp).
+#include "master/status.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace smockron::master {
+
+std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
+                        metrics::registry& reg) {
+  nlohmann::ordered_json doc;
+  doc["store"] = cfg.store == config::store_kind::memory ? "memory" : "redis";
+  if (store) doc["redis"] = {{"connected", store->connected}, {"unwritten_states", store->unwritten_states}};
+  doc["max_identifiers"] = cfg.max_identifiers;
+  doc["domains"] = nlohmann::ordered_json::array();
+  for (const auto& d : cfg.domains) {
+    nlohmann::ordered_json rules = nlohmann::ordered_json::array();
+    for (const auto& r : d.rules) rules.push_back({{"rate", format_rate(r.r)}, {"burst", r.burst}});
+    const auto& tracked = reg.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
+                                        metrics::labels({{"domain", d.name}}));
+    doc["domains"].push_back({{"name", d.name},
+                              {"algorithm", d.algorithm == rules::algorithm::gcra ? "gcra" : "sliding-log"},
+                              {"rules", std::move(rules)},
+                              {"tracked_identifiers", static_cast<std::uint64_t>(tracked.value())}});
+  }
+  // Names come from the configuration file: invalid UTF-8 is replaced, never thrown.
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+}  // namespace smockron::master

@@ -1,0 +1,89 @@
+// The master's decisions without sockets: accounting frames in, the
+// DELAY_UNTIL to publish out, every refusal counted.
+#include <gtest/gtest.h>
+
+#include "master/ingest.hpp"
+
+using namespace smockron;
+using namespace std::string_literals;
+
+namespace {
+
+config::master_config two_domains() {
+  auto r = config::load_string(R"(
+[master]
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 2 } ]
+[master.domains.slow]
+rules = [ { rate = "1/s", burst = 1 } ]
+)", "test");
+  return *r.cfg->master;
+}
+
+class Ingest : public ::testing::Test {
+protected:
+  Ingest() : cfg_(two_domains()), ingest_(cfg_, clock_, registry_) {}
+
+  std::optional<wire::delay_until> handle(std::vector<std::string> frames) {
+    std::vector<std::string_view> v(frames.begin(), frames.end());
+    kept_ = std::move(frames);  // the result views into them
+    return ingest_.handle(v, false, clock_.wall_us());
+  }
+  std::string ms(std::int64_t offset) const { return std::to_string(clock_.wall_ms() + offset); }
+
+  manual_clock clock_;
+  metrics::registry registry_;
+  config::master_config cfg_;
+  master::ingest ingest_;
+  std::vector<std::string> kept_;
+};
+
+TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}));
+  const auto d = handle({"api\0"s, "ACCEPTED", "k", ms(0), ""});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->domain, "api");
+  EXPECT_EQ(d->identifier, "k");
+  EXPECT_EQ(d->next_ms, clock_.wall_ms() + 100);
+  EXPECT_EQ(d->interval_ms, 100);
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "other", ms(0), ""})) << "identifiers are apart";
+  EXPECT_EQ(ingest_.states().tracked(), 2u);
+}
+
+TEST_F(Ingest, RefusalsAreCountedByReason) {
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", "soon", ""}));
+  EXPECT_FALSE(handle({"nobody\0"s, "ACCEPTED", "k", ms(0), ""}));
+  std::vector<std::string_view> one = {"api\0"s};
+  EXPECT_FALSE(ingest_.handle(one, true, clock_.wall_us())) << "a truncated message is malformed";
+  const auto text = registry_.render();
+  EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\"timestamp_not_numeric\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\"frame_count\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_unknown_domain_total 1"), std::string::npos);
+  EXPECT_EQ(ingest_.states().tracked(), 0u);
+}
+
+TEST_F(Ingest, ReconfigureKeepsStatesOfDomainsThatStay) {
+  handle({"api\0"s, "ACCEPTED", "k", ms(0), ""});
+  auto next = cfg_;
+  next.domains.erase(next.domains.begin() + 1);  // drop "slow"
+  auto extra = next.domains[0];
+  extra.name = "new";
+  next.domains.push_back(extra);
+  const auto changes = ingest_.reconfigure(next);
+  EXPECT_EQ(changes.added, std::vector<std::string>{"new"});
+  EXPECT_EQ(changes.removed, std::vector<std::string>{"slow"});
+  EXPECT_TRUE(ingest_.find("new"));
+  EXPECT_FALSE(ingest_.find("slow"));
+  EXPECT_TRUE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""})) << "the first use was kept: the second throttles";
+}
+
+TEST_F(Ingest, SweepExpiresIdleStates) {
+  handle({"slow\0"s, "ACCEPTED", "k", ms(0), ""});
+  EXPECT_EQ(ingest_.states().tracked(), 1u);
+  clock_.advance(std::chrono::seconds(10));
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_EQ(ingest_.states().tracked(), 0u);
+  EXPECT_NE(registry_.render().find("smockron_master_expirations_total 1"), std::string::npos);
+}
+
+}  // namespace
