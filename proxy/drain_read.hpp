@@ -14,7 +14,7 @@
 //
 // One thing can wait: an end of stream that arrived together with the data
 // just read (its edge is already consumed, and Asio does not ask epoll for
-// RDHUP). So only the first read of a head uses it (server.cpp read_first);
+// RDHUP). So only the first read of a head uses it (conn_io.hpp read_first);
 // every other read tries a recv() itself first (read_more), so a body that
 // ends by closing, or a head cut short, sees its end at once. What is left:
 // - a client that half-closes right behind its request is closed at

@@ -1,6 +1,6 @@
 // recv() and sendmsg() as bare system calls. glibc's wrappers are thread
-// cancellation points and pay two atomic operations per call for it (1.5% of
-// the proxy's CPU on its request path); the proxy never cancels a thread.
+// cancellation points and pay two atomic operations per call for it, on
+// every read and write of the request path; the proxy never cancels a thread.
 // Same results as the libc calls: -1 with errno on failure.
 #pragma once
 

@@ -1,5 +1,4 @@
-// Wire codec: strict decoding and allocation-free encoding of the frames in
-// spec/smockron-protocol.md.
+// Wire codec (see wire.hpp): strict decoding and allocation-free encoding.
 #include "smockron/wire.hpp"
 
 #include <charconv>

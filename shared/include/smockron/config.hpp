@@ -1,5 +1,5 @@
-// Configuration of both daemons: one TOML schema (DESIGN.md "Interface
-// contract"), parsed once into immutable structs and validated whole. Every
+// Configuration of both daemons: one TOML schema (README.md, "Configuration"),
+// parsed once into immutable structs and validated whole. Every
 // error carries file:line:column and the key path; unknown keys are errors.
 #pragma once
 

@@ -1,9 +1,7 @@
 // ZMTP 3.0 (rfc.zeromq.org/spec/23), the ZeroMQ wire protocol, as far as the
 // accounting stream needs it: the greeting, the NULL mechanism's READY, and
-// frames. Shared by the master's receiver (master/zmtp_sub.hpp) and the
-// proxy's sender (proxy/control.hpp); both announce 3.0, so a ZMTP 3.1 peer
-// (libzmq 4.2+) talks 3.0 to them: subscriptions travel as messages whose
-// first byte is 1 (subscribe) or 0 (cancel). Pure functions, no I/O.
+// frames. Pure functions, no I/O; the session state machine built on them is
+// zmtp_session.hpp.
 #pragma once
 
 #include <cstddef>
