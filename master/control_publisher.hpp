@@ -33,7 +33,8 @@ public:
   /// every publication reaches every subscriber, so G gatekeepers
   /// reconnecting together would otherwise cost G x G messages per domain)
   /// and for every domain once the policy interval has passed.
-  void tick(const std::vector<ingest::domain>& domains, const ingest& lookup, std::chrono::steady_clock::time_point now);
+  void tick(const std::vector<ingest::domain>& domains, const ingest& lookup,
+            std::chrono::steady_clock::time_point now);
 
   /// The domain list changed: every domain's POLICY goes out at the next tick.
   void domains_changed(std::size_t count);
@@ -41,7 +42,7 @@ public:
 private:
   struct policy_slot {
     std::chrono::steady_clock::time_point sent{};  ///< last POLICY for this domain
-    bool due = false;  ///< a subscription asked for it within k_policy_gap of the last
+    bool due = false;                              ///< a subscription asked for it within k_policy_gap of the last
   };
   void publish_policy(const ingest::domain& d, policy_slot& slot, std::chrono::steady_clock::time_point now);
 

@@ -30,9 +30,9 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
                                  metrics::exponential_buckets(1e-6, 2, 18))),
       log_(log::get("master")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
-    decode_errors_[i] = &reg.add_counter(
-        "smockron_master_decode_errors_total", "Malformed accounting messages by reason",
-        metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
+    decode_errors_[i] =
+        &reg.add_counter("smockron_master_decode_errors_total", "Malformed accounting messages by reason",
+                         metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
   }
   reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
                    [this] { return static_cast<double>(limiter_.tracked()); });
@@ -98,7 +98,8 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   // message would cost more than the measurement is worth at 500k msg/s.
   const bool sampled = (++handled_ & 15) == 0;
   const auto started = sampled ? clock_.steady_now() : std::chrono::steady_clock::time_point{};
-  auto msg = truncated ? wire::result<wire::accounting>(wire::decode_error::frame_count) : wire::decode_accounting(frames);
+  auto msg =
+      truncated ? wire::result<wire::accounting>(wire::decode_error::frame_count) : wire::decode_accounting(frames);
   if (!msg) {
     decode_errors_[static_cast<int>(msg.error())]->inc();
     log_bad("malformed accounting message", wire::to_string(msg.error()));

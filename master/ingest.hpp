@@ -42,7 +42,8 @@ public:
   /// more than the receiver keeps) at wall time `now_us`. Returns the
   /// DELAY_UNTIL to publish (views into the message and the domain list,
   /// valid until the next call), or nothing.
-  std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated, std::int64_t now_us);
+  std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated,
+                                          std::int64_t now_us);
 
   /// Domains, rules and max_identifiers from `next`; states of domains that
   /// stay are kept. Returns the names of domains added and removed.

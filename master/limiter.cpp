@@ -86,7 +86,7 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
   auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
   entry* en = &pos->second;
   en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
-                                                                       : limits_[domain].history_cap());
+                                                                      : limits_[domain].history_cap());
   en->domain = domain;
   en->key = &pos->first;
   ++size_;
@@ -129,7 +129,8 @@ std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
   return removed;
 }
 
-void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<std::optional<std::size_t>>& old_index) {
+void limiter::reconfigure(std::vector<rules::limits> domains,
+                          const std::vector<std::optional<std::size_t>>& old_index) {
   std::vector<map> maps(domains.size());
   std::vector<bool> kept(maps_.size(), false);
   for (std::size_t i = 0; i < domains.size(); ++i) {
@@ -137,7 +138,8 @@ void limiter::reconfigure(std::vector<rules::limits> domains, const std::vector<
     const std::size_t old = *old_index[i];
     kept[old] = true;
     // A changed algorithm or rule count makes old state meaningless.
-    const bool compatible = limits_[old].algo == domains[i].algo && limits_[old].rules.size() == domains[i].rules.size();
+    const bool compatible =
+        limits_[old].algo == domains[i].algo && limits_[old].rules.size() == domains[i].rules.size();
     maps[i] = std::move(maps_[old]);
     for (auto& [key, en] : maps[i]) {
       en.domain = i;

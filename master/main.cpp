@@ -20,8 +20,9 @@ using namespace smockron;
 
 int main(int argc, char** argv) {
   int exit_code = 0;
-  auto start = daemon::prepare(argc, argv, "smockron-master", {}, "", [](const config::config& c) { return c.master.has_value(); },
-                               "master", exit_code);
+  auto start = daemon::prepare(
+      argc, argv, "smockron-master", {}, "", [](const config::config& c) { return c.master.has_value(); }, "master",
+      exit_code);
   if (!start) return exit_code;
   const config::master_config& cfg = *start->cfg.master;
   auto log = log::get("master");
@@ -43,8 +44,9 @@ int main(int argc, char** argv) {
     admin = std::make_unique<admin_server>(ioc, cfg.admin, [&](std::string_view path) -> admin_server::response {
       if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
       if (path == "/livez") {
-        return svc->alive(std::chrono::seconds(5)) ? admin_server::response{200, "text/plain", "ok\n"}
-                                                   : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
+        return svc->alive(std::chrono::seconds(5))
+                   ? admin_server::response{200, "text/plain", "ok\n"}
+                   : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
       }
       if (path == "/readyz") return {200, "text/plain", svc->readiness()};
       if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};

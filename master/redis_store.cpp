@@ -36,7 +36,8 @@ reply_ptr command(redisContext* c, const std::vector<std::string_view>& args) {
     argv.push_back(a.data());
     lens.push_back(a.size());
   }
-  return reply_ptr(static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  return reply_ptr(
+      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
 }
 
 std::string_view str(const redisReply* r) { return {r->str, r->len}; }
@@ -104,8 +105,8 @@ redis_store::redis_store(options o, metrics::registry& reg)
     : opt_(std::move(o)),
       up_gauge_(reg.add_gauge("smockron_master_redis_up", "1 while the Redis store is connected")),
       writes_(reg.add_counter("smockron_master_redis_writes_total", "States written to Redis")),
-      write_errors_(reg.add_counter("smockron_master_redis_write_errors_total",
-                                    "States Redis refused to write (error replies)")),
+      write_errors_(
+          reg.add_counter("smockron_master_redis_write_errors_total", "States Redis refused to write (error replies)")),
       connection_errors_(reg.add_counter("smockron_master_redis_connection_errors_total",
                                          "Failed connects and lost connections to Redis")),
       connects_(reg.add_counter("smockron_master_redis_connects_total", "Successful connections to Redis")),
@@ -220,7 +221,8 @@ bool redis_store::load() {
     if (chunk.empty()) return;
     loaded_total_.inc(chunk.size());
     std::lock_guard lock(mutex_);
-    loaded_chunk_.insert(loaded_chunk_.end(), std::make_move_iterator(chunk.begin()), std::make_move_iterator(chunk.end()));
+    loaded_chunk_.insert(loaded_chunk_.end(), std::make_move_iterator(chunk.begin()),
+                         std::make_move_iterator(chunk.end()));
     loaded_flag_.store(true, std::memory_order_release);
     chunk.clear();
   };
@@ -329,7 +331,8 @@ void redis_store::run() {
     }
     if (in_flight.empty()) {
       std::unique_lock lock(mutex_);
-      if (pending_.empty() && !stop_) cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty() && !stop_)
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !pending_.empty(); });
       if (pending_.empty()) {
         const bool s = stop_;
         lock.unlock();

@@ -59,9 +59,9 @@ public:
   };
   struct options {
     redis_url url;
-    std::chrono::milliseconds timeout{1000};       ///< connect and per-command timeout
-    std::size_t load_limit = 1'000'000;             ///< at most this many states read at start-up
-    std::chrono::milliseconds max_backoff{2000};    ///< reconnect backoff ceiling (starts at 50 ms)
+    std::chrono::milliseconds timeout{1000};      ///< connect and per-command timeout
+    std::size_t load_limit = 1'000'000;           ///< at most this many states read at start-up
+    std::chrono::milliseconds max_backoff{2000};  ///< reconnect backoff ceiling (starts at 50 ms)
   };
 
   redis_store(options o, metrics::registry& reg);

@@ -55,8 +55,9 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
       held_dropped_(reg.add_counter("smockron_master_accounting_dropped_total",
                                     "Accounting messages dropped while the master read its states from Redis "
                                     "(more than startup_backlog arrived)")),
-      restore_skipped_(reg.add_counter("smockron_master_redis_restore_skipped_total",
-                                       "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
+      restore_skipped_(
+          reg.add_counter("smockron_master_redis_restore_skipped_total",
+                          "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
       log_(log::get("master")) {
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
@@ -68,8 +69,9 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     o.load_limit = cfg.max_identifiers;
     store_ = std::make_unique<redis_store>(std::move(o), reg);
     ingest_.states().track_dirty();
-    reg.add_callback("smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis",
-                     "", [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
+    reg.add_callback(
+        "smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis", "",
+        [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
   }
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
 }

@@ -104,7 +104,8 @@ bound_socket bind_ipc(const std::string& endpoint, std::string_view path, int rc
     ::unlink(addr.sun_path);  // a socket file left by a previous run (libzmq does the same)
     b.unlink_path = std::string(path);
   }
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + (path.front() == '@' ? 0 : 1));
+  const auto len =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + (path.front() == '@' ? 0 : 1));
   b.fd = open_listener(AF_UNIX, reinterpret_cast<const sockaddr*>(&addr), len, endpoint, rcvbuf);
   b.endpoint = endpoint;
   return b;
@@ -133,7 +134,7 @@ struct zmtp_subscriber::peer {
 
 namespace {
 // What a subscriber can meet, and so counts (the `reason` label).
-constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mechanism, zmtp::fault::handshake,
+constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mechanism,  zmtp::fault::handshake,
                                      zmtp::fault::framing,    zmtp::fault::peer_error, zmtp::fault::timeout,
                                      zmtp::fault::peer_limit, zmtp::fault::stalled};
 }  // namespace
@@ -147,10 +148,10 @@ zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const c
                                  "Accounting messages over 32 KiB, skipped (the connection stays)")),
       log_(log::get("master.accounting")) {
   for (const auto f : k_counted) {
-    faults_[static_cast<int>(f)] = &reg.add_counter(
-        "smockron_master_accounting_disconnects_total",
-        "Accounting connections closed for breaking the protocol or a bound, by reason",
-        metrics::labels({{"reason", zmtp::to_string(f)}}));
+    faults_[static_cast<int>(f)] =
+        &reg.add_counter("smockron_master_accounting_disconnects_total",
+                         "Accounting connections closed for breaking the protocol or a bound, by reason",
+                         metrics::labels({{"reason", zmtp::to_string(f)}}));
   }
   bound_socket b = bind_endpoint(endpoint, opt_.rcvbuf);
   listen_fd_ = b.fd;
@@ -328,8 +329,8 @@ void zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
       self.oversized_.inc();
       std::uint64_t suppressed = 0;
       if (self.fault_log_.allow(self.clock_.steady_now(), suppressed)) {
-        self.log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", bytes,
-                        k_max_message, suppressed);
+        self.log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", bytes, k_max_message,
+                        suppressed);
       }
     }
   };

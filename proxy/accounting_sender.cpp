@@ -32,10 +32,16 @@ constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
 struct accounting_sender::link {
   enum class state : std::uint8_t { idle, connecting, handshake, ready };
   link(asio::io_context& ioc, std::string ep)
-      : endpoint(std::move(ep)), socket(ioc), retry(ioc), resolver(ioc), session(new_session()), subs(k_max_subscriptions) {}
+      : endpoint(std::move(ep)),
+        socket(ioc),
+        retry(ioc),
+        resolver(ioc),
+        session(new_session()),
+        subs(k_max_subscriptions) {}
 
   static zmtp::session new_session() {
-    return zmtp::session(zmtp::session::role::pub, {.max_message = k_max_in_frame, .max_pong_backlog = k_max_pong_backlog});
+    return zmtp::session(zmtp::session::role::pub,
+                         {.max_message = k_max_in_frame, .max_pong_backlog = k_max_pong_backlog});
   }
 
   std::string endpoint;
@@ -46,7 +52,7 @@ struct accounting_sender::link {
   std::uint64_t generation = 0;  ///< bumped on every failure: late completions of the old connection are ignored
   zmtp::session session;
   std::array<char, 4096> chunk;
-  std::string in;                ///< received and not yet parsed
+  std::string in;  ///< received and not yet parsed
   zmtp::subscription_set subs;
   std::uint64_t failures = 0;    ///< in a row, for the log
   std::string pending, writing;  ///< queued; being written
@@ -180,7 +186,8 @@ void accounting_sender::connect(link& l) {
   // and never answers is retried like one that refuses.
   l.retry.expires_after(k_handshake_timeout);
   l.retry.async_wait([this, &l, gen](const boost::system::error_code& ec) {
-    if (!ec && gen == l.generation && l.st != link::state::ready) fail(l, zmtp::fault::timeout, "no handshake within 5 s");
+    if (!ec && gen == l.generation && l.st != link::state::ready)
+      fail(l, zmtp::fault::timeout, "no handshake within 5 s");
   });
   const auto e = parse_stream_endpoint(l.endpoint);  // validated with the configuration
   if (!e) return fail(l, zmtp::fault::connect, "invalid endpoint");
@@ -197,27 +204,29 @@ void accounting_sender::connect(link& l) {
   }
   const std::string& host = e->address.host;
   const std::string port = std::to_string(e->address.port);
-  l.resolver.async_resolve(host, port, [this, &l, gen](const boost::system::error_code& ec,
-                                                       const asio::ip::tcp::resolver::results_type& results) {
-    if (gen != l.generation) return;
-    if (ec) return fail(l, zmtp::fault::connect, "resolve: " + ec.message());
-    auto endpoints = std::make_shared<std::vector<generic_stream::endpoint>>();
-    for (const auto& r : results) endpoints->emplace_back(r.endpoint());
-    asio::async_connect(l.socket, *endpoints,
-                        [this, &l, gen, endpoints](const boost::system::error_code& cec, const generic_stream::endpoint&) {
-                          if (gen != l.generation) return;
-                          if (cec) return fail(l, zmtp::fault::connect, "connect: " + cec.message());
-                          // Batches leave at once; a master whose host vanished is noticed (~90 s).
-                          const int one = 1, idle = 60, interval = 10, probes = 3;
-                          const int fd = l.socket.native_handle();
-                          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                          ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-                          ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
-                          on_connected(l);
-                        });
-  });
+  l.resolver.async_resolve(
+      host, port,
+      [this, &l, gen](const boost::system::error_code& ec, const asio::ip::tcp::resolver::results_type& results) {
+        if (gen != l.generation) return;
+        if (ec) return fail(l, zmtp::fault::connect, "resolve: " + ec.message());
+        auto endpoints = std::make_shared<std::vector<generic_stream::endpoint>>();
+        for (const auto& r : results) endpoints->emplace_back(r.endpoint());
+        asio::async_connect(
+            l.socket, *endpoints,
+            [this, &l, gen, endpoints](const boost::system::error_code& cec, const generic_stream::endpoint&) {
+              if (gen != l.generation) return;
+              if (cec) return fail(l, zmtp::fault::connect, "connect: " + cec.message());
+              // Batches leave at once; a master whose host vanished is noticed (~90 s).
+              const int one = 1, idle = 60, interval = 10, probes = 3;
+              const int fd = l.socket.native_handle();
+              ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+              ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+              on_connected(l);
+            });
+      });
 }
 
 void accounting_sender::on_connected(link& l) {
@@ -293,7 +302,8 @@ void accounting_sender::write(link& l) {
   l.pending_msgs = 0;
   // Most batches go out whole at once; only a remainder waits for the socket.
   const ssize_t n = ::send(l.socket.native_handle(), l.writing.data(), l.writing.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return fail(l, zmtp::fault::io, std::strerror(errno));
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    return fail(l, zmtp::fault::io, std::strerror(errno));
   if (n > 0) l.writing.erase(0, static_cast<std::size_t>(n));
   if (l.writing.empty()) {
     l.writing_msgs = 0;
@@ -301,14 +311,15 @@ void accounting_sender::write(link& l) {
   }
   l.write_busy = true;
   const std::uint64_t gen = l.generation;
-  asio::async_write(l.socket, asio::buffer(l.writing), [this, &l, gen](const boost::system::error_code& ec, std::size_t) {
-    if (gen != l.generation) return;
-    l.write_busy = false;
-    if (ec) return fail(l, zmtp::fault::io, ec.message());
-    l.writing.clear();
-    l.writing_msgs = 0;
-    write(l);
-  });
+  asio::async_write(l.socket, asio::buffer(l.writing),
+                    [this, &l, gen](const boost::system::error_code& ec, std::size_t) {
+                      if (gen != l.generation) return;
+                      l.write_busy = false;
+                      if (ec) return fail(l, zmtp::fault::io, ec.message());
+                      l.writing.clear();
+                      l.writing_msgs = 0;
+                      write(l);
+                    });
 }
 
 void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) {

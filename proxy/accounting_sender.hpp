@@ -109,7 +109,7 @@ private:
   std::vector<std::unique_ptr<link>> links_;
   wire::scratch scratch_;
   struct queued {
-    std::uint32_t offset, size;            ///< the encoded message in bytes_
+    std::uint32_t offset, size;              ///< the encoded message in bytes_
     std::uint32_t topic_offset, topic_size;  ///< its first frame's body (the domain topic)
   };
   std::string bytes_;  ///< ZMTP frames of the batch, back to back

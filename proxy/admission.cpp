@@ -42,7 +42,8 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   switch (a.gate.v) {
     case verdict::reject:
       a.outcome = decision::rejected;
-      (a.gate.reason == reject_reason::delay_too_long ? env.metrics.reject_too_long : env.metrics.reject_held_full).inc();
+      (a.gate.reason == reject_reason::delay_too_long ? env.metrics.reject_too_long : env.metrics.reject_held_full)
+          .inc();
       account(env, rt, r, wire::status::rejected, id, now_us, 0);
       break;
     case verdict::delay:

@@ -47,7 +47,7 @@ struct body_relay {
 
   http1::framing in_framing;
   bool dechunk, rechunk;
-  std::uint64_t remaining;       ///< of a Content-Length body
+  std::uint64_t remaining;  ///< of a Content-Length body
   http1::chunked_decoder dec;
   std::uint64_t data_bytes = 0;  ///< payload bytes so far
   bool eof = false;              ///< set by the caller when the sender closed (until_close bodies end so)

@@ -17,9 +17,10 @@ namespace smockron::proxy {
 using namespace asio::experimental::awaitable_operators;
 
 namespace {
-constexpr int k_reads_per_turn = 16;                // read_more(): reads without waiting before others get a turn
-constexpr auto k_linger = std::chrono::seconds(5);  // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
-constexpr std::size_t k_linger_bytes = 1 << 20;     // ... at most this much
+constexpr int k_reads_per_turn = 16;  // read_more(): reads without waiting before others get a turn
+constexpr auto k_linger =
+    std::chrono::seconds(5);  // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
+constexpr std::size_t k_linger_bytes = 1 << 20;  // ... at most this much
 constexpr auto k_respond_timeout = std::chrono::seconds(10);
 }  // namespace
 
@@ -73,9 +74,10 @@ awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connecti
     const auto n = sys::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-      const boost::system::error_code ec = n > 0    ? boost::system::error_code{}
-                                           : n == 0 ? make_error_code(asio::error::eof)
-                                                    : boost::system::error_code(errno, boost::system::system_category());
+      const boost::system::error_code ec = n > 0 ? boost::system::error_code{}
+                                           : n == 0
+                                               ? make_error_code(asio::error::eof)
+                                               : boost::system::error_code(errno, boost::system::system_category());
       // Progress: the deadline starts again (a request head keeps its one deadline).
       if (timeout) c.expires_after(*timeout);
       else c.expired = false;

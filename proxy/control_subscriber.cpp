@@ -20,8 +20,9 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       received_(reg.add_counter("smockron_proxy_control_messages_total", "DELAY_UNTIL messages applied")),
       unknown_domain_(reg.add_counter("smockron_proxy_control_unknown_domain_total",
                                       "Control messages for a domain no route uses")),
-      policies_(reg.add_counter("smockron_proxy_control_policies_total",
-                                "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")),
+      policies_(
+          reg.add_counter("smockron_proxy_control_policies_total",
+                          "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")),
       policies_ignored_(reg.add_counter("smockron_proxy_control_policies_ignored_total",
                                         "POLICY messages not kept: more domains than the gate keeps policies for "
                                         "(those domains are not bounded before the master's first DELAY_UNTIL)")) {
@@ -57,7 +58,8 @@ void control_subscriber::run() {
   // A restarted master is found again within half a second however long it was gone.
   sub.set(zmq::sockopt::reconnect_ivl_max, 500);
   // A monitor tells whether masters are connected (for /readyz and metrics).
-  const std::string monitor_endpoint = "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+  const std::string monitor_endpoint =
+      "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
   zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
   zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
   monitor.set(zmq::sockopt::linger, 0);

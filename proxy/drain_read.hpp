@@ -38,7 +38,8 @@
 
 #include "proxy/sys_io.hpp"
 
-static_assert(BOOST_VERSION / 100 == 1081, "drain_read.hpp specialises Boost 1.81's reactor op: check it against this Boost");
+static_assert(BOOST_VERSION / 100 == 1081,
+              "drain_read.hpp specialises Boost 1.81's reactor op: check it against this Boost");
 
 namespace smockron::proxy {
 

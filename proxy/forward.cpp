@@ -79,7 +79,8 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
     }
     if (!bufs.empty()) {
       boost::system::error_code ec;
-      if (!send_now(*c.up.sock, bufs, ec)) ec = std::get<0>(co_await write(c, *c.up.sock, bufs, rt.cfg.upstream_timeout));
+      if (!send_now(*c.up.sock, bufs, ec))
+        ec = std::get<0>(co_await write(c, *c.up.sock, bufs, rt.cfg.upstream_timeout));
       if (ec) {
         if (c.up.reused && retryable && attempt == 0) co_return step::retry;
         env.metrics.upstream_reset.inc();
@@ -233,7 +234,8 @@ awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::f
 
 }  // namespace
 
-awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c, std::string_view client_ip) {
+awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
+                        std::string_view client_ip) {
   exchange x{env, rt, r, c};
   const http1::request_head& req = c.request;
   if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {

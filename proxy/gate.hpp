@@ -36,9 +36,9 @@ enum class reject_reason : std::uint8_t { none, delay_too_long, held_full };
 struct gate_decision {
   verdict v = verdict::accept;
   reject_reason reason = reject_reason::none;
-  std::int64_t release_us = 0;      ///< delay: when to forward (wall clock)
-  std::int64_t retry_after_s = 0;   ///< reject: whole seconds, rounded up, at least 1
-  std::int64_t interval_us = 0;     ///< delay: the pacing interval applied
+  std::int64_t release_us = 0;     ///< delay: when to forward (wall clock)
+  std::int64_t retry_after_s = 0;  ///< reject: whole seconds, rounded up, at least 1
+  std::int64_t interval_us = 0;    ///< delay: the pacing interval applied
   /// delay: the slot was given back by a held client that left; the master
   /// already counted a use at release_us, so no DELAYED is sent for it.
   bool prepaid = false;
@@ -96,7 +96,8 @@ public:
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
   /// release_held() is called.
-  gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us, const gate_limits& limits);
+  gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
+                       const gate_limits& limits);
 
   /// A held request finished (forwarded or dropped).
   void release_held() { held_.fetch_sub(1, std::memory_order_relaxed); }
@@ -138,13 +139,13 @@ private:
     }
   };
   struct entry {
-    std::int64_t next_us = 0;      ///< from the master: not before this
-    std::int64_t local_next_us = 0;///< this gatekeeper's next free paced slot
+    std::int64_t next_us = 0;        ///< from the master: not before this
+    std::int64_t local_next_us = 0;  ///< this gatekeeper's next free paced slot
     std::int64_t interval_us = 0;
-    std::int64_t updated_us = 0;    ///< when the master last spoke about this key
-    std::int64_t spare_us = 0;      ///< a reported slot given back by a client that left (0 = none)
+    std::int64_t updated_us = 0;                    ///< when the master last spoke about this key
+    std::int64_t spare_us = 0;                      ///< a reported slot given back by a client that left (0 = none)
     std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
-    std::uint32_t policy_seq = 0;  ///< the policy `tat` was computed under (another one resets it)
+    std::uint32_t policy_seq = 0;                   ///< the policy `tat` was computed under (another one resets it)
     /// When keeping this entry no longer changes any decision.
     std::int64_t expires_us() const;
   };

@@ -325,8 +325,8 @@ parse_result parse_response(std::string_view data, std::size_t max_head, bool re
   } else {
     out.body = framing::until_close;
   }
-  out.keep_alive = out.body != framing::until_close &&
-                   (out.version >= 11 ? !connection_has(out.headers, "close") : connection_has(out.headers, "keep-alive"));
+  out.keep_alive = out.body != framing::until_close && (out.version >= 11 ? !connection_has(out.headers, "close")
+                                                                          : connection_has(out.headers, "keep-alive"));
   return {parse_status::complete, {}};
 }
 

@@ -125,9 +125,9 @@ private:
   state state_ = state::size;
   std::uint64_t remaining_ = 0;
   std::size_t digits_ = 0;
-  std::size_t line_ = 0;         // bytes of the current size or trailer line
+  std::size_t line_ = 0;  // bytes of the current size or trailer line
   std::size_t trailer_bytes_ = 0;
-  bool line_empty_ = true;       // the current trailer line has no bytes yet
+  bool line_empty_ = true;  // the current trailer line has no bytes yet
   std::size_t max_line_;
   std::string_view error_;
 };

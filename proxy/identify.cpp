@@ -434,8 +434,9 @@ ip_address client_address(const http1::header_list& headers, const ip_address& p
   return client ? *client : last;  // all trusted: the left-most
 }
 
-std::optional<identity> identify(const std::vector<config::identifier_source>& sources, const http1::header_list& headers,
-                                 std::string_view target, const ip_address& peer, const identify_context& ctx) {
+std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
+                                 const http1::header_list& headers, std::string_view target, const ip_address& peer,
+                                 const identify_context& ctx) {
   using kind = config::identifier_source::kind;
   try {
     static const std::vector<cidr> no_proxies;

@@ -53,8 +53,8 @@ struct identify_context {
 
 /// Applies `sources` in order; the first that yields a non-empty value wins.
 std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
-                                 const http1::header_list& headers, std::string_view target,
-                                 const ip_address& peer, const identify_context& ctx);
+                                 const http1::header_list& headers, std::string_view target, const ip_address& peer,
+                                 const identify_context& ctx);
 
 /// The client address: the peer, or, when the peer is a trusted proxy, the
 /// right-most X-Forwarded-For address that is not itself trusted.

@@ -39,8 +39,8 @@ int healthcheck(const config::proxy_config& cfg) {
   }
   const std::string req = "GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
   char buf[64] = {};
-  const bool ok = ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()) && ::read(fd, buf, sizeof buf - 1) > 12 &&
-                  std::string_view(buf).substr(9, 3) == "200";
+  const bool ok = ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()) &&
+                  ::read(fd, buf, sizeof buf - 1) > 12 && std::string_view(buf).substr(9, 3) == "200";
   ::close(fd);
   std::cerr << "healthcheck: " << (ok ? "ok" : "unhealthy") << "\n";
   return ok ? 0 : 1;
@@ -49,9 +49,10 @@ int healthcheck(const config::proxy_config& cfg) {
 
 int main(int argc, char** argv) {
   int exit_code = 0;
-  auto start = daemon::prepare(argc, argv, "smockron-proxy", {"--healthcheck"},
-                               "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n",
-                               [](const config::config& c) { return c.proxy.has_value(); }, "proxy", exit_code);
+  auto start = daemon::prepare(
+      argc, argv, "smockron-proxy", {"--healthcheck"},
+      "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n",
+      [](const config::config& c) { return c.proxy.has_value(); }, "proxy", exit_code);
   if (!start) return exit_code;
   if (!start->options.extra.empty()) return healthcheck(*start->cfg.proxy);
   // Every client and upstream connection is a descriptor: use the hard limit, as nginx's worker_rlimit_nofile would.

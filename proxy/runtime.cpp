@@ -47,7 +47,8 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
   // Half the shortest deadline any operation sets (respond() writes within
   // 10 s, refuse() lingers 5 s), so the watchdog is never late by more than that.
   steady::duration t = std::chrono::seconds(10);
-  for (const auto d : {cfg.header_timeout, cfg.idle_timeout, cfg.connect_timeout, cfg.upstream_timeout, cfg.body_timeout}) {
+  for (const auto d :
+       {cfg.header_timeout, cfg.idle_timeout, cfg.connect_timeout, cfg.upstream_timeout, cfg.body_timeout}) {
     t = std::min<steady::duration>(t, d);
   }
   tick = std::max<steady::duration>(t / 2, std::chrono::milliseconds(1));

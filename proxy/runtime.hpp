@@ -28,9 +28,9 @@ struct runtime {
 
   config::proxy_config cfg;
   route_table routes;
-  std::vector<std::uint32_t> gate_domain;                                  ///< per routes.domains() index
-  std::vector<std::array<metrics::counter*, decision_count>> decisions;   ///< per domain index, by decision
-  std::vector<std::vector<tcp::endpoint>> servers;                        ///< per upstream, per server
+  std::vector<std::uint32_t> gate_domain;                                ///< per routes.domains() index
+  std::vector<std::array<metrics::counter*, decision_count>> decisions;  ///< per domain index, by decision
+  std::vector<std::vector<tcp::endpoint>> servers;                       ///< per upstream, per server
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
   steady::duration tick{};  ///< the connection watchdog's period (see conn_io.hpp)

@@ -53,12 +53,13 @@ awaitable<void> accept_loop(shared_state& s, worker& w) {
 }  // namespace
 
 struct server::impl {
-  impl(const config::proxy_config& cfg, const clock& clk) : shared_(cfg, clk, random_spread()), log_(log::get("proxy")) {
+  impl(const config::proxy_config& cfg, const clock& clk)
+      : shared_(cfg, clk, random_spread()), log_(log::get("proxy")) {
     auto first = std::make_shared<const runtime>(cfg, shared_.domains, shared_.metrics, 0);
     shared_.install(first);
     add_gauges();
-    const std::size_t threads = cfg.threads > 0 ? static_cast<std::size_t>(cfg.threads)
-                                                : std::max(1u, std::thread::hardware_concurrency());
+    const std::size_t threads =
+        cfg.threads > 0 ? static_cast<std::size_t>(cfg.threads) : std::max(1u, std::thread::hardware_concurrency());
     const auto address = asio::ip::make_address(cfg.listen.host);
     port_ = cfg.listen.port;
     for (std::size_t i = 0; i < threads; ++i) {
@@ -70,7 +71,8 @@ struct server::impl {
     control_ = std::make_unique<control_subscriber>(control_ctx_, cfg.control, shared_.gate, shared_.domains,
                                                     shared_.clk, shared_.registry);
     control_->set_domains(first->routes.domains());
-    admin_ = std::make_unique<admin_server>(admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); });
+    admin_ =
+        std::make_unique<admin_server>(admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); });
   }
 
   void add_gauges() {
@@ -95,8 +97,9 @@ struct server::impl {
       const int up = control_->connected(), all = control_->endpoints();
       std::string body = "ready\nmasters connected: " + std::to_string(up) + "/" + std::to_string(all) + "\n";
       if (up == 0) {
-        body += shared_.current()->cfg.fail_closed ? "no master reachable: requests are refused with 503 (fail_closed)\n"
-                                                   : "no master reachable: every request passes (fail-open)\n";
+        body += shared_.current()->cfg.fail_closed
+                    ? "no master reachable: requests are refused with 503 (fail_closed)\n"
+                    : "no master reachable: every request passes (fail-open)\n";
       }
       return {200, "text/plain", body};
     }
@@ -116,8 +119,8 @@ struct server::impl {
       admin_ioc_.run();
     });
     const auto& cfg = shared_.current()->cfg;
-    log_->info("smockron-proxy listening on {} ({} worker threads), admin {}", cfg.listen.host + ":" + std::to_string(port_),
-               workers_.size(), cfg.admin.to_string());
+    log_->info("smockron-proxy listening on {} ({} worker threads), admin {}",
+               cfg.listen.host + ":" + std::to_string(port_), workers_.size(), cfg.admin.to_string());
     {
       std::unique_lock lock(stop_mutex_);
       stop_cv_.wait(lock, [this] { return stop_requested_; });
@@ -150,7 +153,8 @@ struct server::impl {
     while (shared_.connections.load() > 0 && steady::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (shared_.connections.load() > 0) log_->warn("grace period over: closing {} connection(s)", shared_.connections.load());
+    if (shared_.connections.load() > 0)
+      log_->warn("grace period over: closing {} connection(s)", shared_.connections.load());
   }
 
   // Nothing accepted is lost: the last batches are written before the
@@ -187,8 +191,9 @@ struct server::impl {
     if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
         next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
         next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm) {
-      log_->warn("reload: listen, admin, threads, master endpoints, accounting_hwm and max_control_entries change "
-                 "only after a restart");
+      log_->warn(
+          "reload: listen, admin, threads, master endpoints, accounting_hwm and max_control_entries change "
+          "only after a restart");
     }
     std::shared_ptr<const runtime> fresh;
     try {
@@ -199,7 +204,8 @@ struct server::impl {
     }
     control_->set_domains(fresh->routes.domains());
     shared_.install(fresh);
-    log_->info("configuration reloaded: {} route(s), {} upstream(s)", fresh->routes.routes().size(), next.upstreams.size());
+    log_->info("configuration reloaded: {} route(s), {} upstream(s)", fresh->routes.routes().size(),
+               next.upstreams.size());
   }
 
   shared_state shared_;

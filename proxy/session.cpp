@@ -44,8 +44,8 @@ private:
     if (s_.draining) co_return false;
     c_.idle = true;
     const auto& cfg = w_.rt->cfg;
-    auto [ec, n] = co_await read_first(c_, c_.client, c_.in.prepare(k_head_read),
-                                       first ? cfg.header_timeout : cfg.idle_timeout);
+    auto [ec, n] =
+        co_await read_first(c_, c_.client, c_.in.prepare(k_head_read), first ? cfg.header_timeout : cfg.idle_timeout);
     if (ec) co_return false;
     c_.in.commit(n);
     if (s_.newer_than(*w_.rt)) w_.rt = s_.current();  // a reload while this connection was idle

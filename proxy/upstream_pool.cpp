@@ -51,7 +51,8 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
   for (std::size_t attempt = 0; attempt < slots.size(); ++attempt) {
     const std::size_t s = round_robin_[upstream]++ % slots.size();
     auto& slot = slots[s];
-    if (slot.down_until > now && attempt + 1 < slots.size()) continue;  // skip a down server unless it is the last chance
+    if (slot.down_until > now && attempt + 1 < slots.size())
+      continue;  // skip a down server unless it is the last chance
     while (allow_reuse && !slot.idle.empty()) {
       tcp_socket sock = std::move(slot.idle.back());
       slot.idle.pop_back();

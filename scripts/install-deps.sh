@@ -15,6 +15,8 @@ if [ "${1:-}" = "--test" ]; then
   packages+=(redis-server nginx-light wrk procps docker-compose)
   # clang's libFuzzer for the fuzz targets (scripts/fuzz.sh).
   packages+=(clang libclang-rt-14-dev)
+  # The source format check (scripts/format.sh --check).
+  packages+=(clang-format)
   # npm for the Dockerfile linter below. Only when there is no npm at all: a
   # Node.js from elsewhere (e.g. NodeSource) ships its own npm, which Debian's
   # npm package would conflict with.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds, and runs every test: unit tests, the same
-# unit tests under ASan + UBSan, the integration tests (real binaries, real
-# ZeroMQ, services started by the tests on 127.0.0.1), and the fuzz targets
-# for a bounded time each.
+# Installs what is needed, checks the source format, builds, and runs every
+# test: unit tests, the same unit tests under ASan + UBSan, the integration
+# tests (real binaries, real ZeroMQ, services started by the tests on
+# 127.0.0.1), and the fuzz targets for a bounded time each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
+echo "== source format (.clang-format)"
+bash scripts/format.sh --check
 bash scripts/build.sh
 echo "== unit + integration tests (build/)"
 ctest --test-dir build --output-on-failure --timeout 600 -j 1

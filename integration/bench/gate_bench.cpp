@@ -2,7 +2,6 @@
 // extraction + control-memory lookup + accounting encode. Goal: < 1 us.
 #include <benchmark/benchmark.h>
 
-
 #include "proxy/gate.hpp"
 #include "proxy/identify.hpp"
 #include "proxy/routes.hpp"
@@ -26,7 +25,8 @@ path = "/api/"
 domain = "api"
 upstream = "app"
 identify = ["header:X-API-Key", "ip"]
-)", "bench");
+)",
+                               "bench");
   return *r.cfg->proxy;
 }
 
@@ -50,7 +50,8 @@ void gate_path(benchmark::State& state, bool with_key) {
     const route* r = routes.match(*headers.first("Host"), "/api/orders");
     auto who = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
     auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who->value, now, limits);
-    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
+    auto enc =
+        wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
   }
@@ -88,7 +89,8 @@ void gate_path_guarded(benchmark::State& state, int clients) {
     const route* r = routes.match(*headers.first("Host"), "/api/orders");
     auto who = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
     auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who->value, now, limits);
-    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
+    auto enc =
+        wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
     if (d.v != verdict::accept) state.SkipWithError("a client under its limit was held");
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);

@@ -136,8 +136,12 @@ struct load_mix {
       received = std::to_string(now_ms);
       later = std::to_string(now_ms + 50);
     }
-    const std::string_view f[6] = {k_bench_domain, delayed ? "DELAYED" : "ACCEPTED", ids[id], received,
-                                   delayed ? std::string_view(later) : std::string_view(), "bench-loadgen"};
+    const std::string_view f[6] = {k_bench_domain,
+                                   delayed ? "DELAYED" : "ACCEPTED",
+                                   ids[id],
+                                   received,
+                                   delayed ? std::string_view(later) : std::string_view(),
+                                   "bench-loadgen"};
     send_frames(s, f, 6);
   }
   std::vector<std::string> ids;
@@ -220,7 +224,8 @@ double zmq_ceiling(const options& o) {
   for (long i = 0; i < o.messages; ++i) mix.send(pub, i, t + i / 500'000);
   char buf[128] = {};
   std::size_t got = 0;
-  for (ssize_t n; got < sizeof buf - 1 && (n = ::read(fds[0], buf + got, sizeof buf - 1 - got)) > 0;) got += static_cast<std::size_t>(n);
+  for (ssize_t n; got < sizeof buf - 1 && (n = ::read(fds[0], buf + got, sizeof buf - 1 - got)) > 0;)
+    got += static_cast<std::size_t>(n);
   ::waitpid(child, nullptr, 0);
   ::close(fds[0]);
   long count = 0;
@@ -278,8 +283,8 @@ struct redis_process {
     pid = ::fork();
     if (pid == 0) {
       const std::string p = std::to_string(port);
-      ::execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--loglevel", "warning", nullptr);
+      ::execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--loglevel", "warning", nullptr);
       std::perror("exec redis-server");
       std::_Exit(127);
     }
@@ -400,8 +405,8 @@ double measure_master(const options& o, const std::string& store_config, const c
   const double ingest = processed / secs;
   const long control_msgs = control.count - control_before;
   std::printf("master ingest (%s):%*s%10.0f msg/s  (%.0f of %ld processed, %.0f dropped)\n", label,
-              static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed,
-              o.messages, static_cast<double>(o.messages) - processed);
+              static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed, o.messages,
+              static_cast<double>(o.messages) - processed);
   std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
   if (store_config.find("redis") != std::string::npos) {
     const auto written_at = steady_clock::now();
@@ -445,14 +450,19 @@ double measure_master(const options& o, const std::string& store_config, const c
   std::this_thread::sleep_for(500ms);
   std::vector<double> lat;
   for (std::size_t k = 0; k < probes; ++k) {
-    if (control.received_at[k] != steady_clock::time_point{}) lat.push_back(duration<double, std::micro>(control.received_at[k] - sent_at[k]).count());
+    if (control.received_at[k] != steady_clock::time_point{})
+      lat.push_back(duration<double, std::micro>(control.received_at[k] - sent_at[k]).count());
   }
   std::sort(lat.begin(), lat.end());
-  const auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<std::size_t>(p * lat.size()))]; };
-  const double achieved = static_cast<double>(i + static_cast<long>(probes)) / duration<double>(steady_clock::now() - phase_start - 500ms).count();
-  std::printf("control-loop latency at %ld msg/s offered (%.0f achieved): p50 %.0f us, p99 %.0f us, max %.0f us "
-              "(%zu of %zu probes answered)\n",
-              o.latency_rate, achieved, pct(0.50), pct(0.99), lat.empty() ? 0.0 : lat.back(), lat.size(), probes);
+  const auto pct = [&](double p) {
+    return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<std::size_t>(p * lat.size()))];
+  };
+  const double achieved = static_cast<double>(i + static_cast<long>(probes)) /
+                          duration<double>(steady_clock::now() - phase_start - 500ms).count();
+  std::printf(
+      "control-loop latency at %ld msg/s offered (%.0f achieved): p50 %.0f us, p99 %.0f us, max %.0f us "
+      "(%zu of %zu probes answered)\n",
+      o.latency_rate, achieved, pct(0.50), pct(0.99), lat.empty() ? 0.0 : lat.back(), lat.size(), probes);
   return ingest;
 }
 

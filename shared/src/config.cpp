@@ -169,7 +169,8 @@ private:
     for (auto&& [k, v] : table_) {
       if (known_.contains(std::string(k.str()))) continue;
       if (path_ == "master" && k.str() == "accounting_hwm") {
-        sink_.add(k.source(), key(k.str()), "renamed to startup_backlog (accounting_hwm is the proxy's queue per master)");
+        sink_.add(k.source(), key(k.str()),
+                  "renamed to startup_backlog (accounting_hwm is the proxy's queue per master)");
       } else {
         sink_.add(k.source(), key(k.str()), "unknown key (check the spelling; unknown keys are errors)");
       }
@@ -194,7 +195,8 @@ std::string check_zmq_endpoint(std::string_view e) {
 std::string check_accounting_endpoint(std::string_view e) {
   if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
   if (parse_stream_endpoint(e)) return {};
-  if (e.starts_with("ipc://") && e.size() - 6 > 107) return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
+  if (e.starts_with("ipc://") && e.size() - 6 > 107)
+    return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
   return "invalid endpoint \"" + std::string(e) + "\" (expected tcp://host:port or ipc://path)";
 }
 
@@ -335,7 +337,8 @@ void read_routes(reader& r, proxy_config& p) {
   if (!n) return;
   const auto* arr = n->as_array();
   if (!arr) {
-    r.errors().add(*n, "proxy.routes", "expected an array of tables ([[proxy.routes]]), got " + std::string(type_name(*n)));
+    r.errors().add(*n, "proxy.routes",
+                   "expected an array of tables ([[proxy.routes]]), got " + std::string(type_name(*n)));
     return;
   }
   for (std::size_t i = 0; i < arr->size(); ++i) {
@@ -350,7 +353,8 @@ void read_routes(reader& r, proxy_config& p) {
     rr.string("host", route.host);
     if (route.host.empty()) route.host = "*";
     if (auto* pth = rr.typed<toml::value<std::string>>("path", "a path prefix string")) {
-      if (pth->get().empty() || pth->get()[0] != '/') r.errors().add(*pth, path + ".path", "path prefix must start with /");
+      if (pth->get().empty() || pth->get()[0] != '/')
+        r.errors().add(*pth, path + ".path", "path prefix must start with /");
       else route.path = pth->get();
     }
     if (auto* d = rr.typed<toml::value<std::string>>("domain", "a domain name")) {
@@ -362,7 +366,8 @@ void read_routes(reader& r, proxy_config& p) {
     if (auto* u = rr.typed<toml::value<std::string>>("upstream", "an upstream name")) {
       route.upstream = u->get();
       if (!p.find_upstream(route.upstream)) {
-        r.errors().add(*u, path + ".upstream", "unknown upstream \"" + route.upstream + "\" (define [proxy.upstreams." + route.upstream + "])");
+        r.errors().add(*u, path + ".upstream",
+                       "unknown upstream \"" + route.upstream + "\" (define [proxy.upstreams." + route.upstream + "])");
       }
     } else if (!rt->contains("upstream")) {
       r.errors().add((*arr)[i], path + ".upstream", "missing (every route needs an upstream)");

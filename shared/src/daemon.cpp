@@ -15,9 +15,9 @@ config::load_result load(const cli::options& o) {
 }
 }  // namespace
 
-std::optional<startup> prepare(int argc, char** argv, const std::string& program, const std::vector<std::string>& extra_flags,
-                               const std::string& extra_help, bool (*has_section)(const config::config&),
-                               const std::string& section, int& exit_code) {
+std::optional<startup> prepare(int argc, char** argv, const std::string& program,
+                               const std::vector<std::string>& extra_flags, const std::string& extra_help,
+                               bool (*has_section)(const config::config&), const std::string& section, int& exit_code) {
   std::string error;
   auto options = cli::parse(argc, argv, extra_flags, error);
   if (!options) {
@@ -37,7 +37,8 @@ std::optional<startup> prepare(int argc, char** argv, const std::string& program
   }
   auto loaded = load(*options);
   if (loaded.cfg && !has_section(*loaded.cfg)) {
-    loaded.errors.push_back({loaded.cfg->source, 0, 0, section, "missing: this daemon reads the [" + section + "] table"});
+    loaded.errors.push_back(
+        {loaded.cfg->source, 0, 0, section, "missing: this daemon reads the [" + section + "] table"});
     loaded.cfg.reset();
   }
   for (const auto& e : loaded.errors) std::cerr << config::format(e) << "\n";

@@ -142,7 +142,8 @@ std::string registry::render() const {
         for (std::size_t i = 0; i <= b.size(); ++i) {
           cumulative += s.h->bucket(i);
           const std::string le = i < b.size() ? format_number(b[i]) : "+Inf";
-          out += f.name + "_bucket" + with_label(s.label_set, "le=\"" + le + "\"") + " " + std::to_string(cumulative) + "\n";
+          out += f.name + "_bucket" + with_label(s.label_set, "le=\"" + le + "\"") + " " + std::to_string(cumulative) +
+                 "\n";
         }
         out += f.name + "_sum" + s.label_set + " " + format_number(s.h->sum()) + "\n";
         out += f.name + "_count" + s.label_set + " " + std::to_string(s.h->count()) + "\n";

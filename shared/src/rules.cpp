@@ -167,12 +167,12 @@ void merge(const limits& l, state& into, const state& older) {
     for (std::size_t i = 0; i < into.times.size(); ++i) into.times[i] = std::max(into.times[i], older.times[i]);
     return;
   }
-  const auto end = into.times.empty()
-                       ? older.times.end()
-                       : std::lower_bound(older.times.begin(), older.times.end(), into.times.front());
+  const auto end = into.times.empty() ? older.times.end()
+                                      : std::lower_bound(older.times.begin(), older.times.end(), into.times.front());
   into.times.insert(into.times.begin(), older.times.begin(), end);
   const std::size_t cap = l.history_cap();
-  if (into.times.size() > cap) into.times.erase(into.times.begin(), into.times.end() - static_cast<std::ptrdiff_t>(cap));
+  if (into.times.size() > cap)
+    into.times.erase(into.times.begin(), into.times.end() - static_cast<std::ptrdiff_t>(cap));
 }
 
 }  // namespace smockron::rules

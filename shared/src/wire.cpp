@@ -199,8 +199,8 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
 
 std::optional<encoded> encode(const delay_until& m, scratch& s) {
   auto domain = write_domain(m.domain, s);
-  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes ||
-      !valid_timestamp(m.next_ms) || m.interval_ms < 0 || m.interval_ms > max_timestamp_ms) {
+  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || !valid_timestamp(m.next_ms) ||
+      m.interval_ms < 0 || m.interval_ms > max_timestamp_ms) {
     return std::nullopt;
   }
   encoded e;
@@ -219,7 +219,8 @@ std::optional<encoded> encode(const policy& m, scratch& s) {
   char* out = s.text.data();
   for (std::size_t i = 0; i < m.count; ++i) {
     const policy::rule& r = m.rules[i];
-    if (r.interval_us < 1 || r.burst < 1 || r.burst > max_policy_burst || r.interval_us > max_policy_span_us / r.burst) {
+    if (r.interval_us < 1 || r.burst < 1 || r.burst > max_policy_burst ||
+        r.interval_us > max_policy_span_us / r.burst) {
       return std::nullopt;
     }
     if (i) *out++ = ' ';

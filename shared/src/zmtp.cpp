@@ -92,7 +92,7 @@ frame_status next_frame(std::string_view buf, std::uint64_t max_body, frame& out
     out.flags = flags;
     out.body = {};
     out.size = size > std::numeric_limits<std::size_t>::max() - header ? std::numeric_limits<std::size_t>::max()
-                                                                        : header + static_cast<std::size_t>(size);
+                                                                       : header + static_cast<std::size_t>(size);
     return frame_status::too_large;
   }
   if (buf.size() - header < size) return frame_status::need_more;
@@ -117,7 +117,8 @@ std::optional<std::string_view> ready_socket_type(std::string_view rest) {
     const std::string_view name = rest.substr(1, n);
     const std::uint64_t vlen = load_be(rest.data() + 1 + n, 4);
     if (rest.size() - 1 - n - 4 < vlen) return std::nullopt;
-    if (name.size() == 11 && strncasecmp(name.data(), "Socket-Type", 11) == 0) socket_type = rest.substr(1 + n + 4, vlen);
+    if (name.size() == 11 && strncasecmp(name.data(), "Socket-Type", 11) == 0)
+      socket_type = rest.substr(1 + n + 4, vlen);
     rest.remove_prefix(1 + n + 4 + vlen);
   }
   return socket_type;

@@ -11,8 +11,8 @@ namespace smockron::zmtp {
 namespace {
 
 constexpr std::array<std::string_view, fault_count> k_fault_names = {
-    "greeting", "mechanism", "handshake", "framing", "peer_error", "subscriptions",
-    "timeout",  "peer_limit", "stalled",  "connect", "closed",     "io"};
+    "greeting", "mechanism",  "handshake", "framing", "peer_error", "subscriptions",
+    "timeout",  "peer_limit", "stalled",   "connect", "closed",     "io"};
 
 const std::string& hello_for(std::string_view socket_type) {
   static const std::string pub = std::string(greeting()) + ready("PUB");
@@ -144,10 +144,12 @@ bool session::command(std::string_view body, session_events& ev, std::string& ou
     return true;
   }
   if (name == "ERROR") {
-    const std::size_t n = rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
+    const std::size_t n =
+        rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
     return fail(fault::peer_error, "peer sent ERROR \"" + printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
   }
-  if (phase_ != phase::messages) return fail(fault::handshake, "unexpected command \"" + printable(name) + "\" before READY");
+  if (phase_ != phase::messages)
+    return fail(fault::handshake, "unexpected command \"" + printable(name) + "\" before READY");
   if (name == "PING") {
     if (out.size() < limits_.max_pong_backlog) out += pong_for(rest);
   } else if (role_ == role::pub && (name == "SUBSCRIBE" || name == "CANCEL")) {

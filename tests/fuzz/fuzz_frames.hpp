@@ -23,12 +23,12 @@ inline std::vector<std::string_view> frames(const std::uint8_t* data, std::size_
 }
 
 // Fails loudly (libFuzzer reports the input) when a property does not hold.
-#define FUZZ_CHECK(cond)                                                                 \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      __builtin_printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);          \
-      __builtin_trap();                                                                  \
-    }                                                                                    \
+#define FUZZ_CHECK(cond)                                                        \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      __builtin_printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      __builtin_trap();                                                         \
+    }                                                                           \
   } while (0)
 
 }  // namespace smockron::fuzz

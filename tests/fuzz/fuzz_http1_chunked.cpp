@@ -34,8 +34,8 @@ outcome run(std::string_view in, std::string_view sizes) {
       }
       // Progress on every call with bytes, and the data run is inside what was consumed.
       FUZZ_CHECK(*n > 0 && *n <= window.size());
-      FUZZ_CHECK(run_data.empty() || (run_data.data() >= window.data() &&
-                                      run_data.data() + run_data.size() <= window.data() + *n));
+      FUZZ_CHECK(run_data.empty() ||
+                 (run_data.data() >= window.data() && run_data.data() + run_data.size() <= window.data() + *n));
       o.payload.append(run_data);
       window.remove_prefix(*n);
       o.consumed += *n;

@@ -32,7 +32,8 @@ struct log_events final : zmtp::session_events {
 // Feeds `bytes` in pieces of the given sizes (cycled); returns the events,
 // the replies and the fault.
 std::string run(zmtp::session::role role, std::string_view bytes, const std::vector<std::size_t>& cuts) {
-  zmtp::session s(role, {.max_message = 512, .max_skip = role == zmtp::session::role::sub ? 4096u : 0u, .max_frames = 4});
+  zmtp::session s(role,
+                  {.max_message = 512, .max_skip = role == zmtp::session::role::sub ? 4096u : 0u, .max_frames = 4});
   log_events ev;
   std::string out, pending;
   std::size_t at = 0, i = 0;
@@ -55,8 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto role = data[0] & 1 ? zmtp::session::role::pub : zmtp::session::role::sub;
   std::vector<std::size_t> cuts = {1u + (data[0] >> 1) % 7, 1u + (data[0] >> 4), 64};
   // The greeting a real peer sends, so that the fuzzer spends its time past it.
-  std::string bytes(zmtp::session::hello(role == zmtp::session::role::pub ? zmtp::session::role::sub
-                                                                         : zmtp::session::role::pub));
+  std::string bytes(
+      zmtp::session::hello(role == zmtp::session::role::pub ? zmtp::session::role::sub : zmtp::session::role::pub));
   bytes.append(reinterpret_cast<const char*>(data) + 1, size - 1);
   const std::string whole = run(role, bytes, {});
   FUZZ_CHECK(run(role, bytes, cuts) == whole);

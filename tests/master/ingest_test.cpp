@@ -16,7 +16,8 @@ config::master_config two_domains() {
 rules = [ { rate = "10/s", burst = 2 } ]
 [master.domains.slow]
 rules = [ { rate = "1/s", burst = 1 } ]
-)", "test");
+)",
+                               "test");
   return *r.cfg->master;
 }
 

@@ -56,7 +56,7 @@ TEST(Limiter, SweepRemovesOnlyExpiredStateWithinBudget) {
   limiter l({ten_per_second()}, 100);
   for (int i = 0; i < 10; ++i) l.apply(0, "old" + std::to_string(i), at(t0), t0);
   l.apply(0, "fresh", at(t0 + 1000 * ms), t0 + 1000 * ms);
-  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 4), 4u);  // bounded
+  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 4), 4u);    // bounded
   EXPECT_EQ(l.sweep(t0 + 1000 * ms, 100), 6u);  // resumes, reaches the rest
   EXPECT_EQ(l.tracked(), 1u);
   EXPECT_TRUE(l.find(0, "fresh"));
@@ -114,7 +114,7 @@ TEST(Limiter, DirtyTrackingWritesEachChangedStateOnceOldestFirst) {
   l.track_dirty();
   l.apply(0, "a", at(t0), t0);
   l.apply(1, "b", at(t0), t0);
-  l.apply(0, "a", at(t0 + 1), t0 + 1);  // already dirty: still once
+  l.apply(0, "a", at(t0 + 1), t0 + 1);                     // already dirty: still once
   l.apply(0, "c", {rules::event_kind::rejected, t0}, t0);  // records nothing
   EXPECT_EQ(l.dirty(), 2u);
   EXPECT_EQ(drain_all(l), (std::vector<std::string>{"0:a", "1:b"}));
@@ -155,7 +155,7 @@ TEST(Limiter, RestoreFoldsStoredStateWithoutEvictingLiveState) {
   // Two stored uses + one new one fill the burst of 3.
   EXPECT_TRUE(l.apply(0, "a", at(t0), t0).throttled);
   EXPECT_FALSE(l.restore(0, "old", rules::state{{t0 - 20'000 * ms}}, t0));  // expired
-  EXPECT_FALSE(l.restore(0, "bad", rules::state{{t0, t0 - 1}}, t0));      // not a log
+  EXPECT_FALSE(l.restore(0, "bad", rules::state{{t0, t0 - 1}}, t0));        // not a log
   EXPECT_TRUE(l.restore(0, "b", stored, t0));
   EXPECT_FALSE(l.restore(0, "c", stored, t0));  // at the cap: dropped, live state kept
   EXPECT_EQ(l.evictions(), 0u);

@@ -28,7 +28,8 @@ rules = [ { rate = "10/s", burst = 2 } ]
 rules = [ { rate = "10/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
 [master.domains.probe]
 rules = [ { rate = "1/h", burst = 1 } ]
-)", "test");
+)",
+                               "test");
   auto cfg = *r.cfg->master;
   cfg.accounting = "tcp://127.0.0.1:*";
   cfg.control = "inproc://control-" + std::to_string(n);
@@ -38,7 +39,9 @@ rules = [ { rate = "1/h", burst = 1 } ]
 class MasterLoop : public ::testing::Test {
 protected:
   MasterLoop()
-      : cfg_(make_config()), svc_(cfg_, ctx_, clock_, registry_), pub_(ctx_, zmq::socket_type::pub),
+      : cfg_(make_config()),
+        svc_(cfg_, ctx_, clock_, registry_),
+        pub_(ctx_, zmq::socket_type::pub),
         sub_(ctx_, zmq::socket_type::sub) {
     clock_.set_wall_ms(now_ms_);
     sub_.connect(cfg_.control);
@@ -131,9 +134,10 @@ TEST_F(MasterLoop, MalformedMessagesAreCountedAndValidTrafficContinues) {
   handle({"api\0"s, "ACCEPTED", std::string(5000, 'x'), ts(0), ""});
   handle({"other\0"s, "ACCEPTED", "k", ts(0), ""});
   const auto text = metrics();
-  for (auto reason : {"frame_count", "domain_not_terminated", "timestamp_not_numeric", "unknown_status", "delayed_missing",
-                      "frame_too_large"}) {
-    EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\""s + reason + "\"} 1"), std::string::npos) << reason;
+  for (auto reason : {"frame_count", "domain_not_terminated", "timestamp_not_numeric", "unknown_status",
+                      "delayed_missing", "frame_too_large"}) {
+    EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\""s + reason + "\"} 1"), std::string::npos)
+        << reason;
   }
   EXPECT_NE(text.find("smockron_master_unknown_domain_total 1"), std::string::npos);
   handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
@@ -149,7 +153,8 @@ TEST_F(MasterLoop, ReceivesOverZeroMqAndCountsOversizedMessages) {
   send({"api\0"s, "ACCEPTED", "z", ts(0), ""});
   // The three may arrive over several polls: poll until both ACCEPTED are in.
   const std::string both = "smockron_master_accounting_messages_total{domain=\"api\",status=\"ACCEPTED\"} 2";
-  for (int i = 0; i < 400 && metrics().find(both) == std::string::npos; ++i) svc_.poll_once(std::chrono::milliseconds(5));
+  for (int i = 0; i < 400 && metrics().find(both) == std::string::npos; ++i)
+    svc_.poll_once(std::chrono::milliseconds(5));
   auto m = next_control();
   ASSERT_TRUE(m);
   EXPECT_EQ((*m)[2], "z");
@@ -164,7 +169,8 @@ TEST_F(MasterLoop, SubscribesOnlyToOwnedDomains) {
   send({"api\0"s, "ACCEPTED", "k", ts(0), ""});
   send({"api\0"s, "ACCEPTED", "k", ts(0), ""});
   const std::string both = "smockron_master_accounting_messages_total{domain=\"api\",status=\"ACCEPTED\"} 2";
-  for (int i = 0; i < 400 && metrics().find(both) == std::string::npos; ++i) svc_.poll_once(std::chrono::milliseconds(5));
+  for (int i = 0; i < 400 && metrics().find(both) == std::string::npos; ++i)
+    svc_.poll_once(std::chrono::milliseconds(5));
   ASSERT_TRUE(next_control());
   EXPECT_NE(metrics().find("smockron_master_unknown_domain_total 0"), std::string::npos);
 }

@@ -251,7 +251,9 @@ TEST_F(Zmtp, HandshakeThenSubscriptionsAfterPeersReady) {
   // for a handshake command.
   EXPECT_EQ(raw_read(fd, 1, 10), "");
   write_all(fd, greeting() + ready("XPUB"));
-  EXPECT_EQ(raw_read(fd, 7), frame(0, "\x01" "api\0"s));
+  EXPECT_EQ(raw_read(fd, 7), frame(0,
+                                   "\x01"
+                                   "api\0"s));
   EXPECT_TRUE(pump([&] { return sub_.peers() == 1; }));
 }
 
@@ -282,10 +284,14 @@ TEST_F(Zmtp, TooManyFramesIsDeliveredAsTruncated) {
 TEST_F(Zmtp, PingIsAnsweredWithPongAndItsContext) {
   const int fd = raw_publisher();
   write_all(fd, frame(0x04, "\x04PING\x00\x64"s + "ctx-123"));
-  EXPECT_EQ(raw_read(fd, 2 + 5 + 7), frame(0x04, "\x04PONG" "ctx-123"));
+  EXPECT_EQ(raw_read(fd, 2 + 5 + 7), frame(0x04,
+                                           "\x04PONG"
+                                           "ctx-123"));
   // libzmq sends a due heartbeat even between the frames of a message.
   write_all(fd, frame(1, "first") + frame(0x04, "\x04PING\x00\x64"s + "mid"));
-  EXPECT_EQ(raw_read(fd, 2 + 5 + 3), frame(0x04, "\x04PONG" "mid"));
+  EXPECT_EQ(raw_read(fd, 2 + 5 + 3), frame(0x04,
+                                           "\x04PONG"
+                                           "mid"));
   write_all(fd, frame(0, "last"));
   ASSERT_TRUE(pump([&] { return got_.size() == 1; }));
   EXPECT_EQ(got_[0].frames, (std::vector<std::string>{"first", "last"}));
@@ -336,11 +342,19 @@ TEST_F(Zmtp, ProtocolBreakersAreDisconnectedAndCounted) {
       {greeting(3, 1, "PLAIN"), "mechanism"},
       {greeting() + ready("DEALER"), "handshake"},
       {greeting() + frame(0, "message before READY"), "handshake"},
-      {greeting() + frame(0x04, "\x05READY\x0bSocket-Type\x00\x00\x00\xff" "PUB"s), "handshake"},
-      {greeting() + frame(0x04, "\x05" "ERROR\x05" "nope"), "peer_error"},
+      {greeting() + frame(0x04,
+                          "\x05READY\x0bSocket-Type\x00\x00\x00\xff"
+                          "PUB"s),
+       "handshake"},
+      {greeting() + frame(0x04,
+                          "\x05"
+                          "ERROR\x05"
+                          "nope"),
+       "peer_error"},
       {greeting() + ready("PUB") + "\x08\x01x", "framing"},
       {greeting() + ready("PUB") + frame(0x05, "\x04PING\0\0"s), "framing"},
-      {greeting() + ready("PUB") + "\x06" + std::string("\x00\x00\x00\x00\x00\x01\x00\x00", 8), "framing"},  // 64 KiB command
+      {greeting() + ready("PUB") + "\x06" + std::string("\x00\x00\x00\x00\x00\x01\x00\x00", 8),
+       "framing"},  // 64 KiB command
       {greeting() + ready("PUB") + "\x02" + std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8), "framing"},
   };
   for (const auto& c : cases) {

@@ -95,7 +95,7 @@ TEST(Gate, SlotOfAHeldClientThatLeftIsTakenPrepaidByTheNextRequest) {
   const auto taker = g.decide(0, "a", t0 + 20 * ms, limits());
   EXPECT_EQ(taker.v, verdict::delay);
   EXPECT_EQ(taker.release_us, t0 + 100 * ms);  // the freed place, not one interval behind the queue
-  EXPECT_TRUE(taker.prepaid);                   // reported already: no second DELAYED
+  EXPECT_TRUE(taker.prepaid);                  // reported already: no second DELAYED
   const auto next = g.decide(0, "a", t0 + 20 * ms, limits());
   EXPECT_EQ(next.release_us, t0 + 200 * ms);  // the queue goes on as before
   EXPECT_FALSE(next.prepaid);
@@ -155,10 +155,10 @@ TEST(Gate, LocalPacingStopsWhenTheMasterFallsSilent) {
   gate_limits l = limits(60'000);
   l.pacing_fresh_us = 2'000 * ms;
   g.update(0, "a", t0 + 100 * ms, 100 * ms, t0);
-  for (int i = 0; i < 50; ++i) g.decide(0, "a", t0, l);  // slots reserved up to t0 + 5.1 s
-  EXPECT_EQ(g.decide(0, "a", t0 + 1'000 * ms, l).v, verdict::delay);  // master still fresh
+  for (int i = 0; i < 50; ++i) g.decide(0, "a", t0, l);                // slots reserved up to t0 + 5.1 s
+  EXPECT_EQ(g.decide(0, "a", t0 + 1'000 * ms, l).v, verdict::delay);   // master still fresh
   EXPECT_EQ(g.decide(0, "a", t0 + 2'500 * ms, l).v, verdict::accept);  // silent for 2.5 s
-  g.update(0, "a", t0 + 2'700 * ms, 100 * ms, t0 + 2'500 * ms);       // the master is back
+  g.update(0, "a", t0 + 2'700 * ms, 100 * ms, t0 + 2'500 * ms);        // the master is back
   EXPECT_EQ(g.decide(0, "a", t0 + 2'500 * ms, l).v, verdict::delay);
 }
 
@@ -234,7 +234,7 @@ TEST(GateGuard, PolicyChangeStartsTheGuardAfresh) {
   gate g;
   set_policy(g, 0, {{10'000 * ms, 1}}, t0);  // 1 per 10 s
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
-  set_policy(g, 0, {{100 * ms, 10}}, t0);    // 10/s burst 10
+  set_policy(g, 0, {{100 * ms, 10}}, t0);  // 10/s burst 10
   for (int i = 0; i < 10; ++i) EXPECT_EQ(g.decide(0, "a", t0 + 1 * ms, limits()).v, verdict::accept) << i;
   EXPECT_EQ(g.decide(0, "a", t0 + 1 * ms, limits()).v, verdict::delay);
   g.release_held();

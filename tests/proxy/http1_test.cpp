@@ -267,10 +267,16 @@ TEST(Http1ParseRequest, RejectsMalformedHeaderLines) {
   EXPECT_TRUE(request_rejected(post("X A: b\r\n")));
   EXPECT_TRUE(request_rejected(post("X(A): b\r\n")));
   EXPECT_TRUE(request_rejected(post("X\"A: b\r\n")));
-  EXPECT_TRUE(request_rejected(post("B\xc3\xa4" "d: b\r\n")));
+  EXPECT_TRUE(
+      request_rejected(post("B\xc3\xa4"
+                            "d: b\r\n")));
   // control characters in a value
-  EXPECT_TRUE(request_rejected(post("X-A: a\x01" "b\r\n")));
-  EXPECT_TRUE(request_rejected(post("X-A: a\x7f" "b\r\n")));
+  EXPECT_TRUE(
+      request_rejected(post("X-A: a\x01"
+                            "b\r\n")));
+  EXPECT_TRUE(
+      request_rejected(post("X-A: a\x7f"
+                            "b\r\n")));
   EXPECT_TRUE(request_rejected(post("X-A: \x1b[31m\r\n")));
   EXPECT_TRUE(request_rejected(post(std::string("X-A: a") + '\0' + "b\r\n")));
 }
@@ -305,15 +311,17 @@ TEST(Http1ParseRequest, RejectsUnsupportedVersion) {
 
 TEST(Http1ParseRequest, RejectsMalformedRequestLine) {
   const std::string_view cases[] = {
-      "GET /\r\nHost: a\r\n\r\n",                       // one space
-      "GET\r\nHost: a\r\n\r\n",                         // none
-      "GET / HTTP/1.1 extra\r\nHost: a\r\n\r\n",        // extra token
-      "GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",           // three spaces
-      "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",             // empty target
-      " GET / HTTP/1.1\r\nHost: a\r\n\r\n",             // empty method
-      "G@T / HTTP/1.1\r\nHost: a\r\n\r\n",              // not a token
-      "GET /a\x01" "b HTTP/1.1\r\nHost: a\r\n\r\n",     // control characters in the target
-      "GET /a\x7f" "b HTTP/1.1\r\nHost: a\r\n\r\n",
+      "GET /\r\nHost: a\r\n\r\n",                 // one space
+      "GET\r\nHost: a\r\n\r\n",                   // none
+      "GET / HTTP/1.1 extra\r\nHost: a\r\n\r\n",  // extra token
+      "GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",     // three spaces
+      "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",       // empty target
+      " GET / HTTP/1.1\r\nHost: a\r\n\r\n",       // empty method
+      "G@T / HTTP/1.1\r\nHost: a\r\n\r\n",        // not a token
+      "GET /a\x01"
+      "b HTTP/1.1\r\nHost: a\r\n\r\n",  // control characters in the target
+      "GET /a\x7f"
+      "b HTTP/1.1\r\nHost: a\r\n\r\n",
       "GET /a\tb HTTP/1.1\r\nHost: a\r\n\r\n",
   };
   for (const auto text : cases) EXPECT_TRUE(request_rejected(text));
@@ -352,12 +360,12 @@ TEST(Http1ParseRequest, TrimsHeaderValues) {
       "X-F: caf\xc3\xa9\r\n"
       "\r\n";
   EXPECT_EQ(lines_of(request(text).headers), (field_lines{{"Host", "a"},
-                                                           {"X-A", "spaced out"},
-                                                           {"X-B", "tabbed"},
-                                                           {"X-C", ""},
-                                                           {"X-D", ""},
-                                                           {"X-E", "a\tb"},
-                                                           {"X-F", "caf\xc3\xa9"}}));
+                                                          {"X-A", "spaced out"},
+                                                          {"X-B", "tabbed"},
+                                                          {"X-C", ""},
+                                                          {"X-D", ""},
+                                                          {"X-E", "a\tb"},
+                                                          {"X-F", "caf\xc3\xa9"}}));
 }
 
 TEST(Http1ParseRequest, PipelinedRequests) {
@@ -450,8 +458,8 @@ TEST(Http1ParseResponse, BodyFraming) {
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: CHUNKED\r\n\r\n", false, framing::chunked, 0},
       // chunked but not the final coding: only closing delimits the body
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", false, framing::until_close, 0},
-      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n", false,
-       framing::until_close, 0},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n", false, framing::until_close,
+       0},
       // Transfer-Encoding overrides Content-Length (RFC 9112 6.3)
       {"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n", false, framing::chunked, 0},
       {"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", false, framing::length, 10},
@@ -511,12 +519,13 @@ TEST(Http1ParseResponse, RejectsMalformedHeads) {
       "HTTP/1.2 200 OK\r\n\r\n",
       "http/1.1 200 OK\r\n\r\n",
       "ICY 200 OK\r\n\r\n",
-      "\r\nHTTP/1.1 200 OK\r\n\r\n",                      // empty line first
-      "HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n",       // bare LF
-      "HTTP/1.1 200 OK\r\nX-A: a\rb\r\n\r\n",             // bare CR
-      "HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\n\r\n",          // obs-fold
-      "HTTP/1.1 200 OK\r\nX A: b\r\n\r\n",                // invalid name
-      "HTTP/1.1 200 OK\r\nX-A: a\x01" "b\r\n\r\n",        // control character
+      "\r\nHTTP/1.1 200 OK\r\n\r\n",                 // empty line first
+      "HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n",  // bare LF
+      "HTTP/1.1 200 OK\r\nX-A: a\rb\r\n\r\n",        // bare CR
+      "HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\n\r\n",     // obs-fold
+      "HTTP/1.1 200 OK\r\nX A: b\r\n\r\n",           // invalid name
+      "HTTP/1.1 200 OK\r\nX-A: a\x01"
+      "b\r\n\r\n",  // control character
   };
   for (const auto text : cases) EXPECT_TRUE(response_rejected(text));
 }
@@ -645,21 +654,22 @@ TEST(Http1Chunked, HexDigitsInBothCases) {
 
 TEST(Http1Chunked, RejectsMalformedFraming) {
   const std::string_view cases[] = {
-      "g\r\nabc\r\n0\r\n\r\n",                    // not hex
+      "g\r\nabc\r\n0\r\n\r\n",  // not hex
       "-1\r\n",
       "0x5\r\nhello\r\n0\r\n\r\n",
-      "\r\n0\r\n\r\n",                            // empty size line
-      ";ext\r\nabc\r\n0\r\n\r\n",                 // extension without a size
-      "0000000000000001\r\nx\r\n0\r\n\r\n",       // 16 hex digits
-      "10000000000000000\r\n",                    // 17
-      "3\r\nabcd\r\n0\r\n\r\n",                   // more data than the size says
-      "3\r\nabc\n0\r\n\r\n",                      // LF without CR after the data
-      "3\nabc\r\n0\r\n\r\n",                      // bare LF after the size
+      "\r\n0\r\n\r\n",                       // empty size line
+      ";ext\r\nabc\r\n0\r\n\r\n",            // extension without a size
+      "0000000000000001\r\nx\r\n0\r\n\r\n",  // 16 hex digits
+      "10000000000000000\r\n",               // 17
+      "3\r\nabcd\r\n0\r\n\r\n",              // more data than the size says
+      "3\r\nabc\n0\r\n\r\n",                 // LF without CR after the data
+      "3\nabc\r\n0\r\n\r\n",                 // bare LF after the size
       "3\r\rabc\r\n0\r\n\r\n",
-      "3;a=\x01" "b\r\nabc\r\n0\r\n\r\n",         // control characters in an extension
+      "3;a=\x01"
+      "b\r\nabc\r\n0\r\n\r\n",  // control characters in an extension
       "3;a\x7f\r\nabc\r\n0\r\n\r\n",
       "3;a\nabc\r\n0\r\n\r\n",
-      "0\r\nX-A: 1\n\r\n",                        // bare LF in the trailers
+      "0\r\nX-A: 1\n\r\n",  // bare LF in the trailers
       "0\r\n\r\r",
   };
   for (const auto text : cases) {
@@ -892,10 +902,10 @@ TEST(Http1WriteRequest, ManyConnectionLines) {
       "\r\n";
   const std::string out = forwarded(text, fwd("192.0.2.7"));
   EXPECT_EQ(lines_of(request(out).headers), (field_lines{{"Host", "a"},
-                                                          {"X-4", "d"},
-                                                          {"X-Forwarded-For", "192.0.2.7"},
-                                                          {"X-Forwarded-Proto", "http"},
-                                                          {"X-Forwarded-Host", "a"}}));
+                                                         {"X-4", "d"},
+                                                         {"X-Forwarded-For", "192.0.2.7"},
+                                                         {"X-Forwarded-Proto", "http"},
+                                                         {"X-Forwarded-Host", "a"}}));
 }
 
 TEST(Http1WriteRequest, IsHopByHop) {
@@ -987,9 +997,9 @@ TEST(Http1WriteResponse, ConnectionFollowsTheClient) {
   EXPECT_EQ(to_client(text, 10, framing::length, false),
             "HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n");
   // The upstream's own version and Connection do not leak through.
-  EXPECT_EQ(to_client("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n", 11, framing::length,
-                      true),
-            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n");
+  EXPECT_EQ(
+      to_client("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n", 11, framing::length, true),
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n");
 }
 
 TEST(Http1WriteResponse, Reframing) {

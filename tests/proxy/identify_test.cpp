@@ -220,7 +220,7 @@ TEST(Identify, Cookie) {
 TEST(Identify, CookieEdgeCases) {
   headers h;
   h.insert("Cookie", "flag; empty=; quoted=\"q v\"; eq=a=b;;");
-  EXPECT_EQ(id_of(sources({"cookie:flag"}), h), "<none>");   // no '=' : not a pair
+  EXPECT_EQ(id_of(sources({"cookie:flag"}), h), "<none>");  // no '=' : not a pair
   EXPECT_EQ(id_of(sources({"cookie:empty", "header:Cookie"}), h), "flag; empty=; quoted=\"q v\"; eq=a=b;;");
   EXPECT_EQ(id_of(sources({"cookie:quoted"}), h), "q v");
   EXPECT_EQ(id_of(sources({"cookie:eq"}), h), "a=b");
@@ -625,9 +625,9 @@ TEST_F(Jwt, CreateRejectsUnusableKeys) {
   EXPECT_EQ(jwt_verifier::create(cfg, error), nullptr);
   EXPECT_NE(error.find("/nonexistent/smockron/key.pem"), std::string::npos) << error;
 
-  const auto garbage = (std::filesystem::temp_directory_path() /
-                        ("smockron-identify-" + std::to_string(getpid()) + "-garbage.pem"))
-                           .string();
+  const auto garbage =
+      (std::filesystem::temp_directory_path() / ("smockron-identify-" + std::to_string(getpid()) + "-garbage.pem"))
+          .string();
   std::ofstream(garbage) << "-----BEGIN PUBLIC KEY-----\nnot base64!\n-----END PUBLIC KEY-----\n";
   error.clear();
   cfg.public_key_file = garbage;

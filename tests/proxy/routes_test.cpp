@@ -1,7 +1,6 @@
 // Route matching and header rewriting.
 #include <gtest/gtest.h>
 
-
 #include "proxy/routes.hpp"
 
 using namespace smockron;
@@ -28,7 +27,8 @@ upstream = "b"
 path = "/public/"
 domain = "v1"
 upstream = "b"
-)", "t");
+)",
+                               "t");
   return *r.cfg->proxy;
 }
 }  // namespace
@@ -41,10 +41,10 @@ TEST(Routes, FirstMatchWinsByHostAndPathPrefix) {
   EXPECT_EQ(r->domain, "v1");
   EXPECT_EQ(r->upstream_index, 0u);
   EXPECT_EQ(t.match("API.Example.COM:8080", "/v1/x")->domain, "v1");  // case and port ignored
-  EXPECT_EQ(t.match("api.example.com", "/v2/")->domain, "wild");        // falls to the wildcard
+  EXPECT_EQ(t.match("api.example.com", "/v2/")->domain, "wild");      // falls to the wildcard
   EXPECT_EQ(t.match("a.b.example.com", "/")->domain, "wild");
-  EXPECT_EQ(t.match("A.B.Example.COM:443", "/")->domain, "wild");     // suffix: case and port ignored too
-  EXPECT_EQ(t.match("example.com", "/public/x")->domain, "v1");        // "*.example.com" needs a label
+  EXPECT_EQ(t.match("A.B.Example.COM:443", "/")->domain, "wild");  // suffix: case and port ignored too
+  EXPECT_EQ(t.match("example.com", "/public/x")->domain, "v1");    // "*.example.com" needs a label
   EXPECT_EQ(t.match("example.com", "/public/x")->upstream_index, 1u);
   EXPECT_FALSE(t.match("example.com", "/private"));
   EXPECT_FALSE(t.match("other.org", "/v1/"));
@@ -57,4 +57,3 @@ TEST(Routes, NormalizeHost) {
   EXPECT_EQ(normalize_host("host"), "host");
   EXPECT_EQ(normalize_host(""), "");
 }
-

@@ -195,47 +195,62 @@ TEST(Config, UnknownKeysAreErrorsEverywhere) {
   EXPECT_EQ(one_error("[mastr]\n"), "test.toml:1:2: mastr: unknown key (check the spelling; unknown keys are errors)");
   EXPECT_EQ(one_error("[master]\nadmn = \"x\"\n"),
             "test.toml:2:1: master.admn: unknown key (check the spelling; unknown keys are errors)");
-  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", brust = 2 }]\n").find("master.domains.a.rules[0].brust: unknown key"),
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", brust = 2 }]\n")
+                .find("master.domains.a.rules[0].brust: unknown key"),
             std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nrule = []\n").find("master.domains.a.rule: unknown key"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nlisten_port = 1\n").find("proxy.listen_port: unknown key"), std::string::npos);
   EXPECT_NE(one_error("[proxy.jwt]\nsecret = \"x\"\n").find("proxy.jwt.secret: unknown key"), std::string::npos);
-  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\nweight=2\n").find("proxy.upstreams.u.weight: unknown key"),
-            std::string::npos);
-  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\n[[proxy.routes]]\ndomain=\"d\"\nupstream=\"u\"\nprefix=\"/\"\n")
-                .find("proxy.routes[0].prefix: unknown key"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\nweight=2\n").find("proxy.upstreams.u.weight: unknown key"),
+      std::string::npos);
+  EXPECT_NE(
+      one_error(
+          "[proxy.upstreams.u]\nservers=[\"h:1\"]\n[[proxy.routes]]\ndomain=\"d\"\nupstream=\"u\"\nprefix=\"/\"\n")
+          .find("proxy.routes[0].prefix: unknown key"),
+      std::string::npos);
 }
 
 TEST(Config, MasterValueErrors) {
   EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
-  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
             std::string::npos);
-  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n").find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
+  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n")
+                .find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
             std::string::npos);
-  EXPECT_NE(one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
-            std::string::npos);
-  EXPECT_NE(one_error("[master]\ncontrol = 10005\n").find("master.control: expected a ZeroMQ endpoint string, got an integer"),
+  EXPECT_NE(
+      one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
+      std::string::npos);
+  EXPECT_NE(one_error("[master]\ncontrol = 10005\n")
+                .find("master.control: expected a ZeroMQ endpoint string, got an integer"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);
-  EXPECT_NE(one_error("[master]\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\nredis = \"redis://host:6379/db\"\n").find("master.redis: expected redis://"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nredis_timeout = \"0s\"\n").find("master.redis_timeout"), std::string::npos);
-  EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"), std::string::npos);
-  EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"), std::string::npos);
-  EXPECT_NE(one_error("[master]\nsweep_interval = \"0ms\"\n").find("master.sweep_interval: must be at least 1ms"), std::string::npos);
-  EXPECT_NE(one_error("[master]\ndomains = 3\n").find("master.domains: expected a table of domains"), std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nsweep_interval = \"0ms\"\n").find("master.sweep_interval: must be at least 1ms"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\ndomains = 3\n").find("master.domains: expected a table of domains"),
+            std::string::npos);
   EXPECT_NE(one_error("master = 1\n").find("master: expected a table, got an integer"), std::string::npos);
 }
 
 TEST(Config, DomainAndRuleErrors) {
-  EXPECT_NE(one_error("[master.domains.a]\nalgorithm = \"leaky\"\n").find("master.domains.a.algorithm: unknown algorithm \"leaky\""),
+  EXPECT_NE(one_error("[master.domains.a]\nalgorithm = \"leaky\"\n")
+                .find("master.domains.a.algorithm: unknown algorithm \"leaky\""),
             std::string::npos);
-  EXPECT_NE(one_error("[master.domains.a]\nrules = \"10/s\"\n").find("master.domains.a.rules: expected an array of rules"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[master.domains.a]\nrules = \"10/s\"\n").find("master.domains.a.rules: expected an array of rules"),
+      std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nrules = [\"10/s\"]\n").find("master.domains.a.rules[0]: expected a table"),
             std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nrules = [{ burst = 2 }]\n").find("master.domains.a.rules[0].rate: missing"),
@@ -243,9 +258,11 @@ TEST(Config, DomainAndRuleErrors) {
   EXPECT_EQ(one_error("[master.domains.a]\nrules = [{ rate = \"10/q\" }]\n"),
             "test.toml:2:19: master.domains.a.rules[0].rate: invalid rate \"10/q\" (expected N/s, N/min, N/h, N/d or "
             "N/<duration>): unknown duration unit \"q\" in \"1q\" (use us, ms, s, min, h, d)");
-  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = 0 }]\n").find("rules[0].burst: must be between 1"),
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = 0 }]\n")
+                .find("rules[0].burst: must be between 1"),
             std::string::npos);
-  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = \"2\" }]\n").find("expected an integer, got a string"),
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = \"2\" }]\n")
+                .find("expected an integer, got a string"),
             std::string::npos);
   EXPECT_NE(one_error("[master.domains]\na = 1\n").find("master.domains.a: expected a table"), std::string::npos);
   EXPECT_NE(one_error("[master.domains.\"\"]\n").find("domain name must not be empty"), std::string::npos);
@@ -254,54 +271,73 @@ TEST(Config, DomainAndRuleErrors) {
 TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nlisten = \"8080\"\n").find("proxy.listen: invalid address"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\naccounting = [\"inproc://a\"]\n").find("proxy.accounting[0]: accounting travels on tcp://"),
+  EXPECT_NE(
+      one_error("[proxy]\naccounting = [\"inproc://a\"]\n").find("proxy.accounting[0]: accounting travels on tcp://"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master\"]\n").find("expected tcp://host:port"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master\"]\n").find("expected tcp://host:port"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master:70000\"]\n").find("expected tcp://host:port"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting = [\"ipc:///" + std::string(120, 'p') + "\"]\n").find("longer than 107"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid endpoint"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid endpoint"),
+      std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\ncontrol = {}\n").find("proxy.control: expected an array of strings"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nmax_delay = 5\n").find("proxy.max_delay: expected a duration string"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = {}\n").find("proxy.control: expected an array of strings"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_delay = 5\n").find("proxy.max_delay: expected a duration string"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\nmax_held = -1\n").find("proxy.max_held: must be between"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/40\"]\n").find("proxy.trusted_proxies[0]: invalid CIDR"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nheader_timeout = \"0s\"\n").find("proxy.header_timeout: must be at least 1ms"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = \"16XB\"\n").find("proxy.max_header_bytes: unknown size unit"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = 10\n").find("proxy.max_header_bytes: must be between 256"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nheader_timeout = \"0s\"\n").find("proxy.header_timeout: must be at least 1ms"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = \"16XB\"\n").find("proxy.max_header_bytes: unknown size unit"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = 10\n").find("proxy.max_header_bytes: must be between 256"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\naccounting_flush = \"2s\"\n").find("proxy.accounting_flush: must be at most 1s"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"), std::string::npos);
-  EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\nmax_control_entries = 10\n").find("proxy.max_control_entries: must be between 64"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\ncontrol_fresh = \"0s\"\n").find("proxy.control_fresh: must be at least 1ms"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n").find("proxy.jwt.public_key_file: cannot read"),
+  EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n")
+                .find("proxy.jwt.public_key_file: cannot read"),
             std::string::npos);
 }
 
 TEST(Config, UpstreamAndRouteErrors) {
-  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = []\n").find("proxy.upstreams.u.servers: an upstream needs at least one server"),
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = []\n")
+                .find("proxy.upstreams.u.servers: an upstream needs at least one server"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = [\"nohost\"]\n").find("proxy.upstreams.u.servers[0]: invalid server"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy.upstreams.u]\nservers = [\"nohost\"]\n").find("proxy.upstreams.u.servers[0]: invalid server"),
+      std::string::npos);
   EXPECT_NE(one_error("[proxy.upstreams]\nu = 1\n").find("proxy.upstreams.u: expected a table"), std::string::npos);
   const std::string up = "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n";
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\n").find("proxy.routes[0].domain: missing"), std::string::npos);
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\n").find("proxy.routes[0].upstream: missing"), std::string::npos);
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"v\"\n").find("proxy.routes[0].upstream: unknown upstream \"v\""),
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\n").find("proxy.routes[0].domain: missing"),
             std::string::npos);
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\npath = \"api\"\n").find("must start with /"),
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\n").find("proxy.routes[0].upstream: missing"),
             std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"v\"\n")
+                .find("proxy.routes[0].upstream: unknown upstream \"v\""),
+            std::string::npos);
+  EXPECT_NE(
+      one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\npath = \"api\"\n").find("must start with /"),
+      std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
                 .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
             std::string::npos);
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = []\n").find("needs at least one source"),
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = []\n")
+                .find("needs at least one source"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\nroutes = 1\n").find("proxy.routes: expected an array of tables"), std::string::npos);
 }

@@ -16,7 +16,8 @@ TEST(Metrics, RendersCountersGaugesAndHistograms) {
   h.observe(5);
   r.add_callback("computed", "Computed", labels({{"k", "a\"b\\c"}}), [] { return 1.5; });
   const std::string out = r.render();
-  EXPECT_NE(out.find("# TYPE req_total counter\nreq_total{domain=\"api\",status=\"ACCEPTED\"} 4\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("# TYPE req_total counter\nreq_total{domain=\"api\",status=\"ACCEPTED\"} 4\n"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("held 7\n"), std::string::npos);
   EXPECT_NE(out.find("lat_seconds_bucket{le=\"0.001\"} 1\n"), std::string::npos) << out;
   EXPECT_NE(out.find("lat_seconds_bucket{le=\"0.01\"} 2\n"), std::string::npos);

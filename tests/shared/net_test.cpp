@@ -62,8 +62,8 @@ TEST(Net, RedisUrl) {
   u = parse_redis_url("redis://[::1]");
   ASSERT_TRUE(u);
   EXPECT_EQ(u->address, (host_port{"::1", 6379}));
-  for (const char* bad : {"127.0.0.1:6379", "redis://", "redis://host:port", "redis://host:6379/x", "redis://host:6379/-1",
-                          "redis://host:99999", "redis://:pw@/0"}) {
+  for (const char* bad : {"127.0.0.1:6379", "redis://", "redis://host:port", "redis://host:6379/x",
+                          "redis://host:6379/-1", "redis://host:99999", "redis://:pw@/0"}) {
     EXPECT_FALSE(parse_redis_url(bad)) << bad;
   }
 }

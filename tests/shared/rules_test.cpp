@@ -185,7 +185,7 @@ TEST(SlidingLog, OutOfOrderDelayedTakesItsOwnSlotWhenFree) {
   const limits l = make(algorithm::sliding_log, {per_second(10, 1)});
   state s;
   accepted(l, s, t0, t0);
-  delayed(l, s, t0 + 200 * ms, t0);  // the second paced release is reported first
+  delayed(l, s, t0 + 200 * ms, t0);                     // the second paced release is reported first
   const decision d = delayed(l, s, t0 + 100 * ms, t0);  // the slot at 100 ms was free: charged there
   EXPECT_EQ(d.next_us, t0 + 300 * ms);
   EXPECT_EQ(delayed(l, s, t0 + 100 * ms, t0).next_us, t0 + 400 * ms);  // now it is taken: next free slot
@@ -370,9 +370,17 @@ struct distance_run {
 };
 distance_run run_at_distance(const limits& l, int gatekeepers, std::int64_t one_way, std::int64_t gap,
                              std::int64_t duration) {
-  struct use { std::int64_t seen_at; event e; };
-  struct control { std::int64_t seen_at; int gk; std::int64_t next; std::int64_t interval; };
-  std::vector<use> to_master;        // ordered by seen_at (constant delay)
+  struct use {
+    std::int64_t seen_at;
+    event e;
+  };
+  struct control {
+    std::int64_t seen_at;
+    int gk;
+    std::int64_t next;
+    std::int64_t interval;
+  };
+  std::vector<use> to_master;  // ordered by seen_at (constant delay)
   std::vector<control> to_gk;
   std::size_t mi = 0, gi = 0;
   std::vector<std::int64_t> known(gatekeepers, 0), paced(gatekeepers, 0), interval(gatekeepers, 0);
@@ -447,7 +455,7 @@ TEST(SlidingLog, LateUseOfAClientUnderItsLimitKeepsItsOwnTime) {
   for (int i = 1; i <= 5; ++i) accepted(l, s, t0 + i * 100 * ms, t0 + i * 100 * ms);
   ASSERT_EQ(s.times.size(), l.history_cap());
   accepted(l, s, t0, t0 + 500 * ms);
-  EXPECT_EQ(s.times.back(), t0 + 500 * ms);  // not charged at t0 + 600 ms
+  EXPECT_EQ(s.times.back(), t0 + 500 * ms);               // not charged at t0 + 600 ms
   EXPECT_FALSE(evaluate(l, s, t0 + 600 * ms).throttled);  // its next use on time is not held
 }
 

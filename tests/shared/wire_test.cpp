@@ -139,7 +139,8 @@ TEST(Wire, AccountingErrors) {
   EXPECT_EQ(accounting_error({"api\0"s, "DELAYED", "k", "1", "x"}), decode_error::timestamp_not_numeric);
   EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "2"}), decode_error::delayed_unexpected);
   EXPECT_EQ(accounting_error({"api\0"s, "REJECTED", "k", "1", "2"}), decode_error::delayed_unexpected);
-  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", std::string(4097, 'l')}), decode_error::frame_too_large);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", std::string(4097, 'l')}),
+            decode_error::frame_too_large);
 }
 
 TEST(Wire, TimestampBounds) {
@@ -181,8 +182,8 @@ TEST(Wire, PolicyGoldenBytesAndRoundTrip) {
   scratch s;
   policy p;
   p.domain = "api";
-  p.rules[0] = {50'000, 10};      // 20/s burst 10
-  p.rules[1] = {100'000, 40};     // 600/min burst 40
+  p.rules[0] = {50'000, 10};   // 20/s burst 10
+  p.rules[1] = {100'000, 40};  // 600/min burst 40
   p.count = 2;
   auto e = encode(p, s);
   ASSERT_TRUE(e);
@@ -241,9 +242,9 @@ TEST(Wire, PolicyErrors) {
   EXPECT_EQ(err({"api\0"s, "DELAY_UNTIL", "", "1/1"}), decode_error::unknown_command);
   EXPECT_EQ(err({"api"s, "POLICY", "", "1/1"}), decode_error::domain_not_terminated);
   EXPECT_EQ(err({"api\0"s, "POLICY", "k", "1/1"}), decode_error::policy_invalid);  // identifier frame must be empty
-  for (const char* bad : {" ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1",
-                          "1/1 2/2 3/3 4/4 5/5", "1/1,2/2", "9999999999999999/1", "1/1000001",
-                          "140737488355329/1", "70368744177665/2"}) {
+  for (const char* bad :
+       {" ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1", "1/1 2/2 3/3 4/4 5/5", "1/1,2/2",
+        "9999999999999999/1", "1/1000001", "140737488355329/1", "70368744177665/2"}) {
     EXPECT_EQ(err({"api\0"s, "POLICY", "", bad}), decode_error::policy_invalid) << '"' << bad << '"';
   }
 }

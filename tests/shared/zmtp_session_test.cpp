@@ -37,7 +37,9 @@ struct recorder final : zmtp::session_events {
     truncated.push_back(t);
   }
   void on_oversized(std::uint64_t bytes) override { oversized.push_back(bytes); }
-  void on_subscription(bool sub, std::string_view topic) override { subscriptions.emplace_back(sub, std::string(topic)); }
+  void on_subscription(bool sub, std::string_view topic) override {
+    subscriptions.emplace_back(sub, std::string(topic));
+  }
 };
 
 // A session and the bytes it has received but not consumed.
@@ -86,8 +88,12 @@ TEST(ZmtpSession, EndAgainstEndInEverySplit) {
     EXPECT_EQ(pub.ev.ready, 1);
     EXPECT_EQ(sub.ev.ready, 1);
     // The subscriber's subscriptions (3.0 form and 3.1 commands), a PING among them.
-    feed_split(pub, message({"\x01"s + "api\0"s}) + command("SUBSCRIBE", "web\0"s) + command("PING", "\0\x10" "ctx"s) +
-                        message({"\x00"s + "api\0"s}) + command("CANCEL", "web\0"s),
+    feed_split(pub,
+               message({"\x01"s + "api\0"s}) + command("SUBSCRIBE", "web\0"s) +
+                   command("PING",
+                           "\0\x10"
+                           "ctx"s) +
+                   message({"\x00"s + "api\0"s}) + command("CANCEL", "web\0"s),
                rng);
     ASSERT_EQ(pub.ev.subscriptions.size(), 4u);
     EXPECT_EQ(pub.ev.subscriptions[0], std::pair(true, "api\0"s));
@@ -97,7 +103,8 @@ TEST(ZmtpSession, EndAgainstEndInEverySplit) {
     EXPECT_EQ(pub.out, command("PONG", "ctx")) << "PING's context is echoed";
     // Messages the other way, with a PING between two frames of one.
     const std::string two = message({"api\0"s, "ACCEPTED", "id", "1700000000000", ""});
-    feed_split(sub, message({"a"}) + two.substr(0, 6) + command("PING", "\0\x01"s) + two.substr(6) + message({"b", "c"}), rng);
+    feed_split(
+        sub, message({"a"}) + two.substr(0, 6) + command("PING", "\0\x01"s) + two.substr(6) + message({"b", "c"}), rng);
     ASSERT_EQ(sub.ev.messages.size(), 3u) << round;
     EXPECT_EQ(sub.ev.messages[0], std::vector<std::string>{"a"});
     EXPECT_EQ(sub.ev.messages[1], (std::vector<std::string>{"api\0"s, "ACCEPTED", "id", "1700000000000", ""}));
@@ -111,8 +118,8 @@ TEST(ZmtpSession, ACommandBetweenFramesIsServedOnce) {
   // Found by fuzz_zmtp_session: the bytes of a command inside an unfinished
   // message are parsed again with the rest of it; a SUBSCRIBE there was
   // counted twice (and could never be cancelled).
-  const std::string bytes = std::string(session::hello(session::role::sub)) + "\x01\x01x"s +
-                            command("SUBSCRIBE", "api\0"s) + "\x00\x01y"s;
+  const std::string bytes =
+      std::string(session::hello(session::role::sub)) + "\x01\x01x"s + command("SUBSCRIBE", "api\0"s) + "\x00\x01y"s;
   for (std::size_t cut = 0; cut <= bytes.size(); ++cut) {
     end pub(session::role::pub);
     pub.receive(std::string_view(bytes).substr(0, cut));

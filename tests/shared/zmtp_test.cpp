@@ -31,7 +31,8 @@ TEST(ZmtpWire, GreetingChecksDecideAsEarlyAsTheBytesAllow) {
   std::string detail;
   const std::string libzmq = peer_greeting(3, 1);
   for (std::size_t n = 0; n < 64; ++n) {
-    EXPECT_EQ(zmtp::check_greeting(std::string_view(libzmq).substr(0, n), detail), zmtp::greeting_status::need_more) << n;
+    EXPECT_EQ(zmtp::check_greeting(std::string_view(libzmq).substr(0, n), detail), zmtp::greeting_status::need_more)
+        << n;
   }
   EXPECT_EQ(zmtp::check_greeting(libzmq, detail), zmtp::greeting_status::ok);
   EXPECT_EQ(zmtp::check_greeting("GET /", detail), zmtp::greeting_status::not_zmtp);
@@ -71,7 +72,9 @@ TEST(ZmtpWire, FramesShortAndLong) {
   std::string out;
   zmtp::append_frame(out, zmtp::flag_more, "abc");
   zmtp::append_frame(out, 0, std::string(300, 'x'));
-  EXPECT_EQ(out.substr(0, 5), "\x01\x03" "abc"s);
+  EXPECT_EQ(out.substr(0, 5),
+            "\x01\x03"
+            "abc"s);
   EXPECT_EQ(out.substr(5, 9), "\x02\0\0\0\0\0\0\x01\x2c"s) << "over 255 bytes: the 8-byte size";
   zmtp::frame f;
   ASSERT_EQ(zmtp::next_frame(out, 1024, f), zmtp::frame_status::ok);
@@ -91,7 +94,9 @@ TEST(ZmtpWire, FramesShortAndLong) {
 }
 
 TEST(ZmtpWire, PongEchoesThePingContext) {
-  EXPECT_EQ(zmtp::pong_for("\x00\x64" "ctx"s), "\x04\x08\x04PONGctx"s);
+  EXPECT_EQ(zmtp::pong_for("\x00\x64"
+                           "ctx"s),
+            "\x04\x08\x04PONGctx"s);
   EXPECT_EQ(zmtp::pong_for("\x00\x64"s), "\x04\x05\x04PONG"s) << "no context";
   EXPECT_EQ(zmtp::pong_for(""), "\x04\x05\x04PONG"s) << "no TTL either";
   EXPECT_EQ(zmtp::pong_for("\x00\x64"s + std::string(40, 'c')).size(), 2u + 5u + 16u) << "context capped at 16 bytes";

@@ -12,7 +12,7 @@ struct options {
   bool check = false;
   bool version = false;
   bool help = false;
-  std::string log_level;  ///< empty = from config, else "info"
+  std::string log_level;           ///< empty = from config, else "info"
   std::vector<std::string> extra;  ///< daemon-specific flags (e.g. --healthcheck)
 };
 

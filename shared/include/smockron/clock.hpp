@@ -28,9 +28,7 @@ public:
     using namespace std::chrono;
     return duration_cast<microseconds>(system_clock_t::now().time_since_epoch()).count();
   }
-  std::chrono::steady_clock::time_point steady_now() const override {
-    return std::chrono::steady_clock::now();
-  }
+  std::chrono::steady_clock::time_point steady_now() const override { return std::chrono::steady_clock::now(); }
 
   /// A process-wide instance.
   static const system_clock& instance() {

@@ -50,8 +50,8 @@ struct master_config {
   std::string control = "tcp://127.0.0.1:10005";     ///< PUB bind
   host_port admin{"127.0.0.1", 9105};
   store_kind store = store_kind::memory;
-  std::string redis = "redis://127.0.0.1:6379/0";  ///< as written (for logs)
-  redis_url redis_target;                           ///< parsed `redis`
+  std::string redis = "redis://127.0.0.1:6379/0";        ///< as written (for logs)
+  redis_url redis_target;                                ///< parsed `redis`
   microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
   std::uint64_t max_identifiers = 1'000'000;
   microseconds max_clock_skew = std::chrono::seconds(60);
@@ -59,11 +59,11 @@ struct master_config {
   /// are dropped, counted). In normal running nothing queues in the master:
   /// it reads straight off its connections (master/zmtp_subscriber.hpp).
   std::int64_t startup_backlog = 1'000'000;
-  std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
-  std::int64_t control_hwm = 1'000'000;       ///< ZMQ send high-water mark (messages)
+  std::uint64_t max_accounting_peers = 1024;                    ///< gatekeeper connections on the accounting endpoint
+  std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
-  std::string log_level;  ///< empty = CLI / default
-  std::vector<domain_config> domains;  ///< sorted by name
+  std::string log_level;                                        ///< empty = CLI / default
+  std::vector<domain_config> domains;                           ///< sorted by name
 
   const domain_config* find_domain(std::string_view name) const;
 };

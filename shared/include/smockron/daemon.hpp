@@ -18,9 +18,9 @@ struct startup {
 
 /// Handles --help/--version/--check and loading. Returns the loaded config to
 /// run with, or nothing with `exit_code` set (0 for --version/--check success).
-std::optional<startup> prepare(int argc, char** argv, const std::string& program, const std::vector<std::string>& extra_flags,
-                               const std::string& extra_help, bool (*has_section)(const config::config&),
-                               const std::string& section, int& exit_code);
+std::optional<startup> prepare(int argc, char** argv, const std::string& program,
+                               const std::vector<std::string>& extra_flags, const std::string& extra_help,
+                               bool (*has_section)(const config::config&), const std::string& section, int& exit_code);
 
 /// Reloads the file given on the command line (or the embedded defaults) and
 /// logs every error; nothing on failure.

@@ -60,9 +60,9 @@ struct state {
 
 /// Outcome of an evaluation.
 struct decision {
-  bool throttled = false;         ///< next request is not allowed at `now`
-  std::int64_t next_us = 0;       ///< when the next request is allowed (valid if throttled)
-  std::int64_t interval_us = 0;   ///< 1/rate of the rule that set next_us (pacing hint)
+  bool throttled = false;        ///< next request is not allowed at `now`
+  std::int64_t next_us = 0;      ///< when the next request is allowed (valid if throttled)
+  std::int64_t interval_us = 0;  ///< 1/rate of the rule that set next_us (pacing hint)
 };
 
 /// Records `e` in `s` and evaluates when the next request is allowed.

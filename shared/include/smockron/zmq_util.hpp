@@ -16,8 +16,8 @@ struct multipart {
   static constexpr std::size_t max_frames = 8;
   std::array<zmq::message_t, max_frames> msgs;
   std::array<std::string_view, max_frames> views;
-  std::size_t count = 0;      ///< frames kept (at most max_frames)
-  bool truncated = false;     ///< the message had more frames than max_frames (rest discarded)
+  std::size_t count = 0;   ///< frames kept (at most max_frames)
+  bool truncated = false;  ///< the message had more frames than max_frames (rest discarded)
   std::span<const std::string_view> frames() const { return {views.data(), count}; }
 };
 

@@ -69,8 +69,8 @@ public:
     /// its own (its frames consumed by length) and the session goes on; a
     /// larger one is a framing fault. 0: every oversized message is a fault.
     std::uint64_t max_skip = 0;
-    std::size_t max_frames = 8;                    ///< frames delivered per message; more set `truncated`
-    std::size_t max_pong_backlog = SIZE_MAX;       ///< PING is not answered while `out` holds this much
+    std::size_t max_frames = 8;               ///< frames delivered per message; more set `truncated`
+    std::size_t max_pong_backlog = SIZE_MAX;  ///< PING is not answered while `out` holds this much
   };
 
   session(role r, limits l);
