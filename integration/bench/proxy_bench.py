@@ -14,6 +14,9 @@ Method (see README "Performance"):
   Rounds where other processes used noticeable CPU are dropped.
 - at the end: accounting messages the proxy published and dropped, and how
   many the master processed (the gate's cost is only real if none is lost).
+- `--baseline DIR`: a third contender, the smockron-proxy of another build
+  (e.g. the commit before a change), on its own port beside the first, same
+  master and cpu: before and after measured in the same run.
 """
 import argparse
 import os
@@ -153,6 +156,7 @@ def main():
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
+    ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
     args = ap.parse_args()
     for tool in ("nginx", "wrk", "taskset"):
         if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
@@ -162,8 +166,8 @@ def main():
     log = open(os.path.join(tmp, "bench.log"), "w")
     procs = []
     try:
-        backend_port, nginx_port, proxy_port = free_port(), free_port(), free_port()
-        acct, ctrl, madmin, padmin = free_port(), free_port(), free_port(), free_port()
+        backend_port, nginx_port, proxy_port, base_port = free_port(), free_port(), free_port(), free_port()
+        acct, ctrl, madmin, padmin, base_admin = free_port(), free_port(), free_port(), free_port(), free_port()
         backend_conf = nginx_conf(os.path.join(tmp, "backend"), f"""
   server {{ listen 127.0.0.1:{backend_port} backlog=4096; location / {{ return 200 "ok\\n"; }} }}""")
         peer_conf = nginx_conf(os.path.join(tmp, "peer"), f"""
@@ -172,23 +176,33 @@ def main():
     location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
         for d in ("backend", "peer"):
             os.makedirs(os.path.join(tmp, d, "tmp"), exist_ok=True)
-        smockron_conf = os.path.join(tmp, "smockron.toml")
-        with open(smockron_conf, "w") as f:
-            f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
-                                 backend_port=backend_port, proxy_port=proxy_port, proxy_admin=padmin,
-                                 master_admin=madmin, accounting=acct, control=ctrl,
-                                 identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128"))
+        def write_conf(name, port, admin):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
+                                     backend_port=backend_port, proxy_port=port, proxy_admin=admin,
+                                     master_admin=madmin, accounting=acct, control=ctrl,
+                                     identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128"))
+            return path
+        smockron_conf = write_conf("smockron.toml", proxy_port, padmin)
         backend = Proc([nginx, "-c", backend_conf, "-p", os.path.join(tmp, "backend")], 0, log)
         peer = Proc([nginx, "-c", peer_conf, "-p", os.path.join(tmp, "peer")], 1, log)
         master = Proc([os.path.join(args.bin, "smockron-master"), "--config", smockron_conf, "--log-level", "warn"], 0, log)
         proxy = Proc([os.path.join(args.bin, "smockron-proxy"), "--config", smockron_conf, "--log-level", "warn"], 1, log)
         procs = [proxy, master, peer, backend]
+        if args.baseline:
+            base_conf = write_conf("baseline.toml", base_port, base_admin)
+            baseline = Proc([os.path.join(args.baseline, "smockron-proxy"), "--config", base_conf, "--log-level", "warn"], 1, log)
+            procs.insert(1, baseline)
+            wait_port(base_port)
         for port in (backend_port, nginx_port, proxy_port, madmin):
             wait_port(port)
         time.sleep(0.5)
         peer_pids = [peer.p.pid] + children(peer.p.pid)
         backend_pids = [backend.p.pid] + children(backend.p.pid)
         contenders = {"smockron": (proxy_port, [proxy.p.pid]), "nginx": (nginx_port, peer_pids)}
+        if args.baseline:
+            contenders["baseline"] = (base_port, [baseline.p.pid])
         others = backend_pids + [master.p.pid]
 
         print(f"warm-up ({args.seconds}s each) ...", flush=True)
@@ -196,13 +210,15 @@ def main():
             run_wrk(port, max(2, args.seconds // 2), args.connections)
 
         time.sleep(0.5)  # the warm-up's accounting settles
-        published0 = metric_total(padmin, "smockron_proxy_accounting_messages_total")
+        admins = [padmin] + ([base_admin] if args.baseline else [])
+        published0 = sum(metric_total(a, "smockron_proxy_accounting_messages_total") for a in admins)
         processed0 = metric_total(madmin, "smockron_master_accounting_messages_total")
         results = {name: [] for name in contenders}
         print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'load':>5} "
               f"{'master':>6} {'noise':>6}")
+        names = list(contenders)
         for rnd in range(args.rounds):
-            for name in ("smockron", "nginx") if rnd % 2 == 0 else ("nginx", "smockron"):
+            for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # each goes first in turn
                 port, pids = contenders[name]
                 perf = None
                 if args.perf and name == "smockron" and rnd == 0:
@@ -227,14 +243,13 @@ def main():
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
                       f"{r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% "
-                      f"{r['master_us'] if name == 'smockron' else 0:>6.1f} {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
+                      f"{r['master_us'] if name != 'nginx' else 0:>6.1f} {r['noise']:>6.2f}{'' if r['kept'] else '  (dropped)'}", flush=True)
 
-        ratios, kept = [], {n: [r for r in results[n] if r["kept"]] for n in results}
-        for a, b in zip(results["smockron"], results["nginx"]):
-            if a["kept"] and b["kept"]:
-                ratios.append(a["rps"] / b["rps"])
+        def paired(x, y):
+            return [a["rps"] / b["rps"] for a, b in zip(results[x], results[y]) if a["kept"] and b["kept"]]
+        ratios, kept = paired("smockron", "nginx"), {n: [r for r in results[n] if r["kept"]] for n in results}
         print()
-        for name in ("smockron", "nginx"):
+        for name in names:
             rs = kept[name] or results[name]
             print(f"{name:>9}: median {statistics.median(r['rps'] for r in rs):.0f} req/s, "
                   f"p50 {statistics.median(r['p50'] for r in rs):.0f} us, p99 {statistics.median(r['p99'] for r in rs):.0f} us, "
@@ -246,14 +261,22 @@ def main():
                   f"(min {min(ratios):.2f}, max {max(ratios):.2f}, {len(ratios)} paired rounds)")
         else:
             print("no paired rounds kept (machine too noisy)")
+        if args.baseline:
+            for x, y in (("baseline", "nginx"), ("smockron", "baseline")):
+                rs = paired(x, y)
+                if rs:
+                    print(f"req/s ratio {x}/{y}: median {statistics.median(rs):.2f} "
+                          f"(min {min(rs):.2f}, max {max(rs):.2f}, {len(rs)} paired rounds)")
+            cpu = {n: statistics.median(r["cpu_us"] for r in (kept[n] or results[n])) for n in ("smockron", "baseline")}
+            print(f"cpu us/req smockron/baseline: {cpu['smockron'] / cpu['baseline']:.2f}")
         # The master catches up on what is queued before it is asked.
-        requests = sum(r["requests"] for r in results["smockron"])
+        requests = sum(r["requests"] for n in names if n != "nginx" for r in results[n])
         time.sleep(1.0)
-        published = metric_total(padmin, "smockron_proxy_accounting_messages_total") - published0
-        dropped = metric_total(padmin, "smockron_proxy_accounting_dropped_total")
-        unsent = metric_total(padmin, "smockron_proxy_accounting_unsent_total")
+        published = sum(metric_total(a, "smockron_proxy_accounting_messages_total") for a in admins) - published0
+        dropped = sum(metric_total(a, "smockron_proxy_accounting_dropped_total") for a in admins)
+        unsent = sum(metric_total(a, "smockron_proxy_accounting_unsent_total") for a in admins)
         processed = metric_total(madmin, "smockron_master_accounting_messages_total") - processed0
-        print(f"accounting: {requests} requests in smockron rounds, {published:.0f} messages "
+        print(f"accounting: {requests} requests in smockron{' and baseline' if args.baseline else ''} rounds, {published:.0f} messages "
               f"published, {dropped:.0f} dropped, {unsent:.0f} unsent, {processed:.0f} processed by the master")
     finally:
         for p in procs:
