@@ -18,6 +18,52 @@ bool idempotent(std::string_view m) {
   return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
 }
 
+// One direction of a body relay: bytes come from `from` (some may be
+// buffered in `pending` already) and go to `to`.
+struct relay_leg {
+  tcp_socket& from;
+  boost::beast::flat_buffer& pending;
+  tcp_socket& to;
+  steady::duration read_timeout, write_timeout;
+  std::uint64_t max_bytes = 0;  ///< payload bound (0 = none)
+};
+
+struct relay_end {
+  enum class kind : std::uint8_t { done, bad_framing, too_large, write_failed, read_failed };
+  kind what = kind::done;
+  boost::system::error_code ec;  ///< read_failed: the read's error, timed_out when the deadline passed
+};
+
+// Relays one body, the head in c.out going out in its first write. Bytes
+// past the body's end stay in `leg.pending` (a pipelined request).
+awaitable<relay_end> relay_body(connection& c, const relay_leg& leg, body_relay& body) {
+  using kind = relay_end::kind;
+  buffer_list& bufs = c.bufs;
+  bufs.clear();
+  bufs.add(c.out.data(), c.out.size());
+  for (;;) {
+    const auto used = body.step(view(leg.pending), bufs);
+    if (!used) co_return relay_end{kind::bad_framing, {}};
+    if (leg.max_bytes > 0 && body.data_bytes > leg.max_bytes) co_return relay_end{kind::too_large, {}};
+    if (!bufs.empty()) {
+      boost::system::error_code ec;
+      if (!send_now(leg.to, bufs, ec)) ec = std::get<0>(co_await write(c, leg.to, bufs, leg.write_timeout));
+      if (ec) co_return relay_end{kind::write_failed, ec};
+    }
+    leg.pending.consume(*used);
+    bufs.clear();
+    if (body.done) co_return relay_end{kind::done, {}};
+    if (leg.pending.size() > 0) continue;  // more at hand than one write took
+    auto [ec, n] = co_await read_more(c, leg.from, leg.pending.prepare(k_relay_chunk), leg.read_timeout);
+    if (ec == asio::error::eof && body.in_framing == http1::framing::until_close) {
+      body.eof = true;
+      continue;
+    }
+    if (ec) co_return relay_end{kind::read_failed, c.classify(ec)};
+    leg.pending.commit(n);
+  }
+}
+
 // One request's exchange with its upstream. Each step either goes on or
 // answers the client itself (then `keep` says whether the connection goes on).
 struct exchange {
@@ -60,44 +106,28 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
   }
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.relay.emplace(req.body, req.body, req.content_length, max_line);
-  buffer_list& bufs = c.bufs;
-  bufs.clear();
-  bufs.add(c.out.data(), c.out.size());
-  for (;;) {
-    const auto used = body.step(view(c.in), bufs);
+  const relay_leg leg{c.client, c.in, *c.up.sock, rt.cfg.body_timeout, rt.cfg.upstream_timeout, rt.cfg.max_body_bytes};
+  const relay_end end = co_await relay_body(c, leg, body);
+  switch (end.what) {
+    case relay_end::kind::done: co_return step::next;
     // Refused mid-body: the upstream got part of it and its connection is
     // dropped with `up`; the client hears why, then the connection closes.
-    if (!used) {
+    case relay_end::kind::bad_framing:
       env.metrics.bad_request.inc();
       keep = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
       co_return step::answered;
-    }
-    if (rt.cfg.max_body_bytes > 0 && body.data_bytes > rt.cfg.max_body_bytes) {
+    case relay_end::kind::too_large:
       env.metrics.bad_request.inc();
       keep = co_await refuse(c, version, 413, "request body too large\n");
       co_return step::answered;
-    }
-    if (!bufs.empty()) {
-      boost::system::error_code ec;
-      if (!send_now(*c.up.sock, bufs, ec))
-        ec = std::get<0>(co_await write(c, *c.up.sock, bufs, rt.cfg.upstream_timeout));
-      if (ec) {
-        if (c.up.reused && retryable && attempt == 0) co_return step::retry;
-        env.metrics.upstream_reset.inc();
-        co_return co_await answer(502, "upstream write failed\n");
-      }
-    }
-    c.in.consume(*used);
-    bufs.clear();
-    if (body.done) co_return step::next;
-    if (c.in.size() > 0) continue;
-    auto [ec, n] = co_await read_more(c, c.client, c.in.prepare(k_relay_chunk), rt.cfg.body_timeout);
-    if (ec) {  // the client failed mid-body: nothing sensible to answer
-      keep = false;
-      co_return step::answered;
-    }
-    c.in.commit(n);
+    case relay_end::kind::write_failed:
+      if (c.up.reused && retryable && attempt == 0) co_return step::retry;
+      env.metrics.upstream_reset.inc();
+      co_return co_await answer(502, "upstream write failed\n");
+    case relay_end::kind::read_failed: break;
   }
+  keep = false;  // the client failed mid-body: nothing sensible to answer
+  co_return step::answered;
 }
 
 // Reads the response head, passing 1xx informational responses on to an
@@ -169,34 +199,16 @@ awaitable<bool> exchange::relay_response() {
   http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false);
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.relay.emplace(res.body, out, res.content_length, max_line);
-  buffer_list& bufs = c.bufs;
-  bufs.clear();
-  bufs.add(c.out.data(), c.out.size());
-  for (;;) {
-    const auto used = body.step(view(c.upstream_in), bufs);
-    if (!used) {
-      env.metrics.upstream_reset.inc();
-      co_return false;  // malformed chunked framing; the response has started: closing is the only signal left
-    }
-    if (!bufs.empty()) {
-      boost::system::error_code ec;
-      if (!send_now(c.client, bufs, ec)) ec = std::get<0>(co_await write(c, c.client, bufs, rt.cfg.body_timeout));
-      if (ec) co_return false;
-    }
-    c.upstream_in.consume(*used);
-    bufs.clear();
-    if (body.done) break;
-    if (c.upstream_in.size() > 0) continue;  // more at hand than one write took
-    auto [ec, n] = co_await read_more(c, *c.up.sock, c.upstream_in.prepare(k_relay_chunk), rt.cfg.upstream_timeout);
-    if (ec == asio::error::eof && res.body == framing::until_close) {
-      body.eof = true;
-      continue;
-    }
-    if (ec) {
-      (c.classify(ec) == asio::error::timed_out ? env.metrics.upstream_timeout : env.metrics.upstream_reset).inc();
-      co_return false;  // the response has started: the only honest signal left is closing
-    }
-    c.upstream_in.commit(n);
+  const relay_leg leg{*c.up.sock, c.upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};
+  const relay_end end = co_await relay_body(c, leg, body);
+  // Once the response has started, closing is the only honest signal left.
+  switch (end.what) {
+    case relay_end::kind::done: break;
+    case relay_end::kind::bad_framing: env.metrics.upstream_reset.inc(); co_return false;
+    case relay_end::kind::read_failed:
+      (end.ec == asio::error::timed_out ? env.metrics.upstream_timeout : env.metrics.upstream_reset).inc();
+      co_return false;
+    default: co_return false;  // the client failed
   }
   if (res.keep_alive && c.upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
   co_return keep_client;
