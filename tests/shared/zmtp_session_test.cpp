@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 
 #include <chrono>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -237,6 +238,24 @@ int listen_loopback(int& port) {
   return fd;
 }
 
+// A libzmq socket connected to a plain loopback listener; `fd` is our end.
+struct libzmq_peer {
+  zmq::context_t ctx{1};
+  zmq::socket_t sock;
+  int lfd = -1, fd = -1;
+  libzmq_peer(zmq::socket_type type, const std::function<void(zmq::socket_t&)>& setup) : sock(ctx, type) {
+    int port = 0;
+    lfd = listen_loopback(port);
+    setup(sock);
+    sock.connect("tcp://127.0.0.1:" + std::to_string(port));
+    if (lfd >= 0) fd = ::accept(lfd, nullptr, nullptr);
+  }
+  ~libzmq_peer() {
+    ::close(fd);
+    ::close(lfd);
+  }
+};
+
 // Moves bytes between a socket and a session until `done` (at most 5 s).
 template <class Done>
 bool converse(int fd, end& e, Done done) {
@@ -259,16 +278,13 @@ bool converse(int fd, end& e, Done done) {
 }
 
 TEST(ZmtpSession, PublishesToALibzmqSub) {
-  int port = 0;
-  const int lfd = listen_loopback(port);
-  ASSERT_GE(lfd, 0);
-  zmq::context_t ctx(1);
-  zmq::socket_t sub(ctx, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::rcvtimeo, 5000);
-  sub.set(zmq::sockopt::subscribe, "api\0"s);
-  sub.connect("tcp://127.0.0.1:" + std::to_string(port));
-  const int fd = ::accept(lfd, nullptr, nullptr);
-  ASSERT_GE(fd, 0);
+  libzmq_peer peer(zmq::socket_type::sub, [](zmq::socket_t& s) {
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.set(zmq::sockopt::subscribe, "api\0"s);
+  });
+  ASSERT_GE(peer.fd, 0);
+  zmq::socket_t& sub = peer.sock;
+  const int fd = peer.fd;
   end pub(session::role::pub);
   pub.out = std::string(session::hello(session::role::pub));
   ASSERT_TRUE(converse(fd, pub, [&] { return !pub.ev.subscriptions.empty(); })) << pub.s.detail();
@@ -297,20 +313,13 @@ TEST(ZmtpSession, PublishesToALibzmqSub) {
   sub.set(zmq::sockopt::unsubscribe, "api\0"s);
   ASSERT_TRUE(converse(fd, pub, [&] { return pub.ev.subscriptions.size() == 2; }));
   EXPECT_EQ(pub.ev.subscriptions[1], std::pair(false, "api\0"s));
-  ::close(fd);
-  ::close(lfd);
 }
 
 TEST(ZmtpSession, ReceivesFromALibzmqPub) {
-  int port = 0;
-  const int lfd = listen_loopback(port);
-  ASSERT_GE(lfd, 0);
-  zmq::context_t ctx(1);
-  zmq::socket_t pub(ctx, zmq::socket_type::pub);
-  pub.set(zmq::sockopt::linger, 0);
-  pub.connect("tcp://127.0.0.1:" + std::to_string(port));
-  const int fd = ::accept(lfd, nullptr, nullptr);
-  ASSERT_GE(fd, 0);
+  libzmq_peer peer(zmq::socket_type::pub, [](zmq::socket_t& s) { s.set(zmq::sockopt::linger, 0); });
+  ASSERT_GE(peer.fd, 0);
+  zmq::socket_t& pub = peer.sock;
+  const int fd = peer.fd;
   end sub(session::role::sub);
   sub.out = std::string(session::hello(session::role::sub));
   ASSERT_TRUE(converse(fd, sub, [&] { return sub.s.ready(); })) << sub.s.detail();
@@ -340,8 +349,6 @@ TEST(ZmtpSession, ReceivesFromALibzmqPub) {
     ASSERT_EQ(m.size(), 3u);
     EXPECT_EQ(m[2], ids[static_cast<std::size_t>(i)]);
   }
-  ::close(fd);
-  ::close(lfd);
 }
 
 }  // namespace
