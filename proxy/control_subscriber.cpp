@@ -25,7 +25,8 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
                           "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")),
       policies_ignored_(reg.add_counter("smockron_proxy_control_policies_ignored_total",
                                         "POLICY messages not kept: more domains than the gate keeps policies for "
-                                        "(those domains are not bounded before the master's first DELAY_UNTIL)")) {
+                                        "(those domains are not bounded before the master's first DELAY_UNTIL)")),
+      log_(log::get("proxy.control")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
                                   metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
@@ -50,7 +51,6 @@ void control_subscriber::set_domains(const std::vector<std::string>& domains) {
 }
 
 void control_subscriber::run() {
-  auto log = log::get("proxy.control");
   zmq::socket_t sub(ctx_, zmq::socket_type::sub);
   sub.set(zmq::sockopt::linger, 0);
   sub.set(zmq::sockopt::rcvhwm, 1'000'000);
@@ -68,23 +68,9 @@ void control_subscriber::run() {
 
   std::set<std::string> subscribed;
   zmq_util::multipart in;
-  log::rate_limiter bad_log;
   auto last_sweep = clock_.steady_now();
   while (!stop_.load()) {
-    {
-      std::lock_guard lock(pending_mutex_);
-      if (pending_domains_) {
-        const std::set<std::string> wanted(pending_domains_->begin(), pending_domains_->end());
-        for (const auto& d : subscribed) {
-          if (!wanted.contains(d)) sub.set(zmq::sockopt::unsubscribe, d + std::string(1, '\0'));
-        }
-        for (const auto& d : wanted) {
-          if (!subscribed.contains(d)) sub.set(zmq::sockopt::subscribe, d + std::string(1, '\0'));
-        }
-        subscribed = wanted;
-        pending_domains_.reset();
-      }
-    }
+    sync_subscriptions(sub, subscribed);
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
     try {
       // Short: new subscriptions (start-up, reload) are applied at the next wake-up.
@@ -98,53 +84,56 @@ void control_subscriber::run() {
         }
       }
       // ZMQ_FD is edge-triggered: always drain everything that is ready.
-      while (zmq_util::recv(sub, in)) {
-        const auto bad = [&](wire::decode_error e) {
-          errors_[static_cast<int>(e)]->inc();
-          std::uint64_t suppressed = 0;
-          if (bad_log.allow(clock_.steady_now(), suppressed)) {
-            log->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(e), suppressed);
-          }
-        };
-        if (in.truncated) {
-          bad(wire::decode_error::frame_count);
-          continue;
-        }
-        if (wire::control_command(in.frames()) == wire::policy_command) {
-          const auto p = wire::decode_policy(in.frames());
-          if (!p) {
-            bad(p.error());
-            continue;
-          }
-          if (const auto domain = domains_.find(p->domain)) {
-            if (gate_.set_policy(*domain, {p->rules.data(), p->count}, clock_.wall_us())) policies_.inc();
-            else policies_ignored_.inc();
-          }
-          continue;
-        }
-        const auto m = wire::decode_delay_until(in.frames());
-        if (!m) {
-          bad(m.error());
-          continue;
-        }
-        const auto domain = domains_.find(m->domain);
-        if (!domain) {
-          unknown_domain_.inc();
-          continue;
-        }
-        const std::int64_t now_us = clock_.wall_us();
-        gate_.update(*domain, m->identifier, m->next_ms * 1000, m->interval_ms * 1000, now_us);
-        received_.inc();
-      }
+      while (zmq_util::recv(sub, in)) apply(in);
       if (clock_.steady_now() - last_sweep > std::chrono::milliseconds(50)) {
         last_sweep = clock_.steady_now();
         gate_.sweep(clock_.wall_us());
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;
-      log->error("control loop: {}", e.what());
+      log_->error("control loop: {}", e.what());
     }
   }
+}
+
+void control_subscriber::sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed) {
+  std::lock_guard lock(pending_mutex_);
+  if (!pending_domains_) return;
+  const std::set<std::string> wanted(pending_domains_->begin(), pending_domains_->end());
+  for (const auto& d : subscribed) {
+    if (!wanted.contains(d)) sub.set(zmq::sockopt::unsubscribe, d + std::string(1, '\0'));
+  }
+  for (const auto& d : wanted) {
+    if (!subscribed.contains(d)) sub.set(zmq::sockopt::subscribe, d + std::string(1, '\0'));
+  }
+  subscribed = wanted;
+  pending_domains_.reset();
+}
+
+void control_subscriber::apply(const zmq_util::multipart& in) {
+  const auto bad = [&](wire::decode_error e) {
+    errors_[static_cast<int>(e)]->inc();
+    std::uint64_t suppressed = 0;
+    if (bad_log_.allow(clock_.steady_now(), suppressed)) {
+      log_->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(e), suppressed);
+    }
+  };
+  if (in.truncated) return bad(wire::decode_error::frame_count);
+  if (wire::control_command(in.frames()) == wire::policy_command) {
+    const auto p = wire::decode_policy(in.frames());
+    if (!p) return bad(p.error());
+    if (const auto domain = domains_.find(p->domain)) {
+      if (gate_.set_policy(*domain, {p->rules.data(), p->count}, clock_.wall_us())) policies_.inc();
+      else policies_ignored_.inc();
+    }
+    return;
+  }
+  const auto m = wire::decode_delay_until(in.frames());
+  if (!m) return bad(m.error());
+  const auto domain = domains_.find(m->domain);
+  if (!domain) return unknown_domain_.inc();
+  gate_.update(*domain, m->identifier, m->next_ms * 1000, m->interval_ms * 1000, clock_.wall_us());
+  received_.inc();
 }
 
 }  // namespace smockron::proxy

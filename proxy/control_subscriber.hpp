@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,9 +18,11 @@
 #include "proxy/domain_registry.hpp"
 #include "proxy/gate.hpp"
 #include "smockron/clock.hpp"
+#include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
 #include "smockron/string_hash.hpp"
 #include "smockron/wire.hpp"
+#include "smockron/zmq_util.hpp"
 
 namespace smockron::proxy {
 
@@ -37,6 +40,10 @@ public:
 
 private:
   void run();
+  /// Applies the domains set_domains() asked for, if it did.
+  void sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed);
+  /// Applies one control message (DELAY_UNTIL or POLICY) to the gate, or counts why not.
+  void apply(const zmq_util::multipart& in);
 
   zmq::context_t& ctx_;
   std::vector<std::string> endpoints_;
@@ -48,6 +55,8 @@ private:
   metrics::counter& unknown_domain_;
   metrics::counter& policies_;
   metrics::counter& policies_ignored_;
+  std::shared_ptr<spdlog::logger> log_;
+  log::rate_limiter bad_log_;
   std::atomic<int> connected_{0};
   std::atomic<bool> stop_{false};
   std::mutex pending_mutex_;

@@ -35,19 +35,36 @@ bool session::fail(fault f, std::string detail) {
   return false;
 }
 
+bool session::greet(std::string_view in) {
+  std::string detail;
+  switch (check_greeting(in, detail)) {
+    case greeting_status::need_more: return false;
+    case greeting_status::ok: phase_ = phase::handshake; return true;
+    case greeting_status::mechanism: return fail(fault::mechanism, detail);
+    default: return fail(fault::greeting, detail);
+  }
+}
+
+bool session::skip_frame(const frame& f, std::size_t before, session_events& ev) {
+  if (phase_ != phase::messages) return fail(fault::handshake, "message before READY");
+  if (!skip_more_) skipped_ = before;  // its frames already here count too
+  skipped_ += f.size;
+  if (skipped_ > limits_.max_skip) {
+    const auto bound = std::max<std::uint64_t>(limits_.max_skip, limits_.max_message);
+    return fail(fault::framing, "message over " + std::to_string(bound) + " bytes");
+  }
+  skip_ = f.size;
+  skip_more_ = f.more();
+  if (!skip_more_) ev.on_oversized(skipped_);
+  return true;
+}
+
 std::size_t session::feed(std::string_view in, session_events& ev, std::string& out) {
   if (phase_ == phase::failed) return 0;
   std::size_t pos = 0;
   if (phase_ == phase::greeting) {
-    std::string detail;
-    switch (check_greeting(in, detail)) {
-      case greeting_status::need_more: return 0;
-      case greeting_status::ok: break;
-      case greeting_status::mechanism: fail(fault::mechanism, detail); return 0;
-      default: fail(fault::greeting, detail); return 0;
-    }
+    if (!greet(in)) return 0;
     pos = greeting_size;
-    phase_ = phase::handshake;
   }
   // Frames of the message being read (views into `in`).
   std::array<std::string_view, 16> frames;
@@ -80,18 +97,9 @@ std::size_t session::feed(std::string_view in, session_events& ev, std::string& 
     // A message over the bound, and every later frame of it, is consumed by
     // length and skipped on its own; commands between its frames are served.
     if ((over || skip_more_) && !is_command) {
-      if (phase_ != phase::messages) return stop(fault::handshake, "message before READY");
-      if (!skip_more_) skipped_ = pos - message_start;  // its frames already here count too
-      skipped_ += f.size;
-      if (skipped_ > limits_.max_skip) {
-        const auto bound = std::max<std::uint64_t>(limits_.max_skip, limits_.max_message);
-        return stop(fault::framing, "message over " + std::to_string(bound) + " bytes");
-      }
-      skip_ = f.size;
-      skip_more_ = f.flags & flag_more;
+      if (!skip_frame(f, pos - message_start, ev)) return message_start;
       count = 0;
       truncated = false;
-      if (!skip_more_) ev.on_oversized(skipped_);
       continue;
     }
     if (over) return stop(fault::framing, "command over " + std::to_string(limits_.max_message) + " bytes");

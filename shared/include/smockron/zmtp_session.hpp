@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "smockron/string_hash.hpp"
+#include "smockron/zmtp.hpp"
 
 namespace smockron::zmtp {
 
@@ -94,6 +95,11 @@ public:
 private:
   enum class phase : std::uint8_t { greeting, handshake, messages, failed };
   bool fail(fault f, std::string detail);
+  /// Checks the peer's greeting; false while incomplete or on a fault.
+  bool greet(std::string_view in);
+  /// Starts or continues skipping an oversized message at frame `f`
+  /// (`before`: bytes of the message already read); false on a fault.
+  bool skip_frame(const frame& f, std::size_t before, session_events& ev);
   bool command(std::string_view body, session_events& ev, std::string& out);
   bool data(std::span<const std::string_view> frames, bool truncated, session_events& ev);
 
