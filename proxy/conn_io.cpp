@@ -2,7 +2,6 @@
 #include "proxy/conn_io.hpp"
 
 #include <sys/socket.h>
-#include <time.h>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
@@ -25,15 +24,13 @@ constexpr auto k_respond_timeout = std::chrono::seconds(10);
 }  // namespace
 
 void connection::expires_after(steady::duration d) {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  deadline = steady::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + d;
+  deadline = clk.coarse_steady_now() + d;
   expired = false;
 }
 
 void connection::watch(std::shared_ptr<connection> self) {
   connection& c = *self;
-  const auto now = steady::now();
+  const auto now = c.clk.steady_now();
   if (c.deadline <= now) {
     c.expired = true;
     c.deadline = steady::time_point::max();
@@ -41,7 +38,8 @@ void connection::watch(std::shared_ptr<connection> self) {
     c.client.cancel(ignored);
     if (c.up.sock) c.up.sock->cancel(ignored);
   }
-  c.timer.expires_at(c.deadline - now < c.tick ? c.deadline : now + c.tick);
+  // The timer runs on real steady time; the deadline is in the clock's time.
+  c.timer.expires_after(c.deadline - now < c.tick ? c.deadline - now : c.tick);
   c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
     if (!self->closed) watch(std::move(self));
   });
@@ -116,8 +114,8 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
   boost::system::error_code ignored;
   c.client.shutdown(tcp::socket::shutdown_send, ignored);
   std::array<char, 4096> sink;
-  const auto until = steady::now() + k_linger;
-  for (std::size_t total = 0; total < k_linger_bytes && steady::now() < until;) {
+  const auto until = c.clk.steady_now() + k_linger;
+  for (std::size_t total = 0; total < k_linger_bytes && c.clk.steady_now() < until;) {
     auto [ec, n] = co_await read_more(c, c.client, asio::buffer(sink), k_linger);
     if (ec) break;
     total += n;
@@ -125,9 +123,9 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
   co_return false;
 }
 
-awaitable<bool> hold(connection& c, steady::time_point release) {
+awaitable<bool> hold(connection& c, steady::duration wait) {
   steady_timer timer(co_await asio::this_coro::executor);
-  timer.expires_at(release);
+  timer.expires_after(wait);
   auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
   if (first.index() == 0) co_return true;
   // Readable: either the client closed (EOF/reset) or it sent more bytes

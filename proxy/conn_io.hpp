@@ -2,9 +2,9 @@
 // deadlines, reads, writes, the proxy's own small responses, and holding.
 //
 // Deadlines cost no timer operation per read or write: an operation sets
-// `connection::deadline`, and one watchdog timer per connection, never
-// further away than half the shortest timeout (`tick`), cancels the
-// connection's sockets once the deadline has passed. Every deadline set
+// `connection::deadline` (in the injected clock's time), and one watchdog
+// timer per connection, waking at least every `tick` (half the shortest
+// timeout), cancels the connection's sockets once the deadline has passed. Every deadline set
 // later is further away than `tick`, so the watchdog always fires in time.
 //
 // Writes go out at once when the socket takes them (nearly always: a head
@@ -28,6 +28,7 @@
 #include "proxy/body_relay.hpp"
 #include "proxy/drain_read.hpp"
 #include "proxy/http1.hpp"
+#include "smockron/clock.hpp"
 
 namespace smockron::proxy {
 
@@ -56,7 +57,9 @@ struct upstream_conn {
 /// One client connection and what its requests reuse: buffers, the parsed
 /// heads, the upstream connection in use, the body being relayed.
 struct connection {
-  connection(tcp_socket s, steady::duration t) : client(std::move(s)), timer(client.get_executor()), tick(t) {}
+  /// `clk`: deadlines are kept in its (coarse) steady time; `t`: the watchdog's period.
+  connection(tcp_socket s, const clock& clk, steady::duration t)
+      : client(std::move(s)), timer(client.get_executor()), clk(clk), tick(t) {}
 
   tcp_socket client;
   upstream_conn up;
@@ -69,6 +72,7 @@ struct connection {
   std::optional<body_relay> relay;
   buffer_list bufs;
   steady_timer timer;
+  const clock& clk;
   steady::time_point deadline = steady::time_point::max();
   steady::duration tick;
   bool expired = false;   ///< the last deadline passed (operations were cancelled)
@@ -76,9 +80,9 @@ struct connection {
   bool idle = true;       ///< between requests (cancelled at once when draining)
   bool closed = false;
 
-  /// Sets the deadline `d` from now. The coarse monotonic clock (a few ms
-  /// resolution) is cheap enough per operation, and a deadline early by a few
-  /// ms is no matter for timeouts of seconds (`tick` leaves room for it).
+  /// Sets the deadline `d` from now. The coarse clock (a few ms resolution)
+  /// is cheap enough per operation, and a deadline early by a few ms is no
+  /// matter for timeouts of seconds (`tick` leaves room for it).
   void expires_after(steady::duration d);
   void expires_never() {
     deadline = steady::time_point::max();
@@ -142,9 +146,9 @@ awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::s
 /// sending, then closes gracefully (lingering close). Returns false.
 awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::string_view body);
 
-/// Holds until `release` unless the client goes away first; returns whether
-/// it stayed. Bytes the client sends meanwhile (a body, a pipelined request)
+/// Holds for `wait` unless the client goes away first; returns whether it
+/// stayed. Bytes the client sends meanwhile (a body, a pipelined request)
 /// stay queued for later.
-awaitable<bool> hold(connection& c, steady::time_point release);
+awaitable<bool> hold(connection& c, steady::duration wait);
 
 }  // namespace smockron::proxy

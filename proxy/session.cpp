@@ -142,9 +142,8 @@ private:
   // leaves first (then its slot goes back to the gate). False: it left.
   awaitable<bool> hold_for(const runtime& rt, const route& r, const admission& a) {
     c_.expires_never();
-    // The gate speaks wall time; the timer runs on steady time from the same clock.
-    const auto wait = std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us());
-    const bool stayed = co_await hold(c_, s_.clk.steady_now() + wait);
+    // The gate speaks wall time; the hold is that far from now.
+    const bool stayed = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
     s_.gate.release_held();
     if (stayed) co_return true;
     s_.metrics.client_gone_held.inc();
@@ -170,7 +169,7 @@ private:
 }  // namespace
 
 awaitable<void> serve_connection(shared_state& s, worker& w, tcp_socket socket) {
-  auto conn = std::make_shared<connection>(std::move(socket), w.rt->tick);
+  auto conn = std::make_shared<connection>(std::move(socket), s.clk, w.rt->tick);
   ++s.connections;
   w.sessions.insert(conn.get());
   struct unregister {

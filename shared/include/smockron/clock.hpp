@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <time.h>
 
 namespace smockron {
 
@@ -16,6 +17,9 @@ public:
   virtual std::int64_t wall_us() const = 0;
   /// Monotonic time for timers and latency measurement.
   virtual std::chrono::steady_clock::time_point steady_now() const = 0;
+  /// Monotonic time at a few milliseconds' resolution, cheaper to read: for
+  /// deadlines of seconds, set on every read and write.
+  virtual std::chrono::steady_clock::time_point coarse_steady_now() const { return steady_now(); }
 
   /// Wall-clock time in milliseconds since the epoch (the wire unit).
   std::int64_t wall_ms() const { return wall_us() / 1000; }
