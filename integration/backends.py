@@ -3,7 +3,8 @@
 Backend (python stdlib only, run as its own process so that its timing does not
 depend on the test process's GIL):
 
-    python3 backends.py PORT          # serves on 127.0.0.1:PORT until SIGTERM
+    python3 backends.py [PORT]        # serves on 127.0.0.1:PORT (default 0: any free port)
+                                      # until SIGTERM; prints "ready PORT" once listening
 
 Every request's arrival (wall clock, taken when the head has been parsed), its
 method, target, headers and body size are logged; GET /__log on the backend
@@ -37,6 +38,7 @@ import hashlib
 import http.client
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -334,7 +336,7 @@ class BackendServer(ThreadingHTTPServer):
 
 
 def main(argv):
-    port = int(argv[1])
+    port = int(argv[1]) if len(argv) > 1 else 0  # 0: any free port, reported on stdout
     srv = BackendServer(port)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     sys.stdout.write(f"ready {srv.server_address[1]}\n")
@@ -346,29 +348,65 @@ def main(argv):
 
 
 class BackendProcess:
-    """One backend process on 127.0.0.1:port, stopped by PID."""
+    """One backend process on 127.0.0.1, stopped by PID.
 
-    def __init__(self, port: int):
+    Without a port it binds port 0 itself and reports the port it got ("ready PORT"
+    on stdout, read once at start-up): no window in which another process could take
+    it. With a port (a restart on the same port) it binds that one. Its stderr goes to
+    `workdir`/backend-<name>.stderr.log (inherited without a workdir), never to a pipe."""
+
+    _ids = 0
+
+    def __init__(self, port: int | None = None, workdir: str | None = None):
         self.port = port
+        BackendProcess._ids += 1
+        self.name = f"{os.getpid()}-{BackendProcess._ids}"
+        self.log_path = os.path.join(workdir, f"backend-{self.name}.stderr.log") if workdir else None
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0) -> "BackendProcess":
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode("utf-8", "replace")
-                raise OSError(f"backend on port {self.port} exited with {self.proc.returncode}: {err[-2000:]}")
-            try:
-                if self._get("/__ping", 1.0)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise AssertionError(f"backend on port {self.port} not answering after {timeout}s")
-            time.sleep(0.02)
+        """Starts the process (again, after stop() or kill(): on the same port) and waits
+        until it listens."""
+        err = open(self.log_path, "ab") if self.log_path else None
+        try:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port or 0)],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        finally:
+            if err is not None:
+                err.close()
+        try:
+            line = self._read_line(self.proc.stdout.fileno(), time.monotonic() + timeout)
+        finally:
+            self.proc.stdout.close()  # nothing else is ever written to it
+        if not line.startswith(b"ready "):
+            code = self.proc.poll()
+            self.stop()
+            raise OSError(f"backend (port {self.port or 'any'}) did not start (exit {code}, said {line!r}): "
+                          f"{self.stderr_tail()}")
+        self.port = int(line.split()[1])
+        return self
+
+    def _read_line(self, fd: int, deadline: float) -> bytes:
+        """The first line written on fd, b"" at EOF, whatever came when the deadline passed."""
+        buf = b""
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            data = os.read(fd, 256)
+            if not data:
+                break
+            buf += data
+        return buf
+
+    def stderr_tail(self, n: int = 2000) -> str:
+        if not self.log_path:
+            return "(stderr inherited)"
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")[-n:]
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -380,8 +418,6 @@ class BackendProcess:
                 self.proc.wait(timeout=5)
             except ProcessLookupError:
                 pass
-        if self.proc and self.proc.stderr:
-            self.proc.stderr.close()
 
     close = stop
 
@@ -393,8 +429,6 @@ class BackendProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=5)
-        if self.proc and self.proc.stderr:
-            self.proc.stderr.close()
 
     def _get(self, path: str, timeout: float = 2.0):
         conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)

@@ -1,17 +1,21 @@
-"""Reusable helpers for Smockron's black-box integration tests.
+"""Reusable helpers and shared fixtures for Smockron's black-box integration tests.
 
 Everything here talks to real binaries over 127.0.0.1 only:
 
-- ports:      free_port(), free_ports(n)
-- time:       now_ms(), wait_until(predicate, timeout)   (deadline polling, never fixed sleeps)
+- ports:      free_port(), free_ports(n), reserve_port(), bind_failed(log)
+- time:       now_ms(), wait_until(predicate, timeout)   (deadline polling, never fixed sleeps;
+              only a falsy value or a transient connection error means "not yet")
 - processes:  Daemon (start with --config, stderr to a log file, stop by PID: SIGTERM, deadline, SIGKILL;
-              kill(): SIGKILL by PID, a crash; start() again restarts on the same config)
-- HTTP:       http_get(port, path)
+              kill(): SIGKILL by PID, a crash; start() again restarts on the same config),
+              MasterProcess, ProxyProcess
+- HTTP:       http_get(port, path), fetch(port, target) (raw bytes, one fresh connection)
 - metrics:    parse_metrics(text), metric(text, name, labels)
-- config:     master_toml(...), toml_value(...)
+- config:     master_toml(...), proxy_toml(...), toml_value(...)
 - ZeroMQ:     Gatekeeper (stand-in for smockron-proxy, talks to a real master),
               FakeMaster (stand-in for smockron-master, talks to a real proxy)
-- unittest:   DaemonTestCase (temp dir per test, daemons stopped in cleanup, logs printed on failure)
+- unittest:   DaemonTestCase (temp dir per test, daemons stopped in cleanup, logs printed on failure;
+              start_master / start_proxy / start_backend on fresh ports, retried when a port was
+              taken meanwhile; gate_stack + prime: a proxy gated by a real master, ZeroMQ loop proven)
 
 Binaries are taken from $SMOCKRON_BIN_DIR (default /work/main/build/bin).
 """
@@ -44,6 +48,8 @@ except ImportError:  # pragma: no cover - depends on the machine's Python
         sys.path.append(_dist)
     import zmq  # noqa: E402  (raises a clear ImportError if still missing)
 
+from backends import BackendProcess, RawConn, request_bytes  # noqa: E402  (same directory)
+
 HOST = "127.0.0.1"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN_DIR = os.environ.get("SMOCKRON_BIN_DIR", os.path.join(REPO_ROOT, "build", "bin"))
@@ -52,6 +58,17 @@ BIN_DIR = os.environ.get("SMOCKRON_BIN_DIR", os.path.join(REPO_ROOT, "build", "b
 #: slow-joiner handshake. One request per hour makes every probe answer with a
 #: DELAY_UNTIL, so a reply proves both directions of the ZeroMQ link are up.
 PROBE_DOMAIN = "smockron-probe"
+
+#: The proxy's counterpart: gate configs (DaemonTestCase.gate_stack) get a first route
+#: WARM_ROUTE on WARM_DOMAIN (1 request per hour), so a request with a fresh X-Warm key
+#: draws a DELAY_UNTIL: DaemonTestCase.prime() proves the proxy <-> master loop with it.
+#: WARM_DOMAIN sorts after the test domains: its subscription is sent last.
+WARM_DOMAIN = "zzwarm"
+WARM_ROUTE = {"path": "/__warm/", "domain": WARM_DOMAIN, "upstream": "app", "identify": ["header:X-Warm"]}
+
+PROXY = "smockron-proxy"
+CTL = "smockron_proxy_control_messages_total"
+HELD = "smockron_proxy_held_requests"
 
 
 def binary(name: str) -> str:
@@ -89,8 +106,12 @@ def max_in_window(ts: list[float], w: float) -> int:
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports on 127.0.0.1 that were free a moment ago.
 
-    All sockets are held open together so the n ports are distinct. There is an
-    unavoidable race with other processes; Daemon start-up retries on bind errors.
+    All sockets are held open together so the n ports are distinct, then closed:
+    another process may take a port before the daemon configured with it binds
+    it. Whatever binds such a port must retry with fresh ones on a bind failure
+    (DaemonTestCase.start_daemon, RedisServer.start, ...); a child that can bind
+    port 0 and report its port (BackendProcess) needs none of this, and a port
+    that must merely refuse connections is better held by reserve_port().
     """
     socks = []
     try:
@@ -108,6 +129,28 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def reserve_port() -> socket.socket:
+    """A socket bound to a fresh 127.0.0.1 port that never listens. While it is
+    open nobody else can bind the port (nor get it as an ephemeral port) and
+    connections to it are refused: a dead endpoint for as long as a test needs."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((HOST, 0))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+_BIND_FAILURE_RE = re.compile(r"cannot bind|bind: |bind\(\)|Address already in use", re.IGNORECASE)
+
+
+def bind_failed(log: str) -> bool:
+    """Whether a process's log says it could not bind an address (a port taken
+    between free_ports() and the bind)."""
+    return bool(_BIND_FAILURE_RE.search(log))
+
+
 def now_ms() -> int:
     """Wall clock in ms since the epoch (the clock the daemons use)."""
     return time.time_ns() // 1_000_000
@@ -117,11 +160,22 @@ class WaitTimeout(AssertionError):
     """A bounded wait ran out; an AssertionError so unittest reports a failure."""
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message: str = ""):
+#: What wait_until() treats as "not yet" besides a falsy value: connection-level
+#: errors while a daemon or backend starts, restarts or goes away (refused, reset,
+#: timed out: all OSError, urllib.error.URLError included) and a half-written HTTP
+#: answer. Anything else - an AssertionError above all - is a failure.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException)
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message: str = "",
+               retry_on: tuple[type[BaseException], ...] = TRANSIENT_ERRORS):
     """Polls predicate() until it returns something truthy, which is returned.
 
-    Exceptions raised by the predicate count as "not yet" (e.g. connection
-    refused while a daemon starts); the last one is reported on timeout.
+    A falsy value means "not yet", and so does an exception of a type in
+    `retry_on` (by default TRANSIENT_ERRORS: e.g. connection refused while a daemon
+    starts). Every other exception propagates at once: an assertion inside a
+    predicate fails the test, it is never taken for "not yet". On timeout the
+    last value and the last transient error are reported.
     """
     deadline = time.monotonic() + timeout
     last_exc = None
@@ -131,12 +185,13 @@ def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message:
             last_value = predicate()
             if last_value:
                 return last_value
-            last_exc = None
-        except Exception as e:  # noqa: BLE001 - reported below
+        except retry_on as e:
             last_exc = e
         if time.monotonic() >= deadline:
-            detail = f"; last error: {last_exc!r}" if last_exc else f"; last value: {last_value!r}"
-            raise WaitTimeout(f"timed out after {timeout}s waiting for {message or predicate}{detail}")
+            detail = f"; last value: {last_value!r}"
+            if last_exc is not None:
+                detail += f"; last error: {last_exc!r}"
+            raise WaitTimeout(f"timed out after {timeout}s waiting for {message or predicate}{detail}") from last_exc
         time.sleep(interval)
 
 
@@ -256,6 +311,25 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
         lines.append(f"rules = {toml_value(rules)}")
         if "algorithm" in d:
             lines.append(f'algorithm = {toml_value(d["algorithm"])}')
+    return "\n".join(lines) + "\n"
+
+
+def proxy_toml(listen_port: int, admin_port: int, upstreams: dict, routes: list, accounting: list, control: list,
+               **proxy_keys) -> str:
+    """A [proxy] config. upstreams: {name: {"servers": [...], "fail_timeout": "200ms"}};
+    routes: [{"path": "/", "domain": "api", "upstream": "app", "identify": [...]}]."""
+    lines = [
+        "[proxy]",
+        f'listen = "{HOST}:{listen_port}"',
+        f'admin = "{HOST}:{admin_port}"',
+        f"accounting = {toml_value(accounting)}",
+        f"control = {toml_value(control)}",
+    ]
+    lines += [f"{k} = {toml_value(v)}" for k, v in proxy_keys.items()]
+    for name, u in upstreams.items():
+        lines += ["", f"[proxy.upstreams.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in u.items()]
+    for r in routes:
+        lines += ["", "[[proxy.routes]]"] + [f"{k} = {toml_value(v)}" for k, v in r.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -391,9 +465,10 @@ class Daemon:
 
         try:
             wait_until(check, timeout)
-        except WaitTimeout:
+        except WaitTimeout as e:
+            error = f"; last error: {e.__cause__!r}" if e.__cause__ is not None else ""
             raise WaitTimeout(f"timed out after {timeout}s waiting for {name}{labels or ''} "
-                              f"to satisfy the predicate; last value {box.get('v')!r}") from None
+                              f"to satisfy the predicate; last value {box.get('v')!r}{error}") from e.__cause__
         return box["v"]
 
 
@@ -423,6 +498,41 @@ class MasterProcess(Daemon):
                 gk.close()
                 raise
         return gk
+
+
+class ProxyProcess(Daemon):
+    """A smockron-proxy: `port` is its listener, `admin_port` its admin endpoint."""
+
+    def __init__(self, workdir: str, config_path: str, port: int, admin_port: int, args=()):
+        super().__init__(PROXY, config_path, workdir, args=args, admin_port=admin_port)
+        self.port = port
+
+    def readyz(self) -> str:
+        return self.get("/readyz").body
+
+    def ctl(self) -> float:
+        """Control messages (DELAY_UNTIL) received so far."""
+        return self.metric(CTL) or 0.0
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+
+def fetch(port: int, target: str = "/", headers=(), method: str = "GET", body: bytes = b"", key: str | None = None,
+          timeout: float = 5.0, host: str = "test.local"):
+    """One request on a fresh connection (X-API-Key: key if given): (Response, elapsed seconds)."""
+    hdrs = list(headers)
+    if key is not None:
+        hdrs.append(("X-API-Key", key))
+    t0 = time.monotonic()
+    with RawConn(port, timeout) as c:
+        c.send(request_bytes(method, target, hdrs, body, host))
+        r = c.read_response(head_request=method == "HEAD", timeout=timeout)
+    return r, time.monotonic() - t0
 
 
 # --------------------------------------------------------------------------- ZeroMQ stand-ins
@@ -622,24 +732,42 @@ class FakeMaster:
 
 
 class DaemonTestCase(unittest.TestCase):
-    """A temp dir per test; daemons and sockets cleaned up even when setUp fails;
-    daemon logs printed to stderr when the test fails (set SMOCKRON_KEEP_TMP=1 to keep the dir)."""
+    """A temp dir per test; daemons, backends and sockets cleaned up even when setUp
+    fails; daemon and backend logs printed to stderr when the test fails (set
+    SMOCKRON_KEEP_TMP=1 to keep the dir). The fixtures every test file shares:
+    masters, proxies (alone, or gated by a real master and primed), backends."""
 
     def setUp(self):
         super().setUp()
         self.tmp = tempfile.mkdtemp(prefix="smockron-it-")
         self.daemons: list[Daemon] = []
+        self.log_files: list[tuple[str, str]] = []  # (title, path): other logs printed on failure
         self.addCleanup(self._cleanup_tmp)
 
     def _failed(self) -> bool:
-        outcome = getattr(self, "_outcome", None)
-        return outcome is not None and not getattr(outcome, "success", True)
+        """Whether this test has failed so far. (Not outcome.success: unittest resets it
+        to True around every cleanup, so a cleanup never saw a failure.)"""
+        result = getattr(getattr(self, "_outcome", None), "result", None)
+        reported = list(getattr(result, "errors", [])) + list(getattr(result, "failures", []))
+        return any(test is self or getattr(test, "test_case", None) is self for test, _ in reported)
 
     def _cleanup_tmp(self):
         if self._failed():
             for d in self.daemons:
                 sys.stderr.write(f"\n----- {d.name} (pid {d.proc.pid if d.proc else '-'}) log {d.log_path} -----\n")
                 sys.stderr.write(d.log()[-20000:])
+            printed = set()
+            for title, path in self.log_files:
+                if path in printed:
+                    continue
+                printed.add(path)
+                try:
+                    with open(path, "rb") as f:
+                        text = f.read().decode("utf-8", "replace")
+                except OSError:
+                    continue
+                if text:
+                    sys.stderr.write(f"\n----- {title} log {path} -----\n{text[-20000:]}")
         if os.environ.get("SMOCKRON_KEEP_TMP"):
             sys.stderr.write(f"\nkept {self.tmp}\n")
         else:
@@ -661,25 +789,132 @@ class DaemonTestCase(unittest.TestCase):
         self.addCleanup(obj.close)
         return obj
 
-    def start_master(self, domains: dict, config_name: str = "master.toml", attempts: int = 3, args=(),
-                     **master_keys) -> MasterProcess:
-        """Writes a config with fresh ports (plus the probe domain) and starts a
-        master, retrying with new ports if one was taken meanwhile."""
+    def dead_port(self) -> int:
+        """A port nothing listens on (connections refused) for the whole test: held by
+        reserve_port() until cleanup, so no other process can take it meanwhile."""
+        return self.closing(reserve_port()).getsockname()[1]
+
+    def dead_endpoint(self) -> str:
+        return f"tcp://{HOST}:{self.dead_port()}"
+
+    # ---- daemons on fresh ports
+    def start_daemon(self, make, attempts: int = 5, **start_args) -> Daemon:
+        """make() writes a config with fresh ports and returns an unstarted Daemon for it;
+        the daemon is tracked and started (waiting for /readyz). A port taken by another
+        process between free_ports() and the daemon's bind makes the daemon exit with a
+        bind error: then it is tried again with fresh ports, up to `attempts` times."""
         last = None
         for _ in range(attempts):
+            d = self.track(make())
+            try:
+                return d.start(**start_args)
+            except DaemonExited as e:
+                if not bind_failed(d.log()):
+                    raise
+                last = e
+        raise last
+
+    def restart(self, daemon: Daemon, ready_timeout: float = 10.0, attempts: int = 20) -> Daemon:
+        """Starts a stopped (or killed) daemon again with the same config, so the same
+        ports. A port the dead process held may take a moment to be free again:
+        retried on bind errors (another process may also have taken it: then it fails)."""
+        for attempt in range(attempts):
+            try:
+                return daemon.start(ready_timeout=ready_timeout)
+            except DaemonExited:
+                if attempt == attempts - 1 or not bind_failed(daemon.log()):
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
+
+    def start_master(self, domains: dict, config_name: str = "master.toml", attempts: int = 5, args=(),
+                     **master_keys) -> MasterProcess:
+        """Writes a config with fresh ports (plus the probe domain unless probe=False) and
+        starts a master, retrying with new ports if one was taken meanwhile."""
+        def make():
             acc, ctl, adm = free_ports(3)
             path = self.write_file(config_name, master_toml(acc, ctl, adm, domains, **master_keys))
-            m = self.track(MasterProcess(self.tmp, acc, ctl, adm, path, args=args))
-            try:
-                return m.start()
-            except DaemonExited as e:
-                last = e
-                if "bind" not in m.log():
-                    raise
-        raise last
+            return MasterProcess(self.tmp, acc, ctl, adm, path, args=args)
+
+        return self.start_daemon(make, attempts)
 
     def gatekeeper(self, master: MasterProcess, domains, handshake: bool = True) -> Gatekeeper:
         return self.closing(master.gatekeeper(domains, handshake=handshake))
+
+    def start_backend(self, port: int | None = None) -> BackendProcess:
+        """A backends.py process; without `port` it binds a port of its own choosing (no
+        race). Stopped in cleanup; its stderr goes to a log file printed on failure."""
+        b = BackendProcess(port, workdir=self.tmp)
+        self.log_files.append((f"backend {b.name}", b.log_path))
+        self.addCleanup(b.stop)
+        return b.start()
+
+    def start_proxy(self, upstreams: dict, routes: list, accounting=None, control=None,
+                    config_name: str = "proxy.toml", args=(), attempts: int = 5, **proxy_keys) -> ProxyProcess:
+        """A proxy on fresh ports (config file `config_name`: several proxies, and
+        restarts, each keep theirs), started and ready. Without master endpoints,
+        accounting/control point at dead ports (fail-open)."""
+        accounting = accounting or [self.dead_endpoint()]
+        control = control or [self.dead_endpoint()]
+
+        def make():
+            port, admin = free_ports(2)
+            path = self.write_file(config_name, proxy_toml(port, admin, upstreams, routes, accounting, control,
+                                                           **proxy_keys))
+            return ProxyProcess(self.tmp, path, port, admin, args=args)
+
+        return self.start_daemon(make, attempts)
+
+    def simple_proxy(self, backend: BackendProcess, path: str = "/", identify=("header:X-API-Key", "ip"),
+                     **proxy_keys) -> ProxyProcess:
+        """A proxy with one route (domain "api") to one backend, no master (fail-open)."""
+        return self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}},
+                                [{"path": path, "domain": "api", "upstream": "app", "identify": list(identify)}],
+                                **proxy_keys)
+
+    # ---- proxy + real master
+    def gate_stack(self, domains: dict, routes: list, **proxy_keys):
+        """A real master with `domains` (+ WARM_DOMAIN), a backend, and a proxy whose
+        routes are WARM_ROUTE + `routes` (upstream "app"); the ZeroMQ loop is primed.
+        Returns (master, backend, proxy)."""
+        all_domains = dict(domains)
+        all_domains[WARM_DOMAIN] = {"rules": [("1/h", 1)]}
+        master = self.start_master(all_domains)
+        backend = self.start_backend()
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [WARM_ROUTE] + routes,
+                                 accounting=[master.accounting], control=[master.control], **proxy_keys)
+        self.wait_connected(proxy)
+        self.prime(proxy)
+        return master, backend, proxy
+
+    def wait_connected(self, proxy: ProxyProcess, masters: str = "1/1", timeout: float = 10.0) -> None:
+        wait_until(lambda: f"masters connected: {masters}" in proxy.readyz(), timeout,
+                   message=f"proxy {proxy.port}: masters connected: {masters}")
+
+    def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
+        """Sends warm-up requests (one fresh X-Warm key each, route WARM_ROUTE) until a
+        DELAY_UNTIL reaches the proxy: accounting PUB, master subscription and control
+        subscriptions are then all up (ZeroMQ's slow joiners)."""
+        base = proxy.ctl()
+        deadline = time.monotonic() + timeout
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            r, _ = fetch(proxy.port, f"/__warm/{n}", headers=[("X-Warm", f"warm-{n}")])
+            self.assertEqual(r.status, 200, r)
+            try:
+                wait_until(lambda: proxy.ctl() > base, min(0.25 * n, 1.0))
+                # Let any late reply to an earlier probe land before tests count messages.
+                time.sleep(0.05)
+                return
+            except WaitTimeout:
+                continue
+        raise WaitTimeout(f"no DELAY_UNTIL reached the proxy after {n} warm-up requests")
+
+    def wait_ctl(self, proxy: ProxyProcess, base: float, n: int = 1, timeout: float = 5.0) -> float:
+        """Waits until the proxy has received n control messages more than `base`."""
+        return wait_until(lambda: (v := proxy.ctl()) >= base + n and v, timeout,
+                          message=f"{n} control message(s) after {base}")
 
 
 def one_box_toml(*, domain: str, rule: str, backend_port: int, proxy_port: int, proxy_admin: int,

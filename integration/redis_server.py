@@ -4,56 +4,89 @@ scripts/install-deps.sh --test installs it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 
-from harness import stop_process
+from harness import free_port, stop_process
 
 HOST = "127.0.0.1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
+    """redis-server on `port`, or (port None) on a fresh port: redis-server cannot
+    bind port 0 and report it, so a port taken between its choice and redis-server's
+    bind is retried with a new one."""
+
     def __init__(self, workdir: str, port: int | None = None):
         exe = shutil.which("redis-server")
         if not exe:
             raise AssertionError("redis-server is not installed (run scripts/install-deps.sh --test)")
         self.exe = exe
         self.workdir = workdir
-        self.port = port or _free_port()
+        self.fixed_port = port
+        self.port = port or 0
         self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(workdir, f"redis-{self.port}.log")
+        self.log_path = ""
 
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
-             "--dir", self.workdir, "--daemonize", "no", "--protected-mode", "no"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+    def start(self, timeout: float = 10.0, attempts: int = 5) -> "RedisServer":
+        for attempt in range(attempts):
+            if not self.fixed_port:
+                self.port = free_port()
+            if self._start_once(timeout):
+                return self
+            # Exited on "Address already in use": a fresh port, or (a fixed port, e.g. a
+            # restart) the same one a moment later.
+            if attempt == attempts - 1:
+                break
+            if self.fixed_port:
+                time.sleep(0.2)
+        raise AssertionError(f"redis-server could not bind 127.0.0.1:{self.port} in {attempts} attempts; "
+                             f"see {self.log_path}")
+
+    def _start_once(self, timeout: float) -> bool:
+        """True once this redis-server answers; False if it exited because the port was taken."""
+        self.log_path = os.path.join(self.workdir, f"redis-{self.port}.log")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                 "--dir", self.workdir, "--daemonize", "no", "--protected-mode", "no"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "Address already in use" in self._log():
+                    return False
                 raise AssertionError(f"redis-server exited with {self.proc.returncode}; see {self.log_path}")
             try:
-                if self.command("PING") == "PONG":
-                    return self
-            except OSError:
+                # Our own server, not one that holds the port (then ours exits, above).
+                if self.command("PING") == "PONG" and self.pid_answering() == self.proc.pid:
+                    return True
+            except (OSError, RuntimeError):  # RuntimeError: an error reply (e.g. LOADING)
                 pass
             time.sleep(0.02)
-        raise AssertionError(f"redis-server on port {self.port} did not answer PING within {timeout}s")
+        stop_process(self.proc)
+        raise AssertionError(f"redis-server on port {self.port} did not answer PING within {timeout}s; "
+                             f"see {self.log_path}")
+
+    def pid_answering(self) -> int | None:
+        info = self.command("INFO", "server")
+        m = re.search(rb"process_id:(\d+)", info or b"")
+        return int(m.group(1)) if m else None
+
+    def _log(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def kill(self) -> None:
         """SIGKILL: Redis dies with everything it held (no persistence)."""

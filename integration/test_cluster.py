@@ -34,16 +34,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (  # noqa: E402
     HOST,
-    DaemonExited,
+    DaemonTestCase,
     MasterProcess,
+    ProxyProcess,
     WaitTimeout,
-    free_ports,
+    fetch,
     metric,
     metric_sum,
     parse_metrics,
     wait_until,
 )
-from test_proxy import ProxyCase, ProxyProcess, fetch, proxy_toml  # noqa: E402
 
 ACC = "smockron_master_accounting_messages_total"
 M_CTL = "smockron_master_control_messages_total"
@@ -52,7 +52,7 @@ P_REQ = "smockron_proxy_requests_total"
 
 
 def warm_route(domain: str) -> dict:
-    """A route used only to prove the ZeroMQ links are up (see ClusterCase.prime)."""
+    """A route used only to prove the ZeroMQ links are up (see ClusterCase.prime_links)."""
     return {"path": f"/__{domain}/", "domain": domain, "upstream": "app", "identify": ["header:X-Warm"]}
 
 
@@ -125,31 +125,20 @@ def count_in(times: list[float], a: float, b: float) -> int:
 # =============================================================================== base class
 
 
-class ClusterCase(ProxyCase):
+class ClusterCase(DaemonTestCase):
     def start_named_master(self, name: str, domains: dict) -> MasterProcess:
         """A master whose config file is named after it (two masters share the temp dir)."""
         return self.start_master(domains, config_name=f"master-{name}.toml", probe=False)
 
     def start_named_proxy(self, name: str, backend, routes: list, masters: list[MasterProcess],
-                          attempts: int = 3, **proxy_keys) -> ProxyProcess:
+                          **proxy_keys) -> ProxyProcess:
         """A proxy (one worker thread: one accounting PUB, so one priming request proves
         its links) whose accounting and control lists name every master."""
-        last = None
-        for _ in range(attempts):
-            port, admin = free_ports(2)
-            path = self.write_file(f"proxy-{name}.toml", proxy_toml(
-                port, admin, {"app": {"servers": [f"{HOST}:{backend.port}"]}}, routes,
-                [m.accounting for m in masters], [m.control for m in masters], threads=1, **proxy_keys))
-            p = self.track(ProxyProcess(self.tmp, path, port, admin))
-            try:
-                return p.start()
-            except DaemonExited as e:
-                last = e
-                if "in use" not in p.log() and "bind" not in p.log():
-                    raise
-        raise last
+        return self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, routes,
+                                [m.accounting for m in masters], [m.control for m in masters],
+                                config_name=f"proxy-{name}.toml", threads=1, **proxy_keys)
 
-    def prime(self, proxy: ProxyProcess, warm: list[tuple[str, list[MasterProcess]]], timeout: float = 10.0) -> None:
+    def prime_links(self, proxy: ProxyProcess, warm: list[tuple[str, list[MasterProcess]]], timeout: float = 10.0) -> None:
         """For each (warm domain, masters owning it): sends requests with fresh X-Warm keys
         until one of them was counted by every owning master AND the proxy received one
         DELAY_UNTIL from each of them. Then the proxy's accounting PUB reaches those
@@ -211,8 +200,8 @@ class RedundancyTest(ClusterCase):
         proxies = [self.start_named_proxy(f"p{i}", backend, routes, [ma, mb],
                                           max_delay=f"{int(self.MAX_DELAY * 1000)}ms") for i in (1, 2)]
         for p in proxies:
-            wait_until(lambda: "masters connected: 2/2" in p.readyz(), 10, message=f"proxy {p.port} sees both masters")
-            self.prime(p, [("zzwarm", [ma, mb])])
+            self.wait_connected(p, "2/2")
+            self.prime_links(p, [("zzwarm", [ma, mb])])
 
         other = "B" if victim == "A" else "A"
         killed, survivor = masters[victim], masters[other]
@@ -229,7 +218,7 @@ class RedundancyTest(ClusterCase):
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(5)
         for p in proxies:
-            wait_until(lambda: "masters connected: 1/2" in p.readyz(), 5, message="proxies notice the dead master")
+            self.wait_connected(p, "1/2", timeout=5)
         time.sleep(max(0.0, tk + self.AFTER - time.time()))
         t_stop = time.time()
         load.stop()
@@ -328,8 +317,8 @@ class ShardingTest(ClusterCase):
                   {"path": "/b/", "domain": "b", "upstream": "app", "identify": ["header:X-API-Key"]}]
         proxies = [self.start_named_proxy(f"p{i}", backend, routes, [ma, mb], max_delay="500ms") for i in (1, 2)]
         for p in proxies:
-            wait_until(lambda: "masters connected: 2/2" in p.readyz(), 10, message=f"proxy {p.port} sees both masters")
-            self.prime(p, [("zzwarma", [ma]), ("zzwarmb", [mb])])
+            self.wait_connected(p, "2/2")
+            self.prime_links(p, [("zzwarma", [ma]), ("zzwarmb", [mb])])
 
         # The same identifier in both domains, through both proxies: two independent limits.
         targets = [(p.port, prefix) for p in proxies for prefix in ("/a/", "/b/")]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import select
 import subprocess
 import sys
 import time
@@ -36,9 +37,19 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import BackendProcess  # noqa: E402
-from harness import HOST, DaemonTestCase, free_ports, max_in_window, metric_sum, stop_process, wait_until  # noqa: E402
-from test_proxy import WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, fetch, proxy_toml  # noqa: E402
+from harness import (  # noqa: E402
+    HOST,
+    WARM_DOMAIN,
+    WARM_ROUTE,
+    DaemonTestCase,
+    ProxyProcess,
+    fetch,
+    free_ports,
+    max_in_window,
+    metric_sum,
+    stop_process,
+    wait_until,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_WAY_MS = 60
@@ -89,35 +100,49 @@ class DistanceTest(DaemonTestCase):
         self.master = self.start_master({"sl": {"rules": [(f"{RATE}/s", BURST)]},
                                          "gc": {"rules": [(f"{RATE}/s", BURST)], "algorithm": "gcra"},
                                          WARM_DOMAIN: {"rules": [("1/h", 1)]}})
-        self.backend = BackendProcess(free_ports(1)[0]).start()
-        self.addCleanup(self.backend.stop)
-        relay_ports = free_ports(2 * G)
-        routes = [f"{relay_ports[i]}:{HOST}:{self.master.accounting_port}" for i in range(G)]
-        routes += [f"{relay_ports[G + i]}:{HOST}:{self.master.control_port}" for i in range(G)]
-        self.relay = subprocess.Popen([sys.executable, os.path.join(HERE, "bench", "delay_relay.py"),
-                                       "--delay-ms", str(ONE_WAY_MS), *routes], stdout=subprocess.PIPE, text=True)
-        self.addCleanup(self._stop_relay)
-        self.assertEqual(self.relay.stdout.readline().strip(), "ready")
+        self.backend = self.start_backend()
+        relay_ports = self.start_relay()
         route = lambda d: {"path": f"/{d}/", "domain": d, "upstream": "app", "identify": ["header:X-API-Key"]}  # noqa: E731
-        self.proxies = []
-        for i in range(G):
-            port, admin = free_ports(2)
-            conf = self.write_file(f"proxy-{i}.toml", proxy_toml(
-                port, admin, {"app": {"servers": [f"{HOST}:{self.backend.port}"]}},
-                [route("sl"), route("gc"), WARM_ROUTE],
-                accounting=[f"tcp://{HOST}:{relay_ports[i]}"], control=[f"tcp://{HOST}:{relay_ports[G + i]}"],
-                threads=1, max_delay="1s", access_log=True))
-            self.proxies.append(self.track(ProxyProcess(self.tmp, conf, port, admin, args=["--log-level", "info"])).start())
+        self.proxies = [
+            self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]}},
+                             [route("sl"), route("gc"), WARM_ROUTE],
+                             accounting=[f"tcp://{HOST}:{relay_ports[i]}"],
+                             control=[f"tcp://{HOST}:{relay_ports[G + i]}"], config_name=f"proxy-{i}.toml",
+                             args=["--log-level", "info"], threads=1, max_delay="1s", access_log=True)
+            for i in range(G)]
         for p in self.proxies:
-            wait_until(lambda p=p: "masters connected: 1/1" in p.readyz(), 10, message="proxy connected to the master")
-            ProxyCase.prime(self, p)
+            self.wait_connected(p)
+            self.prime(p)
             # The master's rules (POLICY, every second) have reached the gatekeeper.
             wait_until(lambda p=p: (p.metric("smockron_proxy_control_policies_total") or 0) >= 2, 5,
                        message="POLICY reached the gatekeeper")
 
-    def _stop_relay(self):
-        stop_process(self.relay)
-        self.relay.stdout.close()
+    def start_relay(self, attempts: int = 5) -> list[int]:
+        """bench/delay_relay.py on 2 x G fresh ports: G to the master's accounting endpoint,
+        then G to its control endpoint. It binds them all, then says "ready"; one taken
+        meanwhile makes it exit instead, and it is tried again with new ports."""
+        log = os.path.join(self.tmp, "delay_relay.stderr.log")
+        self.log_files.append(("delay_relay", log))
+        for _ in range(attempts):
+            relay_ports = free_ports(2 * G)
+            routes = [f"{relay_ports[i]}:{HOST}:{self.master.accounting_port}" for i in range(G)]
+            routes += [f"{relay_ports[G + i]}:{HOST}:{self.master.control_port}" for i in range(G)]
+            with open(log, "ab") as err:
+                relay = subprocess.Popen([sys.executable, os.path.join(HERE, "bench", "delay_relay.py"),
+                                          "--delay-ms", str(ONE_WAY_MS), *routes],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+            self.addCleanup(stop_process, relay)
+            try:
+                said = relay.stdout.readline() if select.select([relay.stdout], [], [], 10)[0] else b""
+            finally:
+                relay.stdout.close()  # "ready" is all it ever prints
+            if said.strip() == b"ready":
+                return relay_ports
+            stop_process(relay)
+            with open(log, "rb") as f:
+                if b"Address already in use" not in f.read():
+                    raise AssertionError(f"delay_relay.py did not start (said {said!r}); see {log}")
+        raise AssertionError(f"delay_relay.py could not bind its ports in {attempts} attempts")
 
     def decisions(self, key: str) -> list[str]:
         out = []
@@ -179,29 +204,22 @@ class DistanceTest(DaemonTestCase):
         self.assertEqual(set(self.decisions("after-sl")), {"accepted"})
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class FailClosedTest(DaemonTestCase):
     """fail_closed: a route whose domain no master covers (none reachable, or the
     last POLICY older than 3.5 s) is refused with 503 + Retry-After, not passed."""
 
-    def start_proxy(self, accounting: str, control: str) -> ProxyProcess:
+    def start_fail_closed_proxy(self, accounting: str, control: str) -> ProxyProcess:
         if not hasattr(self, "backend"):
-            self.backend = BackendProcess(free_ports(1)[0]).start()
-            self.addCleanup(self.backend.stop)
-        port, admin = free_ports(2)
+            self.backend = self.start_backend()
         route = {"path": "/", "domain": "open", "upstream": "app", "identify": ["header:X-API-Key"]}
-        conf = self.write_file(f"proxy-{port}.toml", proxy_toml(
-            port, admin, {"app": {"servers": [f"{HOST}:{self.backend.port}"]}}, [route],
-            accounting=[accounting], control=[control], threads=1, fail_closed=True))
-        return self.track(ProxyProcess(self.tmp, conf, port, admin)).start()
+        return self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]}}, [route],
+                                accounting=[accounting], control=[control],
+                                config_name=f"proxy-{len(self.daemons)}.toml", threads=1, fail_closed=True)
 
     def test_refused_without_a_master_and_served_with_one(self):
         # "open" has no rules: only its (empty) POLICY tells the proxy a master covers it.
         master = self.start_master({"open": {"rules": []}})
-        proxy = self.start_proxy(master.accounting, master.control)
+        proxy = self.start_fail_closed_proxy(master.accounting, master.control)
         wait_until(lambda: fetch(proxy.port, "/", key="k")[0].status == 200, 10,
                    message="served once the master's POLICY arrived")
         master.kill()
@@ -215,6 +233,9 @@ class FailClosedTest(DaemonTestCase):
         self.assertIn("fail_closed", proxy.readyz())
         self.assertGreaterEqual(metric_sum(proxy.metrics(), "smockron_proxy_rejects_total", reason="no_master"), 1)
         # A proxy that never reached a master refuses from the start.
-        dead = free_ports(2)
-        lonely = self.start_proxy(f"tcp://{HOST}:{dead[0]}", f"tcp://{HOST}:{dead[1]}")
+        lonely = self.start_fail_closed_proxy(self.dead_endpoint(), self.dead_endpoint())
         self.assertEqual(fetch(lonely.port, "/", key="k")[0].status, 503)
+
+
+if __name__ == "__main__":
+    unittest.main()

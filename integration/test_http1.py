@@ -8,7 +8,8 @@ bodies a backend ends by closing re-framed as chunked for HTTP/1.1 clients
 HTTP/1.0 clients. These tests check the exact bytes on either side with raw
 sockets (RawConn) and the backend's own record of what it received
 (backends.py: raw_body and trailers of every request), plus 1 GiB each way
-with the proxy's RSS sampled.
+with the proxy's RSS sampled (the one home of the streaming tests), and
+malformed or oversized request bodies.
 
 Each test starts its own backend and proxy on fresh 127.0.0.1 ports (no
 master: the proxy runs fail-open) and stops them in cleanup.
@@ -22,14 +23,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import CHUNK_TRAILERS, PeerClosed, RawConn, request_bytes  # noqa: E402
-from harness import HOST, free_port, wait_until  # noqa: E402
-from test_proxy import ProxyCase, StreamingCase, fetch  # noqa: E402  (no tests of their own)
+from backends import CHUNK_TRAILERS, MIB, PeerClosed, RawConn, request_bytes  # noqa: E402
+from harness import HOST, DaemonTestCase, bind_failed, fetch, free_port, http_get, wait_until  # noqa: E402
 
 PARTS = b"part-0;part-1;part-2;"  # the body of /chunks?n=3
 # /chunks?n=3&trailers=1 exactly as the backend writes it after its head.
@@ -99,7 +100,7 @@ def strict_dechunk(raw: bytes) -> tuple[bytes, bytes, bytes]:
         pos = eol + 2
 
 
-class Http1Case(ProxyCase):
+class Http1Case(DaemonTestCase):
     proxy_keys: dict = {}  # [proxy] settings a test class needs
 
     def setUp(self):
@@ -269,12 +270,19 @@ class BodyLimitTest(Http1Case):
         raw = read_to_eof(c, 5)
         self.assertTrue(raw.startswith(b"HTTP/1.1 413 "), raw[:200])
 
-    def test_bad_chunk_size_in_a_request_body_is_400(self):
+    def test_bad_chunk_size_in_a_request_body_is_400_and_never_forwarded_whole(self):
         c = self.conn()
         c.sock.sendall(b"POST /bad-chunk HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
         raw = read_to_eof(c, 5)
         self.assertTrue(raw.startswith(b"HTTP/1.1 400 "), raw[:200])
         self.assertIn(b"invalid chunk size", raw)
+        _, h, _ = split_head(raw)
+        self.assertEqual([v.lower() for v in h.get("connection", [])], ["close"], raw[:300])
+        # The head may have been streamed upstream before the body was parsed, but the
+        # backend must never see a complete request.
+        self.assertEqual([e for e in self.backend.requests(target_prefix="/bad-chunk") if e["complete"]], [])
+        r, _ = fetch(self.proxy.port, "/still-ok")
+        self.assertEqual(r.status, 200, "the proxy still serves")
 
 
 class InterimResponseTest(Http1Case):
@@ -320,7 +328,8 @@ class UpstreamClosesAfterResponseTest(Http1Case):
             self.assertEqual(c.read_response().status, 200)
             start = time.monotonic()
             self.assert_usable(c, f"/after/{i}")
-            self.assertLess(time.monotonic() - start, 1.5, f"round {i}: waited on a closed upstream connection")
+            self.assertLess(time.monotonic() - start, 2.5,
+                            f"round {i}: waited on a closed upstream connection (upstream_timeout 3s)")
 
     def test_bodiless_post_after_it_is_not_lost(self):
         """A POST cannot be resent once it may have reached a server, so before using a
@@ -378,7 +387,7 @@ class HeadCutShortTest(Http1Case):
         c.sock.shutdown(socket.SHUT_WR)
         start = time.monotonic()
         read_to_eof(c, 8)
-        self.assertLess(time.monotonic() - start, 2.0, "closed at once, not at header_timeout (10 s)")
+        self.assertLess(time.monotonic() - start, 5.0, "closed at once, not at header_timeout (10 s)")
         self.assertEqual(self.backend.log(), [])
 
 
@@ -395,7 +404,7 @@ class BareLfHeadTest(Http1Case):
         c.sock.sendall(b"GET /lf HTTP/1.1\nHost: x\n\n")
         raw = read_to_eof(c, 8)
         self.assertTrue(raw.startswith(b"HTTP/1.1 400 "), raw[:200])
-        self.assertLess(time.monotonic() - start, 2.0, "answered at once, not at header_timeout (10 s)")
+        self.assertLess(time.monotonic() - start, 5.0, "answered at once, not at header_timeout (10 s)")
         self.assertEqual(self.backend.log(), [])
 
 
@@ -462,15 +471,103 @@ class ConnectionSmugglingTest(Http1Case):
 # =============================================================================== 5: 1 GiB each way
 
 
-class GigabyteStreamingTest(StreamingCase):
+class StreamingTest(DaemonTestCase):
     """1 GiB each way (Content-Length and chunked), generated on the fly and only counted
-    on both ends (backends.py /upload counts and discards, /stream generates), while the proxy's VmRSS is sampled
-    every 20 ms during the transfer and 5 times after it: it must stay within 32 MiB of
-    its value before. Each transfer has a 120 s deadline; the time taken is printed."""
+    on both ends (backends.py /upload counts and discards, /stream generates), while the
+    proxy's VmRSS is sampled every 20 ms during the transfer and 5 times after it: it must
+    stay within 30 MiB of its value before (bodies are streamed, never buffered). Each
+    transfer has a 120 s deadline; the time taken is printed."""
 
     SIZE_MIB = 1024
-    RSS_BUDGET_KIB = 32 * 1024
-    TRANSFER_DEADLINE_S = 120.0
+    RSS_BUDGET_KIB = 30 * 1024
+    TRANSFER_DEADLINE_S = 120.0  # for one whole transfer, head to last byte
+    BLOCK = bytes(range(256)) * 4096  # 1 MiB
+
+    def setUp(self):
+        super().setUp()
+        self.backend = self.start_backend()
+        self.proxy = self.simple_proxy(self.backend)
+        for _ in range(3):  # warm up threads, pools and allocator arenas
+            self.assertEqual(fetch(self.proxy.port, "/stream?mib=1")[0].status, 200)
+
+    def bounded_rss(self, transfer, after_samples: int = 5) -> dict:
+        """Runs transfer() while sampling the proxy's VmRSS every 20 ms, then samples it
+        `after_samples` more times (50 ms apart); asserts that neither the peak during the
+        transfer nor any value after it is RSS_BUDGET_KIB above the value before it.
+        Returns {"seconds", "baseline_kib", "peak_kib", "after_kib", "samples"}."""
+        baseline = self.proxy.rss_kib()
+        during: list[int] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                try:
+                    during.append(self.proxy.rss_kib())
+                except OSError:
+                    return
+                stop.wait(0.02)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.monotonic()
+        try:
+            transfer()
+        finally:
+            seconds = time.monotonic() - t0
+            stop.set()
+            sampler.join(1)
+        after = []
+        for i in range(after_samples):
+            if i:
+                time.sleep(0.05)  # spacing between samples, not a wait for a condition
+            after.append(self.proxy.rss_kib())
+        stats = {"seconds": seconds, "baseline_kib": baseline, "peak_kib": max(during + [baseline]),
+                 "after_kib": max(after), "samples": len(during) + len(after)}
+        what = (f"streaming {self.SIZE_MIB} MiB in {seconds:.1f}s (baseline {baseline / 1024:.1f} MiB, "
+                f"{len(during)} samples during, {len(after)} after)")
+        self.assertGreaterEqual(len(during), 1, f"no RSS sample while {what}")
+        self.assertLess(stats["peak_kib"] - baseline, self.RSS_BUDGET_KIB,
+                        f"proxy RSS grew {(stats['peak_kib'] - baseline) / 1024:.1f} MiB while {what}")
+        self.assertLess(stats["after_kib"] - baseline, self.RSS_BUDGET_KIB,
+                        f"proxy RSS {(stats['after_kib'] - baseline) / 1024:.1f} MiB above its baseline after {what}")
+        return stats
+
+    @staticmethod
+    def send_by(c: RawConn, data: bytes, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("transfer deadline passed")
+        c.sock.settimeout(left)
+        c.sock.sendall(data)
+
+    def upload(self, chunked: bool) -> int:
+        """POSTs SIZE_MIB to the backend's /upload (which counts and discards); returns the
+        byte count the backend reports after checking it."""
+        n, total = self.SIZE_MIB, self.SIZE_MIB * MIB
+        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
+        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
+            if chunked:
+                self.send_by(c, request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]), deadline)
+                for _ in range(n):
+                    self.send_by(c, b"100000\r\n" + self.BLOCK + b"\r\n", deadline)
+                self.send_by(c, b"0\r\n\r\n", deadline)
+            else:
+                self.send_by(c, request_bytes("POST", "/upload", [("Content-Length", str(total))]), deadline)
+                for _ in range(n):
+                    self.send_by(c, self.BLOCK, deadline)
+            r = c.read_response(timeout=max(0.001, deadline - time.monotonic()))
+        self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
+        return r.json()["body_bytes"]
+
+    def download(self, mode: str) -> int:
+        """GETs SIZE_MIB generated by the backend's /stream; returns the byte count the
+        client read (counted, not kept) after checking it."""
+        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
+        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
+            self.send_by(c, request_bytes("GET", f"/stream?mib={self.SIZE_MIB}&mode={mode}"), deadline)
+            r = c.read_response(keep_body=False, timeout=max(0.001, deadline - time.monotonic()))
+        self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, self.SIZE_MIB * MIB))
+        return int(r.headers["x-body-bytes"])
 
     def report(self, what: str, stats: dict, count: int) -> None:
         s = stats["seconds"]
@@ -500,31 +597,24 @@ class GigabyteStreamingTest(StreamingCase):
         self.transfer_gib("download (chunked)", lambda: self.download("chunked"))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 # =============================================================================== fairness
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 @unittest.skipUnless((shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")) and shutil.which("curl")
                      and len(os.sched_getaffinity(0)) >= 2, "needs nginx, curl and 2 CPUs")
-class FairnessTest(ProxyCase):
+class FairnessTest(DaemonTestCase):
     """A transfer between two peers faster than the proxy must not hold the proxy's
     only worker: small requests on other connections are answered meanwhile. To make
     the peers faster on any machine, the proxy is starved of CPU: pinned to cpu 1 at
     nice 15 beside a busy loop, while nginx (sendfile) and curl run on cpu 0. Its
     reads then keep finding data and its writes keep finding room, so only the turn
     it gives up every few reads lets the small requests through. Measured here: the
-    slowest small request 150-240 ms; 1.0-1.2 s with that turn taken out."""
+    slowest small request 150-240 ms in a 2.5 s transfer (6-10%); 1.0-1.2 s (40-48%)
+    with that turn taken out.
+
+    How much CPU the starved proxy gets depends on everything else the machine runs,
+    and every latency here scales with it, so the bound is relative: the median small
+    request takes less than a quarter of the transfer's own duration."""
 
     FILE_MIB = 128
 
@@ -537,17 +627,7 @@ class FairnessTest(ProxyCase):
             f.truncate(self.FILE_MIB << 20)  # sparse: served from zero pages
         with open(os.path.join(root, "small"), "w") as f:
             f.write("ok\n")
-        port = free_port()
-        conf = os.path.join(root, "nginx.conf")
-        user = " user root;" if os.geteuid() == 0 else ""  # workers must read the files under a 0700 tmp dir
-        with open(conf, "w") as f:
-            f.write(f"""daemon off; worker_processes 1;{user} pid {root}/nginx.pid; error_log {root}/logs/error.log warn;
-events {{ worker_connections 64; }}
-http {{ access_log off; sendfile on; client_body_temp_path {root}; proxy_temp_path {root};
-  server {{ listen {HOST}:{port}; root {root}; }} }}
-""")
-        self.spawn(["taskset", "-c", "0", nginx, "-c", conf, "-p", root])
-        wait_until(lambda: port_open(port), 10, message="nginx listening")
+        port = self.start_nginx(nginx, root)
         self.proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{port}"]}},
                                       [{"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}], threads=1)
         self.spawn(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
@@ -555,8 +635,44 @@ http {{ access_log off; sendfile on; client_body_temp_path {root}; proxy_temp_pa
             os.sched_setaffinity(int(tid), {1})
             os.setpriority(os.PRIO_PROCESS, int(tid), 15)
 
-    def spawn(self, argv):
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def start_nginx(self, nginx: str, root: str, attempts: int = 5) -> int:
+        """nginx on cpu 0 serving `root` on a fresh port (nginx cannot listen on port 0
+        and report it: a port taken meanwhile makes it exit, and it is tried again with
+        another). Returns the port once nginx itself answers there."""
+        log = os.path.join(root, "logs", "stderr.log")
+        self.log_files.append(("nginx", log))
+        for _ in range(attempts):
+            port = free_port()
+            conf = os.path.join(root, "nginx.conf")
+            user = " user root;" if os.geteuid() == 0 else ""  # workers must read the files under a 0700 tmp dir
+            with open(conf, "w") as f:
+                f.write(f"""daemon off; worker_processes 1;{user} pid {root}/nginx.pid; error_log {root}/logs/error.log warn;
+events {{ worker_connections 64; }}
+http {{ access_log off; sendfile on; client_body_temp_path {root}; proxy_temp_path {root};
+  server {{ listen {HOST}:{port}; root {root}; add_header X-Served-By smockron-test-nginx; }} }}
+""")
+            p = self.spawn(["taskset", "-c", "0", nginx, "-c", conf, "-p", root], log)
+
+            def serving():
+                if p.poll() is not None:
+                    return "exited"
+                r = http_get(port, "/small", timeout=1.0)
+                return "ok" if r.status == 200 and r.headers.get("x-served-by") == "smockron-test-nginx" else None
+
+            if wait_until(serving, 10, message="nginx serving") == "ok":
+                return port
+            with open(log, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+            if not bind_failed(text):
+                raise AssertionError(f"nginx exited with {p.returncode}: {text[-2000:]}")
+        raise AssertionError(f"nginx could not bind a port in {attempts} attempts")
+
+    def spawn(self, argv, log_path: str | None = None):
+        if log_path:
+            with open(log_path, "ab") as log:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        else:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def stop():
             p.terminate()
@@ -581,8 +697,17 @@ http {{ access_log off; sendfile on; client_body_temp_path {root}; proxy_temp_pa
             times.append(elapsed)
         out, _ = curl.communicate(timeout=150)
         size, seconds = out.split()
+        seconds = float(seconds)
         self.assertEqual(int(size), self.FILE_MIB << 20, "the big transfer completed")
-        sys.stderr.write(f"\n  {self.FILE_MIB} MiB in {float(seconds):.1f}s with the proxy starved of CPU; "
-                         f"{len(times)} small requests meanwhile, slowest {max(times, default=0) * 1000:.0f} ms ... ")
+        median = sorted(times)[len(times) // 2] if times else 0.0
+        sys.stderr.write(f"\n  {self.FILE_MIB} MiB in {seconds:.1f}s with the proxy starved of CPU; "
+                         f"{len(times)} small requests meanwhile, median {median * 1000:.0f} ms, "
+                         f"slowest {max(times, default=0) * 1000:.0f} ms ... ")
         self.assertGreaterEqual(len(times), 3, "the transfer ended before small requests could be timed")
-        self.assertLess(max(times), 0.6, "a small request waited for the big transfer")
+        self.assertLess(median, 0.25 * seconds,
+                        f"small requests waited for the big transfer: {[round(t, 3) for t in times]} "
+                        f"in a {seconds:.1f}s transfer")
+
+
+if __name__ == "__main__":
+    unittest.main()

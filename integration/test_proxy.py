@@ -3,21 +3,26 @@
 Each test starts its own proxy (and, where the gate matters, a real
 smockron-master) on fresh 127.0.0.1 ports, plus Python backends from
 backends.py, and talks to the proxy over raw sockets where the exact bytes
-matter. Timing assertions use bands wide enough for a busy 2-core machine;
-every wait polls against a deadline.
+matter. The fixtures (start_proxy, gate_stack, prime, ...) are harness.py's
+DaemonTestCase. Time bounds are asserted only where timing is the behaviour
+(pacing, timeouts), in bands wide enough for a busy 2-core machine; latency
+figures belong in bench/. Every wait polls against a deadline.
 
 ZeroMQ slow joiners: a proxy connected to a real master only has a working
-accounting → master → control loop once both connections and the
+accounting -> master -> control loop once both connections and the
 subscriptions are up. prime() proves it: every gate config has a first route
 /__warm/ on domain WARM_DOMAIN (1 request per hour), and requests with fresh
 X-Warm keys are sent until a DELAY_UNTIL reaches the proxy.
+
+Elsewhere: HTTP/1.1 framing, malformed chunked bodies and the 1 GiB streaming
+tests are in test_http1; a master killed under load, a held client that
+disconnects and a backend killed and restarted are in test_system.
 
 Run: cd integration && python3 -m unittest -v test_proxy
 """
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import re
 import signal
@@ -31,8 +36,6 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import (  # noqa: E402
-    MIB,
-    BackendProcess,
     PeerClosed,
     RawConn,
     request_bytes,
@@ -41,79 +44,24 @@ from backends import (  # noqa: E402
     ws_read_frame,
 )
 from harness import (  # noqa: E402
+    HELD,
     HOST,
-    Daemon,
-    DaemonExited,
+    PROXY,
     DaemonTestCase,
-    WaitTimeout,
+    ProxyProcess,
     binary,
-    free_port,
-    free_ports,
+    fetch,
+    max_in_window,
     metric,
+    proxy_toml,
     run_binary,
-    toml_value,
     wait_until,
 )
 
-PROXY = "smockron-proxy"
-WARM_DOMAIN = "zzwarm"  # sorts after the test domains: its subscription is sent last
-WARM_ROUTE = {"path": "/__warm/", "domain": WARM_DOMAIN, "upstream": "app", "identify": ["header:X-Warm"]}
-CTL = "smockron_proxy_control_messages_total"
-HELD = "smockron_proxy_held_requests"
+REQUESTS = "smockron_proxy_requests_total"
 
 
 # =============================================================================== helpers
-
-
-def proxy_toml(listen_port: int, admin_port: int, upstreams: dict, routes: list, accounting: list, control: list,
-               **proxy_keys) -> str:
-    """A [proxy] config. upstreams: {name: {"servers": [...], "fail_timeout": "200ms"}};
-    routes: [{"path": "/", "domain": "api", "upstream": "app", "identify": [...]}]."""
-    lines = [
-        "[proxy]",
-        f'listen = "{HOST}:{listen_port}"',
-        f'admin = "{HOST}:{admin_port}"',
-        f"accounting = {toml_value(accounting)}",
-        f"control = {toml_value(control)}",
-    ]
-    lines += [f"{k} = {toml_value(v)}" for k, v in proxy_keys.items()]
-    for name, u in upstreams.items():
-        lines += ["", f"[proxy.upstreams.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in u.items()]
-    for r in routes:
-        lines += ["", "[[proxy.routes]]"] + [f"{k} = {toml_value(v)}" for k, v in r.items()]
-    return "\n".join(lines) + "\n"
-
-
-class ProxyProcess(Daemon):
-    def __init__(self, workdir: str, config_path: str, port: int, admin_port: int, args=()):
-        super().__init__(PROXY, config_path, workdir, args=args, admin_port=admin_port)
-        self.port = port
-
-    def readyz(self) -> str:
-        return self.get("/readyz").body
-
-    def ctl(self) -> float:
-        return self.metric(CTL) or 0.0
-
-    def rss_kib(self) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-
-def fetch(port: int, target: str = "/", headers=(), method: str = "GET", body: bytes = b"", key: str | None = None,
-          timeout: float = 5.0, host: str = "test.local"):
-    """One request on a fresh connection: (Response, elapsed seconds)."""
-    hdrs = list(headers)
-    if key is not None:
-        hdrs.append(("X-API-Key", key))
-    t0 = time.monotonic()
-    with RawConn(port, timeout) as c:
-        c.send(request_bytes(method, target, hdrs, body, host))
-        r = c.read_response(head_request=method == "HEAD", timeout=timeout)
-    return r, time.monotonic() - t0
 
 
 def fire_concurrently(conns: list[RawConn], payloads: list[bytes], timeout: float = 10.0):
@@ -140,103 +88,29 @@ def header_values(echo: dict, name: str) -> list[str]:
     return [v for k, v in echo["headers"] if k.lower() == name.lower()]
 
 
-# =============================================================================== base class
-
-
-class ProxyCase(DaemonTestCase):
-    def start_backend(self, port: int | None = None) -> BackendProcess:
-        for attempt in range(3):
-            b = BackendProcess(port or free_port())
-            try:
-                b.start()
-            except OSError:
-                if port is not None or attempt == 2:
-                    raise
-                continue
-            self.addCleanup(b.stop)
-            return b
-        raise AssertionError("unreachable")
-
-    def start_proxy(self, upstreams: dict, routes: list, accounting=None, control=None, attempts: int = 3,
-                    wait_ready: bool = True, **proxy_keys) -> ProxyProcess:
-        """A proxy on fresh ports. Without master endpoints, accounting/control
-        point at ports where nothing listens (fail-open)."""
-        if accounting is None or control is None:
-            a, c = free_ports(2)
-            accounting = accounting or [f"tcp://{HOST}:{a}"]
-            control = control or [f"tcp://{HOST}:{c}"]
-        last = None
-        for _ in range(attempts):
-            port, admin = free_ports(2)
-            path = self.write_file("proxy.toml", proxy_toml(port, admin, upstreams, routes, accounting, control,
-                                                            **proxy_keys))
-            p = self.track(ProxyProcess(self.tmp, path, port, admin))
-            try:
-                return p.start(wait_ready=wait_ready)
-            except DaemonExited as e:
-                last = e
-                if "in use" not in p.log() and "bind" not in p.log():
-                    raise
-        raise last
-
-    def simple_proxy(self, backend: BackendProcess, path: str = "/", identify=("header:X-API-Key", "ip"),
-                     **proxy_keys) -> ProxyProcess:
-        return self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}},
-                                [{"path": path, "domain": "api", "upstream": "app", "identify": list(identify)}],
-                                **proxy_keys)
-
-    # ---- proxy + real master
-    def gate_stack(self, domains: dict, routes: list, **proxy_keys):
-        """A real master with `domains` (+ WARM_DOMAIN), a backend, and a proxy whose
-        routes are WARM_ROUTE + `routes` (upstream "app"); the ZeroMQ loop is primed."""
-        all_domains = dict(domains)
-        all_domains[WARM_DOMAIN] = {"rules": [("1/h", 1)]}
-        master = self.start_master(all_domains)
-        backend = self.start_backend()
-        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [WARM_ROUTE] + routes,
-                                 accounting=[master.accounting], control=[master.control], **proxy_keys)
-        wait_until(lambda: "masters connected: 1/1" in proxy.readyz(), 10, message="proxy connected to the master")
-        self.prime(proxy)
-        return master, backend, proxy
-
-    def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
-        """Sends warm-up requests (one fresh X-Warm key each) until a DELAY_UNTIL reaches the
-        proxy: accounting PUB, master subscription and control subscriptions are then all up."""
-        base = proxy.ctl()
-        deadline = time.monotonic() + timeout
-        n = 0
-        while time.monotonic() < deadline:
-            n += 1
-            r, _ = fetch(proxy.port, f"/__warm/{n}", headers=[("X-Warm", f"warm-{n}")])
-            self.assertEqual(r.status, 200, r)
-            try:
-                wait_until(lambda: proxy.ctl() > base, min(0.25 * n, 1.0))
-                # Let any late reply to an earlier probe land before tests count messages.
-                time.sleep(0.05)
-                return
-            except WaitTimeout:
-                continue
-        raise WaitTimeout(f"no DELAY_UNTIL reached the proxy after {n} warm-up requests")
-
-    def wait_ctl(self, proxy: ProxyProcess, base: float, n: int = 1, timeout: float = 3.0) -> float:
-        return wait_until(lambda: (v := proxy.ctl()) >= base + n and v, timeout,
-                          message=f"{n} control message(s) after {base}")
-
-
 # =============================================================================== 1-3, 12: the gate with a real master
 
 
-class GateTest(ProxyCase):
+class GateTest(DaemonTestCase):
     API_ROUTE = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key", "ip"]}
 
-    def assert_paced(self, gaps: list[float], interval: float) -> None:
-        """Backend arrival gaps of held requests: about one interval each, never bunched.
-        Requests released together arrive ~0-10 ms apart; the lower bound leaves room for
-        scheduler jitter on a loaded 2-core machine (one late arrival shortens one gap)."""
-        ordered = sorted(gaps)
-        median = ordered[len(ordered) // 2]
-        self.assertGreaterEqual(min(gaps), 0.3 * interval, f"released together, not paced: gaps {gaps}")
-        self.assertTrue(0.75 * interval <= median <= 1.5 * interval, f"median gap {median}, gaps {gaps}")
+    def assert_paced(self, arrivals: list[float], interval: float) -> None:
+        """Backend arrival times (sorted) of held requests: released one interval apart,
+        never together. Load-robust: one late arrival shortens one gap and lengthens
+        another, so at most 2 can share any window of one interval (requests released
+        together would all share one), and the median gap stays near the interval."""
+        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
+        self.assertLessEqual(max_in_window(arrivals, interval), 2, f"released together, not paced: gaps {gaps}")
+        median = sorted(gaps)[len(gaps) // 2]
+        self.assertTrue(0.5 * interval <= median <= 2 * interval, f"median gap {median}, gaps {gaps}")
+        span = arrivals[-1] - arrivals[0]
+        self.assertGreaterEqual(span, 0.75 * (len(arrivals) - 1) * interval, f"faster than the rate: gaps {gaps}")
+        self.assertLessEqual(span, (len(arrivals) - 1) * interval + 1.0, f"slower than the rate: gaps {gaps}")
+
+    def decisions(self, proxy, domain: str = "api") -> dict:
+        m = proxy.metrics()
+        return {d: metric(m, REQUESTS, {"domain": domain, "decision": d}) or 0
+                for d in ("accepted", "delayed", "rejected", "unidentified")}
 
     def test_burst_then_paced_delays_then_503_and_other_key_unaffected(self):
         interval = 0.2
@@ -244,13 +118,16 @@ class GateTest(ProxyCase):
         n_concurrent = 16
         conns = [self.closing(RawConn(proxy.port, 10)) for _ in range(n_concurrent)]  # opened before the clock runs
         m0 = proxy.metrics()
+        d0 = self.decisions(proxy)
         ctl0 = proxy.ctl()
 
-        # The burst is answered at once.
+        # The burst is answered at once: accepted, never held.
         for i in range(3):
-            r, elapsed = fetch(proxy.port, f"/burst/{i}", key="alice")
+            r, _ = fetch(proxy.port, f"/burst/{i}", key="alice")
             self.assertEqual(r.status, 200, r)
-            self.assertLess(elapsed, 0.5, f"burst request {i} took {elapsed:.3f}s")
+        d1 = self.decisions(proxy)
+        self.assertEqual({k: d1[k] - d0[k] for k in d0}, {"accepted": 3, "delayed": 0, "rejected": 0,
+                                                           "unidentified": 0}, "the burst passes unheld")
         self.wait_ctl(proxy, ctl0)  # the master's DELAY_UNTIL for alice is in the proxy's memory
 
         payloads = [request_bytes("GET", f"/held/{i}", [("X-API-Key", "alice")]) for i in range(n_concurrent)]
@@ -259,7 +136,6 @@ class GateTest(ProxyCase):
         def other_key():
             box["bob"] = fetch(proxy.port, "/bob", key="bob")
 
-        t_sent, results = None, None
         bob = threading.Timer(0.05, other_key)
         bob.start()
         t_sent, results = fire_concurrently(conns, payloads, timeout=8)
@@ -275,36 +151,37 @@ class GateTest(ProxyCase):
         for r, t in rejected:
             self.assertRegex(r.headers.get("retry-after", ""), r"^[0-9]+$", r)
             self.assertTrue(1 <= int(r.headers["retry-after"]) <= 3, r.headers)
-            self.assertLess(t, 1.0, "a 503 is answered at once, not after a hold")
-
-        # Another key is not affected while alice's requests are held.
-        bob_r, bob_elapsed = box["bob"]
-        self.assertEqual(bob_r.status, 200)
-        self.assertLess(bob_elapsed, 0.5)
+            # Held until the end of max_delay (2 s) or beyond would be a hold, not a refusal.
+            self.assertLess(t, 1.5, "a 503 is answered at once, not after a hold")
 
         # Held requests reached the backend one interval apart; rejected ones never did.
         arrivals = sorted(e["t"] for e in backend.requests(key="alice", target_prefix="/held/"))
         self.assertEqual(len(arrivals), len(ok), "exactly the 200s reached the backend")
         self.assertEqual(len(backend.requests(key="alice")), 3 + len(ok))
-        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
-        self.assert_paced(gaps, interval)
-        self.assertLessEqual(arrivals[-1] - arrivals[0], (len(arrivals) - 1) * interval + 0.5, f"gaps {gaps}")
-        self.assertGreater(arrivals[0] - t_sent, 0.05, "the first request past the burst was held")
-        self.assertLess(arrivals[-1] - t_sent, 2.0 + 0.6, "nothing is held beyond max_delay")
+        self.assert_paced(arrivals, interval)
+        self.assertLess(arrivals[-1] - t_sent, 2.0 + 1.5, "nothing is held beyond max_delay")
+
+        # Another key is not affected while alice's requests are held: bob (sent 50 ms
+        # after them) reached the backend before alice's queue was through.
+        bob_r, _ = box["bob"]
+        self.assertEqual(bob_r.status, 200, bob_r)
+        [bob_arrival] = [e["t"] for e in backend.requests(key="bob")]
+        self.assertLess(bob_arrival, arrivals[-1], "bob waited behind alice's held requests")
 
         m1 = proxy.metrics()
 
         def delta(name, labels):
             return (metric(m1, name, labels) or 0) - (metric(m0, name, labels) or 0)
 
-        req = "smockron_proxy_requests_total"
-        self.assertEqual(delta(req, {"domain": "api", "decision": "rejected"}), len(rejected))
+        self.assertEqual(delta(REQUESTS, {"domain": "api", "decision": "rejected"}), len(rejected))
         self.assertEqual(delta("smockron_proxy_rejects_total", {"reason": "delay_too_long"}), len(rejected))
-        self.assertEqual(delta(req, {"domain": "api", "decision": "accepted"})
-                         + delta(req, {"domain": "api", "decision": "delayed"}), 3 + 1 + len(ok))
-        self.assertGreaterEqual(delta(req, {"domain": "api", "decision": "delayed"}), len(ok) - 1)
-        self.assertEqual(delta(req, {"domain": "api", "decision": "unidentified"}), 0)
-        wait_until(lambda: proxy.metric(HELD) == 0, 2, message="held gauge back to 0")
+        self.assertEqual(delta(REQUESTS, {"domain": "api", "decision": "accepted"})
+                         + delta(REQUESTS, {"domain": "api", "decision": "delayed"}), 3 + 1 + len(ok))
+        # Every 200 of alice's was held, but perhaps the first (on a slow machine the
+        # DELAY_UNTIL's time may already have passed when it arrived).
+        self.assertGreaterEqual(delta(REQUESTS, {"domain": "api", "decision": "delayed"}), len(ok) - 1)
+        self.assertEqual(delta(REQUESTS, {"domain": "api", "decision": "unidentified"}), 0)
+        wait_until(lambda: proxy.metric(HELD) == 0, 5, message="held gauge back to 0")
 
     def test_held_requests_of_one_identifier_are_released_paced(self):
         interval = 0.2
@@ -314,38 +191,15 @@ class GateTest(ProxyCase):
         for i in range(3):
             self.assertEqual(fetch(proxy.port, f"/burst/{i}", key="pace")[0].status, 200)
         self.wait_ctl(proxy, ctl0)
-        t_sent, results = fire_concurrently(
+        d0 = self.decisions(proxy)
+        _, results = fire_concurrently(
             conns, [request_bytes("GET", f"/paced/{i}", [("X-API-Key", "pace")]) for i in range(4)])
         self.assertEqual([r.status if not isinstance(r, Exception) else r for r, _ in results], [200] * 4)
+        d1 = self.decisions(proxy)
+        self.assertGreaterEqual(d1["delayed"] - d0["delayed"], 3, "held, not passed (all but perhaps the first)")
         arrivals = sorted(e["t"] for e in backend.requests(key="pace", target_prefix="/paced/"))
         self.assertEqual(len(arrivals), 4)
-        gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
-        self.assert_paced(gaps, interval)
-        self.assertLess(max(gaps), interval + 0.25, f"gaps {gaps}")
-        self.assertGreater(arrivals[0] - t_sent, 0.05, "the first one was held too")
-
-    def test_client_disconnect_while_held_is_never_forwarded(self):
-        # 2 per 3 s = one request every 1.5 s, burst 1: the second request is held ~1.5 s.
-        _, backend, proxy = self.gate_stack({"api": {"rules": [("2/3s", 1)]}}, [self.API_ROUTE], max_delay="5s")
-        gone0 = proxy.metric("smockron_proxy_held_client_disconnects_total") or 0
-        ctl0 = proxy.ctl()
-        r, _ = fetch(proxy.port, "/first", key="dave")
-        t_first = time.time()
-        self.assertEqual(r.status, 200)
-        self.wait_ctl(proxy, ctl0)
-
-        c = RawConn(proxy.port)
-        c.send(request_bytes("GET", "/held-then-gone", [("X-API-Key", "dave")]))
-        proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=2)
-        c.close()
-        proxy.wait_metric("smockron_proxy_held_client_disconnects_total", predicate=lambda v: v == gone0 + 1,
-                          timeout=1.0)
-        self.assertEqual(proxy.metric(HELD), 0)
-        # Wait past the release time: the dropped request must never show up.
-        release = t_first + 1.5
-        wait_until(lambda: time.time() > release + 0.5, 4)
-        self.assertEqual(backend.requests(target_prefix="/held-then-gone"), [])
-        self.assertEqual(len(backend.requests(key="dave")), 1)
+        self.assert_paced(arrivals, interval)
 
     def test_x_forwarded_for_from_untrusted_peer_is_ignored_for_identification(self):
         # identify = ip, trusted_proxies empty: 127.0.0.1 is the identifier whatever XFF says.
@@ -368,20 +222,19 @@ class GateTest(ProxyCase):
 # =============================================================================== 4: fail-open
 
 
-class FailOpenTest(ProxyCase):
+class FailOpenTest(DaemonTestCase):
     def test_no_master_reachable_everything_passes(self):
         backend = self.start_backend()
         proxy = self.simple_proxy(backend)  # accounting/control: ports where nothing listens
         for i in range(25):
-            r, elapsed = fetch(proxy.port, f"/open/{i}", key="same-key")
+            r, _ = fetch(proxy.port, f"/open/{i}", key="same-key")
             self.assertEqual(r.status, 200, r)
-            self.assertLess(elapsed, 0.5)
         ready = proxy.get("/readyz")
         self.assertEqual(ready.status, 200)
         self.assertIn("masters connected: 0/1", ready.body)
         self.assertIn("fail-open", ready.body)
         self.assertEqual(len(backend.requests(key="same-key")), 25)
-        self.assertEqual(proxy.metric("smockron_proxy_requests_total", {"domain": "api", "decision": "accepted"}), 25)
+        self.assertEqual(proxy.metric(REQUESTS, {"domain": "api", "decision": "accepted"}), 25, "none held")
         self.assertEqual(proxy.metric("smockron_proxy_control_dropped_updates"), 0)  # exported, nothing dropped
         # No master took them: counted as unsent, not as published.
         wait_until(lambda: proxy.metric("smockron_proxy_accounting_unsent_total") == 25, 5,
@@ -396,42 +249,6 @@ class FailOpenTest(ProxyCase):
         self.assertEqual(subprocess.run(probe, capture_output=True, timeout=10).returncode, 0)
         proxy.stop()
         self.assertEqual(subprocess.run(probe, capture_output=True, timeout=10).returncode, 1)
-
-    def kill_master_while_limiting(self):
-        """A proxy whose master limited carol (1 per 2 s) and was then killed (SIGKILL)."""
-        route = {"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}
-        master, backend, proxy = self.gate_stack({"api": {"rules": [("1/2s", 1)]}}, [route], max_delay="500ms")
-        ctl0 = proxy.ctl()
-        self.assertEqual(fetch(proxy.port, "/a", key="carol")[0].status, 200)
-        self.wait_ctl(proxy, ctl0)
-        self.assertEqual(fetch(proxy.port, "/b", key="carol")[0].status, 503, "the master limits while alive")
-        os.kill(master.pid, signal.SIGKILL)
-        master.wait(5)
-        wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
-        self.assertIn("fail-open", proxy.readyz())
-        return proxy
-
-    def test_master_killed_mid_run_traffic_passes(self):
-        proxy = self.kill_master_while_limiting()
-        for i in range(10):
-            r, elapsed = fetch(proxy.port, f"/after/{i}", key=f"fresh-{i}")
-            self.assertEqual(r.status, 200)
-            self.assertLess(elapsed, 0.5)
-
-    def test_master_killed_mid_run_a_busy_identifier_is_released(self):
-        # Regression: local pacing (local_next_us = release + interval) used to chain
-        # forever without a master, limiting a busy identifier at the master's last
-        # rate indefinitely while /readyz said "fail-open".
-        proxy = self.kill_master_while_limiting()
-        t_killed = time.monotonic()
-        passed = 0
-        deadline = t_killed + 5.0
-        while time.monotonic() < deadline and passed < 5:
-            r, elapsed = fetch(proxy.port, "/carol", key="carol")
-            passed = passed + 1 if r.status == 200 and elapsed < 0.5 else 0
-            time.sleep(0.05)
-        self.assertEqual(passed, 5, "carol's requests never pass freely after the master died")
-
 
 class StuckMaster:
     """A master that completes the ZMTP 3.0 handshake as a SUB subscribed to
@@ -467,25 +284,25 @@ class StuckMaster:
                 s.close()
 
 
-class AccountingTest(ProxyCase):
+class AccountingTest(DaemonTestCase):
     def test_a_master_that_stops_reading_costs_counted_drops_never_requests(self):
         stuck = self.closing(StuckMaster())
         # The upstream refuses (502 at once): the gate and its accounting run for every
         # request, and the test is not paced by a backend.
-        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{free_port()}"]}},
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{self.dead_port()}"]}},
                                  [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}],
                                  accounting=[f"tcp://{HOST}:{stuck.port}"], accounting_hwm=20)
         self.assertTrue(stuck.ready.wait(10), "the proxy never completed the ZMTP handshake")
         self.assertEqual(stuck.hello[:12], b"\xff" + b"\0" * 8 + b"\x7f\x03\x00", "a ZMTP 3.0 greeting")
         self.assertIn(b"Socket-Type\0\0\0\x03PUB", stuck.hello[64:])
         # 1 KiB identifiers: 6,000 messages (6 MiB) are more than the socket buffers
-        # (4 MiB at most here) and the queue of 20 can hold.
-        n, slowest = 6000, 0.0
+        # (4 MiB at most here) and the queue of 20 can hold. A request that waited for
+        # accounting would wait for good (the master never reads): each must get its
+        # 502 within fetch()'s timeout. (How fast they are is bench/'s business.)
+        n = 6000
         for i in range(n):
-            r, elapsed = fetch(proxy.port, f"/r/{i}", key=f"{i:04d}" + "k" * 1020)
+            r, _ = fetch(proxy.port, f"/r/{i}", key=f"{i:04d}" + "k" * 1020)
             self.assertEqual(r.status, 502)
-            slowest = max(slowest, elapsed)
-        self.assertLess(slowest, 0.5, "a request waited for accounting")
         counted = lambda: sum(proxy.metric(f"smockron_proxy_accounting_{k}_total") or 0  # noqa: E731
                               for k in ("messages", "dropped", "unsent"))
         wait_until(lambda: counted() == n, 5, message="every accounting message is counted exactly once")
@@ -518,7 +335,7 @@ class AccountingTest(ProxyCase):
 # =============================================================================== 5-6: routing and upstream failures
 
 
-class UpstreamTest(ProxyCase):
+class UpstreamTest(DaemonTestCase):
     def test_no_route_is_404_and_never_forwarded(self):
         backend = self.start_backend()
         proxy = self.simple_proxy(backend, path="/api/")
@@ -529,52 +346,36 @@ class UpstreamTest(ProxyCase):
         self.assertEqual([e["target"] for e in backend.log()], ["/api/yes"])
         self.assertEqual(proxy.metric("smockron_proxy_no_route_total"), 1)
 
-    def test_upstream_down_is_502_then_recovers_after_fail_timeout(self):
-        port = free_port()
-        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{port}"], "fail_timeout": "200ms"}},
-                                 [{"path": "/", "domain": "api", "upstream": "app"}], connect_timeout="500ms")
-        for i in range(2):
-            r, elapsed = fetch(proxy.port, f"/down/{i}")
-            self.assertEqual(r.status, 502, r)
-            self.assertLess(elapsed, 1.0)
-        self.assertGreater(proxy.metric("smockron_proxy_upstream_errors_total", {"kind": "connect"}) or 0, 0)
-        backend = self.start_backend(port)
-        t0 = time.monotonic()
-        wait_until(lambda: fetch(proxy.port, "/up")[0].status == 200, 3, interval=0.05,
-                   message="200 once the backend is up")
-        self.assertLess(time.monotonic() - t0, 2.0)
-        self.assertTrue(backend.requests(target_prefix="/up"))
-
     def test_slow_upstream_is_504_while_others_are_served(self):
         backend = self.start_backend()
-        proxy = self.simple_proxy(backend, upstream_timeout="500ms")
+        proxy = self.simple_proxy(backend, upstream_timeout="2s")
         box = {}
-        slow = threading.Thread(target=lambda: box.setdefault("slow", fetch(proxy.port, "/slow?s=3", timeout=5)))
+        slow = threading.Thread(target=lambda: box.setdefault("slow", fetch(proxy.port, "/slow?s=5", timeout=7)))
         slow.start()
-        wait_until(lambda: backend.requests(target_prefix="/slow"), 2, message="slow request at the backend")
-        r, elapsed = fetch(proxy.port, "/fast")
+        wait_until(lambda: backend.requests(target_prefix="/slow"), 5, message="slow request at the backend")
+        r, _ = fetch(proxy.port, "/fast")
         self.assertEqual(r.status, 200)
-        self.assertLess(elapsed, 0.4, "another client is served while the slow one waits")
-        slow.join(5)
+        self.assertNotIn("slow", box, "another client is served while the slow one waits")
+        slow.join(7)
         r, elapsed = box["slow"]
         self.assertEqual(r.status, 504, r)
-        self.assertTrue(0.4 <= elapsed <= 1.5, f"504 after {elapsed:.3f}s (upstream_timeout 500ms)")
+        # Not before upstream_timeout; before the backend would have answered (5 s).
+        self.assertTrue(1.9 <= elapsed <= 4.5, f"504 after {elapsed:.3f}s (upstream_timeout 2s)")
         self.assertGreaterEqual(proxy.metric("smockron_proxy_upstream_errors_total", {"kind": "timeout"}), 1)
 
 
 # =============================================================================== 7-8: hostile clients
 
 
-class HostileClientTest(ProxyCase):
+class HostileClientTest(DaemonTestCase):
     def setUp(self):
         super().setUp()
         self.backend = self.start_backend()
         self.proxy = self.simple_proxy(self.backend, header_timeout="500ms", max_header_bytes="1KiB")
 
     def assert_still_serving(self):
-        r, elapsed = fetch(self.proxy.port, "/still-ok")
+        r, _ = fetch(self.proxy.port, "/still-ok")
         self.assertEqual(r.status, 200)
-        self.assertLess(elapsed, 0.5)
 
     def exchange(self, data: bytes, timeout: float = 2.0):
         """Sends data; returns the response, or None if the proxy closed without one."""
@@ -601,7 +402,7 @@ class HostileClientTest(ProxyCase):
         c.send(b"GET /slowloris HTTP/1.1\r\nHost: x\r\n")
         served = False
         outcome = None
-        while time.monotonic() - t0 < 3.0:
+        while time.monotonic() - t0 < 5.0:
             try:
                 c.send(b"X-Drip: 1\r\n")
             except OSError:
@@ -614,9 +415,10 @@ class HostileClientTest(ProxyCase):
                 self.assert_still_serving()  # another client, meanwhile
                 served = True
         elapsed = time.monotonic() - t0
-        self.assertIsNotNone(outcome, "slowloris connection still open after 3 s")
+        self.assertIsNotNone(outcome, "slowloris connection still open after 5 s")
         self.assertTrue(served)
-        self.assertTrue(0.4 <= elapsed <= 1.5, f"closed after {elapsed:.3f}s (header_timeout 500ms)")
+        # The drip (a header every 0.1 s) must not extend the head's deadline.
+        self.assertTrue(0.4 <= elapsed <= 3.0, f"closed after {elapsed:.3f}s (header_timeout 500ms)")
         if c.buf:
             self.assertTrue(bytes(c.buf).startswith(b"HTTP/1.1 408"), bytes(c.buf))
         self.assertEqual(self.backend.requests(target_prefix="/slowloris"), [])
@@ -624,8 +426,8 @@ class HostileClientTest(ProxyCase):
     def test_silent_connection_closed_after_header_timeout(self):
         c = self.closing(RawConn(self.proxy.port, 3))
         t0 = time.monotonic()
-        self.assertTrue(c.wait_closed(3))
-        self.assertTrue(0.4 <= time.monotonic() - t0 <= 1.5)
+        self.assertTrue(c.wait_closed(5))
+        self.assertTrue(0.4 <= time.monotonic() - t0 <= 3.0, "closed by header_timeout (500ms)")
 
     # ---- 8: limits
     def test_request_line_longer_than_read_buffer_is_414(self):
@@ -650,16 +452,6 @@ class HostileClientTest(ProxyCase):
     def test_two_different_content_lengths_is_400(self):
         self.assert_refused(b"POST /smuggle-2cl HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n"
                             b"\r\nhello!", 400, "/smuggle")
-
-    def test_invalid_chunk_size_is_refused_and_not_forwarded_whole(self):
-        r = self.exchange(b"POST /bad-chunk HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          b"zz\r\nhello\r\n0\r\n\r\n")
-        if r is not None:
-            self.assertEqual(r.status, 400, r)
-        # The head may have been streamed upstream before the body was parsed, but the
-        # backend must never see a complete request.
-        self.assertEqual([e for e in self.backend.requests(target_prefix="/bad-chunk") if e["complete"]], [])
-        self.assert_still_serving()
 
     def test_whitespace_before_first_header_is_400(self):
         self.assert_refused(b"GET /leading-ws HTTP/1.1\r\n X-A: a\r\nHost: x\r\n\r\n", 400, "/leading-ws")
@@ -687,7 +479,7 @@ class HostileClientTest(ProxyCase):
 # =============================================================================== 9: HTTP semantics
 
 
-class HttpSemanticsTest(ProxyCase):
+class HttpSemanticsTest(DaemonTestCase):
     def setUp(self):
         super().setUp()
         self.backend = self.start_backend()
@@ -832,126 +624,10 @@ class HttpSemanticsTest(ProxyCase):
         self.assertEqual(header_values(r.json(), "X-Forwarded-For"), ["203.0.113.7, 127.0.0.1"])
 
 
-# =============================================================================== 10: streaming
-
-
-class StreamingCase(ProxyCase):
-    """A backend and a proxy in front of it, plus helpers that stream SIZE_MIB through the
-    proxy (bodies generated on the fly and only counted, on both sides) while its RSS is
-    sampled. No tests of its own: StreamingTest here, the 1 GiB tests in test_http1."""
-
-    SIZE_MIB = 200
-    RSS_BUDGET_KIB = 30 * 1024
-    TRANSFER_DEADLINE_S = 60.0  # for one whole transfer, head to last byte
-    BLOCK = bytes(range(256)) * 4096  # 1 MiB
-
-    def setUp(self):
-        super().setUp()
-        self.backend = self.start_backend()
-        self.proxy = self.simple_proxy(self.backend)
-        for _ in range(3):  # warm up threads, pools and allocator arenas
-            self.assertEqual(fetch(self.proxy.port, "/stream?mib=1")[0].status, 200)
-
-    def bounded_rss(self, transfer, after_samples: int = 5) -> dict:
-        """Runs transfer() while sampling the proxy's VmRSS every 20 ms, then samples it
-        `after_samples` more times (50 ms apart); asserts that neither the peak during the
-        transfer nor any value after it is RSS_BUDGET_KIB above the value before it.
-        Returns {"seconds", "baseline_kib", "peak_kib", "after_kib", "samples"}."""
-        baseline = self.proxy.rss_kib()
-        during: list[int] = []
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                try:
-                    during.append(self.proxy.rss_kib())
-                except OSError:
-                    return
-                stop.wait(0.02)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        t0 = time.monotonic()
-        try:
-            transfer()
-        finally:
-            seconds = time.monotonic() - t0
-            stop.set()
-            sampler.join(1)
-        after = []
-        for i in range(after_samples):
-            if i:
-                time.sleep(0.05)  # spacing between samples, not a wait for a condition
-            after.append(self.proxy.rss_kib())
-        stats = {"seconds": seconds, "baseline_kib": baseline, "peak_kib": max(during + [baseline]),
-                 "after_kib": max(after), "samples": len(during) + len(after)}
-        what = (f"streaming {self.SIZE_MIB} MiB in {seconds:.1f}s (baseline {baseline / 1024:.1f} MiB, "
-                f"{len(during)} samples during, {len(after)} after)")
-        self.assertGreaterEqual(len(during), 1, f"no RSS sample while {what}")
-        self.assertLess(stats["peak_kib"] - baseline, self.RSS_BUDGET_KIB,
-                        f"proxy RSS grew {(stats['peak_kib'] - baseline) / 1024:.1f} MiB while {what}")
-        self.assertLess(stats["after_kib"] - baseline, self.RSS_BUDGET_KIB,
-                        f"proxy RSS {(stats['after_kib'] - baseline) / 1024:.1f} MiB above its baseline after {what}")
-        return stats
-
-    @staticmethod
-    def send_by(c: RawConn, data: bytes, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("transfer deadline passed")
-        c.sock.settimeout(left)
-        c.sock.sendall(data)
-
-    def upload(self, chunked: bool) -> int:
-        """POSTs SIZE_MIB to the backend's /upload (which counts and discards); returns the
-        byte count the backend reports after checking it."""
-        n, total = self.SIZE_MIB, self.SIZE_MIB * MIB
-        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
-        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
-            if chunked:
-                self.send_by(c, request_bytes("POST", "/upload", [("Transfer-Encoding", "chunked")]), deadline)
-                for _ in range(n):
-                    self.send_by(c, b"100000\r\n" + self.BLOCK + b"\r\n", deadline)
-                self.send_by(c, b"0\r\n\r\n", deadline)
-            else:
-                self.send_by(c, request_bytes("POST", "/upload", [("Content-Length", str(total))]), deadline)
-                for _ in range(n):
-                    self.send_by(c, self.BLOCK, deadline)
-            r = c.read_response(timeout=max(0.001, deadline - time.monotonic()))
-        self.assertEqual((r.status, r.json()["body_bytes"]), (200, total))
-        return r.json()["body_bytes"]
-
-    def download(self, mode: str) -> int:
-        """GETs SIZE_MIB generated by the backend's /stream; returns the byte count the
-        client read (counted, not kept) after checking it."""
-        deadline = time.monotonic() + self.TRANSFER_DEADLINE_S
-        with RawConn(self.proxy.port, self.TRANSFER_DEADLINE_S) as c:
-            self.send_by(c, request_bytes("GET", f"/stream?mib={self.SIZE_MIB}&mode={mode}"), deadline)
-            r = c.read_response(keep_body=False, timeout=max(0.001, deadline - time.monotonic()))
-        self.assertEqual((r.status, int(r.headers["x-body-bytes"])), (200, self.SIZE_MIB * MIB))
-        return int(r.headers["x-body-bytes"])
-
-
-class StreamingTest(StreamingCase):
-    """200 MiB each way through the proxy while its RSS is sampled: bodies are streamed, never buffered."""
-
-    def test_upload_content_length(self):
-        self.bounded_rss(lambda: self.upload(chunked=False))
-
-    def test_upload_chunked(self):
-        self.bounded_rss(lambda: self.upload(chunked=True))
-
-    def test_download_content_length(self):
-        self.bounded_rss(lambda: self.download("length"))
-
-    def test_download_chunked(self):
-        self.bounded_rss(lambda: self.download("chunked"))
-
-
 # =============================================================================== 11: WebSocket
 
 
-class WebSocketTest(ProxyCase):
+class WebSocketTest(DaemonTestCase):
     def test_websocket_echo_through_the_proxy(self):
         backend = self.start_backend()
         proxy = self.simple_proxy(backend)
@@ -980,7 +656,7 @@ class WebSocketTest(ProxyCase):
 # =============================================================================== 13: signals
 
 
-class SignalTest(ProxyCase):
+class SignalTest(DaemonTestCase):
     def reload_routes(self, proxy: ProxyProcess, old: str, new: str, extra: str = "") -> None:
         with open(proxy.config_path) as f:
             config = f.read()
@@ -1037,10 +713,10 @@ class SignalTest(ProxyCase):
         self.wait_ctl(proxy, ctl0)
         c = self.closing(RawConn(proxy.port, 5))
         c.send(request_bytes("GET", "/held-during-shutdown", [("X-API-Key", "erin")]))
-        proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=2)
+        proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=5)
         t0 = time.monotonic()
         proxy.signal(signal.SIGTERM)
-        wait_until(lambda: proxy.get("/readyz").status == 503, 2, message="/readyz says draining")
+        wait_until(lambda: proxy.get("/readyz").status == 503, 5, message="/readyz says draining")
 
         def refused():
             try:
@@ -1049,7 +725,7 @@ class SignalTest(ProxyCase):
             except ConnectionRefusedError:
                 return True
 
-        wait_until(refused, 2, message="listener closed while draining")
+        wait_until(refused, 5, message="listener closed while draining")
         r = c.read_response(timeout=4)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["target"], "/held-during-shutdown")
@@ -1060,7 +736,7 @@ class SignalTest(ProxyCase):
 # =============================================================================== 14: --check
 
 
-class CheckTest(ProxyCase):
+class CheckTest(DaemonTestCase):
     def render(self, **proxy_keys) -> str:
         return proxy_toml(8080, 9106, {"app": {"servers": [f"{HOST}:9000"]}},
                           [{"path": "/", "domain": "api", "upstream": "app"}],

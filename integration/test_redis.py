@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, MasterProcess, free_port, now_ms, wait_until, zmq  # noqa: E402
+from harness import DaemonTestCase, MasterProcess, now_ms, reserve_port, wait_until, zmq  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 DOMAINS = {
@@ -34,20 +33,21 @@ def key(domain: str, identifier: str) -> bytes:
 
 class RedisStoreTest(DaemonTestCase):
     def start_redis(self, port: int | None = None) -> RedisServer:
-        r = RedisServer(self.tmp, port).start()
+        """A redis-server on a fresh port, or on `port` (again, after a kill)."""
+        r = RedisServer(self.tmp, port)
         self.addCleanup(r.stop)
+        r.start()
+        self.log_files.append((f"redis-server {r.port}", r.log_path))
         return r
 
     def master(self, redis_url: str, **keys) -> MasterProcess:
-        m = self.start_master(DOMAINS, store="redis", redis=redis_url, **keys)
-        m.wait_ready()
-        return m
+        return self.start_master(DOMAINS, store="redis", redis=redis_url, **keys)
 
-    def restart(self, m: MasterProcess, sig=signal.SIGKILL) -> MasterProcess:
+    def restart_master(self, m: MasterProcess, sig=signal.SIGKILL) -> MasterProcess:
+        """Stops the master with `sig` and starts it again on the same config and ports."""
         m.signal(sig)
         m.wait(10)
-        again = self.track(MasterProcess(self.tmp, m.accounting_port, m.control_port, m.admin_port, m.config_path))
-        return again.start()
+        return self.restart(m)
 
     def fill(self, gk, domain: str, identifier: str, n: int = 3):
         """n requests now: the last one fills the burst and must be answered."""
@@ -92,7 +92,7 @@ class RedisStoreTest(DaemonTestCase):
         ttl = r.command("PTTL", key("api", "alice"))
         self.assertTrue(0 < ttl <= 31_000, f"PTTL {ttl}: keys expire when the 30 s window has passed")
 
-        m = self.restart(m, signal.SIGKILL)
+        m = self.restart_master(m, signal.SIGKILL)
         self.assertGreaterEqual(m.wait_metric("smockron_master_redis_loaded_total", predicate=lambda v: v >= 2), 2)
         gk.close()
         gk = self.closing(m.gatekeeper(["api", "g"]))
@@ -106,7 +106,7 @@ class RedisStoreTest(DaemonTestCase):
         m = self.master(r.url)
         gk = self.closing(m.gatekeeper(["api"]))
         self.fill(gk, "api", "carol")
-        m = self.restart(m, signal.SIGTERM)  # no wait for the write-behind: shutdown flushes it
+        m = self.restart_master(m, signal.SIGTERM)  # no wait for the write-behind: shutdown flushes it
         gk.close()
         gk = self.closing(m.gatekeeper(["api"]))
         self.assert_limited(gk, "api", "carol")
@@ -126,7 +126,7 @@ class RedisStoreTest(DaemonTestCase):
         # Decisions do not wait for Redis.
         t = time.monotonic()
         self.fill(gk, "api", "during")
-        self.assertLess(time.monotonic() - t, 1.0)
+        self.assertLess(time.monotonic() - t, 2.0)
         self.assertTrue(m.alive())
 
         r = self.start_redis(r.port)  # back, and empty
@@ -136,19 +136,22 @@ class RedisStoreTest(DaemonTestCase):
                    message="states decided while Redis was down (and before) rewritten once it returned")
         self.assertIn("connected", m.get("/readyz").body)
 
-        m = self.restart(m, signal.SIGKILL)
+        m = self.restart_master(m, signal.SIGKILL)
         gk.close()
         gk = self.closing(m.gatekeeper(["api"]))
         self.assert_limited(gk, "api", "during")
         self.assert_limited(gk, "api", "before")
 
     def test_redis_unreachable_at_start_master_serves_then_writes_when_it_appears(self):
-        port = free_port()
+        hold = reserve_port()  # refuses connections, and nobody else can take the port meanwhile
+        self.addCleanup(hold.close)
+        port = hold.getsockname()[1]
         m = self.master(f"redis://127.0.0.1:{port}/0", redis_timeout="200ms")
         self.assertIn("unreachable", m.get("/readyz").body)
         gk = self.closing(m.gatekeeper(["api"]))
         self.fill(gk, "api", "early")
         self.assertGreaterEqual(m.metric("smockron_master_redis_unwritten_states"), 1)
+        hold.close()  # given up only now, to the redis-server started at once
         r = self.start_redis(port)
         m.wait_metric("smockron_master_redis_up", predicate=lambda v: v == 1, timeout=10)
         wait_until(lambda: r.command("GET", key("api", "early")) is not None, timeout=10)
@@ -158,6 +161,9 @@ class RedisStoreTest(DaemonTestCase):
         os.kill(r.proc.pid, signal.SIGSTOP)  # connects, never answers: loading lasts redis_timeout
         self.addCleanup(lambda: os.kill(r.proc.pid, signal.SIGCONT))
         m = self.start_master(DOMAINS, store="redis", redis=r.url, redis_timeout="5s")
+        # Redis answers again before the master is stopped, or its shutdown flush waits
+        # redis_timeout for nothing (cleanups run last-registered first).
+        self.addCleanup(lambda: os.kill(r.proc.pid, signal.SIGCONT))
         # An XPUB shows when the master's subscription arrived: from then on
         # nothing it publishes is dropped on the gatekeeper's side.
         ctx = zmq.Context()
@@ -181,8 +187,10 @@ class RedisStoreTest(DaemonTestCase):
         self.assertIn("3 accounting message(s) held meanwhile", m.log())
 
     def test_a_hung_redis_never_stalls_decisions(self):
+        # A decision that waited for Redis would wait redis_timeout (2 s): the bound
+        # below (1 s) tells the two apart with room for a busy machine.
         r = self.start_redis()
-        m = self.master(r.url, redis_timeout="300ms")
+        m = self.master(r.url, redis_timeout="2s")
         gk = self.closing(m.gatekeeper(["api"]))
         self.fill(gk, "api", "x0")
         self.wait_written(m)
@@ -194,8 +202,8 @@ class RedisStoreTest(DaemonTestCase):
                 self.fill(gk, "api", f"x{i}")
                 worst = max(worst, time.monotonic() - t)
                 time.sleep(0.2)  # let write-behind batches pile onto the hung connection
-            self.assertLess(worst, 0.5, f"a decision took {worst:.3f}s while Redis was hung")
-            m.wait_metric("smockron_master_redis_up", predicate=lambda v: v == 0, timeout=5)
+            self.assertLess(worst, 1.0, f"a decision took {worst:.3f}s while Redis was hung (redis_timeout 2s)")
+            m.wait_metric("smockron_master_redis_up", predicate=lambda v: v == 0, timeout=10)
         finally:
             os.kill(r.proc.pid, signal.SIGCONT)
         m.wait_metric("smockron_master_redis_up", predicate=lambda v: v == 1, timeout=10)

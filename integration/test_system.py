@@ -5,10 +5,12 @@ of the system killed and restarted under load.
 Scenarios (each test starts its own processes on fresh ports):
 
 1. The master is killed (SIGKILL) while requests are held and others arrive:
-   held requests still leave at their reserved times (the proxy keeps its
-   control memory), other identifiers pass (fail-open), nothing hangs. The
-   master is restarted on the same ports: a client far over its limit is
-   limited again within a bound (the measured figure is printed).
+   /readyz says fail-open, held requests still leave at their reserved times
+   (the proxy keeps its control memory), other identifiers pass unheld,
+   nothing hangs. The master is restarted on the same ports: a client far over
+   its limit is limited again within a bound (the measured figure is
+   printed). And a busy identifier the master was limiting passes freely once
+   the master's last word has expired (no local pacing chained forever).
 2. One of two gatekeepers is killed and restarted under load: its clients
    reconnect, and the hot identifier's admitted count at the (counting)
    backend stays within rate x time + burst + a small slack.
@@ -16,9 +18,10 @@ Scenarios (each test starts its own processes on fresh ports):
    down, normal service once it is back, without restarting the proxy. And a
    non-idempotent request in flight on a backend that dies is answered 502,
    never replayed on another server.
-4. A client that disconnects while held frees its place: the held gauge goes
-   back to 0, its request is never forwarded, and the next request of the
-   same identifier takes the freed place instead of queueing behind it.
+4. A client that disconnects while held frees its place at once: the held
+   gauge goes back to 0, its request is never forwarded (not even after its
+   reserved time), and the next request of the same identifier takes the
+   freed place instead of queueing behind it.
 5. (Found while writing 1.) DELAYED messages of one identifier that reach the
    master out of order - a proxy publishes from one socket per worker - are
    each charged at their own reserved time.
@@ -28,9 +31,12 @@ second accounting endpoint of the proxy (its PUB connects to every endpoint)
 and records every DELAYED message, whose frame 4 is the time the proxy
 reserved for that held request.
 
-Timing assertions use bands wide enough for a busy 2-core machine; every wait
-polls against a deadline. Measured figures are written to stderr as
-"[measured] ..." lines.
+These are the only tests of a killed master, a held client's disconnect and a
+backend killed and restarted (test_proxy has the proxy-only behaviours).
+Timing is asserted only where it is the behaviour, in bands wide enough for a
+busy 2-core machine (tail latency is bench/'s business); every wait polls
+against a deadline. Measured figures are written to stderr as "[measured] ..."
+lines.
 
 Run: cd integration && python3 -m unittest -v test_system
 """
@@ -45,8 +51,20 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import BackendProcess, RawConn, request_bytes  # noqa: E402
-from harness import HOST, DaemonExited, FakeMaster, WaitTimeout, free_ports, metric_sum, now_ms, wait_until  # noqa: E402
-from test_proxy import HELD, WARM_DOMAIN, WARM_ROUTE, ProxyCase, ProxyProcess, fetch, proxy_toml  # noqa: E402
+from harness import (  # noqa: E402
+    HELD,
+    HOST,
+    WARM_DOMAIN,
+    WARM_ROUTE,
+    DaemonTestCase,
+    FakeMaster,
+    ProxyProcess,
+    WaitTimeout,
+    fetch,
+    metric_sum,
+    now_ms,
+    wait_until,
+)
 
 REQUESTS = "smockron_proxy_requests_total"
 GONE = "smockron_proxy_held_client_disconnects_total"
@@ -112,38 +130,22 @@ class AccountingTap:
         self.fm.close()
 
 
-class SystemCase(ProxyCase):
+class SystemCase(DaemonTestCase):
     def start_gate_proxy(self, name: str, master, backend: BackendProcess, routes: list, upstream_keys=None,
-                         tap: AccountingTap | None = None, attempts: int = 3, **proxy_keys) -> ProxyProcess:
+                         tap: AccountingTap | None = None, **proxy_keys) -> ProxyProcess:
         """A proxy with its own config file `name`.toml (several proxies, and restarts,
         each keep theirs): routes WARM_ROUTE + `routes` to `backend`, connected to
         `master` (and publishing accounting to `tap` too), primed: the ZeroMQ loop works
         both ways."""
         upstreams = {"app": {"servers": [f"{HOST}:{backend.port}"], **(upstream_keys or {})}}
         accounting = [master.accounting] + ([tap.endpoint] if tap else [])
-        last = None
-        for _ in range(attempts):
-            port, admin = free_ports(2)
-            path = self.write_file(f"{name}.toml", proxy_toml(port, admin, upstreams, [WARM_ROUTE] + routes,
-                                                              accounting, [master.control], **proxy_keys))
-            p = self.track(ProxyProcess(self.tmp, path, port, admin))
-            try:
-                p.start()
-                break
-            except DaemonExited as e:
-                last = e
-                if "in use" not in p.log() and "bind" not in p.log():
-                    raise
-        else:
-            raise last
+        p = self.start_proxy(upstreams, [WARM_ROUTE] + routes, accounting, [master.control],
+                             config_name=f"{name}.toml", **proxy_keys)
         self.wait_connected(p)
         self.prime(p)
         if tap:
             tap.wait_linked(p)
         return p
-
-    def wait_connected(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
-        wait_until(lambda: "masters connected: 1/1" in proxy.readyz(), timeout, message="proxy connected to the master")
 
     def system(self, domains: dict, routes: list, proxies: int = 1, upstream_keys=None, tap: bool = False,
                **proxy_keys):
@@ -160,18 +162,6 @@ class SystemCase(ProxyCase):
               for i in range(proxies)]
         return master, backend, ps, acc_tap
 
-    def restart(self, daemon, ready_timeout: float = 10.0, attempts: int = 20) -> None:
-        """Starts a stopped daemon again with the same config (same ports). A port the
-        dead process held may take a moment to be free again: retried on bind errors."""
-        for attempt in range(attempts):
-            try:
-                daemon.start(ready_timeout=ready_timeout)
-                return
-            except DaemonExited:
-                if attempt == attempts - 1 or ("bind" not in daemon.log() and "in use" not in daemon.log()):
-                    raise
-                time.sleep(0.1)
-
     def hold_requests(self, proxy: ProxyProcess, key: str, n: int, prefix: str) -> list[RawConn]:
         """Sends n requests of `key` on n connections (responses not read) and waits
         until all n are held."""
@@ -179,7 +169,7 @@ class SystemCase(ProxyCase):
         conns = [self.closing(RawConn(proxy.port, 10)) for _ in range(n)]
         for i, c in enumerate(conns):
             c.send(request_bytes("GET", f"{prefix}{i}", [("X-API-Key", key)]))
-        proxy.wait_metric(HELD, predicate=lambda v: v == held0 + n, timeout=3)
+        proxy.wait_metric(HELD, predicate=lambda v: v == held0 + n, timeout=5)
         return conns
 
 
@@ -191,6 +181,10 @@ class MasterFailureTest(SystemCase):
     N_HELD = 4
     ENFORCE_BOUND = 2.5     # s from "master ready again" to "a client over its limit is limited again"
 
+    def decisions(self, proxy: ProxyProcess) -> dict:
+        m = proxy.metrics()
+        return {d: metric_sum(m, REQUESTS, domain="api", decision=d) for d in ("accepted", "delayed", "rejected")}
+
     def test_master_killed_while_requests_held_then_restarted(self):
         master, backend, (proxy,), tap = self.system({"api": {"rules": [("2/s", 1)]}}, [API_ROUTE], tap=True,
                                                      max_delay="3s")
@@ -200,15 +194,26 @@ class MasterFailureTest(SystemCase):
         self.wait_ctl(proxy, ctl0)
         conns = self.hold_requests(proxy, "hot", self.N_HELD, "/held/")
         # Their reserved times, as the proxy published them (DELAYED, frame 4).
-        reserved = wait_until(lambda: len(r := tap.reserved("hot")) == self.N_HELD and r, 2,
+        reserved = wait_until(lambda: len(r := tap.reserved("hot")) == self.N_HELD and r, 5,
                               message="a DELAYED message for every held request")
 
         master.kill()
         t_kill = time.time()
         self.assertLess(t_kill, reserved[1], "master killed before (most of) the held requests were due")
+        wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
+        self.assertIn("fail-open", proxy.readyz())
 
-        # Master gone: a late request of hot is still answered (held per the memory, or
-        # refused), never left hanging.
+        # Master gone: other identifiers pass, unheld, while hot's requests are held.
+        d0 = self.decisions(proxy)
+        for i in range(6):
+            r, _ = fetch(proxy.port, f"/fresh/{i}", key=f"fresh-{i}")
+            self.assertEqual(r.status, 200, r)
+        d1 = self.decisions(proxy)
+        self.assertEqual({k: d1[k] - d0[k] for k in d0}, {"accepted": 6, "delayed": 0, "rejected": 0},
+                         "fresh identifiers with the master gone")
+
+        # A late request of hot is still answered (held per the memory, or refused),
+        # never left hanging.
         box = {}
 
         def late_hot():
@@ -216,14 +221,9 @@ class MasterFailureTest(SystemCase):
 
         late = threading.Thread(target=late_hot)
         late.start()
-        # Other identifiers pass at once.
-        for i in range(6):
-            r, elapsed = fetch(proxy.port, f"/fresh/{i}", key=f"fresh-{i}")
-            self.assertEqual(r.status, 200, r)
-            self.assertLess(elapsed, 0.5, f"fresh-{i} waited {elapsed:.3f}s with the master gone")
 
         # Held requests are answered, each forwarded at (about) its reserved time.
-        results = [c.read_response(timeout=self.N_HELD * self.INTERVAL + 3) for c in conns]
+        results = [c.read_response(timeout=self.N_HELD * self.INTERVAL + 5) for c in conns]
         self.assertEqual([r.status for r in results], [200] * self.N_HELD, results)
         arrivals = sorted(e["t"] for e in backend.requests(key="hot", target_prefix="/held/"))
         self.assertEqual(len(arrivals), self.N_HELD)
@@ -231,16 +231,20 @@ class MasterFailureTest(SystemCase):
         gaps = [round(b - a, 3) for a, b in zip(reserved, reserved[1:])]
         measured(f"held requests reserved {gaps} s apart, left at reserved time + {offsets} s "
                  f"(master killed {reserved[0] - t_kill:.3f}s before the first was due)")
-        for off in offsets:
-            self.assertTrue(-0.03 <= off <= 0.35, f"arrival - reserved time: {offsets}")
         for g in gaps:
             self.assertGreaterEqual(g, self.INTERVAL - 0.01, f"reserved times not paced: {gaps}")
+        # Never early; on time, not an interval late (the median: one arrival delayed by
+        # a busy machine does not make the proxy late).
+        self.assertGreaterEqual(min(offsets), -0.03, f"forwarded before its reserved time: {offsets}")
+        self.assertLess(sorted(offsets)[len(offsets) // 2], 0.5 * self.INTERVAL,
+                        f"arrival - reserved time: {offsets}")
+        self.assertLess(max(offsets), 2 * self.INTERVAL, f"arrival - reserved time: {offsets}")
 
-        late.join(8)
+        late.join(10)
         self.assertFalse(late.is_alive(), "a request of hot sent while the master was gone hangs")
         r, elapsed = box["late"]
         self.assertIn(r.status, (200, 503), r)
-        self.assertLess(elapsed, 3.0 + 1.0, "answered within max_delay")
+        self.assertLess(elapsed, 3.0 + 1.5, "answered within max_delay (3 s)")
         if r.status == 200:
             t_late = backend.requests(target_prefix="/late-hot")[0]["t"]
             self.assertGreaterEqual(t_late, reserved[-1] - 0.03, "the late request did not jump the queue")
@@ -251,8 +255,8 @@ class MasterFailureTest(SystemCase):
         # A client far over its limit (2/s, burst 1), sending back to back: limited again
         # (its request held or refused, as the proxy's decision counters tell)?
         def limited() -> float:
-            m = proxy.metrics()
-            return sum(metric_sum(m, REQUESTS, domain="api", decision=d) for d in ("delayed", "rejected"))
+            d = self.decisions(proxy)
+            return d["delayed"] + d["rejected"]
 
         limited0 = limited()
         t_enforced = None
@@ -273,6 +277,33 @@ class MasterFailureTest(SystemCase):
         self.assertIsNotNone(t_enforced, "limits never enforced again after the master restart")
         self.assertLessEqual(t_enforced, self.ENFORCE_BOUND)
         self.assertIn("masters connected: 1/1", proxy.readyz())
+
+    def test_master_killed_a_busy_identifier_is_released(self):
+        # Regression: local pacing (local_next_us = release + interval) used to chain
+        # forever without a master, limiting a busy identifier at the master's last
+        # rate indefinitely while /readyz said "fail-open".
+        master, _, (proxy,), _ = self.system({"api": {"rules": [("1/2s", 1)]}}, [API_ROUTE], max_delay="500ms")
+        ctl0 = proxy.ctl()
+        self.assertEqual(fetch(proxy.port, "/a", key="carol")[0].status, 200)
+        self.wait_ctl(proxy, ctl0)
+        self.assertEqual(fetch(proxy.port, "/b", key="carol")[0].status, 503, "the master limits while alive")
+        master.kill()
+        wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
+        self.assertIn("fail-open", proxy.readyz())
+        # carol keeps sending; once the master's last word (next 2 s after /a) has
+        # passed, her requests pass freely: accepted, neither held nor refused.
+        passed = 0
+        tried = []
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and passed < 5:
+            d0 = self.decisions(proxy)
+            r, _ = fetch(proxy.port, "/carol", key="carol")
+            d1 = self.decisions(proxy)
+            free = r.status == 200 and d1["accepted"] - d0["accepted"] == 1
+            tried.append((r.status, "accepted" if free else "limited"))
+            passed = passed + 1 if free else 0
+            time.sleep(0.05)
+        self.assertEqual(passed, 5, f"carol's requests never pass freely after the master died: {tried[-20:]}")
 
 
 # =============================================================================== 2: a gatekeeper restarted
@@ -376,33 +407,32 @@ class BackendFailureTest(SystemCase):
             self.assertEqual(fetch(proxy.port, f"/before/{i}", key="k")[0].status, 200)
         # One request in flight at the backend when it dies.
         box = {}
-        slow = threading.Thread(target=lambda: box.setdefault("slow", fetch(proxy.port, "/slow?s=5", key="k",
-                                                                                timeout=6)))
+        slow = threading.Thread(target=lambda: box.setdefault("slow", fetch(proxy.port, "/slow?s=8", key="k",
+                                                                                timeout=9)))
         slow.start()
-        wait_until(lambda: backend.requests(target_prefix="/slow"), 2, message="slow request at the backend")
+        wait_until(lambda: backend.requests(target_prefix="/slow"), 5, message="slow request at the backend")
 
         backend.kill()
         t_kill = time.monotonic()
-        slow.join(6)
+        slow.join(9)
         r, _ = box["slow"]
         self.assertEqual(r.status, 502, r)
-        self.assertLess(time.monotonic() - t_kill, 1.5, "the in-flight request got its 502 promptly")
+        # Not left waiting for an answer that cannot come (the backend would have taken 8 s).
+        self.assertLess(time.monotonic() - t_kill, 4.0, "the in-flight request got its 502 promptly")
         for i in range(5):
-            r, elapsed = fetch(proxy.port, f"/down/{i}", key="k")
+            r, _ = fetch(proxy.port, f"/down/{i}", key="k")
             self.assertEqual(r.status, 502, r)
-            self.assertLess(elapsed, 1.0, f"502 after {elapsed:.3f}s")
 
         backend.start()  # same port
         t_up = time.monotonic()
-        wait_until(lambda: fetch(proxy.port, "/probe", key="k")[0].status == 200, 3, interval=0.05,
+        wait_until(lambda: fetch(proxy.port, "/probe", key="k")[0].status == 200, 5, interval=0.05,
                    message="200 once the backend is back")
         recovered = time.monotonic() - t_up
         measured(f"first 200 {recovered:.3f}s after the backend was back (fail_timeout 200ms)")
         for i in range(10):
-            r, elapsed = fetch(proxy.port, f"/after/{i}", key="k")
+            r, _ = fetch(proxy.port, f"/after/{i}", key="k")
             self.assertEqual(r.status, 200, r)
             self.assertEqual(r.json()["target"], f"/after/{i}")
-            self.assertLess(elapsed, 0.5)
         self.assertEqual(len(backend.requests(target_prefix="/after/")), 10)
         self.assertEqual(proxy.pid, pid)
         self.assertTrue(proxy.alive(), "the proxy was not restarted")
@@ -430,13 +460,13 @@ class BackendFailureTest(SystemCase):
             self.assertEqual(fetch(proxy.port, f"/before/{i}", key="k")[0].status, 200)
         box = {}
         post = threading.Thread(target=lambda: box.setdefault(
-            "r", fetch(proxy.port, "/slow?s=2", method="POST", key="k", timeout=6)))
+            "r", fetch(proxy.port, "/slow?s=4", method="POST", key="k", timeout=8)))
         post.start()
-        victim = wait_until(lambda: next((b for b in (b1, b2) if b.requests(target_prefix="/slow")), None), 2,
+        victim = wait_until(lambda: next((b for b in (b1, b2) if b.requests(target_prefix="/slow")), None), 5,
                             message="the POST at a backend")
         other = b2 if victim is b1 else b1
         victim.kill()
-        post.join(6)
+        post.join(8)
         r, elapsed = box["r"]
         replayed = [(e["method"], e["target"]) for e in other.requests(target_prefix="/slow")]
         measured(f"POST in flight when its backend died: {r.status} after {elapsed:.2f}s; "
@@ -449,10 +479,10 @@ class BackendFailureTest(SystemCase):
 
 
 class HeldDisconnectTest(SystemCase):
-    INTERVAL = 1.0  # rule 1/s, burst 1
+    INTERVAL = 2.0  # rule 1/2s, burst 1: room for the steps between A's hold and its reserved time
 
-    def test_held_client_disconnect_frees_its_place(self):
-        master, backend, (proxy,), tap = self.system({"api": {"rules": [("1/s", 1)]}}, [API_ROUTE], tap=True,
+    def test_held_client_disconnect_frees_its_place_and_is_never_forwarded(self):
+        master, backend, (proxy,), tap = self.system({"api": {"rules": [("1/2s", 1)]}}, [API_ROUTE], tap=True,
                                                      max_delay="5s", max_held=1)
         gone0 = proxy.metric(GONE) or 0
         ctl0 = proxy.ctl()
@@ -461,27 +491,32 @@ class HeldDisconnectTest(SystemCase):
 
         # A is held (the only held place: max_held = 1), then goes away.
         (a,) = self.hold_requests(proxy, "dave", 1, "/gone/")
-        (reserved_a,) = wait_until(lambda: tap.reserved("dave"), 2, message="A's DELAYED")
+        (reserved_a,) = wait_until(lambda: tap.reserved("dave"), 5, message="A's DELAYED")
         a.close()
-        proxy.wait_metric(GONE, predicate=lambda v: v == gone0 + 1, timeout=1.0)
-        proxy.wait_metric(HELD, predicate=lambda v: v == 0, timeout=1.0)
-        self.assertLess(time.time(), reserved_a - 0.3, "A left well before its time")
+        proxy.wait_metric(GONE, predicate=lambda v: v == gone0 + 1, timeout=5)
+        proxy.wait_metric(HELD, predicate=lambda v: v == 0, timeout=5)
+        # Noticed at once, not when A's time came.
+        self.assertLess(time.time(), reserved_a - 0.3, "A's departure noticed well before its time")
 
         # B, same identifier, arrives after A left: it takes the freed place (held, not
         # refused for lack of held places, and released at A's time, not one interval later).
         t_b = time.time()
-        r, elapsed = fetch(proxy.port, "/next", key="dave", timeout=5)
+        r, _ = fetch(proxy.port, "/next", key="dave", timeout=self.INTERVAL + 5)
         self.assertEqual(r.status, 200, r)
         t_b_arrival = backend.requests(target_prefix="/next")[0]["t"]
         measured(f"B sent {reserved_a - t_b:.3f}s before A's reserved time, forwarded at A's reserved time "
                  f"{t_b_arrival - reserved_a:+.3f}s (interval {self.INTERVAL}s)")
-        self.assertEqual(backend.requests(target_prefix="/gone/"), [], "A's request was forwarded")
         self.assertEqual(proxy.metric(HELD), 0)
         self.assertEqual(proxy.metric("smockron_proxy_rejects_total", {"reason": "held_full"}) or 0, 0,
                          "A's held place was not given back (max_held = 1)")
         self.assertGreaterEqual(t_b_arrival, reserved_a - 0.03, "B was held until the reserved place")
-        self.assertLess(t_b_arrival, reserved_a + 0.35,
+        self.assertLess(t_b_arrival, reserved_a + 0.5 * self.INTERVAL,
                         "B was pushed behind the dropped request instead of taking its place")
+
+        # Past A's release time: A's request never reaches the backend.
+        wait_until(lambda: time.time() > reserved_a + 0.5, 5)
+        self.assertEqual(backend.requests(target_prefix="/gone/"), [], "A's request was forwarded")
+        self.assertEqual([e["target"] for e in backend.requests(key="dave")], ["/first", "/next"])
 
 
 # =============================================================================== accounting order
