@@ -58,6 +58,9 @@ private:
 /// How a message body is delimited.
 enum class framing : std::uint8_t { none, length, chunked, until_close };
 
+/// Whether any Connection field lists `token`.
+bool connection_has(const header_list& h, std::string_view token);
+
 struct request_head {
   std::string_view method, target, host;
   unsigned version = 11;  ///< 10 or 11
