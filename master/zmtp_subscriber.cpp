@@ -186,15 +186,7 @@ void zmtp_subscriber::subscribe(std::string_view topic) {
   if (std::find(topics_.begin(), topics_.end(), topic) != topics_.end()) return;
   topics_.emplace_back(topic);
   subscription_bytes_ += topic.size() + 10;
-  std::string body(1, '\x01');  // built by append: GCC 12 at -O3 warns (-Wrestrict) on "\x01" + string
-  body += topic;
-  for (auto& p : peers_) {
-    if (!p->closed && p->session.ready()) {
-      std::string frame;
-      zmtp::append_frame(frame, 0, body);
-      send(*p, frame);
-    }
-  }
+  send_subscription(true, topic);
 }
 
 void zmtp_subscriber::unsubscribe(std::string_view topic) {
@@ -202,14 +194,17 @@ void zmtp_subscriber::unsubscribe(std::string_view topic) {
   if (it == topics_.end()) return;
   topics_.erase(it);
   subscription_bytes_ -= topic.size() + 10;
-  std::string body(1, '\0');
+  send_subscription(false, topic);
+}
+
+// To every peer past its handshake (the others get the whole list with their READY).
+void zmtp_subscriber::send_subscription(bool subscribe, std::string_view topic) {
+  std::string body(1, subscribe ? '\x01' : '\0');  // appended: GCC 12 at -O3 warns (-Wrestrict) on "\x01" + string
   body += topic;
+  std::string frame;
+  zmtp::append_frame(frame, 0, body);
   for (auto& p : peers_) {
-    if (!p->closed && p->session.ready()) {
-      std::string frame;
-      zmtp::append_frame(frame, 0, body);
-      send(*p, frame);
-    }
+    if (!p->closed && p->session.ready()) send(*p, frame);
   }
 }
 

@@ -88,6 +88,7 @@ private:
   void accept_all();
   void on_readable(peer& p, const message_fn& on_message, std::size_t& delivered);
   void parse(peer& p, const message_fn& on_message, std::size_t& delivered);
+  void send_subscription(bool subscribe, std::string_view topic);
   void send(peer& p, std::string_view bytes);
   void flush(peer& p);
   void drop(peer& p, zmtp::fault why, std::string_view detail);
