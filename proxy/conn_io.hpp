@@ -64,7 +64,8 @@ struct connection {
   tcp_socket client;
   upstream_conn up;
   boost::beast::flat_buffer in, upstream_in;
-  std::string out;  ///< the head being written
+  std::string out;     ///< the head being written
+  std::string target;  ///< the request target normalized, when it differs (request.target then points here)
   http1::request_head request;
   http1::response_head response;
   // The body being relayed and the buffers of its next write live here rather

@@ -1,6 +1,8 @@
 // Route matching.
 #include "proxy/routes.hpp"
 
+#include "proxy/path.hpp"
+
 #include <algorithm>
 
 namespace smockron::proxy {
@@ -72,7 +74,7 @@ const route* route_table::match(std::string_view host_header, std::string_view p
         if (host.size() <= r.host.size() || !equals_lower(host.substr(host.size() - r.host.size()), r.host)) continue;
         break;
     }
-    if (path.starts_with(r.path)) return &r;
+    if (path::under(path, r.path)) return &r;
   }
   return nullptr;
 }

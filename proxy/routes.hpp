@@ -15,7 +15,7 @@ struct route {
   enum class host_match : std::uint8_t { any, exact, suffix };
   host_match host_kind = host_match::any;
   std::string host;  ///< lower-case; for suffix: ".example.com"
-  std::string path;  ///< prefix
+  std::string path;  ///< prefix, matched on a segment boundary (path::under)
   std::string domain;
   std::size_t domain_index = 0;    ///< index into route_table::domains()
   std::size_t upstream_index = 0;  ///< index into proxy_config::upstreams

@@ -44,6 +44,12 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
   limits.max_delay_us = cfg.max_delay.count();
   limits.max_held = cfg.max_held;
   limits.pacing_fresh_us = cfg.control_fresh.count();
+  normalize_path = cfg.normalize_path;
+  path_options.merge_slashes = cfg.merge_slashes;
+  using action = config::proxy_config::escaped_slashes_action;
+  path_options.slashes = cfg.escaped_slashes == action::keep       ? path::escaped_slash::keep
+                         : cfg.escaped_slashes == action::unescape ? path::escaped_slash::unescape
+                                                                   : path::escaped_slash::reject;
   // Half the shortest deadline any operation sets (respond() writes within
   // 10 s, refuse() lingers 5 s), so the watchdog is never late by more than that.
   steady::duration t = std::chrono::seconds(10);

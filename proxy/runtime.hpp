@@ -16,6 +16,7 @@
 #include "proxy/domain_registry.hpp"
 #include "proxy/gate.hpp"
 #include "proxy/identify.hpp"
+#include "proxy/path.hpp"
 #include "proxy/proxy_metrics.hpp"
 #include "proxy/routes.hpp"
 #include "smockron/config.hpp"
@@ -33,6 +34,8 @@ struct runtime {
   std::vector<std::vector<tcp::endpoint>> servers;                       ///< per upstream, per server
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
+  bool normalize_path = true;
+  path::options path_options;
   steady::duration tick{};  ///< the connection watchdog's period (see conn_io.hpp)
   std::uint64_t generation = 0;
 };

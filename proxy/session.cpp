@@ -6,6 +6,7 @@
 
 #include "proxy/admission.hpp"
 #include "proxy/forward.hpp"
+#include "proxy/path.hpp"
 
 namespace smockron::proxy {
 namespace {
@@ -88,11 +89,16 @@ private:
 
   // One request whose head is in c_.request. False: the connection ends.
   awaitable<bool> serve_request(const runtime& rt) {
-    const http1::request_head& req = c_.request;
+    http1::request_head& req = c_.request;
     const unsigned version = req.version;
     if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
       s_.metrics.bad_request.inc();
       co_return co_await refuse(c_, version, 413, "request body too large\n");
+    }
+    std::string_view why;
+    if (rt.normalize_path && !normalize_target(rt, why)) {
+      s_.metrics.bad_request.inc();
+      co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
     }
     const std::string_view target = req.target;
     const route* r = rt.routes.match(req.host, target.substr(0, target.find('?')));
@@ -125,6 +131,22 @@ private:
                  std::chrono::duration_cast<std::chrono::milliseconds>(s_.clk.steady_now() - started).count());
     }
     co_return keep;
+  }
+
+  // Normalizes the path of the request target (path.hpp); the request then
+  // goes on, to routing and upstream, with the normalized target. False
+  // (`why` set) when it cannot be normalized safely.
+  bool normalize_target(const runtime& rt, std::string_view& why) {
+    http1::request_head& req = c_.request;
+    const std::string_view target = req.target;
+    const std::string_view p = target.substr(0, target.find('?'));
+    if (!p.starts_with('/') || path::already_normal(p, rt.path_options)) return true;  // "*", absolute-form, or normal
+    std::string normal = path::normalize(p, rt.path_options, why);
+    if (!why.empty()) return false;
+    normal.append(target.substr(p.size()));  // the query, as sent
+    c_.target = std::move(normal);
+    req.target = c_.target;
+    return true;
   }
 
   // A response of the proxy's own to a request that has no body to skip

@@ -254,6 +254,17 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.real("rejected_sample", p.rejected_sample, 0.0, 1.0);
   r.boolean("access_log", p.access_log);
   r.boolean("fail_closed", p.fail_closed);
+  r.boolean("normalize_path", p.normalize_path);
+  r.boolean("merge_slashes", p.merge_slashes);
+  if (auto* e = r.typed<toml::value<std::string>>("escaped_slashes", "\"reject\", \"keep\" or \"unescape\"")) {
+    using action = proxy_config::escaped_slashes_action;
+    if (e->get() == "reject") p.escaped_slashes = action::reject;
+    else if (e->get() == "keep") p.escaped_slashes = action::keep;
+    else if (e->get() == "unescape") p.escaped_slashes = action::unescape;
+    else
+      s.add(*e, "proxy.escaped_slashes",
+            "unknown action \"" + e->get() + "\" (use \"reject\", \"keep\" or \"unescape\")");
+  }
   r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
   r.duration("accounting_flush", p.accounting_flush, microseconds(0), std::chrono::seconds(1));
   r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);

@@ -70,6 +70,9 @@ rejected_sample = 0.25
 accounting_flush = "5ms"
 access_log = true
 fail_closed = false
+normalize_path = false
+merge_slashes = false
+escaped_slashes = "unescape"
 max_control_entries = 5000
 control_fresh = "750ms"
 
@@ -138,6 +141,9 @@ upstream = "app"
   EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
   EXPECT_EQ(p.accounting_flush, milliseconds(5));
   EXPECT_TRUE(p.access_log);
+  EXPECT_FALSE(p.normalize_path);
+  EXPECT_FALSE(p.merge_slashes);
+  EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
   EXPECT_EQ(p.max_control_entries, 5000);
   EXPECT_EQ(p.control_fresh, milliseconds(750));
   EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
@@ -216,6 +222,9 @@ TEST(Config, MasterValueErrors) {
             "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
   EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"),
             std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\nescaped_slashes = \"decode\"\n").find("proxy.escaped_slashes: unknown action \"decode\""),
+      std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n")

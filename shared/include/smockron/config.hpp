@@ -119,6 +119,13 @@ struct proxy_config {
   std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
   double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
   bool access_log = false;
+  /// Paths are normalized before route matching (RFC 3986 6.2.2: unreserved
+  /// escapes decoded, dot-segments removed) and forwarded normalized.
+  bool normalize_path = true;
+  bool merge_slashes = true;  ///< "//" counts as "/" (with normalize_path)
+  /// %2F and %5C in a path (with normalize_path): refused with 400, kept encoded, or decoded.
+  enum class escaped_slashes_action : std::uint8_t { reject, keep, unescape };
+  escaped_slashes_action escaped_slashes = escaped_slashes_action::reject;
   /// Refuse (503, Retry-After 1) requests of a route whose domain no master
   /// covers (no POLICY for it within wire::policy_fresh_ms) instead of passing them.
   bool fail_closed = false;

@@ -1,0 +1,85 @@
+"""No way around the gate: paths that a backend merges into a limited route are
+limited with it, prefixes match on segment boundaries, and the backend receives
+the path the routes matched.
+
+Run: cd integration && python3 -m unittest -v test_gate_integrity
+"""
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import DaemonTestCase, fetch, metric  # noqa: E402
+
+REQUESTS = "smockron_proxy_requests_total"
+
+
+class PathNormalizationTest(DaemonTestCase):
+    """A route `/api` limited to 1 request per minute per X-API-Key, and a
+    catch-all route in another domain."""
+
+    ROUTES = [
+        {"path": "/api", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]},
+        {"path": "/", "domain": "other", "upstream": "app", "identify": ["header:X-API-Key"]},
+    ]
+
+    def stack(self, **proxy_keys):
+        return self.gate_stack({"api": {"rules": [("1/m", 1)]}, "other": {"rules": [("1000/s", 1000)]}},
+                               self.ROUTES, max_delay="200ms", **proxy_keys)
+
+    def decisions(self, proxy, domain):
+        m = proxy.metrics()
+        return sum(metric(m, REQUESTS, {"domain": domain, "decision": d}) or 0
+                   for d in ("accepted", "delayed", "rejected", "unidentified"))
+
+    def test_spellings_of_a_limited_path_share_its_limit(self):
+        _, backend, proxy = self.stack()
+        r, _ = fetch(proxy.port, "/api/a", key="alice")
+        self.assertEqual(r.status, 200, r)
+        for spelling in ("/%61pi/a", "//api/a", "/api//a", "/api/./a", "/x/../api/a", "/%2e/api/a", "/API/../api/a"):
+            r, _ = fetch(proxy.port, spelling, key="alice")
+            self.assertEqual(r.status, 503, f"{spelling} stepped around the limit: {r.status}")
+        self.assertEqual(len(backend.requests(key="alice")), 1, "only the first reached the backend")
+
+    def test_the_backend_receives_the_normalized_path_and_query(self):
+        _, backend, proxy = self.stack()
+        r, _ = fetch(proxy.port, "/%61pi//b/./c/../d?q=%2F..%2F&x=1", key="bob")
+        self.assertEqual(r.status, 200, r)
+        seen = backend.requests(key="bob")
+        self.assertEqual([e["target"] for e in seen], ["/api/b/d?q=%2F..%2F&x=1"])
+
+    def test_prefixes_match_on_segment_boundaries(self):
+        _, backend, proxy = self.stack()
+        api0, other0 = self.decisions(proxy, "api"), self.decisions(proxy, "other")
+        for target in ("/apiary", "/api-docs", "/apix/y"):
+            r, _ = fetch(proxy.port, target, key="carol")
+            self.assertEqual(r.status, 200, r)
+        for target in ("/api", "/api?x=1"):
+            r, _ = fetch(proxy.port, target, key=f"dave{target}")
+            self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.decisions(proxy, "other") - other0, 3, "/apiary & co. are not under /api")
+        self.assertEqual(self.decisions(proxy, "api") - api0, 2)
+
+    def test_what_cannot_be_normalized_safely_is_refused(self):
+        _, backend, proxy = self.stack()
+        for target in ("/api%2Fa", "/api%5ca", "/api/a%00", "/api/%zz", "/api\\a"):
+            r, _ = fetch(proxy.port, target, key="erin")
+            self.assertEqual(r.status, 400, f"{target}: {r.status}")
+        self.assertEqual(backend.requests(key="erin"), [])
+        r, _ = fetch(proxy.port, "/api/ok", key="erin")
+        self.assertEqual(r.status, 200, "the proxy still serves")
+
+    def test_escaped_slashes_can_be_kept_and_normalization_turned_off(self):
+        _, backend, proxy = self.stack(escaped_slashes="keep", merge_slashes=False)
+        r, _ = fetch(proxy.port, "/api/a%2fb", key="frank")
+        self.assertEqual(r.status, 200, r)
+        r, _ = fetch(proxy.port, "/other//x", key="frank")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual([e["target"] for e in backend.requests(key="frank")], ["/api/a%2Fb", "/other//x"])
+
+
+if __name__ == "__main__":
+    unittest.main()
