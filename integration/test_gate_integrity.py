@@ -81,5 +81,35 @@ class PathNormalizationTest(DaemonTestCase):
         self.assertEqual([e["target"] for e in backend.requests(key="frank")], ["/api/a%2Fb", "/other//x"])
 
 
+
+class UnidentifiedTest(DaemonTestCase):
+    """Routes limited 1 per minute per X-API-Key, one per unidentified action."""
+
+    def test_each_action(self):
+        routes = [
+            {"path": "/shared", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]},
+            {"path": "/reject", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
+             "unidentified": "reject"},
+            {"path": "/allow", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
+             "unidentified": "allow"},
+        ]
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("1/m", 1)]}}, routes, max_delay="200ms")
+        # Dropping the header is no way around the limit: all such requests share one budget.
+        self.assertEqual(fetch(proxy.port, "/shared/1")[0].status, 200)
+        for i in range(3):
+            self.assertEqual(fetch(proxy.port, f"/shared/{i + 2}")[0].status, 503)
+        self.assertEqual(fetch(proxy.port, "/shared/x", key="alice")[0].status, 200, "identified clients are apart")
+        r, _ = fetch(proxy.port, "/reject/1")
+        self.assertEqual(r.status, 403, r)
+        for i in range(3):
+            self.assertEqual(fetch(proxy.port, f"/allow/{i}")[0].status, 200, "allow: unlimited")
+        m = proxy.metrics()
+        self.assertEqual(metric(m, "smockron_proxy_unidentified_total", {"action": "shared"}), 4)
+        self.assertEqual(metric(m, "smockron_proxy_unidentified_total", {"action": "reject"}), 1)
+        self.assertEqual(metric(m, "smockron_proxy_unidentified_total", {"action": "allow"}), 3)
+        self.assertEqual(metric(m, "smockron_proxy_rejects_total", {"reason": "unidentified"}), 1)
+        self.assertEqual([e["target"] for e in backend.requests(target_prefix="/reject")], [])
+
+
 if __name__ == "__main__":
     unittest.main()

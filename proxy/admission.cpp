@@ -34,8 +34,24 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     return a;
   }
   if (!a.who) {
-    count[static_cast<int>(decision::unidentified)]->inc();
-    return a;
+    using action = config::route_config::unidentified_action;
+    switch (r.unidentified) {
+      case action::allow:
+        env.metrics.unidentified_allow.inc();
+        count[static_cast<int>(decision::unidentified)]->inc();
+        return a;
+      case action::reject:
+        env.metrics.unidentified_reject.inc();
+        env.metrics.reject_unidentified.inc();
+        count[static_cast<int>(decision::rejected)]->inc();
+        a.outcome = decision::rejected;
+        a.unidentified = true;
+        return a;
+      case action::shared:
+        env.metrics.unidentified_shared.inc();
+        a.who = identity{std::string(k_shared_identifier), nullptr};
+        break;
+    }
   }
   const std::string_view id = a.who->value;
   a.gate = env.g.decide(domain, id, now_us, rt.limits);

@@ -22,7 +22,13 @@ struct admission {
   std::optional<identity> who;  ///< nothing: no identifier source yielded a value (the request passes)
   gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
   bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
+  bool unidentified = false;    ///< refused: no source identified it and the route rejects such requests
 };
+
+/// The identifier every unidentified request of a route shares (action
+/// "shared"). A client that sends "-" as its key shares that budget too: no
+/// way around the limit, only into the crowd.
+inline constexpr std::string_view k_shared_identifier = "-";
 
 /// What admission uses beyond the request (the worker's sender; shared rest).
 struct admission_env {

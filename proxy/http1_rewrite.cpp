@@ -154,6 +154,7 @@ std::string_view reason_phrase(unsigned status) {
     case 204: return "No Content";
     case 304: return "Not Modified";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 408: return "Request Timeout";
     case 413: return "Content Too Large";

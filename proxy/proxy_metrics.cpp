@@ -12,6 +12,12 @@ metrics::counter& reject(metrics::registry& r, std::string_view reason) {
                        metrics::labels({{"reason", reason}}));
 }
 
+metrics::counter& unidentified(metrics::registry& r, std::string_view action) {
+  return r.add_counter("smockron_proxy_unidentified_total",
+                       "Requests no identifier source identified, by the route's action (shared: limited together)",
+                       metrics::labels({{"action", action}}));
+}
+
 metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
   return r.add_counter("smockron_proxy_upstream_errors_total", "Upstream failures by kind",
                        metrics::labels({{"kind", kind}}));
@@ -34,6 +40,10 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       reject_too_long(reject(r, "delay_too_long")),
       reject_held_full(reject(r, "held_full")),
       reject_no_master(reject(r, "no_master")),
+      reject_unidentified(reject(r, "unidentified")),
+      unidentified_shared(unidentified(r, "shared")),
+      unidentified_reject(unidentified(r, "reject")),
+      unidentified_allow(unidentified(r, "allow")),
       upstream_connect(upstream_error(r, "connect")),
       upstream_timeout(upstream_error(r, "timeout")),
       upstream_reset(upstream_error(r, "reset")),

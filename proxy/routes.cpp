@@ -57,6 +57,7 @@ route_table::route_table(const config::proxy_config& cfg) {
       if (cfg.upstreams[u].name == rc.upstream) r.upstream_index = u;
     }
     r.identify = rc.identify;
+    r.unidentified = rc.unidentified;
     routes_.push_back(std::move(r));
   }
 }

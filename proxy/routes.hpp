@@ -20,6 +20,7 @@ struct route {
   std::size_t domain_index = 0;    ///< index into route_table::domains()
   std::size_t upstream_index = 0;  ///< index into proxy_config::upstreams
   std::vector<config::identifier_source> identify;
+  config::route_config::unidentified_action unidentified = config::route_config::unidentified_action::shared;
 };
 
 class route_table {

@@ -110,8 +110,11 @@ private:
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     const admission a = admit(env, rt, *r, req, peer_, now_us);
     if (a.outcome == decision::rejected) {
-      if (rt.cfg.access_log) log_access(std::string(req.method) + " " + std::string(target), 503, a, 0);
+      if (rt.cfg.access_log)
+        log_access(std::string(req.method) + " " + std::string(target), a.unidentified ? 403 : 503, a, 0);
       if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
+      if (a.unidentified)
+        co_return co_await answer(403, "this route needs an identifier the request does not carry\n", 0);
       co_return co_await answer(503, "rate limit exceeded, retry later\n", a.gate.retry_after_s);
     }
     if (a.outcome == decision::delayed && !co_await hold_for(rt, *r, a)) co_return false;

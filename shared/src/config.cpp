@@ -221,6 +221,15 @@ void read_routes(reader& r, proxy_config& p) {
       }
       if (sources.empty()) r.errors().add(*rt->get("identify"), path + ".identify", "needs at least one source");
     }
+    if (auto* a = rr.typed<toml::value<std::string>>("unidentified", "\"shared\", \"reject\" or \"allow\"")) {
+      using action = route_config::unidentified_action;
+      if (a->get() == "shared") route.unidentified = action::shared;
+      else if (a->get() == "reject") route.unidentified = action::reject;
+      else if (a->get() == "allow") route.unidentified = action::allow;
+      else
+        r.errors().add(*a, path + ".unidentified",
+                       "unknown action \"" + a->get() + "\" (use \"shared\", \"reject\" or \"allow\")");
+    }
     p.routes.push_back(std::move(route));
   }
 }

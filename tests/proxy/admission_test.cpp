@@ -13,7 +13,7 @@ using namespace std::string_literals;
 
 namespace {
 
-config::proxy_config make_config(bool fail_closed) {
+config::proxy_config make_config(bool fail_closed, std::string_view unidentified = "shared") {
   auto r = config::load_string(std::string(R"(
 [proxy]
 accounting = []
@@ -27,7 +27,8 @@ path = "/"
 domain = "api"
 upstream = "app"
 identify = ["header:X-Key"]
-)",
+unidentified = ")" + std::string(unidentified) +
+                                   "\"\n",
                                "t");
   EXPECT_TRUE(r.cfg) << r.errors.front().message;
   return *r.cfg->proxy;
@@ -35,8 +36,8 @@ identify = ["header:X-Key"]
 
 class Admission : public ::testing::Test {
 protected:
-  explicit Admission(bool fail_closed = false)
-      : rt_(make_config(fail_closed), domains_, metrics_, 0),
+  explicit Admission(bool fail_closed = false, std::string_view unidentified = "shared")
+      : rt_(make_config(fail_closed, unidentified), domains_, metrics_, 0),
         sender_(ioc_, {}, 100, counters_),
         env_{gate_, metrics_, sender_} {}
 
@@ -69,11 +70,43 @@ protected:
   http1::request_head req_;
 };
 
-TEST_F(Admission, UnidentifiedRequestsPassUncounted) {
+TEST_F(Admission, UnidentifiedRequestsShareOneIdentifierByDefault) {
+  auto a = admit_with("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::accepted);
+  ASSERT_TRUE(a.who);
+  EXPECT_EQ(a.who->value, k_shared_identifier);
+  EXPECT_EQ(metric("smockron_proxy_unidentified_total{action=\"shared\"}"), 1);
+  const auto now = clock_.wall_us();
+  gate_.update(domains_.id("api"), k_shared_identifier, now + 60'000'000, 100'000, now);
+  a = admit_with("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::rejected) << "all of them are limited together";
+  EXPECT_EQ(admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k9\r\n\r\n").outcome, decision::accepted);
+}
+
+class RejectUnidentified : public Admission {
+protected:
+  RejectUnidentified() : Admission(false, "reject") {}
+};
+
+TEST_F(RejectUnidentified, AreRefused) {
+  const auto a = admit_with("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::rejected);
+  EXPECT_TRUE(a.unidentified);
+  EXPECT_EQ(metric("smockron_proxy_rejects_total{reason=\"unidentified\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_unidentified_total{action=\"reject\"}"), 1);
+}
+
+class AllowUnidentified : public Admission {
+protected:
+  AllowUnidentified() : Admission(false, "allow") {}
+};
+
+TEST_F(AllowUnidentified, PassUnlimitedAndUnaccounted) {
   const auto a = admit_with("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(a.outcome, decision::unidentified);
   EXPECT_FALSE(a.who);
   EXPECT_EQ(decisions("unidentified"), 1);
+  EXPECT_EQ(metric("smockron_proxy_unidentified_total{action=\"allow\"}"), 1);
   sender_.flush();
   EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 0) << "nothing accounted";
 }

@@ -91,6 +91,7 @@ path = "/api/"
 domain = "api"
 upstream = "app"
 identify = ["header:X-API-Key", "jwt:sub", "ip"]
+unidentified = "reject"
 
 [[proxy.routes]]
 domain = "login"
@@ -157,6 +158,7 @@ upstream = "app"
   EXPECT_EQ(p.routes[0].host, "*.example.com");
   EXPECT_EQ(p.routes[0].path, "/api/");
   ASSERT_EQ(p.routes[0].identify.size(), 3u);
+  EXPECT_EQ(p.routes[0].unidentified, config::route_config::unidentified_action::reject);
   EXPECT_EQ(p.routes[0].identify[0], (identifier_source{identifier_source::kind::header, "X-API-Key"}));
   EXPECT_EQ(p.routes[0].identify[1], (identifier_source{identifier_source::kind::jwt, "sub"}));
   EXPECT_EQ(p.routes[1].host, "*");
@@ -344,6 +346,9 @@ TEST(Config, UpstreamAndRouteErrors) {
       std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
                 .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nunidentified = \"drop\"\n")
+                .find("proxy.routes[0].unidentified: unknown action \"drop\""),
             std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = []\n")
                 .find("needs at least one source"),

@@ -91,6 +91,10 @@ struct route_config {
   std::string domain;
   std::string upstream;
   std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
+  /// A request no source identifies: limited with every other such request of
+  /// the route under one shared identifier ("-"), refused (403), or passed unlimited.
+  enum class unidentified_action : std::uint8_t { shared, reject, allow };
+  unidentified_action unidentified = unidentified_action::shared;
 };
 
 struct jwt_config {
