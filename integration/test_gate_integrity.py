@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from backends import RawConn, request_bytes  # noqa: E402
 from harness import DaemonTestCase, fetch, metric  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
@@ -109,6 +110,42 @@ class UnidentifiedTest(DaemonTestCase):
         self.assertEqual(metric(m, "smockron_proxy_unidentified_total", {"action": "allow"}), 3)
         self.assertEqual(metric(m, "smockron_proxy_rejects_total", {"reason": "unidentified"}), 1)
         self.assertEqual([e["target"] for e in backend.requests(target_prefix="/reject")], [])
+
+
+class HeldClientLeavesTest(DaemonTestCase):
+    """A held client that sent more than its head (a body, a pipelined request)
+    and then leaves is seen leaving: dropped, its place freed, never forwarded."""
+
+    GONE = "smockron_proxy_held_client_disconnects_total"
+
+    def held(self, proxy, payload: bytes):
+        """Sends `payload` on a fresh connection; returns it once the request is held."""
+        held0 = proxy.metric("smockron_proxy_held_requests") or 0
+        c = self.closing(RawConn(proxy.port, 10))
+        c.send(payload)
+        proxy.wait_metric("smockron_proxy_held_requests", predicate=lambda v: v > held0, timeout=5)
+        return c
+
+    def test_a_held_post_with_a_body_and_a_pipelined_request(self):
+        _, backend, proxy = self.gate_stack(
+            {"api": {"rules": [("1/2s", 1)]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}], max_delay="5s")
+        self.assertEqual(fetch(proxy.port, "/first", key="gina")[0].status, 200)
+        gone0 = proxy.metric(self.GONE) or 0
+        post = request_bytes("POST", "/upload", [("X-API-Key", "gina")], b"x" * 5000)
+        pipelined = (request_bytes("GET", "/held", [("X-API-Key", "gina")])
+                     + request_bytes("GET", "/behind", [("X-API-Key", "gina")]))
+        for payload in (post, pipelined):
+            c = self.held(proxy, payload)
+            c.close()
+        proxy.wait_metric(self.GONE, predicate=lambda v: v == gone0 + 2, timeout=5)
+        proxy.wait_metric("smockron_proxy_held_requests", predicate=lambda v: v == 0, timeout=5)
+        # One that stays with its body is forwarded with all of it.
+        c = self.held(proxy, request_bytes("POST", "/kept", [("X-API-Key", "gina")], b"y" * 5000))
+        r = c.read_response(timeout=10)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual([(e["target"], e["body_bytes"]) for e in backend.requests(key="gina")],
+                         [("/first", 0), ("/kept", 5000)], "what left was never forwarded")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // Connection I/O (see conn_io.hpp).
 #include "proxy/conn_io.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -21,6 +22,8 @@ constexpr auto k_linger =
     std::chrono::seconds(5);  // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
 constexpr std::size_t k_linger_bytes = 1 << 20;  // ... at most this much
 constexpr auto k_respond_timeout = std::chrono::seconds(10);
+constexpr std::size_t k_hold_buffer = 64 * 1024;              // hold(): bytes read from a held client at most
+constexpr auto k_hold_poll = std::chrono::milliseconds(100);  // hold(): beyond them, how often it looks for a FIN
 }  // namespace
 
 void connection::expires_after(steady::duration d) {
@@ -123,18 +126,40 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
   co_return false;
 }
 
+namespace {
+
+// The client closed (or reset) its connection, whatever it sent before:
+// POLLRDHUP reports a FIN even behind unread data.
+bool client_gone(connection& c) {
+  pollfd p{c.client.native_handle(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+}  // namespace
+
 awaitable<bool> hold(connection& c, steady::duration wait) {
   steady_timer timer(co_await asio::this_coro::executor);
   timer.expires_after(wait);
-  auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
-  if (first.index() == 0) co_return true;
-  // Readable: either the client closed (EOF/reset) or it sent more bytes
-  // (body or a pipelined request), which stay queued for later.
-  char ch;
-  const auto n = ::recv(c.client.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) co_return false;
-  co_await timer.async_wait(nothrow);
-  co_return true;
+  std::array<char, 4096> chunk;
+  for (;;) {
+    if (c.early.size() >= k_hold_buffer) {
+      // Nothing more is read while held: look for the client leaving now and then.
+      steady_timer tick(timer.get_executor(), k_hold_poll);
+      auto r = co_await (timer.async_wait(nothrow) || tick.async_wait(nothrow));
+      if (r.index() == 0) co_return true;
+      if (client_gone(c)) co_return false;
+      continue;
+    }
+    auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
+    if (first.index() == 0) co_return true;
+    // Readable: the client left, or sent more (a body, a pipelined request):
+    // kept in `early` for forwarding, so that a FIN behind it shows.
+    if (client_gone(c)) co_return false;
+    const auto n = sys::recv(c.client.native_handle(), chunk.data(),
+                             std::min(chunk.size(), k_hold_buffer - c.early.size()), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return false;
+    if (n > 0) c.early.append(chunk.data(), static_cast<std::size_t>(n));
+  }
 }
 
 }  // namespace smockron::proxy

@@ -66,6 +66,7 @@ struct connection {
   boost::beast::flat_buffer in, upstream_in;
   std::string out;     ///< the head being written
   std::string target;  ///< the request target normalized, when it differs (request.target then points here)
+  std::string early;   ///< bytes after the head that arrived while the request was held (see hold())
   http1::request_head request;
   http1::response_head response;
   // The body being relayed and the buffers of its next write live here rather
@@ -149,7 +150,10 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
 
 /// Holds for `wait` unless the client goes away first; returns whether it
 /// stayed. Bytes the client sends meanwhile (a body, a pipelined request)
-/// stay queued for later.
+/// are read into `c.early` (at most 64 KiB; past that the socket is watched
+/// for a FIN), so that a client that sends and leaves is seen leaving; they
+/// go upstream after the head (forward()). A client that half-closes while
+/// held counts as gone.
 awaitable<bool> hold(connection& c, steady::duration wait);
 
 }  // namespace smockron::proxy

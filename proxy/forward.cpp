@@ -4,6 +4,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include <array>
+#include <cstring>
 
 namespace smockron::proxy {
 
@@ -259,6 +260,12 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
   c.out.clear();
   http1::write_request_head(c.out, req, {client_ip, "http", req.upgrade});
   c.in.consume(req.size);  // the head: what follows is body (or the next request)
+  if (!c.early.empty()) {  // what came while it was held follows what came with the head
+    const auto room = c.in.prepare(c.early.size());
+    std::memcpy(room.data(), c.early.data(), c.early.size());
+    c.in.commit(c.early.size());
+    c.early.clear();
+  }
   struct release_guard {
     upstream_conn& up;
     ~release_guard() { up.release(); }

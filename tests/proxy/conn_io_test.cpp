@@ -105,4 +105,52 @@ TEST_F(ConnIo, AHoldLastsItsTime) {
   EXPECT_TRUE(*stayed);
 }
 
+TEST_F(ConnIo, AClientThatSendsThenLeavesIsSeenLeaving) {
+  std::optional<bool> stayed;
+  asio::co_spawn(
+      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)); },
+      asio::detached);
+  ioc_.run_for(std::chrono::milliseconds(10));
+  asio::write(peer_, asio::buffer(std::string(3000, 'b')));  // a body, or a pipelined request
+  ioc_.run_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(stayed);
+  peer_.close();
+  ASSERT_TRUE(run_until([&] { return stayed.has_value(); }));
+  EXPECT_FALSE(*stayed);
+}
+
+TEST_F(ConnIo, WhatAHeldClientSendsIsKeptForForwarding) {
+  std::optional<bool> stayed;
+  asio::co_spawn(
+      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::milliseconds(200)); },
+      asio::detached);
+  ioc_.run_for(std::chrono::milliseconds(10));
+  asio::write(peer_, asio::buffer(std::string("GET /next HTTP/1.1\r\n\r\n")));
+  ASSERT_TRUE(run_until([&] { return stayed.has_value(); }));
+  EXPECT_TRUE(*stayed);
+  EXPECT_EQ(conn_->early, "GET /next HTTP/1.1\r\n\r\n");
+}
+
+TEST_F(ConnIo, PastTheHoldBufferALeavingClientIsStillSeen) {
+  std::optional<bool> stayed;
+  asio::co_spawn(
+      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)); },
+      asio::detached);
+  // More than the hold buffer, less than the socket buffers: a FIN behind a full
+  // receive window could not arrive at all (TCP), whatever the proxy does.
+  const std::string big(96 * 1024, 'x');
+  std::size_t sent = 0;
+  peer_.non_blocking(true);
+  for (int i = 0; i < 200 && sent < big.size(); ++i) {
+    boost::system::error_code ec;
+    sent += peer_.write_some(asio::buffer(big.data() + sent, big.size() - sent), ec);
+    ioc_.run_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_GE(conn_->early.size(), 64u * 1024) << "read up to the bound";
+  EXPECT_FALSE(stayed);
+  peer_.close();
+  ASSERT_TRUE(run_until([&] { return stayed.has_value(); }));
+  EXPECT_FALSE(*stayed);
+}
+
 }  // namespace
