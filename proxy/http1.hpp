@@ -122,7 +122,19 @@ public:
   std::string_view error() const { return error_; }
 
 private:
-  enum class state : std::uint8_t { size, ext, size_lf, data, data_cr, data_lf, trailer, trailer_lf, done, failed };
+  enum class state : std::uint8_t {
+    size,
+    size_ws,
+    ext,
+    size_lf,
+    data,
+    data_cr,
+    data_lf,
+    trailer,
+    trailer_lf,
+    done,
+    failed
+  };
   bool fail(std::string_view why);
 
   state state_ = state::size;

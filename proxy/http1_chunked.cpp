@@ -27,8 +27,10 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
           remaining_ = remaining_ * 16 + static_cast<std::uint64_t>(v);
         } else if (digits_ == 0) {
           return fail("invalid chunk size"), std::nullopt;
-        } else if (c == ';' || c == ' ' || c == '\t') {
+        } else if (c == ';') {
           state_ = state::ext;
+        } else if (c == ' ' || c == '\t') {
+          state_ = state::size_ws;  // RFC 9112 7.1.1: only BWS, then ";", may follow the size
         } else if (c == '\r') {
           state_ = state::size_lf;
         } else {
@@ -37,6 +39,13 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
         ++i;
         break;
       }
+      case state::size_ws:
+        if (c == ';') state_ = state::ext;
+        else if (c == '\r') state_ = state::size_lf;
+        else if (c != ' ' && c != '\t') return fail("invalid chunk size line"), std::nullopt;
+        else if (++line_ > max_line_) return fail("chunk size line too long"), std::nullopt;
+        ++i;
+        break;
       case state::ext:
         if (c == '\r') {
           state_ = state::size_lf;

@@ -613,10 +613,10 @@ TEST(Http1Chunked, AnySplitPoint) {
 }
 
 TEST(Http1Chunked, Extensions) {
-  const auto r = decode("5;name=value\r\nhello\r\n6 ;q=\"a b\"\r\n world\r\n0;last\r\n\r\n");
+  const auto r = decode("5;name=value\r\nhello\r\n6 ;q=\"a b\"\r\n world\r\n2 \t \r\n!!\r\n0;last\r\n\r\n");
   EXPECT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(r.done);
-  EXPECT_EQ(r.payload, "hello world");
+  EXPECT_EQ(r.payload, "hello world!!");
 }
 
 TEST(Http1Chunked, TrailersAreConsumed) {
@@ -671,6 +671,9 @@ TEST(Http1Chunked, RejectsMalformedFraming) {
       "3;a\nabc\r\n0\r\n\r\n",
       "0\r\nX-A: 1\n\r\n",  // bare LF in the trailers
       "0\r\n\r\r",
+      "5 5\r\nhello\r\n0\r\n\r\n",  // after the size only whitespace and ";" (RFC 9112 7.1.1): was forwarded as is
+      "5 x\r\nhello\r\n0\r\n\r\n",
+      "5\t,\r\nhello\r\n0\r\n\r\n",
   };
   for (const auto text : cases) {
     const auto r = decode(text);
