@@ -148,5 +148,28 @@ class HeldClientLeavesTest(DaemonTestCase):
                          [("/first", 0), ("/kept", 5000)], "what left was never forwarded")
 
 
+class ForwardingHeadersTest(DaemonTestCase):
+    """Behind a trusted proxy (a TLS load balancer at 127.0.0.1)."""
+
+    def test_the_chain_gets_the_peer_and_a_trusted_proxys_proto_and_host_are_kept(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend, trusted_proxies=["127.0.0.1/32"])
+        r, _ = fetch(proxy.port, "/echo", headers=[("X-Forwarded-For", "1.2.3.4"), ("X-Forwarded-Proto", "https"),
+                                                   ("X-Forwarded-Host", "shop.example")])
+        self.assertEqual(r.status, 200, r)
+        seen = {k.lower(): v for k, v in r.json()["headers"]}
+        self.assertEqual(seen["x-forwarded-for"], "1.2.3.4, 127.0.0.1", "the peer is appended, not the client again")
+        self.assertEqual(seen["x-forwarded-proto"], "https", "the load balancer terminated TLS")
+        self.assertEqual(seen["x-forwarded-host"], "shop.example")
+
+    def test_an_untrusted_peers_proto_and_host_are_replaced(self):
+        backend = self.start_backend()
+        proxy = self.simple_proxy(backend)
+        r, _ = fetch(proxy.port, "/echo", headers=[("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "evil")],
+                     host="shop.test")
+        seen = {k.lower(): v for k, v in r.json()["headers"]}
+        self.assertEqual((seen["x-forwarded-proto"], seen["x-forwarded-host"]), ("http", "shop.test"))
+
+
 if __name__ == "__main__":
     unittest.main()

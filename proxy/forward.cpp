@@ -248,7 +248,7 @@ awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::f
 }  // namespace
 
 awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
-                        std::string_view client_ip) {
+                        const http1::forward_info& hop) {
   exchange x{env, rt, r, c};
   const http1::request_head& req = c.request;
   if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {
@@ -258,7 +258,9 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
     if (ec) co_return false;
   }
   c.out.clear();
-  http1::write_request_head(c.out, req, {client_ip, "http", req.upgrade});
+  http1::forward_info info = hop;
+  info.tunnel = req.upgrade;
+  http1::write_request_head(c.out, req, info);
   c.in.consume(req.size);  // the head: what follows is body (or the next request)
   if (!c.early.empty()) {  // what came while it was held follows what came with the head
     const auto room = c.in.prepare(c.early.size());

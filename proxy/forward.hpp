@@ -24,8 +24,10 @@ struct forward_env {
 };
 
 /// Forwards `c.request` (whose head is at the front of `c.in`) to the
-/// route's upstream and relays the response. `client_ip` goes into
-/// X-Forwarded-For. Returns whether the client connection may be kept alive.
-awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c, std::string_view client_ip);
+/// route's upstream and relays the response. `hop`: the peer's address and
+/// whether it is a trusted proxy (X-Forwarded-* rules, http1.hpp). Returns
+/// whether the client connection may be kept alive.
+awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
+                        const http1::forward_info& hop);
 
 }  // namespace smockron::proxy

@@ -149,9 +149,13 @@ private:
 
 /// What the proxy adds when it forwards a request.
 struct forward_info {
-  std::string_view client_ip;  ///< appended to X-Forwarded-For
+  std::string_view peer_ip;  ///< the address this request came from: appended to X-Forwarded-For
   std::string_view proto = "http";
   bool tunnel = false;  ///< keep Upgrade and send "Connection: upgrade"
+  /// The peer is a trusted proxy: its X-Forwarded-Proto and X-Forwarded-Host
+  /// are kept (it terminated TLS, it saw the original host); from anyone
+  /// else they are replaced.
+  bool trusted_peer = false;
 };
 
 /// True for a header the proxy never forwards as-is: hop-by-hop (Connection

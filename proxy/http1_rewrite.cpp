@@ -88,7 +88,7 @@ void write_request_head(std::string& out, const request_head& req, const forward
         ++xff_lines;
         continue;
       }
-      if (iequals(f.name, "X-Forwarded-Proto") || iequals(f.name, "X-Forwarded-Host")) continue;
+      if ((iequals(f.name, "X-Forwarded-Proto") || iequals(f.name, "X-Forwarded-Host")) && !info.trusted_peer) continue;
     }
     if (req.expect_continue && f.name.size() == 6 && iequals(f.name, "Expect")) continue;
     append_line(out, f.name, f.value);
@@ -101,9 +101,12 @@ void write_request_head(std::string& out, const request_head& req, const forward
       return false;
     });
   }
-  out.append(info.client_ip).append("\r\n");
-  append_line(out, "X-Forwarded-Proto", info.proto);
-  if (!req.host.empty()) append_line(out, "X-Forwarded-Host", req.host);
+  out.append(info.peer_ip).append("\r\n");
+  // A trusted proxy's own are kept (above); ours only where it sent none.
+  if (!info.trusted_peer || !req.headers.first("X-Forwarded-Proto")) append_line(out, "X-Forwarded-Proto", info.proto);
+  if (!req.host.empty() && (!info.trusted_peer || !req.headers.first("X-Forwarded-Host"))) {
+    append_line(out, "X-Forwarded-Host", req.host);
+  }
   // HTTP/1.0 allows a request without Host; the HTTP/1.1 it goes on as does
   // not: an empty one is what a target without authority calls for (RFC 9112 3.2).
   if (req.version < 11 && !req.has_host) out.append("Host: \r\n");

@@ -1,6 +1,7 @@
 // One client connection (see session.hpp).
 #include "proxy/session.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -118,17 +119,16 @@ private:
       co_return co_await answer(503, "rate limit exceeded, retry later\n", a.gate.retry_after_s);
     }
     if (a.outcome == decision::delayed && !co_await hold_for(rt, *r, a)) co_return false;
-    // Behind trusted proxies the client may be further out than the peer.
-    std::string forwarded_client;
-    if (!rt.cfg.trusted_proxies.empty()) {
-      forwarded_client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies));
-    }
     // The head's views do not outlive forwarding (the buffer is reused): what the log needs is copied.
     std::string logged_request;
     if (rt.cfg.access_log) logged_request.append(req.method).append(" ").append(target);
     const auto started = rt.cfg.access_log ? s_.clk.steady_now() : steady::time_point{};
     forward_env fenv{w_.pool, s_.metrics, s_.draining};
-    const bool keep = co_await forward(fenv, rt, *r, c_, forwarded_client.empty() ? peer_text_ : forwarded_client);
+    http1::forward_info hop;
+    hop.peer_ip = peer_text_;
+    hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
+                                   [&](const cidr& c) { return c.contains(peer_); });
+    const bool keep = co_await forward(fenv, rt, *r, c_, hop);
     if (rt.cfg.access_log) {
       log_access(logged_request, 0, a,
                  std::chrono::duration_cast<std::chrono::milliseconds>(s_.clk.steady_now() - started).count());

@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(step.size == once.size && once.size <= bytes.size());
 
   std::string out;
-  http1::write_request_head(out, once, {"192.0.2.1", "http", false});
+  http1::write_request_head(out, once, {"192.0.2.1", "http", false, false});
   http1::request_head again;
   const auto back = http1::parse_request(out, out.size() + 1, again);
   FUZZ_CHECK(back.status == http1::parse_status::complete);

@@ -728,8 +728,8 @@ TEST(Http1Chunked, StopsAtTheEndOfTheBody) {
 
 // ---- write_request_head / is_hop_by_hop -------------------------------------
 
-forward_info fwd(std::string_view client_ip, std::string_view proto = "http", bool tunnel = false) {
-  return {client_ip, proto, tunnel};
+forward_info fwd(std::string_view peer_ip, std::string_view proto = "http", bool tunnel = false, bool trusted = false) {
+  return {peer_ip, proto, tunnel, trusted};
 }
 
 // The head the proxy sends upstream for the request in `text`.
@@ -807,6 +807,29 @@ TEST(Http1WriteRequest, ReplacesClientForwardedProtoAndHost) {
   EXPECT_EQ(back.headers.count("X-Forwarded-Proto"), 1u);
   EXPECT_EQ(back.headers.count("X-Forwarded-Host"), 1u);
   EXPECT_EQ(back.headers.count("X-Forwarded-For"), 1u);
+}
+
+TEST(Http1WriteRequest, KeepsATrustedProxysForwardedProtoAndHost) {
+  // Behind a TLS load balancer: its X-Forwarded-Proto is the truth, and the
+  // chain gets the load balancer (the peer), not the client again.
+  const std::string_view text =
+      "GET /cart HTTP/1.1\r\n"
+      "Host: shop.internal\r\n"
+      "X-Forwarded-For: 1.2.3.4\r\n"
+      "X-Forwarded-Proto: https\r\n"
+      "X-Forwarded-Host: shop.example\r\n"
+      "\r\n";
+  EXPECT_EQ(forwarded(text, fwd("10.0.0.5", "http", false, true)),
+            "GET /cart HTTP/1.1\r\n"
+            "Host: shop.internal\r\n"
+            "X-Forwarded-Proto: https\r\n"
+            "X-Forwarded-Host: shop.example\r\n"
+            "X-Forwarded-For: 1.2.3.4, 10.0.0.5\r\n"
+            "\r\n");
+  // A trusted proxy that sent none gets ours.
+  EXPECT_EQ(forwarded("GET / HTTP/1.1\r\nHost: a\r\n\r\n", fwd("10.0.0.5", "http", false, true)),
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.0.0.5\r\nX-Forwarded-Proto: http\r\n"
+            "X-Forwarded-Host: a\r\n\r\n");
 }
 
 TEST(Http1WriteRequest, AppendsToTheBuffer) {
