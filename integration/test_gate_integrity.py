@@ -13,7 +13,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import RawConn, request_bytes  # noqa: E402
-from harness import DaemonTestCase, fetch, metric  # noqa: E402
+from harness import DaemonTestCase, fetch, metric, run_binary  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 
@@ -169,6 +169,22 @@ class ForwardingHeadersTest(DaemonTestCase):
                      host="shop.test")
         seen = {k.lower(): v for k, v in r.json()["headers"]}
         self.assertEqual((seen["x-forwarded-proto"], seen["x-forwarded-host"]), ("http", "shop.test"))
+
+
+class JwtWithoutKeyTest(DaemonTestCase):
+    def test_a_jwt_source_without_a_key_is_a_configuration_error(self):
+        path = self.write_file("jwt.toml", """
+[proxy.upstreams.app]
+servers = ["127.0.0.1:1"]
+[[proxy.routes]]
+path = "/"
+domain = "api"
+upstream = "app"
+identify = ["jwt:sub"]
+""")
+        r = run_binary("smockron-proxy", "--config", path, "--check")
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("proxy.routes[0].identify: a jwt: source needs [proxy.jwt]", r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

@@ -329,7 +329,11 @@ std::optional<std::string> jwt_verifier::claim(std::string_view token, std::stri
     if (alg_it == header->end() || !alg_it->is_string()) return std::nullopt;
 
     const auto& im = *impl_;
-    if (im.verify) {
+    // Without a key no claim is believed: an unsigned token's claims are the
+    // client's choice (a fresh `sub` per request would be a fresh budget).
+    // The configuration refuses a jwt: source without a key.
+    if (!im.verify) return std::nullopt;
+    {
       // We implement no JWS extensions, so any critical one is unsupported.
       if (header->contains("crit")) return std::nullopt;
       const auto& alg = alg_it->get_ref<const std::string&>();
@@ -353,7 +357,7 @@ std::optional<std::string> jwt_verifier::claim(std::string_view token, std::stri
     const auto payload = decode_json_object(payload_b64, scratch);
     if (!payload) return std::nullopt;
 
-    if (im.verify) {
+    {
       bool invalid = false;
       const auto exp = numeric_date(*payload, "exp", invalid);
       const auto nbf = numeric_date(*payload, "nbf", invalid);

@@ -30,7 +30,7 @@ public:
   /// acceptable. With a secret or key configured: the header's alg must match
   /// the configured key type, the signature must verify, `exp` (if present)
   /// must be later than now - leeway and `nbf` (if present) no later than
-  /// now + leeway. Without any key configured, claims are read unverified.
+  /// now + leeway. Without any key configured, no claim is returned.
   std::optional<std::string> claim(std::string_view token, std::string_view name, std::int64_t now_s) const;
 
 private:

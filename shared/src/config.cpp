@@ -220,6 +220,13 @@ void read_routes(reader& r, proxy_config& p) {
         if (auto src = parse_identifier_source(s)) route.identify.push_back(*src);
       }
       if (sources.empty()) r.errors().add(*rt->get("identify"), path + ".identify", "needs at least one source");
+      const bool jwt = std::any_of(route.identify.begin(), route.identify.end(),
+                                   [](const auto& src) { return src.type == identifier_source::kind::jwt; });
+      if (jwt && !p.jwt.verify()) {
+        r.errors().add(*rt->get("identify"), path + ".identify",
+                       "a jwt: source needs [proxy.jwt] hs256_secret or public_key_file (the claims of an unsigned "
+                       "token are whatever the client wants)");
+      }
     }
     if (auto* a = rr.typed<toml::value<std::string>>("unidentified", "\"shared\", \"reject\" or \"allow\"")) {
       using action = route_config::unidentified_action;

@@ -641,16 +641,21 @@ TEST_F(Jwt, CreateRejectsUnusableKeys) {
   EXPECT_NE(error.find("P-256"), std::string::npos) << error;
 }
 
-TEST_F(Jwt, UnverifiedModeReadsClaims) {
+TEST_F(Jwt, WithoutAKeyNoClaimIsBelieved) {
+  // It used to read claims unverified: every request with a fresh `sub` got a
+  // fresh budget. The configuration now refuses a jwt: source without a key.
   const auto v = make("");
   const auto unsigned_token = b64url(R"({"alg":"none"})") + "." + b64url(payload_with()) + ".";
-  EXPECT_EQ(v->claim(unsigned_token, "sub", now), "alice");
-  EXPECT_EQ(v->claim(unsigned_token, "uid", now), "42");
-  EXPECT_EQ(v->claim(sign_hs256(payload_with(), "whatever"), "sub", now), "alice");
-  EXPECT_EQ(v->claim(sign_rs256(payload_with()), "sub", now), "alice");
-  // Still has to be a well-formed JWT.
-  EXPECT_EQ(v->claim(b64url(payload_with()) + ".", "sub", now), std::nullopt);
-  EXPECT_EQ(v->claim(b64url(R"({"typ":"JWT"})") + "." + b64url(payload_with()) + ".", "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(unsigned_token, "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_hs256(payload_with(), "whatever"), "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_rs256(payload_with()), "sub", now), std::nullopt);
+}
+
+TEST_F(Jwt, AlgNoneNeverVerifies) {
+  const auto v = make(secret);
+  const auto unsigned_token = b64url(R"({"alg":"none"})") + "." + b64url(payload_with()) + ".";
+  EXPECT_EQ(v->claim(unsigned_token, "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_rs256(payload_with()), "sub", now), std::nullopt) << "an HS256 secret never verifies RS256";
 }
 
 TEST_F(Jwt, ThroughIdentify) {

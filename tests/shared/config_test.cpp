@@ -347,6 +347,9 @@ TEST(Config, UpstreamAndRouteErrors) {
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
                 .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
             std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"jwt:sub\", \"ip\"]\n")
+                .find("proxy.routes[0].identify: a jwt: source needs [proxy.jwt] hs256_secret or public_key_file"),
+            std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nunidentified = \"drop\"\n")
                 .find("proxy.routes[0].unidentified: unknown action \"drop\""),
             std::string::npos);
