@@ -187,5 +187,19 @@ identify = ["jwt:sub"]
         self.assertIn("proxy.routes[0].identify: a jwt: source needs [proxy.jwt]", r.stdout + r.stderr)
 
 
+class Ipv6GroupingTest(DaemonTestCase):
+    def test_addresses_of_one_ipv6_64_share_a_limit(self):
+        route = {"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("1/m", 1)]}}, [route], max_delay="200ms",
+                                            trusted_proxies=["127.0.0.1/32"])
+        first, _ = fetch(proxy.port, "/v6/a", headers=[("X-Forwarded-For", "2001:db8:1:2::a")])
+        self.assertEqual(first.status, 200, first)
+        for addr in ("2001:db8:1:2::b", "2001:db8:1:2:ffff:ffff:ffff:ffff"):
+            r, _ = fetch(proxy.port, "/v6/b", headers=[("X-Forwarded-For", addr)])
+            self.assertEqual(r.status, 503, f"{addr} is in the same /64: {r.status}")
+        r, _ = fetch(proxy.port, "/v6/c", headers=[("X-Forwarded-For", "2001:db8:1:3::a")])
+        self.assertEqual(r.status, 200, "another /64 is another client")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -438,6 +438,17 @@ ip_address client_address(const http1::header_list& headers, const ip_address& p
   return client ? *client : last;  // all trusted: the left-most
 }
 
+std::string ip_identifier(const ip_address& a, int ipv6_prefix_bits) {
+  static constexpr std::array<std::uint8_t, 12> v4_mapped = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  const bool v4 = std::equal(v4_mapped.begin(), v4_mapped.end(), a.bytes.begin());
+  if (v4 || ipv6_prefix_bits >= 128) return format_ip(a);
+  ip_address net = a;
+  for (int bit = std::max(ipv6_prefix_bits, 0); bit < 128; ++bit) {
+    net.bytes[static_cast<std::size_t>(bit / 8)] &= static_cast<std::uint8_t>(~(0x80u >> (bit % 8)));
+  }
+  return format_ip(net) + "/" + std::to_string(ipv6_prefix_bits);
+}
+
 std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
                                  const http1::header_list& headers, std::string_view target, const ip_address& peer,
                                  const identify_context& ctx) {
@@ -448,7 +459,8 @@ std::optional<identity> identify(const std::vector<config::identifier_source>& s
       std::string value;
       switch (src.type) {
         case kind::ip:
-          value = format_ip(client_address(headers, peer, ctx.trusted_proxies ? *ctx.trusted_proxies : no_proxies));
+          value = ip_identifier(client_address(headers, peer, ctx.trusted_proxies ? *ctx.trusted_proxies : no_proxies),
+                                ctx.ipv6_prefix_bits);
           break;
         case kind::header:
           if (const auto v = first_header(headers, src.name)) value = trim(*v);

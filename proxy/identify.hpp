@@ -49,7 +49,14 @@ struct identify_context {
   const std::vector<cidr>* trusted_proxies = nullptr;
   const jwt_verifier* jwt = nullptr;  ///< nullptr: jwt:* sources yield nothing
   std::int64_t now_s = 0;
+  /// `ip` identifiers of IPv6 clients keep this many leading bits ("2001:db8:1:2::/64"):
+  /// one IPv6 client commonly owns a /64, 2^64 addresses. 128: the whole address.
+  int ipv6_prefix_bits = 64;
 };
+
+/// The `ip` identifier of `a`: an IPv4 address as is, an IPv6 one as its
+/// /`ipv6_prefix_bits` network ("2001:db8::/64"; the address alone at 128).
+std::string ip_identifier(const ip_address& a, int ipv6_prefix_bits);
 
 /// Applies `sources` in order; the first that yields a non-empty value wins.
 std::optional<identity> identify(const std::vector<config::identifier_source>& sources,

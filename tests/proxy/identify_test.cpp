@@ -641,6 +641,18 @@ TEST_F(Jwt, CreateRejectsUnusableKeys) {
   EXPECT_NE(error.find("P-256"), std::string::npos) << error;
 }
 
+TEST(IpIdentifier, Ipv6ClientsAreGroupedByPrefix) {
+  // One IPv6 client commonly owns a /64: the addresses in it are one identifier.
+  EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:aaaa::1"), 64), "2001:db8:1:2::/64");
+  EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:ffff:1:2:3"), 64), "2001:db8:1:2::/64");
+  EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:aaaa::1"), 48), "2001:db8:1::/48");
+  EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:aaaa::1"), 60), "2001:db8:1::/60");
+  EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:aaaa::1"), 128), "2001:db8:1:2:aaaa::1");
+  EXPECT_EQ(ip_identifier(ip("192.0.2.7"), 64), "192.0.2.7") << "IPv4 (and v4-mapped) as is";
+  EXPECT_EQ(ip_identifier(ip("::ffff:192.0.2.7"), 64), "192.0.2.7");
+  EXPECT_EQ(ip_identifier(ip("::1"), 64), "::/64");
+}
+
 TEST_F(Jwt, WithoutAKeyNoClaimIsBelieved) {
   // It used to read claims unverified: every request with a fresh `sub` got a
   // fresh budget. The configuration now refuses a jwt: source without a key.

@@ -70,6 +70,7 @@ rejected_sample = 0.25
 accounting_flush = "5ms"
 access_log = true
 fail_closed = false
+ipv6_prefix = 56
 normalize_path = false
 merge_slashes = false
 escaped_slashes = "unescape"
@@ -142,6 +143,7 @@ upstream = "app"
   EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
   EXPECT_EQ(p.accounting_flush, milliseconds(5));
   EXPECT_TRUE(p.access_log);
+  EXPECT_EQ(p.ipv6_prefix, 56);
   EXPECT_FALSE(p.normalize_path);
   EXPECT_FALSE(p.merge_slashes);
   EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
