@@ -4,6 +4,7 @@
 
 #include "proxy/gate.hpp"
 #include "proxy/identify.hpp"
+#include "proxy/path.hpp"
 #include "proxy/routes.hpp"
 #include "smockron/wire.hpp"
 
@@ -113,6 +114,25 @@ void BM_GateDelayedLookup(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_GateDelayedLookup);
+
+// Path normalization on the request path: a path that needs none (the
+// common case: one scan, no allocation) and one that does.
+void BM_PathAlreadyNormal(benchmark::State& state) {
+  const smockron::proxy::path::options o;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(smockron::proxy::path::already_normal("/api/v1/users/12345/orders", o));
+  }
+}
+BENCHMARK(BM_PathAlreadyNormal);
+
+void BM_PathNormalize(benchmark::State& state) {
+  const smockron::proxy::path::options o;
+  std::string_view why;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(smockron::proxy::path::normalize("//%61pi/v1/./users/../users/12345/orders", o, why));
+  }
+}
+BENCHMARK(BM_PathNormalize);
 }  // namespace
 
 BENCHMARK_MAIN();
