@@ -104,11 +104,7 @@ master_config read_master(const toml::table& t, sink& s) {
     else m.control = e->get();
   }
   r.address("admin", m.admin);
-  if (auto* st = r.typed<toml::value<std::string>>("store", "\"memory\" or \"redis\"")) {
-    if (st->get() == "memory") m.store = store_kind::memory;
-    else if (st->get() == "redis") m.store = store_kind::redis;
-    else s.add(*st, "master.store", "unknown store \"" + st->get() + "\" (use \"memory\" or \"redis\")");
-  }
+  r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
     if (auto u = parse_redis_url(rd->get())) {
       m.redis = rd->get();
@@ -228,15 +224,8 @@ void read_routes(reader& r, proxy_config& p) {
                        "token are whatever the client wants)");
       }
     }
-    if (auto* a = rr.typed<toml::value<std::string>>("unidentified", "\"shared\", \"reject\" or \"allow\"")) {
-      using action = route_config::unidentified_action;
-      if (a->get() == "shared") route.unidentified = action::shared;
-      else if (a->get() == "reject") route.unidentified = action::reject;
-      else if (a->get() == "allow") route.unidentified = action::allow;
-      else
-        r.errors().add(*a, path + ".unidentified",
-                       "unknown action \"" + a->get() + "\" (use \"shared\", \"reject\" or \"allow\")");
-    }
+    rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action",
+              route.unidentified);
     p.routes.push_back(std::move(route));
   }
 }
@@ -273,15 +262,8 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.integer("ipv6_prefix", p.ipv6_prefix, 1, 128);
   r.boolean("normalize_path", p.normalize_path);
   r.boolean("merge_slashes", p.merge_slashes);
-  if (auto* e = r.typed<toml::value<std::string>>("escaped_slashes", "\"reject\", \"keep\" or \"unescape\"")) {
-    using action = proxy_config::escaped_slashes_action;
-    if (e->get() == "reject") p.escaped_slashes = action::reject;
-    else if (e->get() == "keep") p.escaped_slashes = action::keep;
-    else if (e->get() == "unescape") p.escaped_slashes = action::unescape;
-    else
-      s.add(*e, "proxy.escaped_slashes",
-            "unknown action \"" + e->get() + "\" (use \"reject\", \"keep\" or \"unescape\")");
-  }
+  r.choice("escaped_slashes", std::array<std::string_view, 3>{"reject", "keep", "unescape"}, "action",
+           p.escaped_slashes);
   r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
   r.duration("accounting_flush", p.accounting_flush, microseconds(0), std::chrono::seconds(1));
   r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);

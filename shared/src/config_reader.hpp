@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <set>
 #include <string>
 #include <string_view>
@@ -77,6 +78,24 @@ public:
   }
   void boolean(std::string_view k, bool& out) {
     if (auto* v = typed<toml::value<bool>>(k, "a boolean")) out = v->get();
+  }
+  /// A string naming one of `names`, listed in the order of enum E's values;
+  /// `what` names the kind in the error ("unknown action \"x\" (use ...)").
+  template <class E, std::size_t N>
+  void choice(std::string_view k, const std::array<std::string_view, N>& names, std::string_view what, E& out) {
+    std::string options;
+    for (std::size_t i = 0; i < N; ++i) {
+      options += (i == 0 ? "\"" : i + 1 == N ? " or \"" : ", \"") + std::string(names[i]) + "\"";
+    }
+    auto* v = typed<toml::value<std::string>>(k, options);
+    if (!v) return;
+    for (std::size_t i = 0; i < N; ++i) {
+      if (v->get() == names[i]) {
+        out = static_cast<E>(i);
+        return;
+      }
+    }
+    sink_.add(*v, key(k), "unknown " + std::string(what) + " \"" + v->get() + "\" (use " + options + ")");
   }
   void integer(std::string_view k, std::int64_t& out, std::int64_t min, std::int64_t max) {
     if (auto* v = typed<toml::value<std::int64_t>>(k, "an integer")) {
