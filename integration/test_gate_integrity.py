@@ -201,5 +201,19 @@ class Ipv6GroupingTest(DaemonTestCase):
         self.assertEqual(r.status, 200, "another /64 is another client")
 
 
+class AllowListTest(DaemonTestCase):
+    def test_the_master_refuses_accounting_from_outside_its_allow_list(self):
+        # Anyone who reached the accounting port could publish uses for any
+        # identifier and get that client throttled.
+        master = self.start_master({"api": {"rules": [("1/m", 1)]}}, accounting_allow=["10.0.0.0/8"])
+        gk = self.gatekeeper(master, ["api"], handshake=False)
+        master.wait_metric("smockron_master_refused_connections_total", {"endpoint": "accounting"},
+                           predicate=lambda v: v >= 1, timeout=5)
+        gk.accepted("api", "victim", 0)
+        self.assertEqual(master.metric("smockron_master_accounting_peers"), 0)
+        self.assertEqual(master.metric("smockron_master_accounting_messages_total",
+                                       {"domain": "api", "status": "ACCEPTED"}) or 0, 0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -41,17 +41,22 @@ int main(int argc, char** argv) {
   asio::io_context ioc(1);
   std::unique_ptr<admin_server> admin;
   try {
-    admin = std::make_unique<admin_server>(ioc, cfg.admin, [&](std::string_view path) -> admin_server::response {
-      if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
-      if (path == "/livez") {
-        return svc->alive(std::chrono::seconds(5))
-                   ? admin_server::response{200, "text/plain", "ok\n"}
-                   : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
-      }
-      if (path == "/readyz") return {200, "text/plain", svc->readiness()};
-      if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
-      return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
-    });
+    admin = std::make_unique<admin_server>(
+        ioc, cfg.admin,
+        [&](std::string_view path) -> admin_server::response {
+          if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
+          if (path == "/livez") {
+            return svc->alive(std::chrono::seconds(5))
+                       ? admin_server::response{200, "text/plain", "ok\n"}
+                       : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
+          }
+          if (path == "/readyz") return {200, "text/plain", svc->readiness()};
+          if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
+          return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+        },
+        admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
+                                                                    "Connections refused by an endpoint's allow list",
+                                                                    metrics::labels({{"endpoint", "admin"}}))});
   } catch (const std::exception& e) {
     log->critical("cannot bind admin endpoint {}: {}", cfg.admin.to_string(), e.what());
     return 1;

@@ -32,6 +32,8 @@ std::vector<std::string_view> keep_restart_only(const config::master_config& run
   keep(&c::admin, "admin");
   keep(&c::max_accounting_peers, "max_accounting_peers");
   keep(&c::control_hwm, "control_hwm");
+  keep(&c::accounting_allow, "accounting_allow");
+  keep(&c::admin_allow, "admin_allow");
   keep(&c::startup_backlog, "startup_backlog");
   keep(&c::store, "store");
   keep(&c::redis, "redis");
@@ -46,7 +48,7 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     : cfg_(cfg),
       clock_(clk),
       metrics_(reg),
-      accounting_(cfg.accounting, {.max_peers = cfg.max_accounting_peers}, clk, reg),
+      accounting_(cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk, reg),
       ingest_(cfg, clk, reg),
       control_(std::make_unique<control_publisher>(ctx, cfg, reg)),
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),

@@ -144,6 +144,9 @@ zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const c
       opt_(o),
       connections_(reg.add_counter("smockron_master_accounting_connections_total",
                                    "Gatekeeper connections accepted on the accounting endpoint")),
+      refused_(reg.add_counter("smockron_master_refused_connections_total",
+                               "Connections refused by an endpoint's allow list",
+                               metrics::labels({{"endpoint", "accounting"}}))),
       oversized_(reg.add_counter("smockron_master_accounting_oversized_total",
                                  "Accounting messages over 32 KiB, skipped (the connection stays)")),
       log_(log::get("master.accounting")) {
@@ -243,7 +246,9 @@ std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, const messa
 
 void zmtp_subscriber::accept_all() {
   for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof from;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
       // Out of descriptors (or similar): stop listening for a moment rather
@@ -256,6 +261,10 @@ void zmtp_subscriber::accept_all() {
       accept_paused_ = true;
       accept_paused_until_ = clock_.steady_now() + std::chrono::milliseconds(100);
       return;
+    }
+    if (!admitted(from)) {
+      ::close(fd);
+      continue;
     }
     if (peers_.size() >= opt_.max_peers) {
       ::close(fd);
@@ -290,6 +299,24 @@ void zmtp_subscriber::accept_all() {
     peers_.push_back(std::move(p));
     send(ref, zmtp::session::hello(zmtp::session::role::sub));
   }
+}
+
+bool zmtp_subscriber::admitted(const sockaddr_storage& from) {
+  if (opt_.allow.empty() || (from.ss_family != AF_INET && from.ss_family != AF_INET6)) return true;  // ipc: local
+  char text[INET6_ADDRSTRLEN] = {};
+  if (from.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(from).sin_addr, text, sizeof text);
+  } else {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(from).sin6_addr, text, sizeof text);
+  }
+  if (const auto a = parse_ip(text); a && allowed(opt_.allow, *a)) return true;
+  refused_.inc();
+  std::uint64_t suppressed = 0;
+  if (fault_log_.allow(clock_.steady_now(), suppressed)) {
+    log_->warn("accounting connection from {} refused: not in accounting_allow ({} similar suppressed)", text,
+               suppressed);
+  }
+  return false;
 }
 
 void zmtp_subscriber::on_readable(peer& p, const message_fn& on_message, std::size_t& delivered) {

@@ -21,6 +21,8 @@
 // the daemon. TCP keepalive finds vanished gatekeepers.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -35,6 +37,7 @@
 #include "smockron/clock.hpp"
 #include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
+#include "smockron/net.hpp"
 #include "smockron/zmtp_session.hpp"
 
 namespace smockron::master {
@@ -56,6 +59,9 @@ public:
     std::chrono::milliseconds handshake_timeout{10'000};
     int rcvbuf = 4 * 1024 * 1024;  ///< SO_RCVBUF of every connection (0 = kernel default)
     int sndbuf = 0;                ///< SO_SNDBUF of every connection (0 = kernel default)
+    /// TCP peers allowed to connect (empty: anyone); others are closed at
+    /// accept, counted (smockron_master_refused_connections_total) and logged.
+    std::vector<cidr> allow;
   };
 
   using message_fn = std::function<void(std::span<const std::string_view> frames, bool truncated)>;
@@ -86,6 +92,7 @@ public:
 private:
   struct peer;
   void accept_all();
+  bool admitted(const sockaddr_storage& from);
   void on_readable(peer& p, const message_fn& on_message, std::size_t& delivered);
   void parse(peer& p, const message_fn& on_message, std::size_t& delivered);
   void send_subscription(bool subscribe, std::string_view topic);
@@ -111,6 +118,7 @@ private:
   std::atomic<std::size_t> ready_peers_{0};  ///< read by the admin thread
 
   metrics::counter& connections_;
+  metrics::counter& refused_;
   metrics::counter& oversized_;
   metrics::counter* faults_[zmtp::fault_count] = {};  ///< the faults a subscriber can meet (others stay null)
   std::shared_ptr<spdlog::logger> log_;

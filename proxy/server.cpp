@@ -71,8 +71,12 @@ struct server::impl {
     control_ = std::make_unique<control_subscriber>(control_ctx_, cfg.control, shared_.gate, shared_.domains,
                                                     shared_.clk, shared_.registry);
     control_->set_domains(first->routes.domains());
-    admin_ =
-        std::make_unique<admin_server>(admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); });
+    admin_ = std::make_unique<admin_server>(
+        admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); },
+        admin_server::access{cfg.admin_allow,
+                             &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
+                                                           "Connections refused by an endpoint's allow list",
+                                                           metrics::labels({{"endpoint", "admin"}}))});
   }
 
   void add_gauges() {

@@ -1,6 +1,8 @@
 // Admin HTTP endpoint on Beast, one coroutine per connection.
 #include "smockron/admin_server.hpp"
 
+#include "smockron/log.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -19,7 +21,25 @@ using tcp = asio::ip::tcp;
 constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
 
 struct admin_server::impl : std::enable_shared_from_this<impl> {
-  impl(asio::io_context& ioc, handler h) : acceptor(ioc), on_request(std::move(h)) {}
+  impl(asio::io_context& ioc, handler h, access a)
+      : acceptor(ioc), on_request(std::move(h)), allow(std::move(a)), log(log::get("admin")) {}
+
+  // A peer outside the allow list is closed at once, counted and logged.
+  bool admitted(tcp::socket& socket) {
+    if (allow.allow.empty()) return true;
+    boost::system::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    const auto peer = ec ? std::nullopt : parse_ip(remote.address().to_string());
+    if (peer && allowed(allow.allow, *peer)) return true;
+    if (allow.refused) allow.refused->inc();
+    std::uint64_t suppressed = 0;
+    if (refused_log.allow(std::chrono::steady_clock::now(), suppressed)) {
+      log->warn("admin connection from {} refused: not in admin_allow ({} similar suppressed)",
+                ec ? std::string("?") : remote.address().to_string(), suppressed);
+    }
+    socket.close(ec);
+    return false;
+  }
 
   asio::awaitable<void> accept_loop() {
     auto self = shared_from_this();
@@ -27,6 +47,7 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
       auto [ec, socket] = co_await acceptor.async_accept(use_nothrow);
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) continue;  // e.g. EMFILE: keep serving
+      if (!admitted(socket)) continue;
       asio::co_spawn(acceptor.get_executor(), serve(std::move(socket)), asio::detached);
     }
   }
@@ -78,10 +99,13 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
 
   tcp::acceptor acceptor;
   handler on_request;
+  access allow;
+  std::shared_ptr<spdlog::logger> log;
+  log::rate_limiter refused_log;
 };
 
-admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handler h)
-    : impl_(std::make_shared<impl>(ioc, std::move(h))) {
+admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handler h, access a)
+    : impl_(std::make_shared<impl>(ioc, std::move(h), std::move(a))) {
   const tcp::endpoint ep(asio::ip::make_address(listen.host), listen.port);
   impl_->acceptor.open(ep.protocol());
   impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
@@ -89,6 +113,9 @@ admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handl
   impl_->acceptor.listen();
   asio::co_spawn(ioc, impl_->accept_loop(), asio::detached);
 }
+
+admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handler h)
+    : admin_server(ioc, listen, std::move(h), access{}) {}
 
 admin_server::~admin_server() { stop(); }
 

@@ -104,6 +104,8 @@ master_config read_master(const toml::table& t, sink& s) {
     else m.control = e->get();
   }
   r.address("admin", m.admin);
+  r.cidr_list("accounting_allow", m.accounting_allow);
+  r.cidr_list("admin_allow", m.admin_allow);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
     if (auto u = parse_redis_url(rd->get())) {
@@ -240,13 +242,8 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.string_list("control", p.control, check_zmq_endpoint);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
-  std::vector<std::string> trusted;
-  r.string_list("trusted_proxies", trusted, [](std::string_view c) {
-    return parse_cidr(c) ? std::string() : "invalid CIDR \"" + std::string(c) + "\" (expected e.g. 10.0.0.0/8)";
-  });
-  for (const auto& c : trusted) {
-    if (auto parsed = parse_cidr(c)) p.trusted_proxies.push_back(*parsed);
-  }
+  r.cidr_list("trusted_proxies", p.trusted_proxies);
+  r.cidr_list("admin_allow", p.admin_allow);
   const auto ms = [](int v) { return microseconds(std::chrono::milliseconds(v)); };
   r.duration("header_timeout", p.header_timeout, ms(1));
   r.duration("body_timeout", p.body_timeout, ms(1));

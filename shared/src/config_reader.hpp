@@ -79,6 +79,16 @@ public:
   void boolean(std::string_view k, bool& out) {
     if (auto* v = typed<toml::value<bool>>(k, "a boolean")) out = v->get();
   }
+  /// A list of CIDRs ("10.0.0.0/8", "::1").
+  void cidr_list(std::string_view k, std::vector<cidr>& out) {
+    std::vector<std::string> texts;
+    string_list(k, texts, [](std::string_view c) {
+      return parse_cidr(c) ? std::string() : "invalid CIDR \"" + std::string(c) + "\" (expected e.g. 10.0.0.0/8)";
+    });
+    for (const auto& c : texts) {
+      if (auto parsed = parse_cidr(c)) out.push_back(*parsed);
+    }
+  }
   /// A string naming one of `names`, listed in the order of enum E's values;
   /// `what` names the kind in the error ("unknown action \"x\" (use ...)").
   template <class E, std::size_t N>

@@ -142,4 +142,12 @@ std::optional<redis_url> parse_redis_url(std::string_view text) {
   return u;
 }
 
+bool allowed(const std::vector<cidr>& allow, const ip_address& a) {
+  if (allow.empty()) return true;
+  for (const auto& c : allow) {
+    if (c.contains(a)) return true;
+  }
+  return false;
+}
+
 }  // namespace smockron

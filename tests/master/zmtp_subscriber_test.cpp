@@ -299,7 +299,7 @@ TEST_F(Zmtp, PingIsAnsweredWithPongAndItsContext) {
 
 class ZmtpSmallBuffers : public Zmtp {
 protected:
-  ZmtpSmallBuffers() : Zmtp({.sndbuf = 4096}) {}
+  ZmtpSmallBuffers() : Zmtp({.sndbuf = 4096, .allow = {}}) {}
 };
 
 TEST_F(ZmtpSmallBuffers, SubscriptionsLargerThanTheSocketBufferAllArrive) {
@@ -417,7 +417,7 @@ TEST_F(Zmtp, UnfinishedHandshakeTimesOut) {
 
 class ZmtpOnePeer : public Zmtp {
 protected:
-  ZmtpOnePeer() : Zmtp({.max_peers = 1}) {}
+  ZmtpOnePeer() : Zmtp({.max_peers = 1, .allow = {}}) {}
 };
 
 TEST_F(ZmtpOnePeer, ConnectionsOverTheCapAreRefused) {
@@ -430,3 +430,19 @@ TEST_F(ZmtpOnePeer, ConnectionsOverTheCapAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+class ZmtpAllowList : public Zmtp {
+protected:
+  ZmtpAllowList() : Zmtp({.allow = {*smockron::parse_cidr("10.0.0.0/8")}}) {}
+};
+}  // namespace
+
+TEST_F(ZmtpAllowList, PeersOutsideTheListAreClosedAtAcceptAndCounted) {
+  const int fd = raw_connect();  // from 127.0.0.1, not in 10.0.0.0/8
+  ASSERT_TRUE(pump([&] { return metric("smockron_master_refused_connections_total{endpoint=\"accounting\"}") == 1; }));
+  char buf[1];
+  EXPECT_EQ(::recv(fd, buf, 1, 0), 0) << "closed without a greeting";
+  EXPECT_EQ(sub_.peers(), 0u);
+  ::close(fd);
+}

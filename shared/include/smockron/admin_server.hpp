@@ -9,7 +9,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "smockron/metrics.hpp"
 #include "smockron/net.hpp"
 
 namespace smockron {
@@ -24,7 +26,16 @@ public:
   /// Maps a request path (without query) to a response; runs on the io_context thread.
   using handler = std::function<response(std::string_view path)>;
 
+  /// Who may connect: peers outside `allow` (empty: anyone) are closed at
+  /// accept, counted in `refused` and logged (rate-limited).
+  struct access {
+    std::vector<cidr> allow;
+    metrics::counter* refused = nullptr;
+  };
+
   /// Binds `listen` (throws std::system_error at start-up if it cannot).
+  admin_server(boost::asio::io_context& ioc, const host_port& listen, handler h, access a);
+  /// Anyone may connect.
   admin_server(boost::asio::io_context& ioc, const host_port& listen, handler h);
   ~admin_server();
   admin_server(const admin_server&) = delete;

@@ -59,8 +59,12 @@ struct master_config {
   /// are dropped, counted). In normal running nothing queues in the master:
   /// it reads straight off its connections (master/zmtp_subscriber.hpp).
   std::int64_t startup_backlog = 1'000'000;
-  std::uint64_t max_accounting_peers = 1024;                    ///< gatekeeper connections on the accounting endpoint
-  std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
+  std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
+  /// Who may connect (TCP; empty: anyone): a publisher on the accounting
+  /// endpoint can get any client throttled, so list the gatekeepers' networks.
+  std::vector<cidr> accounting_allow;
+  std::vector<cidr> admin_allow;         ///< who may connect to the admin endpoint (empty: anyone)
+  std::int64_t control_hwm = 1'000'000;  ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default
   std::vector<domain_config> domains;                           ///< sorted by name
@@ -113,6 +117,7 @@ struct proxy_config {
   microseconds max_delay = std::chrono::seconds(5);
   std::int64_t max_held = 10'000;
   std::vector<cidr> trusted_proxies;
+  std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
   microseconds header_timeout = std::chrono::seconds(10);
   microseconds body_timeout = std::chrono::seconds(60);
   microseconds idle_timeout = std::chrono::seconds(60);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace smockron {
 
@@ -46,6 +47,8 @@ struct cidr {
   friend bool operator==(const cidr&, const cidr&) = default;
 };
 std::optional<cidr> parse_cidr(std::string_view text);
+/// Whether `a` may connect to an endpoint with the allow list `allow` (empty: anyone).
+bool allowed(const std::vector<cidr>& allow, const ip_address& a);
 
 /// "redis://[:password@]host[:port][/db]" (port 6379 and db 0 by default).
 struct redis_url {
