@@ -214,6 +214,19 @@ class AllowListTest(DaemonTestCase):
         self.assertEqual(master.metric("smockron_master_accounting_messages_total",
                                        {"domain": "api", "status": "ACCEPTED"}) or 0, 0)
 
+    def test_the_master_refuses_control_subscribers_from_outside_its_allow_list(self):
+        # DELAY_UNTIL names the identifiers being limited: not for everyone to read.
+        master = self.start_master({"api": {"rules": [("1/m", 1)]}}, control_allow=["10.0.0.0/8"])
+        self.gatekeeper(master, ["api"], handshake=False)
+        master.wait_metric("smockron_master_refused_connections_total", {"endpoint": "control"},
+                           predicate=lambda v: v >= 1, timeout=5)
+
+    def test_an_allow_list_that_includes_the_peer_lets_it_in(self):
+        master = self.start_master({"api": {"rules": [("1/m", 1)]}}, control_allow=["127.0.0.0/8"],
+                                   accounting_allow=["127.0.0.1/32"])
+        self.gatekeeper(master, ["api"])  # the handshake needs both directions: accounting in, control out
+        self.assertEqual(master.metric("smockron_master_refused_connections_total", {"endpoint": "control"}) or 0, 0)
+
 
 if __name__ == "__main__":
     unittest.main()

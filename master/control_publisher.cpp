@@ -1,19 +1,42 @@
 // The master's control stream (see control_publisher.hpp).
 #include "master/control_publisher.hpp"
 
+#include <array>
 #include <utility>
 
 #include "smockron/zmq_util.hpp"
 
 namespace smockron::master {
 
+namespace {
+
+// libzmq's ZAP endpoint: one handler per context (the master's context carries only control).
+constexpr const char* k_zap_endpoint = "inproc://zeromq.zap.01";
+
+zmq::socket_t bind_zap(zmq::context_t& ctx) {
+  zmq::socket_t s(ctx, zmq::socket_type::rep);
+  s.set(zmq::sockopt::linger, 0);
+  s.bind(k_zap_endpoint);
+  return s;
+}
+
+}  // namespace
+
 control_publisher::control_publisher(zmq::context_t& ctx, const config::master_config& cfg, metrics::registry& reg)
-    : socket_(ctx, zmq::socket_type::xpub),
+    : zap_(cfg.control_allow.empty() ? std::nullopt : std::optional<zmq::socket_t>(bind_zap(ctx))),
+      allow_(cfg.control_allow),
+      socket_(ctx, zmq::socket_type::xpub),
       sent_(reg.add_counter("smockron_master_control_messages_total", "DELAY_UNTIL messages published")),
       dropped_(reg.add_counter("smockron_master_control_dropped_total",
                                "DELAY_UNTIL messages dropped because the send queue was full")),
       policy_sent_(reg.add_counter("smockron_master_policy_messages_total",
-                                   "POLICY messages published (each domain's rules, every second)")) {
+                                   "POLICY messages published (each domain's rules, every second)")),
+      refused_(reg.add_counter("smockron_master_refused_connections_total",
+                               "Connections refused by an endpoint's allow list",
+                               metrics::labels({{"endpoint", "control"}}))) {
+  // With a ZAP domain set, libzmq asks the ZAP handler about every connection
+  // (NULL mechanism included) before the handshake completes.
+  if (zap_) socket_.set(zmq::sockopt::zap_domain, "smockron-control");
   socket_.set(zmq::sockopt::sndhwm, static_cast<int>(cfg.control_hwm));
   socket_.set(zmq::sockopt::linger, 0);
   // Every subscription is passed up (not only a topic's first), so that each
@@ -21,6 +44,23 @@ control_publisher::control_publisher(zmq::context_t& ctx, const config::master_c
   socket_.set(zmq::sockopt::xpub_verbose, 1);
   socket_.bind(cfg.control);
   slots_.resize(cfg.domains.size());
+}
+
+void control_publisher::serve_zap() {
+  if (!zap_) return;
+  zmq_util::multipart req;
+  // Request (RFC 27): version, request id, domain, address, identity, mechanism, credentials...
+  while (zmq_util::recv(*zap_, req, zmq::recv_flags::dontwait)) {
+    const bool well_formed = req.count >= 6 && req.views[0] == "1.0";
+    const auto peer = well_formed ? parse_ip(req.views[3]) : std::nullopt;
+    // ipc and inproc peers have no IP address: local, allowed.
+    const bool ok = well_formed && (req.views[3].empty() || !peer || allowed(allow_, *peer));
+    if (!ok) refused_.inc();
+    const std::string_view id = req.count >= 2 ? req.views[1] : std::string_view();
+    const std::array<std::string_view, 6> reply = {"1.0", id, ok ? "200" : "400", ok ? "OK" : "not in control_allow",
+                                                   "",    ""};
+    zmq_util::send(*zap_, reply);
+  }
 }
 
 void control_publisher::delay_until(const wire::delay_until& m) {
@@ -56,6 +96,7 @@ void control_publisher::publish_policy(const ingest::domain& d, policy_slot& slo
 
 void control_publisher::tick(const std::vector<ingest::domain>& domains, const ingest& lookup,
                              std::chrono::steady_clock::time_point now) {
+  serve_zap();
   const auto ask = [&](std::size_t i) {
     if (now - slots_[i].sent >= k_policy_gap) publish_policy(domains[i], slots_[i], now);
     else if (!std::exchange(slots_[i].due, true)) due_.push_back(i);

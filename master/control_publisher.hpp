@@ -7,6 +7,7 @@
 #include <zmq.hpp>
 
 #include <chrono>
+#include <optional>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "master/ingest.hpp"
 #include "smockron/config.hpp"
 #include "smockron/metrics.hpp"
+#include "smockron/net.hpp"
 #include "smockron/wire.hpp"
 
 namespace smockron::master {
@@ -36,6 +38,10 @@ public:
   void tick(const std::vector<ingest::domain>& domains, const ingest& lookup,
             std::chrono::steady_clock::time_point now);
 
+  /// Answers the ZAP requests of control connections (when control_allow is
+  /// set): libzmq asks before it completes each handshake.
+  void serve_zap();
+
   /// The domain list changed: every domain's POLICY goes out at the next tick.
   void domains_changed(std::size_t count);
 
@@ -46,6 +52,8 @@ private:
   };
   void publish_policy(const ingest::domain& d, policy_slot& slot, std::chrono::steady_clock::time_point now);
 
+  std::optional<zmq::socket_t> zap_;  ///< ZAP handler (RFC 27), bound before socket_ when control_allow is set
+  std::vector<cidr> allow_;
   zmq::socket_t socket_;
   wire::scratch scratch_;
   std::vector<policy_slot> slots_;  ///< per domain index
@@ -54,6 +62,7 @@ private:
   metrics::counter& sent_;
   metrics::counter& dropped_;
   metrics::counter& policy_sent_;
+  metrics::counter& refused_;
 };
 
 }  // namespace smockron::master

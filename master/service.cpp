@@ -34,6 +34,7 @@ std::vector<std::string_view> keep_restart_only(const config::master_config& run
   keep(&c::control_hwm, "control_hwm");
   keep(&c::accounting_allow, "accounting_allow");
   keep(&c::admin_allow, "admin_allow");
+  keep(&c::control_allow, "control_allow");
   keep(&c::startup_backlog, "startup_backlog");
   keep(&c::store, "store");
   keep(&c::redis, "redis");

@@ -106,6 +106,7 @@ master_config read_master(const toml::table& t, sink& s) {
   r.address("admin", m.admin);
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
+  r.cidr_list("control_allow", m.control_allow);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
     if (auto u = parse_redis_url(rd->get())) {

@@ -63,8 +63,10 @@ struct master_config {
   /// Who may connect (TCP; empty: anyone): a publisher on the accounting
   /// endpoint can get any client throttled, so list the gatekeepers' networks.
   std::vector<cidr> accounting_allow;
-  std::vector<cidr> admin_allow;         ///< who may connect to the admin endpoint (empty: anyone)
-  std::int64_t control_hwm = 1'000'000;  ///< ZMQ send high-water mark (messages)
+  std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
+  std::vector<cidr> control_allow;
+  std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default
   std::vector<domain_config> domains;                           ///< sorted by name
