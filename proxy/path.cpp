@@ -49,7 +49,9 @@ bool decode(std::string_view in, escaped_slash slashes, std::string& out, std::s
         return false;
       }
       if (slashes == escaped_slash::unescape) {
-        out += v == '/' ? '/' : '\\';
+        // Both as a separator: a backend that decodes %5C treats "\\" as one
+        // (and a raw backslash is refused, so the result normalizes to itself).
+        out += '/';
         continue;
       }
     } else if (unreserved(v)) {

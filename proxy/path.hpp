@@ -17,7 +17,7 @@ namespace smockron::proxy::path {
 enum class escaped_slash : std::uint8_t {
   reject,    ///< 400 (the default: a backend may decode it into a separator the routes never saw)
   keep,      ///< leave it encoded (upper-cased): the routes see one segment, as most backends do
-  unescape,  ///< decode it: the routes and the backend see a separator
+  unescape,  ///< decode it (both to "/"): the routes and the backend see a separator
 };
 
 struct options {

@@ -8,7 +8,7 @@
 #   scripts/fuzz.sh fuzz_wire 600      one target for 10 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_http1_request fuzz_http1_response fuzz_http1_chunked)
+targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_http1_request fuzz_http1_response fuzz_http1_chunked fuzz_path)
 [ -n "${1:-}" ] && targets=("$1")
 seconds="${2:-${FUZZ_SECONDS:-15}}"
 launcher=()
