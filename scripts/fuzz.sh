@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan) in build-fuzz/ and runs
-# each for FUZZ_SECONDS (default 15) on its seed corpus (tests/fuzz/corpus/),
-# new inputs going to a temporary directory. A crash or a failed property
-# stops the run; the input is left in build-fuzz/artifacts/ (add it to the
-# target's corpus and as a unit test).
-#   scripts/fuzz.sh                    every target
-#   scripts/fuzz.sh fuzz_wire 600      one target for 10 minutes
+# each for SECONDS (default 60) on its seed corpus (tests/fuzz/corpus/), new
+# inputs going to a temporary directory. A crash, a leak, a sanitizer report
+# or a failed property stops the run with a non-zero exit; the input is left
+# in build-fuzz/artifacts/ (add it to the target's corpus and as a unit test).
+#   scripts/fuzz.sh                      every target, 60 s each
+#   scripts/fuzz.sh 12                   every target, 12 s each (the test command)
+#   scripts/fuzz.sh 600 fuzz_wire        one target for 10 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+shift || true
 targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_http1_request fuzz_http1_response fuzz_http1_chunked fuzz_path)
-[ -n "${1:-}" ] && targets=("$1")
-seconds="${2:-${FUZZ_SECONDS:-15}}"
+[ $# -gt 0 ] && targets=("$@")
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build-fuzz -G Ninja "${launcher[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
