@@ -53,8 +53,9 @@ void control_publisher::serve_zap() {
   while (zmq_util::recv(*zap_, req, zmq::recv_flags::dontwait)) {
     const bool well_formed = req.count >= 6 && req.views[0] == "1.0";
     const auto peer = well_formed ? parse_ip(req.views[3]) : std::nullopt;
-    // ipc and inproc peers have no IP address: local, allowed.
-    const bool ok = well_formed && (req.views[3].empty() || !peer || allowed(allow_, *peer));
+    // ipc and inproc peers have no address: local, allowed. An address that
+    // does not parse is refused (the list cannot vouch for it).
+    const bool ok = well_formed && (req.views[3].empty() || (peer && allowed(allow_, *peer)));
     if (!ok) refused_.inc();
     const std::string_view id = req.count >= 2 ? req.views[1] : std::string_view();
     const std::array<std::string_view, 6> reply = {"1.0", id, ok ? "200" : "400", ok ? "OK" : "not in control_allow",
