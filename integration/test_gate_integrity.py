@@ -128,21 +128,24 @@ class HeldClientLeavesTest(DaemonTestCase):
 
     def test_a_held_post_with_a_body_and_a_pipelined_request(self):
         _, backend, proxy = self.gate_stack(
-            {"api": {"rules": [("1/2s", 1)]}},
-            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}], max_delay="5s")
+            {"api": {"rules": [("1/4s", 1)]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}], max_delay="20s")
+        applied0 = proxy.metric("smockron_proxy_control_messages_total") or 0
         self.assertEqual(fetch(proxy.port, "/first", key="gina")[0].status, 200)
+        # Held only once the master's DELAY_UNTIL for gina is here (late on a slow machine).
+        proxy.wait_metric("smockron_proxy_control_messages_total", predicate=lambda v: v > applied0, timeout=10)
         gone0 = proxy.metric(self.GONE) or 0
         post = request_bytes("POST", "/upload", [("X-API-Key", "gina")], b"x" * 5000)
         pipelined = (request_bytes("GET", "/held", [("X-API-Key", "gina")])
                      + request_bytes("GET", "/behind", [("X-API-Key", "gina")]))
-        for payload in (post, pipelined):
+        for n, payload in enumerate((post, pipelined), start=1):
             c = self.held(proxy, payload)
             c.close()
-        proxy.wait_metric(self.GONE, predicate=lambda v: v == gone0 + 2, timeout=5)
+            proxy.wait_metric(self.GONE, predicate=lambda v: v == gone0 + n, timeout=5)
         proxy.wait_metric("smockron_proxy_held_requests", predicate=lambda v: v == 0, timeout=5)
         # One that stays with its body is forwarded with all of it.
         c = self.held(proxy, request_bytes("POST", "/kept", [("X-API-Key", "gina")], b"y" * 5000))
-        r = c.read_response(timeout=10)
+        r = c.read_response(timeout=25)
         self.assertEqual(r.status, 200, r)
         self.assertEqual([(e["target"], e["body_bytes"]) for e in backend.requests(key="gina")],
                          [("/first", 0), ("/kept", 5000)], "what left was never forwarded")
