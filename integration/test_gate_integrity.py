@@ -6,14 +6,19 @@ Run: cd integration && python3 -m unittest -v test_gate_integrity
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import os
+import signal
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import RawConn, request_bytes  # noqa: E402
-from harness import DaemonTestCase, fetch, metric, run_binary  # noqa: E402
+from harness import DaemonTestCase, fetch, metric, run_binary, wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 
@@ -188,6 +193,71 @@ identify = ["jwt:sub"]
         r = run_binary("smockron-proxy", "--config", path, "--check")
         self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("proxy.routes[0].identify: a jwt: source needs [proxy.jwt]", r.stdout + r.stderr)
+
+    def test_check_reads_the_key_files(self):
+        jwks = self.write_file("keys.json", '{"keys": [{"kty": "RSA", "use": "enc", "n": "AQAB", "e": "AQAB"}]}')
+        path = self.write_file("jwks.toml", f"""
+[proxy.jwt]
+jwks_file = "{jwks}"
+""")
+        r = run_binary("smockron-proxy", "--config", path, "--check")
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("proxy.jwt: JWKS file", r.stderr)
+        self.assertIn("no RS256, ES256 or HS256 signing key", r.stderr)
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def hs256_token(secret: bytes, claims: dict, kid: str) -> str:
+    header = b64url(json.dumps({"alg": "HS256", "kid": kid}).encode())
+    payload = b64url(json.dumps(claims).encode())
+    sig = hmac.new(secret, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(sig)}"
+
+
+class JwksTest(DaemonTestCase):
+    """Keys from a JSON Web Key Set, chosen by kid, rotated with SIGHUP; iss and aud checked."""
+
+    def write_jwks(self, path: str, kid: str, secret: bytes) -> None:
+        with open(path, "w") as f:
+            json.dump({"keys": [{"kid": kid, "kty": "oct", "k": b64url(secret)},
+                                {"kid": "enc", "kty": "RSA", "use": "enc", "n": "AQAB", "e": "AQAB"}]}, f)
+
+    def test_tokens_verify_by_kid_and_a_rotated_set_is_read_on_sighup(self):
+        jwks = self.write_file("keys.json", "")
+        self.write_jwks(jwks, "2026-a", b"first-secret")
+        backend = self.start_backend()
+        proxy = self.start_proxy(
+            {"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["jwt:sub"], "unidentified": "reject"}],
+            jwt={"jwks_file": jwks, "issuer": "https://idp.test", "audience": "orders"})
+        claims = {"sub": "alice", "iss": "https://idp.test", "aud": ["orders", "billing"]}
+
+        def status(token: str) -> int:
+            return fetch(proxy.port, "/x", headers=[("Authorization", f"Bearer {token}")])[0].status
+
+        first = hs256_token(b"first-secret", claims, "2026-a")
+        second = hs256_token(b"second-secret", claims, "2026-b")
+        self.assertEqual(status(first), 200)
+        self.assertEqual(status(second), 403, "a kid the set does not hold")
+        self.assertEqual(status(hs256_token(b"first-secret", dict(claims, aud="billing"), "2026-a")), 403,
+                         "a token meant for another service")
+        self.assertEqual(status(hs256_token(b"first-secret", dict(claims, iss="https://evil.test"), "2026-a")), 403,
+                         "a token of another issuer")
+        # The identity provider rotates its key: the set is read again on SIGHUP.
+        self.write_jwks(jwks, "2026-b", b"second-secret")
+        proxy.signal(signal.SIGHUP)
+        wait_until(lambda: status(second) == 200, 5, message="the rotated key in use")
+        self.assertEqual(status(first), 403, "the retired key no longer verifies")
+        # A broken set is a rejected reload; the keys in use stay.
+        with open(jwks, "w") as f:
+            f.write("{not json")
+        proxy.signal(signal.SIGHUP)
+        wait_until(lambda: "reload rejected" in proxy.log(), 5, message="reload rejected in the log")
+        self.assertIn("keys.json", proxy.log())
+        self.assertEqual(status(second), 200)
 
 
 class Ipv6GroupingTest(DaemonTestCase):

@@ -20,9 +20,7 @@ using namespace smockron;
 
 int main(int argc, char** argv) {
   int exit_code = 0;
-  auto start = daemon::prepare(
-      argc, argv, "smockron-master", {}, "", [](const config::config& c) { return c.master.has_value(); }, "master",
-      exit_code);
+  auto start = daemon::prepare(argc, argv, "smockron-master", {}, "", "master", nullptr, exit_code);
   if (!start) return exit_code;
   const config::master_config& cfg = *start->cfg.master;
   auto log = log::get("master");

@@ -17,8 +17,10 @@
 
 namespace smockron::proxy {
 
-/// Verifies bearer JWTs (HS256 with a secret; RS256 / ES256 with a PEM public
-/// key) and extracts claims. Immutable after creation; thread-safe.
+/// Verifies bearer JWTs and extracts claims. Keys: an HS256 secret, a PEM
+/// public key (RS256 / ES256), a JWKS file (RSA, EC P-256 and oct keys,
+/// selected by `kid`). Immutable after creation (a reload creates a new one,
+/// reading the files again); thread-safe.
 class jwt_verifier {
 public:
   /// Loads keys once. Returns nullptr with `error` set if the key file cannot
@@ -27,10 +29,10 @@ public:
   ~jwt_verifier();
 
   /// The claim's value (strings as-is, integers in decimal) if the token is
-  /// acceptable. With a secret or key configured: the header's alg must match
-  /// the configured key type, the signature must verify, `exp` (if present)
-  /// must be later than now - leeway and `nbf` (if present) no later than
-  /// now + leeway. Without any key configured, no claim is returned.
+  /// acceptable: signed by a configured key of the header's alg (the key pins
+  /// the algorithm; `none` never verifies), `exp` (if present) later than
+  /// now - leeway, `nbf` (if present) no later than now + leeway, `iss` and
+  /// `aud` as configured. Without any key configured, no claim is returned.
   std::optional<std::string> claim(std::string_view token, std::string_view name, std::int64_t now_s) const;
 
 private:

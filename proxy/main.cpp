@@ -12,6 +12,7 @@
 #include <iostream>
 #include <thread>
 
+#include "proxy/identify.hpp"
 #include "proxy/server.hpp"
 #include "smockron/daemon.hpp"
 #include "smockron/log.hpp"
@@ -51,8 +52,13 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   auto start = daemon::prepare(
       argc, argv, "smockron-proxy", {"--healthcheck"},
-      "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n",
-      [](const config::config& c) { return c.proxy.has_value(); }, "proxy", exit_code);
+      "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n", "proxy",
+      [](const config::config& c) {
+        // The JWT keys are read as the proxy would read them at start and on SIGHUP.
+        std::string error;
+        return proxy::jwt_verifier::create(c.proxy->jwt, error) ? std::string() : "proxy.jwt: " + error;
+      },
+      exit_code);
   if (!start) return exit_code;
   if (!start->options.extra.empty()) return healthcheck(*start->cfg.proxy);
   // Every client and upstream connection is a descriptor: use the hard limit, as nginx's worker_rlimit_nofile would.

@@ -222,9 +222,10 @@ void read_routes(reader& r, proxy_config& p) {
       const bool jwt = std::any_of(route.identify.begin(), route.identify.end(),
                                    [](const auto& src) { return src.type == identifier_source::kind::jwt; });
       if (jwt && !p.jwt.verify()) {
-        r.errors().add(*rt->get("identify"), path + ".identify",
-                       "a jwt: source needs [proxy.jwt] hs256_secret or public_key_file (the claims of an unsigned "
-                       "token are whatever the client wants)");
+        r.errors().add(
+            *rt->get("identify"), path + ".identify",
+            "a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file (the claims of an unsigned "
+            "token are whatever the client wants)");
       }
     }
     rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action",
@@ -271,9 +272,16 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
     reader jr(*jt, "proxy.jwt", s);
     jr.string("hs256_secret", p.jwt.hs256_secret);
     jr.string("public_key_file", p.jwt.public_key_file);
+    jr.string("jwks_file", p.jwt.jwks_file);
+    jr.string("issuer", p.jwt.issuer);
+    jr.string("audience", p.jwt.audience);
     jr.duration("leeway", p.jwt.leeway);
-    if (!p.jwt.public_key_file.empty() && !std::ifstream(p.jwt.public_key_file)) {
-      s.add(*jt->get("public_key_file"), "proxy.jwt.public_key_file", "cannot read \"" + p.jwt.public_key_file + "\"");
+    for (const auto& [key, file] :
+         {std::pair<const char*, const std::string&>{"public_key_file", p.jwt.public_key_file},
+          {"jwks_file", p.jwt.jwks_file}}) {
+      if (!file.empty() && !std::ifstream(file)) {
+        s.add(*jt->get(key), std::string("proxy.jwt.") + key, "cannot read \"" + file + "\"");
+      }
     }
   }
   read_upstreams(r, p);

@@ -17,7 +17,8 @@ config::load_result load(const cli::options& o) {
 
 std::optional<startup> prepare(int argc, char** argv, const std::string& program,
                                const std::vector<std::string>& extra_flags, const std::string& extra_help,
-                               bool (*has_section)(const config::config&), const std::string& section, int& exit_code) {
+                               const std::string& section, std::string (*verify)(const config::config&),
+                               int& exit_code) {
   std::string error;
   auto options = cli::parse(argc, argv, extra_flags, error);
   if (!options) {
@@ -36,10 +37,16 @@ std::optional<startup> prepare(int argc, char** argv, const std::string& program
     return std::nullopt;
   }
   auto loaded = load(*options);
-  if (loaded.cfg && !has_section(*loaded.cfg)) {
+  if (loaded.cfg && !(section == "master" ? loaded.cfg->master.has_value() : loaded.cfg->proxy.has_value())) {
     loaded.errors.push_back(
         {loaded.cfg->source, 0, 0, section, "missing: this daemon reads the [" + section + "] table"});
     loaded.cfg.reset();
+  }
+  if (loaded.cfg && verify != nullptr) {
+    if (auto why = verify(*loaded.cfg); !why.empty()) {
+      loaded.errors.push_back({loaded.cfg->source, 0, 0, section, std::move(why)});
+      loaded.cfg.reset();
+    }
   }
   for (const auto& e : loaded.errors) std::cerr << config::format(e) << "\n";
   if (!loaded.cfg) {

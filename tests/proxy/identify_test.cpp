@@ -641,6 +641,141 @@ TEST_F(Jwt, CreateRejectsUnusableKeys) {
   EXPECT_NE(error.find("P-256"), std::string::npos) << error;
 }
 
+// The JWK (RFC 7517) of a public key: RSA as n/e, EC P-256 as x/y.
+std::string jwk_of(EVP_PKEY* key, const std::string& kid) {
+  std::string out = "{\"kid\":\"" + kid + "\",";
+  if (EVP_PKEY_is_a(key, "RSA")) {
+    BIGNUM* n = nullptr;
+    BIGNUM* e = nullptr;
+    EXPECT_EQ(EVP_PKEY_get_bn_param(key, "n", &n), 1);
+    EXPECT_EQ(EVP_PKEY_get_bn_param(key, "e", &e), 1);
+    auto bytes = [](const BIGNUM* bn) {
+      std::string b(static_cast<std::size_t>(BN_num_bytes(bn)), '\0');
+      BN_bn2bin(bn, reinterpret_cast<unsigned char*>(b.data()));
+      return b;
+    };
+    out += "\"kty\":\"RSA\",\"n\":\"" + b64url(bytes(n)) + "\",\"e\":\"" + b64url(bytes(e)) + "\"}";
+    BN_free(n);
+    BN_free(e);
+  } else {
+    unsigned char pub[65];
+    std::size_t len = 0;
+    EXPECT_EQ(EVP_PKEY_get_octet_string_param(key, "pub", pub, sizeof pub, &len), 1);
+    EXPECT_EQ(len, 65u);
+    const std::string point(reinterpret_cast<char*>(pub), len);
+    out += "\"kty\":\"EC\",\"crv\":\"P-256\",\"x\":\"" + b64url(point.substr(1, 32)) + "\",\"y\":\"" +
+           b64url(point.substr(33, 32)) + "\"}";
+  }
+  return out;
+}
+
+std::string sign_with(EVP_PKEY* key, const std::string& header, const std::string& payload) {
+  const auto input = b64url(header) + "." + b64url(payload);
+  const auto sig = digest_sign(key, input);
+  return input + "." + b64url(EVP_PKEY_is_a(key, "EC") ? der_to_raw(sig) : sig);
+}
+
+class Jwks : public Jwt {
+protected:
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  std::unique_ptr<jwt_verifier> make_jwks(const std::string& keys, std::string* error_out = nullptr) {
+    std::ofstream(path_) << "{\"keys\":[" << keys << "]}";
+    config::jwt_config cfg;
+    cfg.jwks_file = path_;
+    std::string error;
+    auto v = jwt_verifier::create(cfg, error);
+    if (error_out != nullptr) *error_out = error;
+    return v;
+  }
+
+  std::string path_ =
+      (std::filesystem::temp_directory_path() / ("smockron-identify-" + std::to_string(getpid()) + ".jwks")).string();
+};
+
+TEST_F(Jwks, KeysAreChosenByKid) {
+  EVP_PKEY* rsa2 = EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<std::size_t>(2048));
+  ASSERT_NE(rsa2, nullptr);
+  const auto v = make_jwks(jwk_of(rsa_, "r1") + "," + jwk_of(rsa2, "r2") + "," + jwk_of(ec_, "e1") +
+                           R"(,{"kid":"h1","kty":"oct","k":")" + b64url(secret) + "\"}");
+  ASSERT_TRUE(v);
+  const auto p = payload_with();
+  EXPECT_EQ(v->claim(sign_with(rsa_, R"({"alg":"RS256","kid":"r1"})", p), "sub", now), "alice");
+  EXPECT_EQ(v->claim(sign_with(rsa2, R"({"alg":"RS256","kid":"r2"})", p), "sub", now), "alice");
+  EXPECT_EQ(v->claim(sign_with(ec_, R"({"alg":"ES256","kid":"e1"})", p), "sub", now), "alice");
+  EXPECT_EQ(v->claim(sign_hs256(p, secret, R"({"alg":"HS256","kid":"h1"})"), "sub", now), "alice");
+  // Without kid, any key of the token's algorithm may have signed it.
+  EXPECT_EQ(v->claim(sign_with(rsa2, R"({"alg":"RS256"})", p), "sub", now), "alice");
+  // A kid names one key: another key's signature under it, an unknown kid, a kid that is not a string.
+  EXPECT_EQ(v->claim(sign_with(rsa2, R"({"alg":"RS256","kid":"r1"})", p), "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_with(rsa_, R"({"alg":"RS256","kid":"r9"})", p), "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_with(rsa_, R"({"alg":"RS256","kid":1})", p), "sub", now), std::nullopt);
+  // The key pins the algorithm: an RS256 key's kid on an ES256 or HS256 token.
+  EXPECT_EQ(v->claim(sign_with(ec_, R"({"alg":"ES256","kid":"r1"})", p), "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(sign_hs256(p, secret, R"({"alg":"HS256","kid":"r1"})"), "sub", now), std::nullopt);
+  EXPECT_EQ(v->claim(b64url(R"({"alg":"none","kid":"h1"})") + "." + b64url(p) + ".", "sub", now), std::nullopt);
+  EVP_PKEY_free(rsa2);
+}
+
+TEST_F(Jwks, KeysForOtherUsesAreSkipped) {
+  // An identity provider's set holds encryption keys and other algorithms beside its signing keys.
+  const auto v = make_jwks(R"({"kid":"enc","kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"},)"
+                           R"({"kid":"ps","kty":"RSA","alg":"PS256","n":"AQAB","e":"AQAB"},)"
+                           R"({"kid":"p384","kty":"EC","crv":"P-384","x":"AA","y":"AA"},)"
+                           R"({"kid":"okp","kty":"OKP","crv":"Ed25519","x":"AA"},)" +
+                           jwk_of(ec_, "e1"));
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->claim(sign_with(ec_, R"({"alg":"ES256","kid":"e1"})", payload_with()), "sub", now), "alice");
+}
+
+TEST_F(Jwks, UnusableSetsAreErrors) {
+  std::string error;
+  EXPECT_EQ(make_jwks(R"({"kid":"enc","kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"})", &error), nullptr);
+  EXPECT_NE(error.find("no RS256, ES256 or HS256 signing key"), std::string::npos) << error;
+  EXPECT_EQ(make_jwks(R"({"kid":"bad","kty":"RSA","n":"not base64!","e":"AQAB"})", &error), nullptr);
+  EXPECT_NE(error.find("key \"bad\""), std::string::npos) << error;
+  EXPECT_EQ(make_jwks(R"({"kid":"short","kty":"EC","crv":"P-256","x":"AAAA","y":"AAAA"})", &error), nullptr);
+  EXPECT_NE(error.find("32-byte"), std::string::npos) << error;
+  // 32 bytes each, but not a point on the curve.
+  const std::string zeros = b64url(std::string(32, '\0'));
+  EXPECT_EQ(make_jwks(R"({"kid":"off","kty":"EC","crv":"P-256","x":")" + zeros + R"(","y":")" + zeros + "\"}", &error),
+            nullptr);
+  EXPECT_NE(error.find("not a valid public key"), std::string::npos) << error;
+  EXPECT_EQ(make_jwks(R"({"kid":"h","kty":"oct"})", &error), nullptr);
+  EXPECT_EQ(make_jwks("7", &error), nullptr);
+
+  std::ofstream(path_) << "not json";
+  config::jwt_config cfg;
+  cfg.jwks_file = path_;
+  EXPECT_EQ(jwt_verifier::create(cfg, error), nullptr);
+  EXPECT_NE(error.find("\"keys\" array"), std::string::npos) << error;
+  cfg.jwks_file = "/nonexistent/smockron.jwks";
+  EXPECT_EQ(jwt_verifier::create(cfg, error), nullptr);
+  EXPECT_NE(error.find("/nonexistent/smockron.jwks"), std::string::npos) << error;
+}
+
+TEST_F(Jwt, IssuerAndAudience) {
+  config::jwt_config cfg;
+  cfg.hs256_secret = secret;
+  cfg.issuer = "https://idp.example";
+  cfg.audience = "orders";
+  std::string error;
+  const auto v = jwt_verifier::create(cfg, error);
+  ASSERT_TRUE(v) << error;
+  auto with = [&](const std::string& extra) { return v->claim(sign_hs256(payload_with(extra)), "sub", now); };
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example","aud":"orders")"), "alice");
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example","aud":["billing","orders"])"), "alice");
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example","aud":"billing")"), std::nullopt) << "meant for another service";
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example","aud":["billing"])"), std::nullopt);
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example")"), std::nullopt) << "no aud";
+  EXPECT_EQ(with(R"(,"iss":"https://evil.example","aud":"orders")"), std::nullopt) << "another issuer";
+  EXPECT_EQ(with(R"(,"aud":"orders")"), std::nullopt) << "no iss";
+  EXPECT_EQ(with(R"(,"iss":["https://idp.example"],"aud":"orders")"), std::nullopt);
+  EXPECT_EQ(with(R"(,"iss":"https://idp.example","aud":7)"), std::nullopt);
+  // Unset, neither is checked.
+  EXPECT_EQ(make(secret)->claim(sign_hs256(payload_with(R"(,"iss":"anyone","aud":"anything")")), "sub", now), "alice");
+}
+
 TEST(IpIdentifier, Ipv6ClientsAreGroupedByPrefix) {
   // One IPv6 client commonly owns a /64: the addresses in it are one identifier.
   EXPECT_EQ(ip_identifier(ip("2001:db8:1:2:aaaa::1"), 64), "2001:db8:1:2::/64");

@@ -79,6 +79,8 @@ control_fresh = "750ms"
 
 [proxy.jwt]
 hs256_secret = "s3cret"
+issuer = "https://idp.example"
+audience = "orders"
 leeway = "5s"
 
 [proxy.upstreams.app]
@@ -152,6 +154,8 @@ upstream = "app"
   EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
   EXPECT_TRUE(p.jwt.verify());
   EXPECT_EQ(p.jwt.leeway, seconds(5));
+  EXPECT_EQ(p.jwt.issuer, "https://idp.example");
+  EXPECT_EQ(p.jwt.audience, "orders");
   ASSERT_EQ(p.upstreams.size(), 1u);
   EXPECT_EQ(p.upstreams[0].servers.size(), 2u);
   EXPECT_EQ(p.upstreams[0].fail_timeout, seconds(5));
@@ -325,6 +329,8 @@ TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n")
                 .find("proxy.jwt.public_key_file: cannot read"),
             std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\njwks_file = \"/nonexistent/keys.json\"\n").find("proxy.jwt.jwks_file: cannot read"),
+            std::string::npos);
 }
 
 TEST(Config, UpstreamAndRouteErrors) {
@@ -349,9 +355,10 @@ TEST(Config, UpstreamAndRouteErrors) {
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
                 .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
             std::string::npos);
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"jwt:sub\", \"ip\"]\n")
-                .find("proxy.routes[0].identify: a jwt: source needs [proxy.jwt] hs256_secret or public_key_file"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"jwt:sub\", \"ip\"]\n")
+          .find("proxy.routes[0].identify: a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file"),
+      std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nunidentified = \"drop\"\n")
                 .find("proxy.routes[0].unidentified: unknown action \"drop\""),
             std::string::npos);

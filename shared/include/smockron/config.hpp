@@ -106,8 +106,13 @@ struct route_config {
 struct jwt_config {
   std::string hs256_secret;     ///< HMAC secret; empty = none
   std::string public_key_file;  ///< PEM RSA or EC public key (RS256 / ES256); empty = none
+  /// JSON Web Key Set (RFC 7517): RSA, EC P-256 and oct keys, chosen by `kid`;
+  /// read again on reload (SIGHUP), as the identity provider rotates keys.
+  std::string jwks_file;
+  std::string issuer;    ///< non-empty: the `iss` claim must equal it
+  std::string audience;  ///< non-empty: the `aud` claim must be or contain it
   microseconds leeway = std::chrono::seconds(30);
-  bool verify() const { return !hs256_secret.empty() || !public_key_file.empty(); }
+  bool verify() const { return !hs256_secret.empty() || !public_key_file.empty() || !jwks_file.empty(); }
 };
 
 struct proxy_config {

@@ -18,9 +18,13 @@ struct startup {
 
 /// Handles --help/--version/--check and loading. Returns the loaded config to
 /// run with, or nothing with `exit_code` set (0 for --version/--check success).
+/// `section` ("master" or "proxy") must be present; `verify` (optional) checks
+/// what the schema cannot, such as the files the daemon will load, so that
+/// --check finds it too: empty when fine, else why not.
 std::optional<startup> prepare(int argc, char** argv, const std::string& program,
                                const std::vector<std::string>& extra_flags, const std::string& extra_help,
-                               bool (*has_section)(const config::config&), const std::string& section, int& exit_code);
+                               const std::string& section, std::string (*verify)(const config::config&),
+                               int& exit_code);
 
 /// Reloads the file given on the command line (or the embedded defaults) and
 /// logs every error; nothing on failure.
