@@ -18,7 +18,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backends import RawConn, request_bytes  # noqa: E402
-from harness import DaemonTestCase, fetch, metric, run_binary, wait_until  # noqa: E402
+from harness import DaemonTestCase, FakeMaster, fetch, metric, run_binary, wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 
@@ -258,6 +258,30 @@ class JwksTest(DaemonTestCase):
         wait_until(lambda: "reload rejected" in proxy.log(), 5, message="reload rejected in the log")
         self.assertIn("keys.json", proxy.log())
         self.assertEqual(status(second), 200)
+
+
+class CredentialHashingTest(DaemonTestCase):
+    def test_a_credential_source_leaves_the_proxy_only_as_a_hash(self):
+        fm = self.closing(FakeMaster())
+        backend = self.start_backend()
+        proxy = self.start_proxy(
+            {"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+            [{"path": "/", "domain": "api", "upstream": "app",
+              "identify": [{"source": "header:X-API-Key", "hash": True}, "ip"]}],
+            accounting=[fm.accounting], control=[fm.control])
+        secret = "live_4f9a2c7e"
+
+        def accounted():
+            self.assertEqual(fetch(proxy.port, "/x", key=secret)[0].status, 200)
+            return fm.recv(0.2)
+
+        m = wait_until(accounted, 10, message="an accounting message")
+        self.assertEqual(m.identifier, "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:32])
+        self.assertNotIn(secret.encode(), b"".join(m.frames))
+        self.assertEqual(fetch(proxy.port, "/x")[0].status, 200)
+        ip_msg = wait_until(lambda: fm.recv(0.2), 5, message="the next source's accounting")
+        while ip_msg.identifier != "127.0.0.1":  # earlier requests' messages may still be queued
+            ip_msg = wait_until(lambda: fm.recv(0.2), 5, message="the next source's accounting")
 
 
 class Ipv6GroupingTest(DaemonTestCase):

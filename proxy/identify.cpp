@@ -677,7 +677,7 @@ std::optional<identity> identify(const std::vector<config::identifier_source>& s
           if (auto v = query_value(target, src.name)) value = std::move(*v);
           break;
         case kind::token:
-          if (const auto t = bearer_token(headers)) value = hash_secret(*t);
+          if (const auto t = bearer_token(headers)) value = *t;
           break;
         case kind::jwt:
           if (ctx.jwt == nullptr) break;
@@ -687,8 +687,8 @@ std::optional<identity> identify(const std::vector<config::identifier_source>& s
           break;
       }
       if (value.empty()) continue;
-      // Too long for the wire: a hash still identifies the client stably.
-      if (value.size() > wire::max_identifier_bytes) value = hash_secret(value);
+      // A credential, or too long for the wire: a hash still identifies the client stably.
+      if (src.hash || value.size() > wire::max_identifier_bytes) value = hash_secret(value);
       if (value.empty()) continue;
       return identity{std::move(value), &src};
     }

@@ -1,7 +1,7 @@
 // Client identification for the gate: the route's ordered identifier sources
 // (ip with trusted X-Forwarded-For, header, cookie, query, bearer token,
 // JWT claim), first that yields a value wins. Secrets never leave as-is:
-// bearer tokens become a hash.
+// a source marked `hash` (bearer tokens by default) yields a hash.
 #pragma once
 
 #include <cstdint>

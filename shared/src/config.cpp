@@ -167,6 +167,53 @@ void read_upstreams(reader& r, proxy_config& p) {
   }
 }
 
+// `identify`: sources in order, each "KIND[:NAME]" or a table
+// { source = "KIND[:NAME]", hash = BOOL } (hash: the value is replaced by
+// "sha256:" + 32 hex digits before it is used, logged or sent anywhere).
+std::vector<identifier_source> read_identify(const toml::node& n, const std::string& key, sink& errors) {
+  std::vector<identifier_source> out;
+  const auto one = [&](const toml::node& item, const std::string& item_key) {
+    const toml::node* text = &item;
+    const toml::table* options = item.as_table();
+    if (options != nullptr) {
+      reader tr(*options, item_key, errors);
+      text = tr.get("source");
+      bool hash = false;
+      tr.boolean("hash", hash);
+      if (text == nullptr) {
+        errors.add(item, item_key + ".source", "missing (e.g. source = \"header:X-API-Key\")");
+        return;
+      }
+      const auto* s = text->as_string();
+      auto src = s ? parse_identifier_source(s->get()) : std::nullopt;
+      if (!src) {
+        errors.add(*text, item_key + ".source",
+                   "invalid identifier source (use ip, header:NAME, cookie:NAME, query:NAME, token, jwt:CLAIM)");
+        return;
+      }
+      if (options->contains("hash")) src->hash = hash;
+      out.push_back(*src);
+      return;
+    }
+    const auto* s = item.as_string();
+    auto src = s ? parse_identifier_source(s->get()) : std::nullopt;
+    if (!src) {
+      errors.add(item, item_key,
+                 s ? "invalid identifier source \"" + s->get() +
+                         "\" (use ip, header:NAME, cookie:NAME, query:NAME, token, jwt:CLAIM)"
+                   : "expected a source string or a { source, hash } table, got " + std::string(type_name(item)));
+      return;
+    }
+    out.push_back(*src);
+  };
+  if (const auto* a = n.as_array()) {
+    for (std::size_t i = 0; i < a->size(); ++i) one((*a)[i], key + "[" + std::to_string(i) + "]");
+  } else {
+    one(n, key);  // a single source is accepted as a one-element list
+  }
+  return out;
+}
+
 void read_routes(reader& r, proxy_config& p) {
   const toml::node* n = r.get("routes");
   if (!n) return;
@@ -207,18 +254,11 @@ void read_routes(reader& r, proxy_config& p) {
     } else if (!rt->contains("upstream")) {
       r.errors().add((*arr)[i], path + ".upstream", "missing (every route needs an upstream)");
     }
-    std::vector<std::string> sources;
-    rr.string_list("identify", sources, [](std::string_view s) {
-      return parse_identifier_source(s) ? std::string()
-                                        : "invalid identifier source \"" + std::string(s) +
-                                              "\" (use ip, header:NAME, cookie:NAME, query:NAME, token, jwt:CLAIM)";
-    });
-    if (rt->contains("identify")) {
-      route.identify.clear();
-      for (const auto& s : sources) {
-        if (auto src = parse_identifier_source(s)) route.identify.push_back(*src);
+    if (const toml::node* n = rr.get("identify")) {
+      route.identify = read_identify(*n, path + ".identify", r.errors());
+      if (const auto* a = n->as_array(); a != nullptr && a->empty()) {
+        r.errors().add(*n, path + ".identify", "needs at least one source");
       }
-      if (sources.empty()) r.errors().add(*rt->get("identify"), path + ".identify", "needs at least one source");
       const bool jwt = std::any_of(route.identify.begin(), route.identify.end(),
                                    [](const auto& src) { return src.type == identifier_source::kind::jwt; });
       if (jwt && !p.jwt.verify()) {
@@ -324,7 +364,7 @@ const upstream_config* proxy_config::find_upstream(std::string_view name) const 
 std::optional<identifier_source> parse_identifier_source(std::string_view text) {
   using k = identifier_source::kind;
   if (text == "ip") return identifier_source{k::ip, {}};
-  if (text == "token") return identifier_source{k::token, {}};
+  if (text == "token") return identifier_source{k::token, {}, true};
   const auto colon = text.find(':');
   if (colon == std::string_view::npos || colon + 1 == text.size()) return std::nullopt;
   const auto prefix = text.substr(0, colon);

@@ -266,6 +266,26 @@ TEST(Identify, TokenIsHashedNeverRaw) {
   EXPECT_EQ(r->value.rfind("sha256:", 0), 0u);
 }
 
+TEST(Identify, AnySourceMarkedHashYieldsAHash) {
+  headers h;
+  h.insert("X-API-Key", "live_k3y");
+  h.insert("Cookie", "sid=sess10n");
+  h.insert("Authorization", "Bearer t0ken");
+  auto hashed = [](std::string_view text, bool hash) {
+    auto s = *config::parse_identifier_source(text);
+    s.hash = hash;
+    return std::vector<src>{s};
+  };
+  EXPECT_EQ(id_of(hashed("header:X-API-Key", true), h), hash_secret("live_k3y"));
+  EXPECT_EQ(id_of(hashed("cookie:sid", true), h), hash_secret("sess10n"));
+  EXPECT_EQ(id_of(hashed("query:k", true), h, "/?k=q"), hash_secret("q"));
+  EXPECT_EQ(id_of(hashed("header:X-API-Key", false), h), "live_k3y");
+  EXPECT_EQ(id_of(hashed("token", false), h), "t0ken") << "the operator's choice";
+  // An absent value stays absent rather than becoming the hash of nothing.
+  EXPECT_EQ(id_of(std::vector<src>{hashed("header:X-Other", true)[0], *config::parse_identifier_source("ip")}, h),
+            "203.0.113.9");
+}
+
 TEST(Identify, TokenRequiresBearerScheme) {
   const auto s = sources({"token", "ip"});
   headers basic;

@@ -388,6 +388,44 @@ TEST(Config, IdentifierSources) {
   EXPECT_FALSE(parse_identifier_source("ip:x"));
   EXPECT_FALSE(parse_identifier_source(""));
   EXPECT_EQ(to_string(identifier_source{k::jwt, "sub"}), "jwt:sub");
+  EXPECT_TRUE(parse_identifier_source("token")->hash) << "bearer tokens are credentials";
+  EXPECT_FALSE(parse_identifier_source("header:X-API-Key")->hash);
+}
+
+TEST(Config, IdentifierSourcesWithOptions) {
+  using k = identifier_source::kind;
+  const std::string up =
+      "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\ndomain = \"d\"\n"
+      "upstream = \"u\"\n";
+  auto r = load(up +
+                "identify = [{ source = \"header:X-API-Key\", hash = true }, { source = \"token\", hash = false }, "
+                "{ source = \"cookie:sid\" }, \"ip\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& ids = r.cfg->proxy->routes[0].identify;
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[0], (identifier_source{k::header, "X-API-Key", true}));
+  EXPECT_EQ(ids[1], (identifier_source{k::token, {}, false}));
+  EXPECT_EQ(ids[2], (identifier_source{k::cookie, "sid", false}));
+  EXPECT_EQ(ids[3], (identifier_source{k::ip, {}, false}));
+  // A single source, string or table, is a one-element list.
+  r = load(up + "identify = { source = \"query:key\", hash = true }\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->routes[0].identify, (std::vector<identifier_source>{{k::query, "key", true}}));
+
+  EXPECT_NE(one_error(up + "identify = [{ hash = true }]\n").find("proxy.routes[0].identify[0].source: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"mac\" }]\n")
+                .find("proxy.routes[0].identify[0].source: invalid identifier source"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"ip\", hash = \"yes\" }]\n")
+                .find("proxy.routes[0].identify[0].hash: expected a boolean"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"ip\", salt = \"x\" }]\n")
+                .find("proxy.routes[0].identify[0].salt: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [7]\n")
+                .find("proxy.routes[0].identify[0]: expected a source string or a { source, hash } table"),
+            std::string::npos);
 }
 
 TEST(Config, LoadFile) {

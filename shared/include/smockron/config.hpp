@@ -78,9 +78,14 @@ struct identifier_source {
   enum class kind : std::uint8_t { ip, header, cookie, query, token, jwt };
   kind type = kind::ip;
   std::string name;  ///< header/cookie/query name or JWT claim
+  /// The value is used, logged and sent only as "sha256:" + 32 hex digits:
+  /// credentials (API keys, session cookies) never appear in clear in logs,
+  /// accounting, Redis or /status. On by default for `token`.
+  bool hash = false;
   friend bool operator==(const identifier_source&, const identifier_source&) = default;
 };
-/// "ip", "header:X-API-Key", "cookie:session", "query:key", "token", "jwt:sub".
+/// "ip", "header:X-API-Key", "cookie:session", "query:key", "token", "jwt:sub"
+/// (`hash` as the kind's default).
 std::optional<identifier_source> parse_identifier_source(std::string_view text);
 std::string to_string(const identifier_source& s);
 
