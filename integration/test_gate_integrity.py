@@ -170,6 +170,29 @@ class ForwardingHeadersTest(DaemonTestCase):
         self.assertEqual(seen["x-forwarded-proto"], "https", "the load balancer terminated TLS")
         self.assertEqual(seen["x-forwarded-host"], "shop.example")
 
+    def test_rfc_7239_forwarded_names_the_client_when_configured(self):
+        fm = self.closing(FakeMaster())
+        backend = self.start_backend()
+        proxy = self.start_proxy(
+            {"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}],
+            accounting=[fm.accounting], control=[fm.control], trusted_proxies=["127.0.0.1/32"],
+            real_ip_header="Forwarded")
+        # The client adds an X-Forwarded-For of its own: only Forwarded is believed.
+        hdrs = [("Forwarded", 'for="[2001:db8:cafe::17]:4711";proto=https'), ("X-Forwarded-For", "6.6.6.6")]
+
+        def accounted():
+            r, _ = fetch(proxy.port, "/echo", headers=hdrs, host="shop.test")
+            self.assertEqual(r.status, 200, r)
+            self.last = r
+            return fm.recv(0.2)
+
+        m = wait_until(accounted, 10, message="an accounting message")
+        self.assertEqual(m.identifier, "2001:db8:cafe::/64")
+        seen = [(k.lower(), v) for k, v in self.last.json()["headers"]]
+        self.assertEqual([v for k, v in seen if k == "forwarded"],
+                         ['for="[2001:db8:cafe::17]:4711";proto=https', 'for=127.0.0.1;host="shop.test";proto=http'])
+
     def test_an_untrusted_peers_proto_and_host_are_replaced(self):
         backend = self.start_backend()
         proxy = self.simple_proxy(backend)

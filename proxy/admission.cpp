@@ -23,7 +23,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   const auto domain = rt.gate_domain[r.domain_index];
   const auto& count = rt.decisions[r.domain_index];
   const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000,
-                              static_cast<int>(rt.cfg.ipv6_prefix)};
+                              static_cast<int>(rt.cfg.ipv6_prefix), rt.cfg.real_ip_header};
   a.who = identify(r.identify, req.headers, req.target, peer, ictx);
   // fail_closed: no master has published this domain's policy lately (none
   // reachable, or none owns the domain): refuse rather than pass.

@@ -156,6 +156,9 @@ struct forward_info {
   /// are kept (it terminated TLS, it saw the original host); from anyone
   /// else they are replaced.
   bool trusted_peer = false;
+  /// Also append an RFC 7239 Forwarded element for this hop
+  /// (`for=PEER;host="HOST";proto=PROTO`) after those received.
+  bool forwarded_element = false;
 };
 
 /// True for a header the proxy never forwards as-is: hop-by-hop (Connection

@@ -107,6 +107,24 @@ void write_request_head(std::string& out, const request_head& req, const forward
   if (!req.host.empty() && (!info.trusted_peer || !req.headers.first("X-Forwarded-Host"))) {
     append_line(out, "X-Forwarded-Host", req.host);
   }
+  if (info.forwarded_element) {
+    // An IPv6 node is bracketed and quoted (RFC 7239 6); host is a quoted-string.
+    out.append("Forwarded: for=");
+    if (info.peer_ip.find(':') != std::string_view::npos) {
+      out.append("\"[").append(info.peer_ip).append("]\"");
+    } else {
+      out.append(info.peer_ip);
+    }
+    if (!req.host.empty()) {
+      out.append(";host=\"");
+      for (const char c : req.host) {
+        if (c == '"' || c == '\\') out.push_back('\\');
+        out.push_back(c);
+      }
+      out.push_back('"');
+    }
+    out.append(";proto=").append(info.proto).append("\r\n");
+  }
   // HTTP/1.0 allows a request without Host; the HTTP/1.1 it goes on as does
   // not: an empty one is what a target without authority calls for (RFC 9112 3.2).
   if (req.version < 11 && !req.has_host) out.append("Host: \r\n");

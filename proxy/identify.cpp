@@ -43,11 +43,6 @@ bool for_each_header(const http1::header_list& headers, std::string_view name, F
   return headers.for_each(name, std::forward<F>(f));
 }
 
-template <class F>
-bool for_each_header_reverse(const http1::header_list& headers, std::string_view name, F&& f) {
-  return headers.for_each_reverse(name, std::forward<F>(f));
-}
-
 std::optional<std::string_view> first_header(const http1::header_list& headers, std::string_view name) {
   return headers.first(name);
 }
@@ -610,35 +605,103 @@ std::string format_ip(const ip_address& a) {
   return buf;
 }
 
-ip_address client_address(const http1::header_list& headers, const ip_address& peer,
-                          const std::vector<cidr>& trusted_proxies) {
-  // Only a trusted proxy may speak for someone else; anyone else is who they are.
-  if (!is_trusted(peer, trusted_proxies)) return peer;
-  // Walk hops from the nearest (right-most) outwards. Each hop was appended by
-  // the proxy before it, so entries are believable only while we are still
-  // inside trusted proxies; the first untrusted one is the client. Garbage
-  // means the chain cannot be followed: the last trusted hop is the client.
-  ip_address last = peer;
-  std::optional<ip_address> client;
-  for_each_header_reverse(headers, "X-Forwarded-For", [&](std::string_view line) {
+std::optional<std::string_view> forwarded_for(std::string_view element) {
+  // forwarded-element = [ forwarded-pair ] *( ";" [ forwarded-pair ] ), pair = token "=" value,
+  // value = token / quoted-string. A ';' or ',' inside quotes does not end a pair.
+  std::optional<std::string_view> found;
+  std::size_t i = 0;
+  while (i <= element.size()) {
+    std::size_t end = i;
+    bool quoted = false;
+    for (; end < element.size() && (quoted || element[end] != ';'); ++end) {
+      if (element[end] == '"') quoted = !quoted;
+      if (quoted && element[end] == '\\') ++end;  // quoted-pair
+    }
+    if (quoted) return std::nullopt;  // unterminated quoted-string
+    const auto pair = trim(element.substr(i, std::min(end, element.size()) - i));
+    const auto eq = pair.find('=');
+    if (!pair.empty() && eq == std::string_view::npos) return std::nullopt;
+    if (!pair.empty() && iequals(trim(pair.substr(0, eq)), "for")) {
+      if (found) return std::nullopt;  // a parameter appears at most once per element (RFC 7239 4)
+      found = trim(pair.substr(eq + 1));
+    }
+    i = end + 1;
+  }
+  return found;
+}
+
+std::optional<ip_address> forwarded_node_address(std::string_view value) {
+  if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+    value = value.substr(1, value.size() - 2);
+    if (value.find('\\') != std::string_view::npos) return std::nullopt;  // no address needs escaping
+  }
+  // node = nodename [ ":" node-port ]; an IPv6 nodename is bracketed.
+  if (!value.empty() && value.front() == '[') {
+    const auto close = value.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    const auto rest = value.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return std::nullopt;
+    return parse_ip(value.substr(1, close - 1));
+  }
+  const auto colon = value.find(':');
+  const auto name = value.substr(0, colon);
+  // A bare IPv6 address (not bracketed) is invalid in Forwarded: only IPv4 here.
+  const auto a = parse_ip(name);
+  if (!a || !is_v4_mapped(*a)) return std::nullopt;
+  return a;
+}
+
+namespace {
+
+// Walks a chain header from the nearest hop (right-most entry) outwards,
+// calling `entry` with each element's address (nothing: not an address)
+// until it returns true.
+template <class F>
+void walk_chain(const http1::header_list& headers, real_ip_header chain, F&& entry) {
+  const std::string_view name = chain == real_ip_header::forwarded ? "Forwarded" : "X-Forwarded-For";
+  headers.for_each_reverse(name, [&](std::string_view line) {
     while (true) {
+      // Forwarded elements may hold commas inside quoted strings; none holds an address.
       const auto comma = line.rfind(',');
-      const auto entry = trim(comma == std::string_view::npos ? line : line.substr(comma + 1));
-      if (!entry.empty()) {  // list syntax allows empty elements
-        const auto addr = parse_ip(entry);
-        if (!addr) {
-          client = last;
-          return true;
+      const auto element = trim(comma == std::string_view::npos ? line : line.substr(comma + 1));
+      if (!element.empty()) {  // list syntax allows empty elements
+        std::optional<ip_address> addr;
+        if (chain == real_ip_header::forwarded) {
+          if (const auto v = forwarded_for(element)) addr = forwarded_node_address(*v);
+        } else {
+          addr = parse_ip(element);
         }
-        if (!is_trusted(*addr, trusted_proxies)) {
-          client = *addr;
-          return true;
-        }
-        last = *addr;
+        if (entry(addr)) return true;
       }
       if (comma == std::string_view::npos) return false;
       line = line.substr(0, comma);
     }
+  });
+}
+
+}  // namespace
+
+ip_address client_address(const http1::header_list& headers, const ip_address& peer,
+                          const std::vector<cidr>& trusted_proxies, real_ip_header chain) {
+  // Only a trusted proxy may speak for someone else; anyone else is who they are.
+  if (!is_trusted(peer, trusted_proxies)) return peer;
+  // Each hop was appended by the proxy before it, so entries are believable
+  // only while we are still inside trusted proxies; the first untrusted one
+  // is the client. Garbage means the chain cannot be followed: the last
+  // trusted hop is the client.
+  ip_address last = peer;
+  std::optional<ip_address> client;
+  walk_chain(headers, chain, [&](const std::optional<ip_address>& addr) {
+    if (!addr) {
+      client = last;
+      return true;
+    }
+    if (!is_trusted(*addr, trusted_proxies)) {
+      client = *addr;
+      return true;
+    }
+    last = *addr;
+    return false;
   });
   return client ? *client : last;  // all trusted: the left-most
 }
@@ -664,8 +727,9 @@ std::optional<identity> identify(const std::vector<config::identifier_source>& s
       std::string value;
       switch (src.type) {
         case kind::ip:
-          value = ip_identifier(client_address(headers, peer, ctx.trusted_proxies ? *ctx.trusted_proxies : no_proxies),
-                                ctx.ipv6_prefix_bits);
+          value = ip_identifier(
+              client_address(headers, peer, ctx.trusted_proxies ? *ctx.trusted_proxies : no_proxies, ctx.chain),
+              ctx.ipv6_prefix_bits);
           break;
         case kind::header:
           if (const auto v = first_header(headers, src.name)) value = trim(*v);

@@ -47,6 +47,8 @@ struct identity {
   const config::identifier_source* source = nullptr;
 };
 
+using real_ip_header = config::proxy_config::real_ip_header_kind;
+
 struct identify_context {
   const std::vector<cidr>* trusted_proxies = nullptr;
   const jwt_verifier* jwt = nullptr;  ///< nullptr: jwt:* sources yield nothing
@@ -54,6 +56,7 @@ struct identify_context {
   /// `ip` identifiers of IPv6 clients keep this many leading bits ("2001:db8:1:2::/64"):
   /// one IPv6 client commonly owns a /64, 2^64 addresses. 128: the whole address.
   int ipv6_prefix_bits = 64;
+  real_ip_header chain = real_ip_header::x_forwarded_for;  ///< where trusted proxies name the client
 };
 
 /// The `ip` identifier of `a`: an IPv4 address as is, an IPv6 one as its
@@ -66,9 +69,22 @@ std::optional<identity> identify(const std::vector<config::identifier_source>& s
                                  const identify_context& ctx);
 
 /// The client address: the peer, or, when the peer is a trusted proxy, the
-/// right-most X-Forwarded-For address that is not itself trusted.
+/// right-most address of the `chain` header (X-Forwarded-For, or Forwarded's
+/// `for=` parameters) that is not itself trusted. An entry that is no address
+/// (garbage, or Forwarded's "unknown" and obfuscated "_names") ends the walk:
+/// the last trusted hop is then the client.
 ip_address client_address(const http1::header_list& headers, const ip_address& peer,
-                          const std::vector<cidr>& trusted_proxies);
+                          const std::vector<cidr>& trusted_proxies,
+                          real_ip_header chain = real_ip_header::x_forwarded_for);
+
+/// The address of a Forwarded `for=` value (RFC 7239 6: "192.0.2.43",
+/// "\"192.0.2.43:47011\"", "\"[2001:db8:cafe::17]:4711\""); nothing for
+/// "unknown", obfuscated names and anything malformed.
+std::optional<ip_address> forwarded_node_address(std::string_view value);
+
+/// The `for=` value of one Forwarded element ("for=x;proto=https"), quotes
+/// kept; nothing when the element has none or does not parse.
+std::optional<std::string_view> forwarded_for(std::string_view element);
 
 /// Text form of an address (IPv4-mapped addresses as dotted quads).
 std::string format_ip(const ip_address& a);

@@ -126,6 +126,7 @@ private:
     forward_env fenv{w_.pool, s_.metrics, s_.draining};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
+    hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
     const bool keep = co_await forward(fenv, rt, *r, c_, hop);

@@ -832,6 +832,19 @@ TEST(Http1WriteRequest, KeepsATrustedProxysForwardedProtoAndHost) {
             "X-Forwarded-Host: a\r\n\r\n");
 }
 
+TEST(Http1WriteRequest, AppendsAForwardedElementForThisHop) {
+  auto info = fwd("192.0.2.7");
+  info.forwarded_element = true;
+  EXPECT_EQ(
+      forwarded("GET / HTTP/1.1\r\nHost: a.example:8080\r\nForwarded: for=198.51.100.1;proto=https\r\n\r\n", info),
+      "GET / HTTP/1.1\r\nHost: a.example:8080\r\nForwarded: for=198.51.100.1;proto=https\r\n"
+      "X-Forwarded-For: 192.0.2.7\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: a.example:8080\r\n"
+      "Forwarded: for=192.0.2.7;host=\"a.example:8080\";proto=http\r\n\r\n");
+  info.peer_ip = "2001:db8::7";
+  const auto out = forwarded("GET / HTTP/1.0\r\n\r\n", info);
+  EXPECT_NE(out.find("Forwarded: for=\"[2001:db8::7]\";proto=http\r\n"), std::string::npos) << out;
+}
+
 TEST(Http1WriteRequest, AppendsToTheBuffer) {
   request_head h;
   ASSERT_EQ(parse_request("GET / HTTP/1.1\r\nHost: a\r\n\r\n", k_max_head, h).status, parse_status::complete);

@@ -185,6 +185,64 @@ TEST(ClientAddress, Ipv6PeersAndHops) {
   EXPECT_EQ(client(mapped, "::ffff:10.0.0.1", cidrs({"10.0.0.0/8"})), "192.0.2.77");
 }
 
+// RFC 7239's own examples (sections 4 and 7.1) and the edge cases of its grammar.
+TEST(Forwarded, ForParameterOfAnElement) {
+  EXPECT_EQ(forwarded_for("for=192.0.2.60;proto=http;by=203.0.113.43"), "192.0.2.60");
+  EXPECT_EQ(forwarded_for("For=\"[2001:db8:cafe::17]:4711\""), "\"[2001:db8:cafe::17]:4711\"");
+  EXPECT_EQ(forwarded_for("proto=https; for=198.51.100.17 ;by=x"), "198.51.100.17");
+  EXPECT_EQ(forwarded_for("by=\"a;for=1.2.3.4\";for=192.0.2.1"), "192.0.2.1") << "';' inside quotes";
+  EXPECT_EQ(forwarded_for("proto=https"), std::nullopt);
+  EXPECT_EQ(forwarded_for(";;for=192.0.2.1;"), "192.0.2.1") << "empty pairs are allowed";
+  EXPECT_EQ(forwarded_for("for=192.0.2.1;for=192.0.2.2"), std::nullopt) << "a parameter at most once";
+  EXPECT_EQ(forwarded_for("for"), std::nullopt);
+  EXPECT_EQ(forwarded_for("for=\"192.0.2.1"), std::nullopt) << "unterminated quote";
+}
+
+TEST(Forwarded, NodeAddresses) {
+  auto addr = [](std::string_view v) {
+    const auto a = forwarded_node_address(v);
+    return a ? format_ip(*a) : std::string("<none>");
+  };
+  EXPECT_EQ(addr("192.0.2.43"), "192.0.2.43");
+  EXPECT_EQ(addr("\"192.0.2.43:47011\""), "192.0.2.43");
+  EXPECT_EQ(addr("\"[2001:db8:cafe::17]\""), "2001:db8:cafe::17");
+  EXPECT_EQ(addr("\"[2001:db8:cafe::17]:4711\""), "2001:db8:cafe::17");
+  EXPECT_EQ(addr("unknown"), "<none>");
+  EXPECT_EQ(addr("_hidden"), "<none>");
+  EXPECT_EQ(addr("\"_SEVKISEK\""), "<none>");
+  EXPECT_EQ(addr("2001:db8::1"), "<none>") << "IPv6 must be bracketed";
+  EXPECT_EQ(addr("\"[2001:db8::1\""), "<none>");
+  EXPECT_EQ(addr("\"[2001:db8::1]x\""), "<none>");
+  EXPECT_EQ(addr("\"192.0.2.1\\\"\""), "<none>");
+  EXPECT_EQ(addr(""), "<none>");
+}
+
+TEST(ClientAddress, ForwardedChainFromTrustedProxies) {
+  const auto trusted = cidrs({"10.0.0.0/8"});
+  const auto via_forwarded = [&](const headers& h, std::string_view peer) {
+    return format_ip(client_address(h, ip(peer), trusted, real_ip_header::forwarded));
+  };
+  headers h;
+  h.insert("Forwarded", "for=6.6.6.6, for=192.0.2.50;proto=https");
+  h.insert("Forwarded", "for=\"10.0.0.2:8080\";by=10.0.0.1");
+  EXPECT_EQ(via_forwarded(h, "10.0.0.1"), "192.0.2.50");
+  EXPECT_EQ(via_forwarded(h, "203.0.113.9"), "203.0.113.9") << "an untrusted peer is who it is";
+  // Only the configured header is believed: a client adds the other one itself.
+  h.insert("X-Forwarded-For", "7.7.7.7");
+  EXPECT_EQ(via_forwarded(h, "10.0.0.1"), "192.0.2.50");
+  EXPECT_EQ(client(h, "10.0.0.1", trusted), "7.7.7.7") << "X-Forwarded-For mode ignores Forwarded";
+  headers v6;
+  v6.insert("Forwarded", "for=\"[2001:db8:cafe::17]:4711\"");
+  EXPECT_EQ(via_forwarded(v6, "10.0.0.1"), "2001:db8:cafe::17");
+  // An element that names no address ends the walk at the last trusted hop.
+  for (const auto* value : {"for=192.0.2.50, for=unknown", "for=192.0.2.50, for=_proxy2", "for=192.0.2.50, proto=http",
+                            "for=192.0.2.50, for=\"10.0.0.3"}) {
+    headers g;
+    g.insert("Forwarded", value);
+    EXPECT_EQ(via_forwarded(g, "10.0.0.1"), "10.0.0.1") << value;
+  }
+}
+
 // ------------------------------------------------------ header / cookie / query
 
 TEST(Identify, HeaderCaseInsensitiveFirstInstanceTrimmed) {

@@ -74,6 +74,7 @@ ipv6_prefix = 56
 normalize_path = false
 merge_slashes = false
 escaped_slashes = "unescape"
+real_ip_header = "Forwarded"
 max_control_entries = 5000
 control_fresh = "750ms"
 
@@ -149,6 +150,7 @@ upstream = "app"
   EXPECT_FALSE(p.normalize_path);
   EXPECT_FALSE(p.merge_slashes);
   EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
+  EXPECT_EQ(p.real_ip_header, config::proxy_config::real_ip_header_kind::forwarded);
   EXPECT_EQ(p.max_control_entries, 5000);
   EXPECT_EQ(p.control_fresh, milliseconds(750));
   EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
@@ -233,6 +235,9 @@ TEST(Config, MasterValueErrors) {
   EXPECT_NE(
       one_error("[proxy]\nescaped_slashes = \"decode\"\n").find("proxy.escaped_slashes: unknown action \"decode\""),
       std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nreal_ip_header = \"X-Real-IP\"\n")
+                .find("proxy.real_ip_header: unknown header \"X-Real-IP\" (use \"X-Forwarded-For\" or \"Forwarded\")"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n")

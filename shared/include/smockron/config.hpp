@@ -129,6 +129,11 @@ struct proxy_config {
   microseconds max_delay = std::chrono::seconds(5);
   std::int64_t max_held = 10'000;
   std::vector<cidr> trusted_proxies;
+  /// The header trusted proxies name the client in: X-Forwarded-For, or RFC 7239
+  /// Forwarded (`for=`; a Forwarded element for this hop is then added too).
+  /// Only one is believed: a client could add the other itself.
+  enum class real_ip_header_kind : std::uint8_t { x_forwarded_for, forwarded };
+  real_ip_header_kind real_ip_header = real_ip_header_kind::x_forwarded_for;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
   microseconds header_timeout = std::chrono::seconds(10);
   microseconds body_timeout = std::chrono::seconds(60);
