@@ -202,6 +202,50 @@ class ForwardingHeadersTest(DaemonTestCase):
         self.assertEqual((seen["x-forwarded-proto"], seen["x-forwarded-host"]), ("http", "shop.test"))
 
 
+class ProxyProtocolTest(DaemonTestCase):
+    """Behind an L4 balancer (AWS NLB, HAProxy) that names the client in a PROXY header."""
+
+    V2_SIG = b"\r\n\r\n\x00\r\nQUIT\n"
+
+    def test_the_client_named_by_the_header_is_the_peer(self):
+        fm = self.closing(FakeMaster())
+        backend = self.start_backend()
+        proxy = self.start_proxy(
+            {"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["ip"]}],
+            accounting=[fm.accounting], control=[fm.control], proxy_protocol=True)
+
+        def xff(header: bytes) -> str:
+            c = self.closing(RawConn(proxy.port))
+            c.send(header + request_bytes("GET", "/echo") + request_bytes("GET", "/echo"))
+            first, second = c.read_response(), c.read_response()
+            self.assertEqual((first.status, second.status), (200, 200), "keep-alive after the header")
+            seen = {k.lower(): v for k, v in first.json()["headers"]}
+            return seen["x-forwarded-for"]
+
+        v1 = b"PROXY TCP4 192.0.2.10 127.0.0.1 56324 8080\r\n"
+        self.assertEqual(xff(v1), "192.0.2.10")
+        v2_inet6 = (self.V2_SIG + bytes([0x21, 0x21, 0, 36]) + bytes.fromhex("20010db8" + "00" * 11 + "07")
+                    + bytes(16) + bytes([0x12, 0x34, 0x1f, 0x90]))
+        self.assertEqual(xff(v2_inet6), "2001:db8::7")
+        self.assertEqual(xff(self.V2_SIG + bytes([0x20, 0x00, 0, 0])), "127.0.0.1", "LOCAL keeps the socket's peer")
+        # The header's client is the identifier the master sees.
+        m = wait_until(lambda: (xff(v1), fm.recv(0.2))[1], 10, message="an accounting message")
+        while m.identifier != "192.0.2.10":
+            m = wait_until(lambda: fm.recv(0.2), 5, message="the v1 client's accounting")
+
+        # A connection without a valid header is closed unanswered, and counted.
+        errors0 = proxy.metric("smockron_proxy_proxy_protocol_errors_total") or 0
+        forwarded0 = len(backend.requests())
+        for bad in (request_bytes("GET", "/echo"), b"PROXY TCP4 192.0.2.10 127.0.0.1 1\r\n",
+                    self.V2_SIG + bytes([0x21, 0x11, 0xff, 0xff])):
+            c = self.closing(RawConn(proxy.port))
+            c.send(bad)
+            self.assertTrue(c.wait_closed(5), bad)
+        proxy.wait_metric("smockron_proxy_proxy_protocol_errors_total", predicate=lambda v: v == errors0 + 3)
+        self.assertEqual(len(backend.requests()), forwarded0, "nothing of theirs was forwarded")
+
+
 class JwtWithoutKeyTest(DaemonTestCase):
     def test_a_jwt_source_without_a_key_is_a_configuration_error(self):
         path = self.write_file("jwt.toml", """

@@ -37,6 +37,8 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
                                    "Clients that did not send a request head in time (408)")),
       client_gone_held(r.add_counter("smockron_proxy_held_client_disconnects_total",
                                      "Clients that disconnected while held (dropped, never forwarded)")),
+      proxy_protocol_error(r.add_counter("smockron_proxy_proxy_protocol_errors_total",
+                                         "Connections closed for a missing, invalid or late PROXY protocol header")),
       reject_too_long(reject(r, "delay_too_long")),
       reject_held_full(reject(r, "held_full")),
       reject_no_master(reject(r, "no_master")),

@@ -27,6 +27,7 @@ struct proxy_metrics {
 
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held;
+  metrics::counter& proxy_protocol_error;  ///< connections closed for a missing or invalid PROXY header
   metrics::counter &reject_too_long, &reject_held_full, &reject_no_master, &reject_unidentified;
   /// Requests no source identified, by the route's action (shared, reject, allow).
   metrics::counter &unidentified_shared, &unidentified_reject, &unidentified_allow;

@@ -8,6 +8,7 @@
 #include "proxy/admission.hpp"
 #include "proxy/forward.hpp"
 #include "proxy/path.hpp"
+#include "proxy/proxy_protocol.hpp"
 
 namespace smockron::proxy {
 namespace {
@@ -21,6 +22,7 @@ public:
     boost::system::error_code ignored;
     c_.client.set_option(tcp::no_delay(true), ignored);
     if (auto parsed = parse_ip(c_.client.remote_endpoint(ignored).address().to_string())) peer_ = *parsed;
+    if (w_.rt->cfg.proxy_protocol && !co_await read_proxy_header(*w_.rt)) co_return;
     peer_text_ = format_ip(peer_);
     for (bool first = true;; first = false) {
       if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
@@ -40,6 +42,29 @@ public:
   }
 
 private:
+  // The PROXY protocol header a load balancer sends first: the client it
+  // names becomes the peer (LOCAL and UNKNOWN keep the socket's). It counts
+  // against max_header_bytes and header_timeout. False: missing, invalid or
+  // late; the connection is closed without a response, as HAProxy does.
+  awaitable<bool> read_proxy_header(const runtime& rt) {
+    const auto limit = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+    c_.expires_after(rt.cfg.header_timeout);
+    for (;;) {
+      const auto r = proxy_protocol::parse(view(c_.in), limit);
+      if (r.state == proxy_protocol::status::complete) {
+        if (r.source) peer_ = *r.source;
+        c_.in.consume(r.consumed);
+        co_return true;
+      }
+      if (r.state == proxy_protocol::status::invalid) break;
+      auto [ec, n] = co_await read_more(c_, c_.client, c_.in.prepare(k_head_read), std::nullopt);
+      if (ec) break;
+      c_.in.commit(n);
+    }
+    s_.metrics.proxy_protocol_error.inc();
+    co_return false;
+  }
+
   // Waits for the first bytes of a request on an idle connection. False:
   // closed, draining, or silent until the deadline.
   awaitable<bool> wait_for_request(bool first) {

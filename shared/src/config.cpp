@@ -298,6 +298,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.real("rejected_sample", p.rejected_sample, 0.0, 1.0);
   r.boolean("access_log", p.access_log);
   r.boolean("fail_closed", p.fail_closed);
+  r.boolean("proxy_protocol", p.proxy_protocol);
   r.choice("real_ip_header", std::array<std::string_view, 2>{"X-Forwarded-For", "Forwarded"}, "header",
            p.real_ip_header);
   r.integer("ipv6_prefix", p.ipv6_prefix, 1, 128);

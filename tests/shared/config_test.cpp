@@ -75,6 +75,7 @@ normalize_path = false
 merge_slashes = false
 escaped_slashes = "unescape"
 real_ip_header = "Forwarded"
+proxy_protocol = true
 max_control_entries = 5000
 control_fresh = "750ms"
 
@@ -151,6 +152,7 @@ upstream = "app"
   EXPECT_FALSE(p.merge_slashes);
   EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
   EXPECT_EQ(p.real_ip_header, config::proxy_config::real_ip_header_kind::forwarded);
+  EXPECT_TRUE(p.proxy_protocol);
   EXPECT_EQ(p.max_control_entries, 5000);
   EXPECT_EQ(p.control_fresh, milliseconds(750));
   EXPECT_EQ(p.jwt.hs256_secret, "s3cret");

@@ -135,6 +135,9 @@ struct proxy_config {
   enum class real_ip_header_kind : std::uint8_t { x_forwarded_for, forwarded };
   real_ip_header_kind real_ip_header = real_ip_header_kind::x_forwarded_for;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// Every client connection starts with a PROXY protocol header (v1 or v2,
+  /// as AWS NLB or HAProxy send it): the client it names is the peer.
+  bool proxy_protocol = false;
   microseconds header_timeout = std::chrono::seconds(10);
   microseconds body_timeout = std::chrono::seconds(60);
   microseconds idle_timeout = std::chrono::seconds(60);
