@@ -4,22 +4,14 @@
 #include <array>
 #include <charconv>
 
+#include "proxy/http1_chars.hpp"
+
 namespace smockron::proxy::http1 {
 
 namespace {
 
-constexpr unsigned char lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? static_cast<unsigned char>(c + 32) : c; }
-
-// RFC 9110 5.6.2 tchar.
-constexpr std::array<bool, 256> make_tchar() {
-  std::array<bool, 256> t{};
-  for (int c = '0'; c <= '9'; ++c) t[static_cast<std::size_t>(c)] = true;
-  for (int c = 'a'; c <= 'z'; ++c) t[static_cast<std::size_t>(c)] = true;
-  for (int c = 'A'; c <= 'Z'; ++c) t[static_cast<std::size_t>(c)] = true;
-  for (const char c : std::string_view("!#$%&'*+-.^_`|~")) t[static_cast<unsigned char>(c)] = true;
-  return t;
-}
-constexpr auto k_tchar = make_tchar();
+using chars::lower;
+constexpr const auto& k_tchar = chars::tchar;
 
 bool is_token(std::string_view s) {
   if (s.empty()) return false;

@@ -6,6 +6,7 @@
 // with Content-Length, valid chunk sizes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -109,6 +110,12 @@ parse_result parse_response(std::string_view data, std::size_t max_head, bool re
 
 /// Incremental chunked-body decoder (RFC 9112 7.1): tracks framing so the
 /// proxy knows where the message ends, and hands out the payload data.
+/// Everything it accepts is relayed as is, so it accepts only what the
+/// grammar allows: chunk extensions as `;name[=token|"quoted"]` with BWS
+/// around `;` and `=`; trailer lines as field lines (`name:value`, no
+/// obs-fold), never a framing, routing or connection field (RFC 9110
+/// 6.5.1). A request pipelined after a body that lacks its final blank line
+/// is thus refused, not taken for trailers.
 class chunked_decoder {
 public:
   explicit chunked_decoder(std::size_t max_line = 4096) : max_line_(max_line) {}
@@ -124,25 +131,39 @@ public:
 private:
   enum class state : std::uint8_t {
     size,
-    size_ws,
-    ext,
+    size_ws,      // BWS after the size: only ";" may follow
+    ext_name_ws,  // BWS after ";"
+    ext_name,
+    ext_name_end,  // BWS after a name: "=" or ";"
+    ext_value_ws,  // BWS after "="
+    ext_token,
+    ext_quoted,
+    ext_quoted_pair,
+    ext_quote_end,  // after a quoted value's closing quote
+    ext_value_end,  // BWS after a value: ";" only
     size_lf,
     data,
     data_cr,
     data_lf,
-    trailer,
+    trailer,  // the start of a trailer line (or of the final blank line)
+    trailer_name,
+    trailer_value,
     trailer_lf,
     done,
     failed
   };
   bool fail(std::string_view why);
+  // The trailer field named so far (its first bytes): a framing, routing or connection field is refused.
+  bool forbidden_trailer() const;
 
   state state_ = state::size;
   std::uint64_t remaining_ = 0;
   std::size_t digits_ = 0;
-  std::size_t line_ = 0;  // bytes of the current size or trailer line
+  std::size_t line_ = 0;  // bytes of the current size line
   std::size_t trailer_bytes_ = 0;
   bool line_empty_ = true;  // the current trailer line has no bytes yet
+  std::array<char, 20> name_{};
+  std::size_t name_len_ = 0;
   std::size_t max_line_;
   std::string_view error_;
 };

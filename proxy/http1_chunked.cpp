@@ -1,10 +1,14 @@
 // HTTP/1.1 chunked framing (see http1.hpp).
+#include <algorithm>
+
 #include "proxy/http1.hpp"
+#include "proxy/http1_chars.hpp"
 
 namespace smockron::proxy::http1 {
-namespace {
-constexpr unsigned char lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? static_cast<unsigned char>(c + 32) : c; }
-}  // namespace
+
+using chars::is_ctl;
+using chars::is_tchar;
+using chars::lower;
 
 bool chunked_decoder::fail(std::string_view why) {
   state_ = state::failed;
@@ -12,11 +16,26 @@ bool chunked_decoder::fail(std::string_view why) {
   return false;
 }
 
+bool chunked_decoder::forbidden_trailer() const {
+  // RFC 9110 6.5.1: framing, routing and connection fields have no place in
+  // trailers; a next hop that merged them into the head would be misled.
+  static constexpr std::string_view forbidden[] = {
+      "content-length", "transfer-encoding", "host",   "connection",      "keep-alive", "proxy-connection", "te",
+      "trailer",        "upgrade",           "expect", "content-encoding"};
+  if (name_len_ > name_.size()) return false;  // longer than any of them
+  const std::string_view name(name_.data(), name_len_);
+  return std::find(std::begin(forbidden), std::end(forbidden), name) != std::end(forbidden);
+}
+
 std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::string_view& data) {
   data = {};
   std::size_t i = 0;
   while (i < in.size()) {
     const auto c = static_cast<unsigned char>(in[i]);
+    // Every byte of a size line after its digits counts against max_line.
+    if (state_ >= state::size_ws && state_ <= state::ext_value_end && ++line_ > max_line_) {
+      return fail("chunk extension too long"), std::nullopt;
+    }
     switch (state_) {
       case state::size: {
         int v = -1;
@@ -28,42 +47,62 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
         } else if (digits_ == 0) {
           return fail("invalid chunk size"), std::nullopt;
         } else if (c == ';') {
-          state_ = state::ext;
+          state_ = state::ext_name_ws;
         } else if (c == ' ' || c == '\t') {
-          state_ = state::size_ws;  // RFC 9112 7.1.1: only BWS, then ";", may follow the size
+          state_ = state::size_ws;
         } else if (c == '\r') {
           state_ = state::size_lf;
         } else {
           return fail("invalid chunk size"), std::nullopt;
         }
-        ++i;
         break;
       }
+      // chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] ) (RFC 9112 7.1.1)
+      // BWS is only ever followed by ";" or "=": none may end the line.
       case state::size_ws:
-        if (c == ';') state_ = state::ext;
-        else if (c == '\r') state_ = state::size_lf;
-        else if (c != ' ' && c != '\t') return fail("invalid chunk size line"), std::nullopt;
-        else if (++line_ > max_line_) return fail("chunk size line too long"), std::nullopt;
-        ++i;
+      case state::ext_value_end:
+        if (c == ';') state_ = state::ext_name_ws;
+        else if (c != ' ' && c != '\t') return fail("invalid chunk extension"), std::nullopt;
         break;
-      case state::ext:
-        if (c == '\r') {
-          state_ = state::size_lf;
-        } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
-          return fail("invalid chunk extension"), std::nullopt;
-        } else if (++line_ > max_line_) {
-          return fail("chunk extension too long"), std::nullopt;
-        }
-        ++i;
+      case state::ext_name_ws:
+        if (is_tchar(c)) state_ = state::ext_name;
+        else if (c != ' ' && c != '\t') return fail("invalid chunk extension"), std::nullopt;
+        break;
+      case state::ext_name:
+      case state::ext_name_end:
+        if (c == '=') state_ = state::ext_value_ws;
+        else if (c == ';') state_ = state::ext_name_ws;
+        else if (c == '\r' && state_ == state::ext_name) state_ = state::size_lf;
+        else if (c == ' ' || c == '\t') state_ = state::ext_name_end;
+        else if (state_ != state::ext_name || !is_tchar(c)) return fail("invalid chunk extension"), std::nullopt;
+        break;
+      case state::ext_value_ws:
+        if (c == '"') state_ = state::ext_quoted;
+        else if (is_tchar(c)) state_ = state::ext_token;
+        else if (c != ' ' && c != '\t') return fail("invalid chunk extension"), std::nullopt;
+        break;
+      case state::ext_token:
+      case state::ext_quote_end:
+        if (c == ';') state_ = state::ext_name_ws;
+        else if (c == '\r') state_ = state::size_lf;
+        else if (c == ' ' || c == '\t') state_ = state::ext_value_end;
+        else if (state_ != state::ext_token || !is_tchar(c)) return fail("invalid chunk extension"), std::nullopt;
+        break;
+      case state::ext_quoted:  // qdtext / quoted-pair; a line end inside is malformed
+        if (c == '"') state_ = state::ext_quote_end;
+        else if (c == '\\') state_ = state::ext_quoted_pair;
+        else if (is_ctl(c)) return fail("invalid chunk extension"), std::nullopt;
+        break;
+      case state::ext_quoted_pair:
+        if (is_ctl(c)) return fail("invalid chunk extension"), std::nullopt;
+        state_ = state::ext_quoted;
         break;
       case state::size_lf:
         if (c != '\n') return fail("invalid chunk size line"), std::nullopt;
-        ++i;
         digits_ = 0;
         line_ = 0;
         if (remaining_ == 0) {
           state_ = state::trailer;
-          line_empty_ = true;
         } else {
           state_ = state::data;
         }
@@ -79,23 +118,40 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
       case state::data_cr:
         if (c != '\r') return fail("chunk data longer than its size"), std::nullopt;
         state_ = state::data_lf;
-        ++i;
         break;
       case state::data_lf:
         if (c != '\n') return fail("chunk data longer than its size"), std::nullopt;
         state_ = state::size;
-        ++i;
         break;
+      // trailer-section = *( field-line CRLF ), field-line = field-name ":" OWS field-value OWS
       case state::trailer:
         if (c == '\r') {
+          line_empty_ = true;
           state_ = state::trailer_lf;
-        } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
-          return fail("invalid trailer"), std::nullopt;
-        } else {
+        } else if (is_tchar(c)) {
           line_empty_ = false;
-          if (++trailer_bytes_ > max_line_) return fail("trailers too large"), std::nullopt;
+          name_len_ = 0;
+          state_ = state::trailer_name;
+          continue;  // the name's first byte is read below
+        } else if (c == ' ' || c == '\t') {
+          return fail("obsolete line folding in trailers"), std::nullopt;
+        } else {
+          return fail("invalid trailer"), std::nullopt;
         }
-        ++i;
+        break;
+      case state::trailer_name:
+        if (c == ':') {
+          if (forbidden_trailer()) return fail("framing or connection field in trailers"), std::nullopt;
+          state_ = state::trailer_value;
+        } else if (!is_tchar(c)) {
+          return fail("invalid trailer field name"), std::nullopt;
+        } else if (name_len_++ < name_.size()) {
+          name_[name_len_ - 1] = static_cast<char>(lower(c));
+        }
+        break;
+      case state::trailer_value:
+        if (c == '\r') state_ = state::trailer_lf;
+        else if (is_ctl(c)) return fail("invalid trailer"), std::nullopt;
         break;
       case state::trailer_lf:
         if (c != '\n') return fail("invalid trailer"), std::nullopt;
@@ -104,12 +160,15 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
           state_ = state::done;
           return i;
         }
-        line_empty_ = true;
         state_ = state::trailer;
-        break;
+        continue;
       case state::done: return i;
       case state::failed: return std::nullopt;
     }
+    if (state_ >= state::trailer && state_ <= state::trailer_lf && ++trailer_bytes_ > max_line_) {
+      return fail("trailers too large"), std::nullopt;
+    }
+    ++i;
   }
   return i;
 }

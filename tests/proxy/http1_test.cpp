@@ -613,10 +613,35 @@ TEST(Http1Chunked, AnySplitPoint) {
 }
 
 TEST(Http1Chunked, Extensions) {
-  const auto r = decode("5;name=value\r\nhello\r\n6 ;q=\"a b\"\r\n world\r\n2 \t \r\n!!\r\n0;last\r\n\r\n");
+  const auto r =
+      decode("5;name=value\r\nhello\r\n6 ;q=\"a \\\"b\\\"\"\r\n world\r\n2 \t ; a = b ;c\r\n!!\r\n0;last\r\n\r\n");
   EXPECT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(r.done);
   EXPECT_EQ(r.payload, "hello world!!");
+}
+
+// RFC 9112 7.1.1: chunk-ext = *( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] ).
+// What the grammar does not allow is refused: the bytes are relayed as they came.
+TEST(Http1Chunked, ExtensionsOutsideTheGrammarAreRefused) {
+  for (const std::string_view ext : {" ", "\t", ";", ";a=", ";=b", ";a b", ";a=b c", ";(a)", ";a,b", ";a=b;", ";a ",
+                                     ";a=b ", ";a=\"x\" ", ";a=\"open", ";a=\"x\"y", ";a=b\x01", ";a=\"\x7f\""}) {
+    const auto r = decode("1" + std::string(ext) + "\r\nx\r\n0\r\n\r\n");
+    EXPECT_FALSE(r.ok) << quoted(ext);
+  }
+}
+
+// Trailer lines are field lines, relayed as they came: anything else, and
+// fields that frame, route or manage the connection, are refused.
+TEST(Http1Chunked, TrailersMustBeFieldLines) {
+  for (const std::string_view trailers :
+       {"bad\r\n", "X-A : b\r\n", ": v\r\n", "X-A: a\r\n folded\r\n", "GET /next HTTP/1.1\r\nHost: b\r\n",
+        "Content-Length: 5\r\n", "transfer-encoding: chunked\r\n", "Connection: close\r\n", "Host: evil\r\n",
+        "X-A: \x01\r\n"}) {
+    const auto r = decode("0\r\n" + std::string(trailers) + "\r\n");
+    EXPECT_FALSE(r.ok) << quoted(trailers);
+  }
+  const auto ok = decode("0\r\nX-Checksum: abc\r\nContent-Length-Like:1\r\nX-Long-Name-Beyond-Twenty: v\r\n\r\n");
+  EXPECT_TRUE(ok.ok && ok.done) << ok.error;
 }
 
 TEST(Http1Chunked, TrailersAreConsumed) {
