@@ -53,12 +53,20 @@ bool is_v4_mapped(const ip_address& a) {
 // "PROXY TCP4 192.0.2.1 198.51.100.1 56324 443\r\n"
 result parse_v1(std::string_view data) {
   if (!prefix_of(data, v1_prefix)) return invalid("no PROXY protocol header");
-  const auto end = data.substr(0, v1_max_bytes).find("\r\n");
-  if (end == std::string_view::npos) {
+  // The line is printable US-ASCII up to its CRLF: the first byte that is not
+  // decides, so a line is judged the same however it arrives.
+  const auto line = data.substr(0, v1_max_bytes);
+  const auto end = static_cast<std::size_t>(
+      std::find_if(line.begin(), line.end(), [](char c) { return c < 0x20 || c > 0x7e; }) - line.begin());
+  if (end == line.size()) {
     if (data.size() >= v1_max_bytes) return invalid("PROXY v1 line longer than 107 bytes");
-    if (data.find('\n') != std::string_view::npos) return invalid("PROXY v1 line not ended by CRLF");
     return {};
   }
+  if (line[end] != '\r') return invalid("PROXY v1 line holds a control byte or is not ended by CRLF");
+  if (end + 1 == line.size()) {
+    return data.size() >= v1_max_bytes ? invalid("PROXY v1 line longer than 107 bytes") : result{};
+  }
+  if (line[end + 1] != '\n') return invalid("PROXY v1 line not ended by CRLF");
   std::string_view rest = data.substr(v1_prefix.size(), end - v1_prefix.size());
   result r;
   r.state = status::complete;

@@ -55,7 +55,8 @@ std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text) {
 }
 
 std::optional<ip_address> parse_ip(std::string_view text) {
-  if (text.empty() || text.size() > 45) return std::nullopt;
+  // inet_pton reads up to a NUL: one inside would make "1.2.3.4\0junk" an address.
+  if (text.empty() || text.size() > 45 || text.find('\0') != std::string_view::npos) return std::nullopt;
   char buf[46];
   std::memcpy(buf, text.data(), text.size());
   buf[text.size()] = '\0';

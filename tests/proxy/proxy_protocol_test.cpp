@@ -82,6 +82,12 @@ TEST(ProxyProtocolV1, MalformedLines) {
        }) {
     EXPECT_EQ(parse(line, k_max).state, status::invalid) << line;
   }
+  // Found by fuzz_proxy_protocol: a NUL ended the address for inet_pton, and a
+  // bare LF inside the line was only noticed when the line arrived cut there.
+  EXPECT_EQ(parse(std::string("PROXY TCP6 2008::1\0\r\xaa\r~\0\r\xa7\n~\0\0\0 1:d6:: 1070 5\r\n", 47), k_max).state,
+            status::invalid);
+  EXPECT_EQ(parse(std::string("PROXY TCP4 192.0.2.1\0 198.51.100.1 1 443\r\n", 42), k_max).state, status::invalid);
+  EXPECT_EQ(parse("PROXY UNKNOWN \xff\r\n", k_max).state, status::invalid);
   // No CRLF within 107 bytes: invalid, without waiting for more.
   const std::string long_line = "PROXY UNKNOWN " + std::string(100, 'x');
   EXPECT_EQ(parse(long_line, k_max).state, status::invalid);

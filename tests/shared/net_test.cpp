@@ -5,6 +5,12 @@
 
 using namespace smockron;
 
+TEST(Net, ParseIpRefusesAnEmbeddedNul) {
+  EXPECT_TRUE(parse_ip("192.0.2.1"));
+  EXPECT_FALSE(parse_ip(std::string_view("192.0.2.1\0junk", 14)));
+  EXPECT_FALSE(parse_ip(std::string_view("2001:db8::1\0", 12)));
+}
+
 TEST(Net, HostPort) {
   EXPECT_EQ(parse_host_port("127.0.0.1:8080"), (host_port{"127.0.0.1", 8080}));
   EXPECT_EQ(parse_host_port("[::1]:80"), (host_port{"::1", 80}));
