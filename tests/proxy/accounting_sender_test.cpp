@@ -7,8 +7,11 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 
+#include <zmq.hpp>
+
 #include <chrono>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -134,6 +137,134 @@ TEST_F(AccountingSender, ANonZeroMqPeerIsAGreetingFault) {
   });
   ASSERT_TRUE(until([&] { return metric("smockron_proxy_accounting_disconnects_total{reason=\"greeting\"}") >= 1; }));
   EXPECT_EQ(to_http.connected(), 0u);
+}
+
+// Against libzmq's SUB (the reference receiver): random identifiers and log
+// info of every size up to the wire's bounds (arbitrary bytes, frames over
+// 255 bytes in the long size form), every status, a subscription changed at
+// run time. Every message the SUB subscribed to arrives intact and in order,
+// none of the others is sent, and the counters say exactly that.
+TEST(AccountingSenderAgainstLibzmq, EveryMessageArrivesIntactInOrderAndTheCountersMatch) {
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::rcvtimeo, 0);
+  sub.set(zmq::sockopt::rcvhwm, 0);
+  sub.bind("tcp://127.0.0.1:*");
+  sub.set(zmq::sockopt::subscribe, "api\0"s);
+  metrics::registry registry;
+  proxy::accounting_sender::counters counters(registry);
+  boost::asio::io_context ioc;
+  proxy::accounting_sender sender(ioc, {sub.get(zmq::sockopt::last_endpoint)}, 0, counters);
+  std::vector<std::vector<std::string>> got;
+  auto receive = [&] {
+    for (;;) {
+      std::vector<std::string> frames;
+      zmq::message_t m;
+      if (!sub.recv(m, zmq::recv_flags::dontwait)) return;
+      frames.push_back(m.to_string());
+      while (m.more()) {
+        ASSERT_TRUE(sub.recv(m));
+        frames.push_back(m.to_string());
+      }
+      got.push_back(std::move(frames));
+    }
+  };
+  auto until = [&](auto done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < end) {
+      ioc.run_for(std::chrono::milliseconds(1));
+      receive();
+    }
+    return done();
+  };
+  const proxy::accounting_sender::policy now{std::chrono::microseconds(0), 1.0};
+  std::vector<std::string> keep;  // the messages' bytes outlive account()
+  auto send = [&](std::string_view domain, wire::status st, std::string id, std::string info = {}) {
+    keep.push_back(std::move(id));
+    const std::string_view identifier = keep.back();
+    keep.push_back(std::move(info));
+    wire::accounting m{
+        domain, st, identifier, 1'700'000'000'000, st == wire::status::delayed ? 1'700'000'000'100 : 0, keep.back()};
+    sender.account(m, now);
+  };
+  // Connected and subscribed: probes until one arrives, then a marker behind the probes in flight.
+  ASSERT_TRUE(until([&] {
+    if (got.empty()) send("api", wire::status::accepted, "probe");
+    return !got.empty();
+  }));
+  send("api", wire::status::accepted, "sync");
+  ASSERT_TRUE(until([&] { return got.back()[2] == "sync"; }));
+  got.clear();
+
+  std::mt19937 rng(20261123);
+  auto random_bytes = [&](std::size_t n) {
+    std::string b(n, '\0');
+    for (auto& c : b) c = static_cast<char>(rng() % 256);
+    return b;
+  };
+  auto size_up_to = [&](std::size_t bound) {  // short and long frames, and the bound itself
+    const auto r = rng() % 8;
+    return r == 0 ? bound : r < 4 ? 1 + rng() % 32 : 1 + rng() % bound;
+  };
+  struct expected {
+    std::string domain, status, identifier, delayed, loginfo;
+  };
+  std::vector<expected> want;
+  constexpr std::array statuses{wire::status::accepted, wire::status::delayed, wire::status::rejected};
+  constexpr std::array names{"ACCEPTED", "DELAYED", "REJECTED"};
+  auto burst = [&](std::string_view subscribed, std::string_view other, int n) {
+    int other_count = 0;
+    for (int i = 0; i < n; ++i) {
+      const auto k = rng() % 3;
+      auto id = random_bytes(size_up_to(wire::max_identifier_bytes));
+      auto info = rng() % 3 == 0 ? random_bytes(size_up_to(wire::max_loginfo_bytes)) : std::string();
+      if (rng() % 5 == 0) {  // for a domain the SUB does not want: filtered at the sender
+        send(other, statuses[k], std::move(id), std::move(info));
+        ++other_count;
+        continue;
+      }
+      want.push_back({std::string(subscribed) + '\0', names[k], id, k == 1 ? "1700000000100" : "", info});
+      send(subscribed, statuses[k], std::move(id), std::move(info));
+    }
+    return other_count;
+  };
+  burst("api", "web", 1500);
+  ASSERT_TRUE(until([&] { return got.size() >= want.size(); })) << got.size() << " of " << want.size();
+
+  // The SUB changes its mind: web instead of api. Once a web probe arrives, api is off.
+  sub.set(zmq::sockopt::unsubscribe, "api\0"s);
+  sub.set(zmq::sockopt::subscribe, "web\0"s);
+  const auto before_switch = got.size();
+  ASSERT_TRUE(until([&] {
+    if (got.size() == before_switch || got.back()[0] != "web\0"s) {
+      send("web", wire::status::accepted, "probe");
+    }
+    return got.size() > before_switch && got.back()[0] == "web\0"s;
+  }));
+  send("web", wire::status::accepted, "sync");
+  ASSERT_TRUE(until([&] { return got.back()[2] == "sync"; }));
+  const auto switch_sent = counters.sent.value(), switch_unsent = counters.unsent.value();
+  got.erase(got.begin() + static_cast<std::ptrdiff_t>(before_switch), got.end());
+  const auto first_web = want.size();
+  const int filtered = burst("web", "api", 1500);
+  ASSERT_TRUE(until([&] { return got.size() >= want.size(); })) << got.size() << " of " << want.size();
+  send("web", wire::status::accepted, "end");
+  ASSERT_TRUE(until([&] { return got.back()[2] == "end"; }));
+  got.pop_back();
+
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const auto& w = want[i];
+    std::vector<std::string> frames{w.domain, w.status, w.identifier, "1700000000000", w.delayed};
+    if (!w.loginfo.empty()) frames.push_back(w.loginfo);
+    ASSERT_EQ(got[i], frames) << "message " << i << (i >= first_web ? " (after the switch)" : "");
+  }
+  // Counted after the switch: what left for the subscriber as sent (with
+  // "end"), what it no longer wanted as unsent; nothing dropped or lost.
+  EXPECT_EQ(counters.sent.value() - switch_sent, want.size() - first_web + 1);
+  EXPECT_EQ(counters.unsent.value() - switch_unsent, static_cast<std::uint64_t>(filtered));
+  EXPECT_EQ(counters.dropped.value(), 0u);
+  EXPECT_EQ(counters.lost.value(), 0u);
 }
 
 }  // namespace
