@@ -1,6 +1,8 @@
 // Admission (see admission.hpp).
 #include "proxy/admission.hpp"
 
+#include <algorithm>
+
 namespace smockron::proxy {
 namespace {
 
@@ -20,8 +22,21 @@ void account(admission_env& env, const runtime& rt, const route& r, wire::status
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
                 const ip_address& peer, std::int64_t now_us) {
   admission a;
+  if (r.domain.empty()) {
+    a.outcome = decision::exempt;
+    env.metrics.exempt_no_domain.inc();
+    return a;
+  }
   const auto domain = rt.gate_domain[r.domain_index];
   const auto& count = rt.decisions[r.domain_index];
+  if (!r.exempt.empty()) {
+    const ip_address client = client_address(req.headers, peer, rt.cfg.trusted_proxies, rt.cfg.real_ip_header);
+    if (std::any_of(r.exempt.begin(), r.exempt.end(), [&](const cidr& c) { return c.contains(client); })) {
+      a.outcome = decision::exempt;
+      count[static_cast<int>(decision::exempt)]->inc();
+      return a;
+    }
+  }
   const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000,
                               static_cast<int>(rt.cfg.ipv6_prefix), rt.cfg.real_ip_header};
   a.who = identify(r.identify, req.headers, req.target, peer, ictx);
@@ -55,7 +70,24 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     }
   }
   const std::string_view id = a.who->value;
-  a.gate = env.g.decide(domain, id, now_us, rt.limits);
+  const gate_limits& limits = rt.route_limits[r.index];
+  a.gate = env.g.decide(domain, id, now_us, limits);
+  if (r.shadow) {
+    // What would have happened is counted; what happens is a request forwarded now.
+    const decision would = a.gate.v == verdict::reject  ? decision::rejected
+                           : a.gate.v == verdict::delay ? decision::delayed
+                                                        : decision::accepted;
+    rt.shadow_decisions[r.domain_index][static_cast<int>(would)]->inc();
+    if (would == decision::delayed) {
+      env.metrics.shadow_delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+      env.g.release_held(limits);  // it is not held
+    }
+    a.shadow = would;
+    a.outcome = decision::accepted;
+    account(env, rt, r, wire::status::accepted, id, now_us, 0);
+    count[static_cast<int>(decision::accepted)]->inc();
+    return a;
+  }
   switch (a.gate.v) {
     case verdict::reject:
       a.outcome = decision::rejected;

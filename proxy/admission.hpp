@@ -23,6 +23,8 @@ struct admission {
   gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
   bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
   bool unidentified = false;    ///< refused: no source identified it and the route rejects such requests
+  /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
+  std::optional<decision> shadow;
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -39,8 +41,11 @@ struct admission_env {
 
 /// Decides request `req` on route `r` from `peer` at wall time `now_us`. A
 /// delayed request holds a place among the held: the caller calls
-/// gate::release_held() when the hold ends (and gate::cancel() when the
-/// client left).
+/// gate::release_held(rt.route_limits[r.index]) when the hold ends (and
+/// gate::cancel() when the client left). A route without a domain, and a
+/// client in the route's `exempt`, pass unlimited and unaccounted (exempt).
+/// A shadow route decides and counts the would-be decision, then passes the
+/// request and accounts it as accepted: the master sees the real usage.
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
                 const ip_address& peer, std::int64_t now_us);
 

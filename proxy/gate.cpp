@@ -94,6 +94,20 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
   if (interval_us > 0) e.interval_us = interval_us;
 }
 
+bool gate::take_held(const gate_limits& limits) {
+  if (held_.fetch_add(1, std::memory_order_relaxed) >= limits.max_held) {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (limits.route_held != nullptr &&
+      limits.route_held->fetch_add(1, std::memory_order_relaxed) >= limits.route_max_held) {
+    limits.route_held->fetch_sub(1, std::memory_order_relaxed);
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                            const gate_limits& limits) {
   const policy guard = read_policy(domain, now_us);
@@ -146,7 +160,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     return {};
   }
   if (e.spare_us != 0 && e.spare_us < release) {
-    if (held_.fetch_add(1, std::memory_order_relaxed) < limits.max_held) {
+    if (take_held(limits)) {
       gate_decision d;
       d.v = verdict::delay;
       d.release_us = std::exchange(e.spare_us, 0);
@@ -155,7 +169,6 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
       d.prepaid = true;
       return d;
     }
-    held_.fetch_sub(1, std::memory_order_relaxed);
   }
   gate_decision d;
   d.release_us = release;
@@ -165,8 +178,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     d.reason = reject_reason::delay_too_long;
     return d;
   }
-  if (held_.fetch_add(1, std::memory_order_relaxed) >= limits.max_held) {
-    held_.fetch_sub(1, std::memory_order_relaxed);
+  if (!take_held(limits)) {
     d.v = verdict::reject;
     d.reason = reject_reason::held_full;
     return d;

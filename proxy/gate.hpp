@@ -51,6 +51,10 @@ struct gate_limits {
   /// confirming it: without an update for this long, only the master's own
   /// DELAY_UNTIL counts (fail-open when the master is gone).
   std::int64_t pacing_fresh_us = 2'000'000;
+  /// A route's own cap on its held requests (beside max_held): its counter,
+  /// shared by the workers, and the cap. nullptr: no cap of its own.
+  std::atomic<std::int64_t>* route_held = nullptr;
+  std::int64_t route_max_held = 0;
 };
 
 /// One rule of a domain's policy: `burst` uses, then one per `interval_us`
@@ -99,8 +103,11 @@ public:
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits);
 
-  /// A held request finished (forwarded or dropped).
-  void release_held() { held_.fetch_sub(1, std::memory_order_relaxed); }
+  /// A held request finished (forwarded or dropped); `limits`: those it was decided with.
+  void release_held(const gate_limits& limits) {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    if (limits.route_held != nullptr) limits.route_held->fetch_sub(1, std::memory_order_relaxed);
+  }
 
   /// A held request was dropped before its time (client went away). Its slot
   /// was already reported to the master, so it is kept as a spare: the next
@@ -118,6 +125,8 @@ public:
   std::uint64_t unguarded() const { return unguarded_.load(std::memory_order_relaxed); }
 
 private:
+  // A place among the held: within max_held and the route's own cap, or none taken.
+  bool take_held(const gate_limits& limits);
   struct key_view {
     std::uint32_t domain;
     std::string_view id;

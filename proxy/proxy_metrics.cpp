@@ -5,7 +5,8 @@ namespace smockron::proxy {
 namespace {
 
 constexpr std::array<std::string_view, decision_count> k_decision_names = {"accepted", "delayed", "rejected",
-                                                                           "unidentified"};
+                                                                           "unidentified", "exempt"};
+std::vector<double> delay_buckets() { return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}; }
 
 metrics::counter& reject(metrics::registry& r, std::string_view reason) {
   return r.add_counter("smockron_proxy_rejects_total", "Requests rejected with 503 by reason",
@@ -50,13 +51,28 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       upstream_timeout(upstream_error(r, "timeout")),
       upstream_reset(upstream_error(r, "reset")),
       upstream_no_server(upstream_error(r, "no_server")),
-      delay_seconds(r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed",
-                                    {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})) {}
+      exempt_no_domain(r.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                                     metrics::labels({{"domain", ""}, {"decision", "exempt"}}))),
+      delay_seconds(
+          r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
+      shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",
+                                           "How long shadow routes would have held requests (they were not)",
+                                           delay_buckets())) {}
 
 std::array<metrics::counter*, decision_count> proxy_metrics::decisions(const std::string& domain) {
   std::array<metrics::counter*, decision_count> row{};
   for (std::size_t i = 0; i < decision_count; ++i) {
     row[i] = &reg.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+  }
+  return row;
+}
+
+std::array<metrics::counter*, shadow_decision_count> proxy_metrics::shadow_decisions(const std::string& domain) {
+  std::array<metrics::counter*, shadow_decision_count> row{};
+  for (std::size_t i = 0; i < shadow_decision_count; ++i) {
+    row[i] = &reg.add_counter("smockron_proxy_shadow_decisions_total",
+                              "What the gate would have decided on shadow routes (the requests were forwarded)",
                               metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
   }
   return row;

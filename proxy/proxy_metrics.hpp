@@ -15,8 +15,11 @@ namespace smockron::proxy {
 
 /// What became of a request at the gate: the `decision` label of
 /// smockron_proxy_requests_total and of the access log.
-enum class decision : std::uint8_t { accepted, delayed, rejected, unidentified };
-inline constexpr std::size_t decision_count = 4;
+/// exempt: not limited (a route without a domain, or a client in the route's `exempt`).
+enum class decision : std::uint8_t { accepted, delayed, rejected, unidentified, exempt };
+inline constexpr std::size_t decision_count = 5;
+/// The gate's verdicts a shadow route counts (accepted, delayed, rejected).
+inline constexpr std::size_t shadow_decision_count = 3;
 std::string_view to_string(decision d);
 
 struct proxy_metrics {
@@ -24,6 +27,8 @@ struct proxy_metrics {
 
   /// smockron_proxy_requests_total{domain, decision}, one per decision.
   std::array<metrics::counter*, decision_count> decisions(const std::string& domain);
+  /// smockron_proxy_shadow_decisions_total{domain, decision}: what the gate would have done on a shadow route.
+  std::array<metrics::counter*, shadow_decision_count> shadow_decisions(const std::string& domain);
 
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held;
@@ -32,7 +37,9 @@ struct proxy_metrics {
   /// Requests no source identified, by the route's action (shared, reject, allow).
   metrics::counter &unidentified_shared, &unidentified_reject, &unidentified_allow;
   metrics::counter &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server;
+  metrics::counter& exempt_no_domain;  ///< requests of routes without a domain
   metrics::histogram& delay_seconds;
+  metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };
 
 }  // namespace smockron::proxy

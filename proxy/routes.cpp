@@ -49,15 +49,21 @@ route_table::route_table(const config::proxy_config& cfg) {
       r.host = host;
     }
     r.path = rc.path;
+    r.index = routes_.size();
     r.domain = rc.domain;
-    auto d = std::find(domains_.begin(), domains_.end(), rc.domain);
-    r.domain_index = static_cast<std::size_t>(d - domains_.begin());
-    if (d == domains_.end()) domains_.push_back(rc.domain);
+    if (!rc.domain.empty()) {
+      auto d = std::find(domains_.begin(), domains_.end(), rc.domain);
+      r.domain_index = static_cast<std::size_t>(d - domains_.begin());
+      if (d == domains_.end()) domains_.push_back(rc.domain);
+    }
     for (std::size_t u = 0; u < cfg.upstreams.size(); ++u) {
       if (cfg.upstreams[u].name == rc.upstream) r.upstream_index = u;
     }
     r.identify = rc.identify;
     r.unidentified = rc.unidentified;
+    r.status = static_cast<unsigned>(rc.status);
+    r.shadow = rc.mode == config::route_config::route_mode::shadow;
+    r.exempt = rc.exempt;
     routes_.push_back(std::move(r));
   }
 }

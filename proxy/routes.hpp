@@ -14,13 +14,17 @@ namespace smockron::proxy {
 struct route {
   enum class host_match : std::uint8_t { any, exact, suffix };
   host_match host_kind = host_match::any;
-  std::string host;  ///< lower-case; for suffix: ".example.com"
-  std::string path;  ///< prefix, matched on a segment boundary (path::under)
-  std::string domain;
-  std::size_t domain_index = 0;    ///< index into route_table::domains()
+  std::string host;                ///< lower-case; for suffix: ".example.com"
+  std::string path;                ///< prefix, matched on a segment boundary (path::under)
+  std::size_t index = 0;           ///< in route_table::routes()
+  std::string domain;              ///< empty: not limited (exempt)
+  std::size_t domain_index = 0;    ///< index into route_table::domains() (when limited)
   std::size_t upstream_index = 0;  ///< index into proxy_config::upstreams
   std::vector<config::identifier_source> identify;
   config::route_config::unidentified_action unidentified = config::route_config::unidentified_action::shared;
+  unsigned status = 503;     ///< of a limit rejection
+  bool shadow = false;       ///< decide and count, never hold or reject
+  std::vector<cidr> exempt;  ///< clients forwarded unlimited
 };
 
 class route_table {

@@ -36,6 +36,7 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
   for (const auto& d : routes.domains()) {
     gate_domain.push_back(domains.id(d));
     decisions.push_back(m.decisions(d));
+    shadow_decisions.push_back(m.shadow_decisions(d));
   }
   for (const auto& u : cfg.upstreams) servers.push_back(resolve(u));
   std::string error;
@@ -44,6 +45,17 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
   limits.max_delay_us = cfg.max_delay.count();
   limits.max_held = cfg.max_held;
   limits.pacing_fresh_us = cfg.control_fresh.count();
+  route_held = std::make_unique<std::atomic<std::int64_t>[]>(cfg.routes.size());
+  for (std::size_t i = 0; i < cfg.routes.size(); ++i) {
+    const auto& rc = cfg.routes[i];
+    gate_limits l = limits;
+    if (rc.max_delay) l.max_delay_us = rc.max_delay->count();
+    if (rc.max_held) {
+      l.route_held = &route_held[i];
+      l.route_max_held = *rc.max_held;
+    }
+    route_limits.push_back(l);
+  }
   normalize_path = cfg.normalize_path;
   path_options.merge_slashes = cfg.merge_slashes;
   using action = config::proxy_config::escaped_slashes_action;

@@ -31,9 +31,14 @@ struct runtime {
   route_table routes;
   std::vector<std::uint32_t> gate_domain;                                ///< per routes.domains() index
   std::vector<std::array<metrics::counter*, decision_count>> decisions;  ///< per domain index, by decision
-  std::vector<std::vector<tcp::endpoint>> servers;                       ///< per upstream, per server
+  std::vector<std::array<metrics::counter*, shadow_decision_count>> shadow_decisions;  ///< per domain index
+  std::vector<std::vector<tcp::endpoint>> servers;                                     ///< per upstream, per server
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
+  /// Per route: the limits its requests are decided with ([proxy] ones with the
+  /// route's overrides), and its held requests when it caps them.
+  std::vector<gate_limits> route_limits;
+  std::unique_ptr<std::atomic<std::int64_t>[]> route_held;
   bool normalize_path = true;
   path::options path_options;
   steady::duration tick{};  ///< the connection watchdog's period (see conn_io.hpp)

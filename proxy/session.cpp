@@ -136,12 +136,16 @@ private:
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     const admission a = admit(env, rt, *r, req, peer_, now_us);
     if (a.outcome == decision::rejected) {
-      if (rt.cfg.access_log)
-        log_access(std::string(req.method) + " " + std::string(target), a.unidentified ? 403 : 503, a, 0);
+      // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
+      const bool full = a.gate.reason == reject_reason::held_full;
+      const unsigned status = a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
+      if (rt.cfg.access_log) log_access(std::string(req.method) + " " + std::string(target), status, a, 0);
       if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
       if (a.unidentified)
         co_return co_await answer(403, "this route needs an identifier the request does not carry\n", 0);
-      co_return co_await answer(503, "rate limit exceeded, retry later\n", a.gate.retry_after_s);
+      co_return co_await answer(status,
+                                full ? "too many requests held, retry later\n" : "rate limit exceeded, retry later\n",
+                                a.gate.retry_after_s);
     }
     if (a.outcome == decision::delayed && !co_await hold_for(rt, *r, a)) co_return false;
     // The head's views do not outlive forwarding (the buffer is reused): what the log needs is copied.
@@ -195,7 +199,7 @@ private:
     c_.expires_never();
     // The gate speaks wall time; the hold is that far from now.
     const bool stayed = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
-    s_.gate.release_held();
+    s_.gate.release_held(rt.route_limits[r.index]);
     if (stayed) co_return true;
     s_.metrics.client_gone_held.inc();
     s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, s_.clk.wall_us());

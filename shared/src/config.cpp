@@ -243,7 +243,12 @@ void read_routes(reader& r, proxy_config& p) {
       if (auto msg = check_domain_name(d->get()); !msg.empty()) r.errors().add(*d, path + ".domain", msg);
       route.domain = d->get();
     } else if (!rt->contains("domain")) {
-      r.errors().add((*arr)[i], path + ".domain", "missing (every route needs a domain)");
+      // Not limited: every key that shapes limiting would do nothing, so none is accepted.
+      for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt"}) {
+        if (const toml::node* kn = rt->get(k)) {
+          r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
+        }
+      }
     }
     if (auto* u = rr.typed<toml::value<std::string>>("upstream", "an upstream name")) {
       route.upstream = u->get();
@@ -270,6 +275,19 @@ void read_routes(reader& r, proxy_config& p) {
     }
     rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action",
               route.unidentified);
+    rr.integer("status", route.status, 400, 599);
+    if (rt->contains("max_delay")) {
+      microseconds d = p.max_delay;
+      rr.duration("max_delay", d);
+      route.max_delay = d;
+    }
+    if (rt->contains("max_held")) {
+      std::int64_t h = 0;
+      rr.integer("max_held", h, 0, 10'000'000);
+      route.max_held = h;
+    }
+    rr.choice("mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", route.mode);
+    rr.cidr_list("exempt", route.exempt);
     p.routes.push_back(std::move(route));
   }
 }

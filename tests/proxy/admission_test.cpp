@@ -13,7 +13,9 @@ using namespace std::string_literals;
 
 namespace {
 
-config::proxy_config make_config(bool fail_closed, std::string_view unidentified = "shared") {
+// `routes`: routes tried before the catch-all one.
+config::proxy_config make_config(bool fail_closed, std::string_view unidentified = "shared",
+                                 std::string_view routes = "") {
   auto r = config::load_string(std::string(R"(
 [proxy]
 accounting = []
@@ -22,6 +24,7 @@ control = []
                                    R"(
 [proxy.upstreams.app]
 servers = ["127.0.0.1:1"]
+)" + std::string(routes) + R"(
 [[proxy.routes]]
 path = "/"
 domain = "api"
@@ -36,8 +39,8 @@ unidentified = ")" + std::string(unidentified) +
 
 class Admission : public ::testing::Test {
 protected:
-  explicit Admission(bool fail_closed = false, std::string_view unidentified = "shared")
-      : rt_(make_config(fail_closed, unidentified), domains_, metrics_, 0),
+  explicit Admission(bool fail_closed = false, std::string_view unidentified = "shared", std::string_view routes = "")
+      : rt_(make_config(fail_closed, unidentified, routes), domains_, metrics_, 0),
         sender_(ioc_, {}, 100, counters_),
         env_{gate_, metrics_, sender_} {}
 
@@ -45,7 +48,8 @@ protected:
     head_ = std::move(head);
     EXPECT_EQ(http1::parse_request(head_, 8192, req_).status, http1::parse_status::complete);
     const route* r = rt_.routes.match(req_.host, req_.target);
-    return admit(env_, rt_, *r, req_, *parse_ip("10.0.0.1"), clock_.wall_us());
+    route_ = r;
+    return admit(env_, rt_, *r, req_, *parse_ip(peer_), clock_.wall_us());
   }
   double metric(const std::string& line) const {
     const std::string text = registry_.render();
@@ -68,6 +72,8 @@ protected:
   admission_env env_;
   std::string head_;
   http1::request_head req_;
+  const route* route_ = nullptr;
+  std::string peer_ = "10.0.0.1";
 };
 
 TEST_F(Admission, UnidentifiedRequestsShareOneIdentifierByDefault) {
@@ -130,7 +136,7 @@ TEST_F(Admission, DelayedRequestsAreHeldAndReportedAtOnce) {
   EXPECT_EQ(a.gate.release_us, now + 200'000);
   EXPECT_EQ(gate_.held(), 1);
   EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 1) << "a reservation leaves at once (no master: unsent)";
-  gate_.release_held();
+  gate_.release_held({});
 }
 
 TEST_F(Admission, RequestsBeyondMaxDelayAreRejected) {
@@ -160,6 +166,98 @@ TEST_F(FailClosedAdmission, NoMasterMeansRefusedUntilAPolicyArrives) {
   clock_.advance(std::chrono::milliseconds(wire::policy_fresh_ms + 1));
   a = admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\n\r\n");
   EXPECT_TRUE(a.no_master) << "the policy went stale";
+}
+
+class RoutePolicy : public Admission {
+protected:
+  RoutePolicy()
+      : Admission(false, "shared", R"(
+[[proxy.routes]]
+path = "/healthz"
+upstream = "app"
+[[proxy.routes]]
+path = "/shadow"
+domain = "api"
+upstream = "app"
+identify = ["header:X-Key"]
+mode = "shadow"
+[[proxy.routes]]
+path = "/capped"
+domain = "api"
+upstream = "app"
+identify = ["header:X-Key"]
+max_held = 1
+max_delay = "100ms"
+[[proxy.routes]]
+path = "/internal"
+domain = "api"
+upstream = "app"
+identify = ["header:X-Key"]
+exempt = ["10.0.0.0/8"]
+)") {}
+};
+
+TEST_F(RoutePolicy, ARouteWithoutADomainIsExemptAndUnaccounted) {
+  const auto a = admit_with("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::exempt);
+  EXPECT_FALSE(a.who);
+  EXPECT_EQ(metric("smockron_proxy_requests_total{domain=\"\",decision=\"exempt\"}"), 1);
+  sender_.flush();
+  EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 0) << "nothing accounted";
+}
+
+TEST_F(RoutePolicy, ExemptClientsPassUnlimitedOthersAreLimited) {
+  const auto now = clock_.wall_us();
+  gate_.update(domains_.id("api"), "k1", now + 60'000'000, 100'000, now);
+  EXPECT_EQ(admit_with("GET /internal HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\n\r\n").outcome, decision::exempt);
+  EXPECT_EQ(decisions("exempt"), 1);
+  peer_ = "192.0.2.1";
+  EXPECT_EQ(admit_with("GET /internal HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\n\r\n").outcome, decision::rejected);
+}
+
+TEST_F(RoutePolicy, ShadowCountsTheWouldBeDecisionAndPassesAsAccepted) {
+  const auto now = clock_.wall_us();
+  gate_.update(domains_.id("api"), "held", now + 300'000, 100'000, now);
+  gate_.update(domains_.id("api"), "over", now + 60'000'000, 100'000, now);
+  auto a = admit_with("GET /shadow HTTP/1.1\r\nHost: x\r\nX-Key: held\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::accepted);
+  EXPECT_EQ(a.shadow, decision::delayed);
+  EXPECT_EQ(gate_.held(), 0) << "nothing is held";
+  a = admit_with("GET /shadow HTTP/1.1\r\nHost: x\r\nX-Key: over\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::accepted);
+  EXPECT_EQ(a.shadow, decision::rejected);
+  a = admit_with("GET /shadow HTTP/1.1\r\nHost: x\r\nX-Key: fresh\r\n\r\n");
+  EXPECT_EQ(a.shadow, decision::accepted);
+  EXPECT_EQ(metric("smockron_proxy_shadow_decisions_total{domain=\"api\",decision=\"delayed\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_shadow_decisions_total{domain=\"api\",decision=\"rejected\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_shadow_decisions_total{domain=\"api\",decision=\"accepted\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_shadow_delay_seconds_count"), 1);
+  EXPECT_EQ(decisions("accepted"), 3) << "what happened: all forwarded";
+  sender_.flush();
+  EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 3) << "each accounted (as accepted)";
+}
+
+TEST_F(RoutePolicy, ARouteCapsItsOwnHeldRequestsAndMaxDelay) {
+  const auto now = clock_.wall_us();
+  gate_.update(domains_.id("api"), "a", now + 50'000, 10'000, now);
+  gate_.update(domains_.id("api"), "b", now + 50'000, 10'000, now);
+  gate_.update(domains_.id("api"), "slow", now + 500'000, 10'000, now);
+  auto a = admit_with("GET /capped HTTP/1.1\r\nHost: x\r\nX-Key: a\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::delayed);
+  a = admit_with("GET /capped HTTP/1.1\r\nHost: x\r\nX-Key: b\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::rejected);
+  EXPECT_EQ(a.gate.reason, reject_reason::held_full) << "the route holds one at most";
+  EXPECT_EQ(admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: b\r\n\r\n").outcome, decision::delayed)
+      << "other routes are not capped by it";
+  gate_.release_held(rt_.route_limits[2]);  // /capped
+  gate_.release_held(rt_.route_limits[route_->index]);
+  a = admit_with("GET /capped HTTP/1.1\r\nHost: x\r\nX-Key: slow\r\n\r\n");
+  EXPECT_EQ(a.gate.reason, reject_reason::delay_too_long) << "500 ms is over the route's max_delay";
+  EXPECT_EQ(gate_.held(), 0);
+  EXPECT_EQ(rt_.route_held[2].load(), 0);
+  EXPECT_EQ(admit_with("GET /capped HTTP/1.1\r\nHost: x\r\nX-Key: b\r\n\r\n").outcome, decision::delayed)
+      << "its place is free again";
+  gate_.release_held(rt_.route_limits[2]);
 }
 
 }  // namespace

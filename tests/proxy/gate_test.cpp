@@ -26,7 +26,7 @@ TEST(Gate, DelayUntilHoldsThenExpires) {
   ASSERT_EQ(d.v, verdict::delay);
   EXPECT_EQ(d.release_us, t0 + 300 * ms);
   EXPECT_EQ(g.held(), 1);
-  g.release_held();
+  g.release_held({});
   EXPECT_EQ(g.held(), 0);
   EXPECT_EQ(g.decide(1, "a", t0, limits()).v, verdict::accept);  // other domain
   EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::accept);  // other identifier
@@ -78,7 +78,7 @@ TEST(Gate, MaxHeldRejectsBeyondTheCap) {
   const auto third = g.decide(0, "a", t0, limits(5000, 2));
   EXPECT_EQ(third.v, verdict::reject);
   EXPECT_EQ(third.reason, reject_reason::held_full);
-  g.release_held();
+  g.release_held({});
   EXPECT_EQ(g.decide(0, "a", t0, limits(5000, 2)).v, verdict::delay);
 }
 
@@ -90,7 +90,7 @@ TEST(Gate, SlotOfAHeldClientThatLeftIsTakenPrepaidByTheNextRequest) {
   ASSERT_EQ(first.release_us, t0 + 100 * ms);
   ASSERT_EQ(second.release_us, t0 + 150 * ms);
   EXPECT_FALSE(first.prepaid);
-  g.release_held();
+  g.release_held({});
   g.cancel(0, "a", first, t0 + 10 * ms);  // its client went away; the master already counted t0+100
   const auto taker = g.decide(0, "a", t0 + 20 * ms, limits());
   EXPECT_EQ(taker.v, verdict::delay);
@@ -106,7 +106,7 @@ TEST(Gate, SpareSlotLapsesAtItsTimeAndRespectsMaxHeld) {
   g.update(0, "a", t0 + 100 * ms, 50 * ms, t0);
   const auto first = g.decide(0, "a", t0, limits());
   g.decide(0, "a", t0, limits());
-  g.release_held();
+  g.release_held({});
   g.cancel(0, "a", first, t0 + 10 * ms);
   // Nobody took it by t0+100: at t0+120 the next request queues normally.
   const auto late = g.decide(0, "a", t0 + 120 * ms, limits());
@@ -122,7 +122,7 @@ TEST(Gate, SpareSlotLapsesAtItsTimeAndRespectsMaxHeld) {
   const auto full = h.decide(0, "b", t0 + 2 * ms, limits(5000, 1));
   EXPECT_EQ(full.v, verdict::reject);
   EXPECT_EQ(full.reason, reject_reason::held_full);
-  h.release_held();
+  h.release_held({});
   EXPECT_TRUE(h.decide(0, "b", t0 + 3 * ms, limits(5000, 1)).prepaid);
 }
 
@@ -223,7 +223,7 @@ TEST(GateGuard, ClientUnderItsLimitIsNeverHeld) {
       EXPECT_EQ(d.v, verdict::accept) << k;
     }
     if (d.v != verdict::accept) ++stopped;
-    if (d.v == verdict::delay) g.release_held();
+    if (d.v == verdict::delay) g.release_held({});
   }
   EXPECT_GE(stopped, 4);
 }
@@ -237,7 +237,7 @@ TEST(GateGuard, PolicyChangeStartsTheGuardAfresh) {
   set_policy(g, 0, {{100 * ms, 10}}, t0);  // 10/s burst 10
   for (int i = 0; i < 10; ++i) EXPECT_EQ(g.decide(0, "a", t0 + 1 * ms, limits()).v, verdict::accept) << i;
   EXPECT_EQ(g.decide(0, "a", t0 + 1 * ms, limits()).v, verdict::delay);
-  g.release_held();
+  g.release_held({});
 }
 
 // The master's word and the guard combine: whichever is later holds.
@@ -258,13 +258,13 @@ TEST(GateGuard, StalePolicyMeansNoGuard) {
   set_policy(g, 0, {{100 * ms, 1}}, t0);
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::delay);
-  g.release_held();
+  g.release_held({});
   const std::int64_t later = t0 + smockron::wire::policy_fresh_ms * ms + 1;
   for (int i = 0; i < 5; ++i) EXPECT_EQ(g.decide(0, "b", later, limits()).v, verdict::accept);
   set_policy(g, 0, {{100 * ms, 1}}, later);  // refreshed: guarded again
   EXPECT_EQ(g.decide(0, "c", later, limits()).v, verdict::accept);
   EXPECT_EQ(g.decide(0, "c", later, limits()).v, verdict::delay);
-  g.release_held();
+  g.release_held({});
 }
 
 TEST(GateGuard, PolicyChangesApplyAndExtraRulesAreIgnored) {
@@ -274,12 +274,12 @@ TEST(GateGuard, PolicyChangesApplyAndExtraRulesAreIgnored) {
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);
   EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::delay);
-  g.release_held();
+  g.release_held({});
   set_policy(g, 0, {{100 * ms, 5}}, t0);  // a larger burst takes effect at once
   EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::accept);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::accept) << i;
   EXPECT_EQ(g.decide(0, "b", t0, limits()).v, verdict::delay);
-  g.release_held();
+  g.release_held({});
   // Domain ids beyond what policies are kept for are not guarded (and the caller is told).
   const guard_rule one{100 * ms, 1};
   EXPECT_FALSE(g.set_policy(gate::k_policy_domains, {&one, 1}, t0));

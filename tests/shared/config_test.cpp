@@ -349,7 +349,13 @@ TEST(Config, UpstreamAndRouteErrors) {
       std::string::npos);
   EXPECT_NE(one_error("[proxy.upstreams]\nu = 1\n").find("proxy.upstreams.u: expected a table"), std::string::npos);
   const std::string up = "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n";
-  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\n").find("proxy.routes[0].domain: missing"),
+  // A route without a domain is not limited: keys that shape limiting would do nothing there.
+  EXPECT_TRUE(load(up + "[[proxy.routes]]\npath = \"/healthz\"\nupstream = \"u\"\n").cfg);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\nidentify = [\"ip\"]\n")
+                .find("proxy.routes[0].identify: has no effect on a route without a domain"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\nmode = \"shadow\"\n")
+                .find("proxy.routes[0].mode: has no effect on a route without a domain"),
             std::string::npos);
   EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\n").find("proxy.routes[0].upstream: missing"),
             std::string::npos);
@@ -373,6 +379,38 @@ TEST(Config, UpstreamAndRouteErrors) {
                 .find("needs at least one source"),
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\nroutes = 1\n").find("proxy.routes: expected an array of tables"), std::string::npos);
+}
+
+TEST(Config, PerRoutePolicy) {
+  const std::string up =
+      "[proxy]\nmax_delay = \"5s\"\n[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n"
+      "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\n";
+  auto r = load(up +
+                "status = 429\nmax_delay = \"250ms\"\nmax_held = 7\nmode = \"shadow\"\n"
+                "exempt = [\"10.0.0.0/8\", \"::1\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& route = r.cfg->proxy->routes[0];
+  EXPECT_EQ(route.status, 429);
+  EXPECT_EQ(route.max_delay, std::chrono::milliseconds(250));
+  EXPECT_EQ(route.max_held, 7);
+  EXPECT_EQ(route.mode, route_config::route_mode::shadow);
+  ASSERT_EQ(route.exempt.size(), 2u);
+  EXPECT_TRUE(route.exempt[0].contains(*parse_ip("10.1.2.3")));
+  // Defaults: the spec's 503, the [proxy] limits, enforced, nobody exempt.
+  r = load(up);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->routes[0].status, 503);
+  EXPECT_FALSE(r.cfg->proxy->routes[0].max_delay);
+  EXPECT_FALSE(r.cfg->proxy->routes[0].max_held);
+  EXPECT_EQ(r.cfg->proxy->routes[0].mode, route_config::route_mode::enforce);
+
+  EXPECT_NE(one_error(up + "status = 200\n").find("proxy.routes[0].status: must be between 400 and 599"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "mode = \"dry-run\"\n").find("proxy.routes[0].mode: unknown mode \"dry-run\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "exempt = [\"10.0.0.0/33\"]\n").find("proxy.routes[0].exempt[0]: invalid CIDR"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "max_held = -1\n").find("proxy.routes[0].max_held: must be between 0"), std::string::npos);
 }
 
 TEST(Config, AllErrorsAreReportedAtOnceInSourceOrder) {

@@ -99,8 +99,18 @@ struct upstream_config {
 struct route_config {
   std::string host = "*";  ///< exact, "*", or "*.suffix"
   std::string path = "/";  ///< prefix
+  /// Empty: the route is not limited (forwarded with no gate and no accounting, counted as exempt).
   std::string domain;
   std::string upstream;
+  /// Status of a limit rejection (delay over max_delay): the spec's 503, or 429 as
+  /// Envoy, Traefik and Kong answer. A full queue of held requests is 503 whatever this says.
+  std::int64_t status = 503;
+  std::optional<microseconds> max_delay;  ///< overrides [proxy] max_delay for this route
+  std::optional<std::int64_t> max_held;   ///< this route's held requests at most (the global max_held still holds)
+  /// shadow: the gate decides and the would-be decision is counted, but nothing is held or rejected.
+  enum class route_mode : std::uint8_t { enforce, shadow };
+  route_mode mode = route_mode::enforce;
+  std::vector<cidr> exempt;  ///< clients (as the `ip` identifier resolves them) forwarded unlimited
   std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
   /// A request no source identifies: limited with every other such request of
   /// the route under one shared identifier ("-"), refused (403), or passed unlimited.
