@@ -109,7 +109,7 @@ void BM_GateDelayedLookup(benchmark::State& state) {
   const gate_limits limits{120'000'000, 1LL << 60};
   for (auto _ : state) {
     auto d = g.decide(0, "hot", now, limits);
-    g.release_held();
+    g.release_held({});
     benchmark::DoNotOptimize(d);
   }
 }
