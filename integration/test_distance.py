@@ -27,8 +27,8 @@ Run: cd integration && python3 -m unittest -v test_distance
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import re
 import select
 import subprocess
 import sys
@@ -58,7 +58,6 @@ HOT_FACTOR = 10
 D = 4.0
 G = 2
 POLICY_FRESH_S = 3.5  # wire::policy_fresh_ms
-ACCESS_RE = re.compile(r'"GET (/[^" ]+)" status=(\S+) decision=(\w+)')
 
 
 async def one_request(port: int, target: str, key: str) -> int:
@@ -108,7 +107,8 @@ class DistanceTest(DaemonTestCase):
                              [route("sl"), route("gc"), WARM_ROUTE],
                              accounting=[f"tcp://{HOST}:{relay_ports[i]}"],
                              control=[f"tcp://{HOST}:{relay_ports[G + i]}"], config_name=f"proxy-{i}.toml",
-                             args=["--log-level", "info"], threads=1, max_delay="1s", access_log=True)
+                             args=["--log-level", "info"], threads=1, max_delay="1s", access_log=True,
+                             access_log_format="json", access_log_path=os.path.join(self.tmp, f"access-{i}.log"))
             for i in range(G)]
         for p in self.proxies:
             self.wait_connected(p)
@@ -146,10 +146,12 @@ class DistanceTest(DaemonTestCase):
 
     def decisions(self, key: str) -> list[str]:
         out = []
-        for p in self.proxies:
-            for m in ACCESS_RE.finditer(p.log()):
-                if f"/{key}/" in m.group(1):
-                    out.append(m.group(3))
+        for i in range(len(self.proxies)):
+            with open(os.path.join(self.tmp, f"access-{i}.log")) as f:
+                for line in f:
+                    e = json.loads(line)
+                    if e["method"] == "GET" and f"/{key}/" in e["target"]:
+                        out.append(e["decision"])
         return out
 
     def test_hot_client_is_limited_across_distant_gatekeepers(self):

@@ -6,13 +6,15 @@ Run: cd integration && python3 -m unittest -v test_operator
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, fetch, metric  # noqa: E402
+from harness import DaemonTestCase, fetch, metric, wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 
@@ -78,6 +80,48 @@ class RoutePolicyTest(DaemonTestCase):
         self.assertEqual(metric(m, REQUESTS, {"domain": "", "decision": "exempt"}), 4)
         self.assertEqual(metric(m, REQUESTS, {"domain": "api", "decision": "exempt"}), 4)
         self.assertEqual(len(backend.requests(key="ivy")), 8)
+
+
+
+class AccessLogTest(DaemonTestCase):
+    def test_json_lines_with_the_real_status_client_and_bytes_reopened_on_sigusr1(self):
+        path = os.path.join(self.tmp, "access.log")
+        _, backend, proxy = self.gate_stack(
+            {"api": {"rules": [("1/m", 1)]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"], "status": 429,
+              "max_delay": "100ms"}],
+            access_log=True, access_log_format="json", access_log_path=path, trusted_proxies=["127.0.0.1/32"])
+
+        def lines(p=path):
+            with open(p) as f:
+                return [json.loads(line) for line in f if line.strip()]
+
+        def for_key(key, p=path):
+            return [e for e in lines(p) if e["identifier"] == key]
+
+        applied0 = proxy.metric("smockron_proxy_control_messages_total") or 0
+        r, _ = fetch(proxy.port, "/echo?x=1", method="POST", body=b"12345", key="lena",
+                     headers=[("X-Forwarded-For", "198.51.100.9")])
+        self.assertEqual(r.status, 200, r)
+        proxy.wait_metric("smockron_proxy_control_messages_total", predicate=lambda v: v > applied0, timeout=10)
+        self.assertEqual(fetch(proxy.port, "/again", key="lena")[0].status, 429)
+        got = wait_until(lambda: for_key("lena") if len(for_key("lena")) >= 2 else None, 5, message="two lines")
+        first, limited = got[0], got[1]
+        self.assertEqual((first["method"], first["target"], first["status"]), ("POST", "/echo?x=1", 200))
+        self.assertEqual((first["client"], first["peer"]), ("198.51.100.9", "127.0.0.1"))
+        self.assertEqual(first["bytes_in"], 5)
+        self.assertGreater(first["bytes_out"], 0)
+        self.assertEqual(first["upstream"], f"127.0.0.1:{backend.port}")
+        self.assertEqual((first["decision"], first["domain"]), ("accepted", "api"))
+        self.assertEqual((limited["status"], limited["decision"], limited["upstream"]), (429, "rejected", ""))
+        self.assertGreaterEqual(limited["duration_ms"], 0)
+        # Log rotation: the file is moved, SIGUSR1, and new lines go to a new file.
+        os.rename(path, path + ".1")
+        proxy.signal(signal.SIGUSR1)
+        wait_until(lambda: "reopening the access log" in proxy.log(), 5, message="SIGUSR1 handled")
+        self.assertEqual(fetch(proxy.port, "/after", key="mia")[0].status, 200)
+        wait_until(lambda: os.path.exists(path) and for_key("mia"), 5, message="a line in the new file")
+        self.assertEqual(for_key("mia", path + ".1"), [])
 
 
 if __name__ == "__main__":

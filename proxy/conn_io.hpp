@@ -54,6 +54,15 @@ struct upstream_conn {
   void release() { sock.reset(); }
 };
 
+/// What became of the current request (forward() fills it; the access log
+/// and the upstream metrics read it).
+struct request_outcome {
+  unsigned status = 0;                ///< sent to the client (0: nothing was)
+  std::uint64_t bytes_in = 0;         ///< request body bytes relayed upstream
+  std::uint64_t bytes_out = 0;        ///< response body bytes relayed to the client
+  std::optional<std::size_t> server;  ///< the upstream server used, by index
+};
+
 /// One client connection and what its requests reuse: buffers, the parsed
 /// heads, the upstream connection in use, the body being relayed.
 struct connection {
@@ -67,6 +76,7 @@ struct connection {
   std::string out;     ///< the head being written
   std::string target;  ///< the request target normalized, when it differs (request.target then points here)
   std::string early;   ///< bytes after the head that arrived while the request was held (see hold())
+  request_outcome outcome;
   http1::request_head request;
   http1::response_head response;
   // The body being relayed and the buffers of its next write live here rather

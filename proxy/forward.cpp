@@ -89,6 +89,7 @@ struct exchange {
   awaitable<void> pump(tcp_socket& from, tcp_socket& to, boost::beast::flat_buffer& pending);
 
   awaitable<step> answer(unsigned status, std::string_view body) {
+    c.outcome.status = status;
     keep = co_await respond(c, version, status, body, false);
     co_return step::answered;
   }
@@ -108,17 +109,21 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.relay.emplace(req.body, req.body, req.content_length, max_line);
   const relay_leg leg{c.client, c.in, *c.up.sock, rt.cfg.body_timeout, rt.cfg.upstream_timeout, rt.cfg.max_body_bytes};
+  c.outcome.server = c.up.server;
   const relay_end end = co_await relay_body(c, leg, body);
+  c.outcome.bytes_in = body.data_bytes;
   switch (end.what) {
     case relay_end::kind::done: co_return step::next;
     // Refused mid-body: the upstream got part of it and its connection is
     // dropped with `up`; the client hears why, then the connection closes.
     case relay_end::kind::bad_framing:
       env.metrics.bad_request.inc();
+      c.outcome.status = 400;
       keep = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
       co_return step::answered;
     case relay_end::kind::too_large:
       env.metrics.bad_request.inc();
+      c.outcome.status = 413;
       keep = co_await refuse(c, version, 413, "request body too large\n");
       co_return step::answered;
     case relay_end::kind::write_failed:
@@ -201,7 +206,9 @@ awaitable<bool> exchange::relay_response() {
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.relay.emplace(res.body, out, res.content_length, max_line);
   const relay_leg leg{*c.up.sock, c.upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};
+  c.outcome.status = res.status;
   const relay_end end = co_await relay_body(c, leg, body);
+  c.outcome.bytes_out = body.data_bytes;
   // Once the response has started, closing is the only honest signal left.
   switch (end.what) {
     case relay_end::kind::done: break;
@@ -218,6 +225,7 @@ awaitable<bool> exchange::relay_response() {
 // After a 101 response: the response head to the client, then bytes both
 // ways until either side ends.
 awaitable<void> exchange::tunnel() {
+  c.outcome.status = 101;
   c.out.clear();
   http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
   if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return;
@@ -250,6 +258,7 @@ awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::f
 awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
                         const http1::forward_info& hop) {
   exchange x{env, rt, r, c};
+  c.outcome = {};
   const http1::request_head& req = c.request;
   if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {
     // The proxy answers 100-continue itself, once the gate has admitted the request.
@@ -284,6 +293,7 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
   if (c.response.status == 101) {
     if (!req.upgrade) {
       env.metrics.upstream_reset.inc();
+      c.outcome.status = 502;
       co_return co_await respond(c, x.version, 502, "upstream switched protocols unasked\n", false);
     }
     co_await x.tunnel();

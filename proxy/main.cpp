@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
         log->info("signal {}: draining (grace period {}s)", sig,
                   std::chrono::duration_cast<std::chrono::seconds>(start->cfg.proxy->grace_period).count());
         srv->stop();
+      },
+      [&] {
+        log->info("SIGUSR1: reopening the access log");
+        srv->reopen_logs();
       });
   std::thread signal_thread([&] { signals_ioc.run(); });
   srv->run();

@@ -206,6 +206,11 @@ struct server::impl {
       log_->error("reload rejected: {}", e.what());
       return;
     }
+    std::string error;
+    if (!shared_.access->configure(next.access_log_path, log_format(next), error)) {
+      log_->error("reload rejected: {}", error);
+      return;
+    }
     control_->set_domains(fresh->routes.domains());
     shared_.install(fresh);
     log_->info("configuration reloaded: {} route(s), {} upstream(s)", fresh->routes.routes().size(),
@@ -230,6 +235,10 @@ server::~server() = default;
 void server::run() { impl_->run(); }
 void server::stop() { impl_->stop(); }
 void server::reload(const config::proxy_config& next) { impl_->reload(next); }
+void server::reopen_logs() {
+  std::string error;
+  if (!impl_->shared_.access->reopen(error)) impl_->log_->error("SIGUSR1: {}", error);
+}
 std::uint16_t server::port() const { return impl_->port_; }
 std::uint16_t server::admin_port() const { return impl_->admin_->port(); }
 

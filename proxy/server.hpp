@@ -24,6 +24,8 @@ public:
   void stop();
   /// Applies routes, upstreams and limits from a new config (listeners and endpoints need a restart).
   void reload(const config::proxy_config& next);
+  /// Reopens the access log file (SIGUSR1, after log rotation moved it).
+  void reopen_logs();
 
   std::uint16_t port() const;
   std::uint16_t admin_port() const;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "proxy/access_log.hpp"
 #include "proxy/admission.hpp"
 #include "proxy/forward.hpp"
 #include "proxy/path.hpp"
@@ -117,29 +118,40 @@ private:
   awaitable<bool> serve_request(const runtime& rt) {
     http1::request_head& req = c_.request;
     const unsigned version = req.version;
+    // The access log's line, begun now: the head's views do not outlive forwarding.
+    if (rt.cfg.access_log) begin_entry(rt);
     if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
       s_.metrics.bad_request.inc();
+      log_own(413);
       co_return co_await refuse(c_, version, 413, "request body too large\n");
     }
     std::string_view why;
     if (rt.normalize_path && !normalize_target(rt, why)) {
       s_.metrics.bad_request.inc();
+      log_own(400);
       co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
     }
     const std::string_view target = req.target;
     const route* r = rt.routes.match(req.host, target.substr(0, target.find('?')));
     if (!r) {
       s_.metrics.no_route.inc();
+      log_own(404);
       co_return co_await answer(404, "no route\n", 0);
     }
     const std::int64_t now_us = s_.clk.wall_us();
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     const admission a = admit(env, rt, *r, req, peer_, now_us);
+    if (entry_) {
+      entry_->decision = to_string(a.outcome);
+      entry_->shadow = a.shadow ? to_string(*a.shadow) : std::string_view{};
+      entry_->domain = r->domain;
+      if (a.who) entry_->identifier = a.who->value;
+    }
     if (a.outcome == decision::rejected) {
       // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
       const bool full = a.gate.reason == reject_reason::held_full;
       const unsigned status = a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
-      if (rt.cfg.access_log) log_access(std::string(req.method) + " " + std::string(target), status, a, 0);
+      log_own(status);
       if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
       if (a.unidentified)
         co_return co_await answer(403, "this route needs an identifier the request does not carry\n", 0);
@@ -147,11 +159,15 @@ private:
                                 full ? "too many requests held, retry later\n" : "rate limit exceeded, retry later\n",
                                 a.gate.retry_after_s);
     }
-    if (a.outcome == decision::delayed && !co_await hold_for(rt, *r, a)) co_return false;
-    // The head's views do not outlive forwarding (the buffer is reused): what the log needs is copied.
-    std::string logged_request;
-    if (rt.cfg.access_log) logged_request.append(req.method).append(" ").append(target);
-    const auto started = rt.cfg.access_log ? s_.clk.steady_now() : steady::time_point{};
+    if (a.outcome == decision::delayed) {
+      const auto held_from = entry_ ? s_.clk.steady_now() : steady::time_point{};
+      const bool stayed = co_await hold_for(rt, *r, a);
+      if (entry_) entry_->held_ms = ms_since(held_from);
+      if (!stayed) {
+        log_own(0);  // the client left while held
+        co_return false;
+      }
+    }
     forward_env fenv{w_.pool, s_.metrics, s_.draining};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
@@ -159,11 +175,38 @@ private:
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
     const bool keep = co_await forward(fenv, rt, *r, c_, hop);
-    if (rt.cfg.access_log) {
-      log_access(logged_request, 0, a,
-                 std::chrono::duration_cast<std::chrono::milliseconds>(s_.clk.steady_now() - started).count());
+    if (entry_) {
+      const request_outcome& o = c_.outcome;
+      entry_->bytes_in = o.bytes_in;
+      entry_->bytes_out = o.bytes_out;
+      if (o.server) entry_->upstream = rt.cfg.upstreams[r->upstream_index].servers[*o.server].to_string();
+      log_own(o.status);
     }
     co_return keep;
+  }
+
+  void begin_entry(const runtime& rt) {
+    const http1::request_head& req = c_.request;
+    entry_.emplace();
+    entry_->time_us = s_.clk.wall_us();
+    entry_->client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies, rt.cfg.real_ip_header));
+    entry_->peer = peer_text_;
+    entry_->method = req.method;
+    entry_->target = req.target;
+    started_ = s_.clk.steady_now();
+  }
+
+  double ms_since(steady::time_point from) const {
+    return std::chrono::duration<double, std::milli>(s_.clk.steady_now() - from).count();
+  }
+
+  // Writes the request's access log line (when there is one) with `status`.
+  void log_own(unsigned status) {
+    if (!entry_) return;
+    entry_->status = status;
+    entry_->duration_ms = ms_since(started_);
+    if (auto* log = s_.access.get()) log->write(*entry_);
+    entry_.reset();
   }
 
   // Normalizes the path of the request target (path.hpp); the request then
@@ -206,19 +249,14 @@ private:
     co_return false;
   }
 
-  void log_access(std::string_view request, unsigned status, const admission& a, std::int64_t upstream_ms) {
-    const identity* who = a.who ? &*a.who : nullptr;
-    s_.access_log->info("{} \"{}\" status={} decision={} source={} upstream_ms={}", peer_text_, request,
-                        status ? std::to_string(status) : std::string("-"), to_string(a.outcome),
-                        who && who->source ? config::to_string(*who->source) : std::string("-"), upstream_ms);
-  }
-
   shared_state& s_;
   worker& w_;
   std::shared_ptr<connection> conn_;
   connection& c_;
   ip_address peer_;
   std::string peer_text_;
+  std::optional<access_entry> entry_;  ///< the current request's access log line (access_log on)
+  steady::time_point started_{};
 };
 
 }  // namespace

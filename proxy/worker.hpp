@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "proxy/access_log.hpp"
 #include "proxy/accounting_sender.hpp"
 #include "proxy/asio_types.hpp"
 #include "proxy/conn_io.hpp"
@@ -27,6 +28,11 @@
 
 namespace smockron::proxy {
 
+inline access_log::format log_format(const config::proxy_config& cfg) {
+  return cfg.access_log_format == config::proxy_config::access_log_format_kind::json ? access_log::format::json
+                                                                                     : access_log::format::text;
+}
+
 struct shared_state {
   /// `spread` in [0, 1): this proxy's place in the gate's horizon spread (see gate.hpp).
   shared_state(const config::proxy_config& cfg, const clock& c, double spread)
@@ -34,7 +40,7 @@ struct shared_state {
         metrics(registry),
         accounting_counters(registry),
         gate(static_cast<std::size_t>(cfg.max_control_entries), spread),
-        access_log(log::get("proxy.access")) {}
+        access(std::make_unique<access_log>(cfg.access_log_path, log_format(cfg))) {}
 
   /// The configuration generation in force.
   std::shared_ptr<const runtime> current() const {
@@ -58,7 +64,7 @@ struct shared_state {
   accounting_sender::counters accounting_counters;
   proxy::gate gate;
   domain_registry domains;
-  std::shared_ptr<spdlog::logger> access_log;
+  std::unique_ptr<access_log> access;  ///< lines are written only while the configuration says access_log
   std::atomic<bool> draining{false};
   std::atomic<int> connections{0};
 

@@ -315,6 +315,14 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.size("max_body_bytes", p.max_body_bytes, 0, UINT64_MAX >> 1);
   r.real("rejected_sample", p.rejected_sample, 0.0, 1.0);
   r.boolean("access_log", p.access_log);
+  r.choice("access_log_format", std::array<std::string_view, 2>{"text", "json"}, "format", p.access_log_format);
+  r.string("access_log_path", p.access_log_path);
+  if (!p.access_log) {
+    for (const char* k : {"access_log_format", "access_log_path"}) {
+      if (const toml::node* n = t.get(k))
+        s.add(*n, std::string("proxy.") + k, "has no effect unless access_log = true");
+    }
+  }
   r.boolean("fail_closed", p.fail_closed);
   r.boolean("proxy_protocol", p.proxy_protocol);
   r.choice("real_ip_header", std::array<std::string_view, 2>{"X-Forwarded-For", "Forwarded"}, "header",

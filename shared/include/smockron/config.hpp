@@ -158,6 +158,9 @@ struct proxy_config {
   std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
   double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
   bool access_log = false;
+  enum class access_log_format_kind : std::uint8_t { text, json };
+  access_log_format_kind access_log_format = access_log_format_kind::text;
+  std::string access_log_path;  ///< empty: stdout; a file is reopened on SIGUSR1 (log rotation)
   /// `ip` identifiers of IPv6 clients: the /N network (one client commonly owns a /64).
   std::int64_t ipv6_prefix = 64;
   /// Paths are normalized before route matching (RFC 3986 6.2.2: unreserved
