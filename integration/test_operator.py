@@ -7,10 +7,13 @@ Run: cd integration && python3 -m unittest -v test_operator
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import sys
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,6 +125,125 @@ class AccessLogTest(DaemonTestCase):
         self.assertEqual(fetch(proxy.port, "/after", key="mia")[0].status, 200)
         wait_until(lambda: os.path.exists(path) and for_key("mia"), 5, message="a line in the new file")
         self.assertEqual(for_key("mia", path + ".1"), [])
+
+
+
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+
+
+def parse_exposition(text: str) -> dict:
+    """A strict reader of the Prometheus text format 0.0.4: raises AssertionError on
+    anything a scraper could misread. Returns {family: (type, [(name, labels, value)])}."""
+    families: dict = {}
+    current = None
+    seen_series = set()
+    assert text.endswith("\n"), "the exposition ends with a newline"
+    for n, line in enumerate(text.split("\n")[:-1], 1):
+        where = f"line {n}: {line!r}"
+        assert line and line == line.strip(), where
+        if line.startswith("# HELP "):
+            name = line.split(" ", 3)[2]
+            assert METRIC_NAME.fullmatch(name), where
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert METRIC_NAME.fullmatch(name) and kind in ("counter", "gauge", "histogram", "summary", "untyped"), where
+            assert name not in families, f"{where}: a family is declared once"
+            families[name] = (kind, [])
+            current = name
+            continue
+        assert not line.startswith("#"), where
+        m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)", line)
+        assert m, where
+        name, labels_text, value = m.group(1), m.group(2) or "", m.group(3)
+        assert current is not None, f"{where}: a sample before any TYPE"
+        kind = families[current][0]
+        suffixes = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+        assert any(name == current + s for s in suffixes), f"{where}: not in family {current} (families are contiguous)"
+        labels = {}
+        if labels_text:
+            body = labels_text[1:-1]
+            pos = 0
+            while pos < len(body):
+                lm = LABEL.match(body, pos)
+                assert lm, f"{where}: bad label at {pos}"
+                assert lm.group(1) not in labels, f"{where}: repeated label"
+                labels[lm.group(1)] = lm.group(2)
+                pos = lm.end()
+                if pos < len(body):
+                    assert body[pos] == ",", where
+                    pos += 1
+        v = float(value)
+        assert not math.isnan(v), where
+        key = (name, tuple(sorted(labels.items())))
+        assert key not in seen_series, f"{where}: duplicate series"
+        seen_series.add(key)
+        families[current][1].append((name, labels, v))
+    for name, (kind, samples) in families.items():
+        assert samples, f"{name}: declared without samples"
+        if kind == "counter":
+            assert name.endswith("_total"), f"{name}: a counter's name ends in _total"
+            assert all(v >= 0 for _, _, v in samples), name
+        if kind == "histogram":
+            groups: dict = {}
+            for sample_name, labels, v in samples:
+                rest = tuple(sorted((k, x) for k, x in labels.items() if k != "le"))
+                groups.setdefault(rest, {"buckets": [], "count": None, "sum": None})
+                g = groups[rest]
+                if sample_name.endswith("_bucket"):
+                    g["buckets"].append((float(labels["le"]), v))
+                elif sample_name.endswith("_count"):
+                    g["count"] = v
+                else:
+                    g["sum"] = v
+            for rest, g in groups.items():
+                bounds = [b for b, _ in g["buckets"]]
+                assert bounds == sorted(bounds) and bounds[-1] == math.inf, f"{name}{rest}: le ascending to +Inf"
+                counts = [c for _, c in g["buckets"]]
+                assert counts == sorted(counts), f"{name}{rest}: cumulative buckets"
+                assert g["count"] == counts[-1] and g["sum"] is not None, f"{name}{rest}: _count is the +Inf bucket"
+    return families
+
+
+class MetricsFormatTest(DaemonTestCase):
+    def test_both_daemons_expose_valid_prometheus_text(self):
+        master, backend, proxy = self.gate_stack(
+            {"api": {"rules": [("1/m", 1)]}},
+            [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
+              "max_delay": "100ms"}])
+        for key in ("a", "a", "b", 'q"uote\\'):
+            fetch(proxy.port, "/x", key=key)
+        proxy_families = parse_exposition(self.scrape(proxy.admin_port))
+        master_families = parse_exposition(self.scrape(master.admin_port))
+        for families, daemon in ((proxy_families, "proxy"), (master_families, "master")):
+            kind, samples = families["smockron_build_info"]
+            self.assertEqual(kind, "gauge")
+            self.assertEqual([(s[1]["daemon"], s[2]) for s in samples], [(daemon, 1.0)])
+        kind, samples = proxy_families["smockron_proxy_upstream_responses_total"]
+        self.assertEqual(kind, "counter")
+        ok = [v for _, labels, v in samples if labels == {"upstream": "app", "code": "2xx"}]
+        self.assertGreaterEqual(ok[0], 2)
+        kind, samples = proxy_families["smockron_proxy_upstream_response_seconds"]
+        self.assertEqual(kind, "histogram")
+        self.assertIn("smockron_proxy_control_dropped_updates_total", proxy_families)
+
+    def test_the_reader_is_strict(self):
+        good = "# TYPE x_total counter\nx_total{a=\"1\"} 2\n"
+        parse_exposition(good)
+        for bad in ("# TYPE x counter\nx 1\n",                                   # a counter without _total
+                    good + "x_total{a=\"1\"} 3\n",                                # a duplicate series
+                    "x_total 1\n",                                               # no TYPE
+                    "# TYPE x_total counter\nx_total{a=1} 2\n",                  # unquoted label value
+                    "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n",
+                    "# TYPE g gauge\ng 1",                                       # no final newline
+                    "# TYPE g gauge\n# TYPE h gauge\ng 1\nh 1\n"):            # samples outside their family
+            with self.assertRaises(AssertionError, msg=bad):
+                parse_exposition(bad)
+
+    def scrape(self, port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ class FailOpenTest(DaemonTestCase):
         self.assertIn("fail-open", ready.body)
         self.assertEqual(len(backend.requests(key="same-key")), 25)
         self.assertEqual(proxy.metric(REQUESTS, {"domain": "api", "decision": "accepted"}), 25, "none held")
-        self.assertEqual(proxy.metric("smockron_proxy_control_dropped_updates"), 0)  # exported, nothing dropped
+        self.assertEqual(proxy.metric("smockron_proxy_control_dropped_updates_total"), 0)  # exported, nothing dropped
         # No master took them: counted as unsent, not as published.
         wait_until(lambda: proxy.metric("smockron_proxy_accounting_unsent_total") == 25, 5,
                    message="accounting without a master is counted as unsent")

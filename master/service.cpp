@@ -76,6 +76,7 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
         "smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis", "",
         [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
   }
+  metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
 }
 

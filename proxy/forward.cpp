@@ -283,12 +283,17 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
   } guard{c.up};
   // A pooled connection may have been closed by the upstream just now: a
   // retryable request is retried once on a fresh connection.
+  auto sent = env.clk.steady_now();
   for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) sent = env.clk.steady_now();
     auto st = co_await x.send_request(attempt);
     if (st == exchange::step::next) st = co_await x.read_response_head(attempt);
     if (st == exchange::step::answered) co_return x.keep;
     if (st == exchange::step::next) break;
   }
+  const auto& counted = rt.upstream_metrics[r.upstream_index];
+  counted.by_class[std::clamp<unsigned>(c.response.status / 100, 1, 5) - 1]->inc();
+  counted.seconds->observe(std::chrono::duration<double>(env.clk.steady_now() - sent).count());
   c.upstream_in.consume(c.response.size);
   if (c.response.status == 101) {
     if (!req.upgrade) {

@@ -12,6 +12,7 @@
 #include "proxy/routes.hpp"
 #include "proxy/runtime.hpp"
 #include "proxy/upstream_pool.hpp"
+#include "smockron/clock.hpp"
 
 namespace smockron::proxy {
 
@@ -21,6 +22,7 @@ struct forward_env {
   upstream_pool& pool;
   proxy_metrics& metrics;
   const std::atomic<bool>& draining;
+  const clock& clk;  ///< upstream response times
 };
 
 /// Forwards `c.request` (whose head is at the front of `c.in`) to the

@@ -68,6 +68,20 @@ std::array<metrics::counter*, decision_count> proxy_metrics::decisions(const std
   return row;
 }
 
+proxy_metrics::upstream_series proxy_metrics::upstream(const std::string& name) {
+  static constexpr std::array<std::string_view, 5> classes = {"1xx", "2xx", "3xx", "4xx", "5xx"};
+  upstream_series u;
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    u.by_class[i] = &reg.add_counter("smockron_proxy_upstream_responses_total",
+                                     "Responses from upstreams, by upstream and status class",
+                                     metrics::labels({{"upstream", name}, {"code", classes[i]}}));
+  }
+  u.seconds = &reg.add_histogram("smockron_proxy_upstream_response_seconds",
+                                 "Upstream response time: request sent to response head received",
+                                 metrics::exponential_buckets(0.0005, 2, 16), metrics::labels({{"upstream", name}}));
+  return u;
+}
+
 std::array<metrics::counter*, shadow_decision_count> proxy_metrics::shadow_decisions(const std::string& domain) {
   std::array<metrics::counter*, shadow_decision_count> row{};
   for (std::size_t i = 0; i < shadow_decision_count; ++i) {

@@ -27,6 +27,13 @@ struct proxy_metrics {
 
   /// smockron_proxy_requests_total{domain, decision}, one per decision.
   std::array<metrics::counter*, decision_count> decisions(const std::string& domain);
+  /// An upstream's responses by status class (1xx..5xx) and its response time
+  /// (request sent to response head; smockron_proxy_upstream_response_seconds).
+  struct upstream_series {
+    std::array<metrics::counter*, 5> by_class{};
+    metrics::histogram* seconds = nullptr;
+  };
+  upstream_series upstream(const std::string& name);
   /// smockron_proxy_shadow_decisions_total{domain, decision}: what the gate would have done on a shadow route.
   std::array<metrics::counter*, shadow_decision_count> shadow_decisions(const std::string& domain);
 

@@ -38,7 +38,10 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
     decisions.push_back(m.decisions(d));
     shadow_decisions.push_back(m.shadow_decisions(d));
   }
-  for (const auto& u : cfg.upstreams) servers.push_back(resolve(u));
+  for (const auto& u : cfg.upstreams) {
+    servers.push_back(resolve(u));
+    upstream_metrics.push_back(m.upstream(u.name));
+  }
   std::string error;
   jwt = jwt_verifier::create(cfg.jwt, error);
   if (!jwt) throw std::runtime_error("proxy.jwt: " + error);

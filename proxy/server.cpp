@@ -86,9 +86,10 @@ struct server::impl {
                    [&g] { return static_cast<double>(g.held()); });
     r.add_callback("smockron_proxy_control_entries", "Entries in the control memory", "",
                    [&g] { return static_cast<double>(g.entries()); });
-    r.add_callback("smockron_proxy_control_dropped_updates",
-                   "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)", "",
-                   [&g] { return static_cast<double>(g.dropped_updates()); });
+    r.add_counter_callback("smockron_proxy_control_dropped_updates_total",
+                           "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)",
+                           [&g] { return static_cast<double>(g.dropped_updates()); });
+    metrics::add_build_info(r, "proxy");
     r.add_callback("smockron_proxy_open_connections", "Open client connections", "",
                    [this] { return static_cast<double>(shared_.connections.load()); });
   }

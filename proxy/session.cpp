@@ -168,7 +168,7 @@ private:
         co_return false;
       }
     }
-    forward_env fenv{w_.pool, s_.metrics, s_.draining};
+    forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "smockron/version.hpp"
+
 namespace smockron::metrics {
 namespace {
 
@@ -54,6 +56,12 @@ std::string labels(std::initializer_list<std::pair<std::string_view, std::string
     out += "\"";
   }
   return out + "}";
+}
+
+void add_build_info(registry& r, std::string_view daemon) {
+  r.add_gauge("smockron_build_info", "Always 1: the daemon and version of this build",
+              labels({{"daemon", daemon}, {"version", version_string}}))
+      .set(1);
 }
 
 std::vector<double> exponential_buckets(double start, double factor, std::size_t count) {

@@ -57,6 +57,10 @@ private:
 /// Label set rendered as `{k="v",...}` with Prometheus escaping.
 std::string labels(std::initializer_list<std::pair<std::string_view, std::string_view>> kv);
 
+class registry;
+/// smockron_build_info{daemon, version} 1: which build answers (Prometheus's build_info convention).
+void add_build_info(registry& r, std::string_view daemon);
+
 /// Exponential bucket bounds: start, start*factor, ... (count of them).
 std::vector<double> exponential_buckets(double start, double factor, std::size_t count);
 
