@@ -37,14 +37,25 @@ class RoutePolicyTest(DaemonTestCase):
     def test_429_route_and_a_full_queue_is_503_whatever_the_status(self):
         _, backend, proxy = self.stack([
             {"path": "/limited", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
-             "status": 429, "max_delay": "200ms"},
+             "status": 429, "max_delay": "200ms", "ratelimit_headers": True, "explain": True},
             {"path": "/full", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
              "status": 429, "max_held": 0},
         ])
-        self.first_then_known(proxy, "/limited/1", "kate")
+        proxy.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v > 0, timeout=10)
+        applied0 = proxy.metric("smockron_proxy_control_messages_total") or 0
+        first, _ = fetch(proxy.port, "/limited/1", key="kate")
+        self.assertEqual(first.status, 200)
+        self.assertEqual(first.headers.get("ratelimit"), '"api";r=0;t=2', "with ratelimit_headers, on every response")
+        self.assertEqual(first.headers.get("smockron-decision"), "accepted")
+        proxy.wait_metric("smockron_proxy_control_messages_total", predicate=lambda v: v > applied0, timeout=10)
         r, _ = fetch(proxy.port, "/limited/2", key="kate")
         self.assertEqual((r.status, r.reason), (429, "Too Many Requests"), r)
-        self.assertGreaterEqual(int(r.headers.get("retry-after", "0")), 1)
+        retry_after = int(r.headers.get("retry-after", "0"))
+        self.assertGreaterEqual(retry_after, 1)
+        # draft-ietf-httpapi-ratelimit-headers-10: the domain's rule, and nothing left until the retry.
+        self.assertEqual(r.headers.get("ratelimit-policy"), '"api";q=1;w=2')
+        self.assertEqual(r.headers.get("ratelimit"), f'"api";r=0;t={retry_after}')
+        self.assertEqual(r.headers.get("smockron-decision"), "rejected;reason=delay_too_long")
         # Within max_delay (5 s here), but the route holds none: the queue is full, 503.
         r, _ = fetch(proxy.port, "/full/1", key="kate")
         self.assertEqual(r.status, 503, r)

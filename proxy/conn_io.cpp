@@ -101,7 +101,7 @@ awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connecti
 awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::string_view body, bool keep_alive,
                         std::int64_t retry_after_s) {
   c.out.clear();
-  http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s);
+  http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s, c.response_fields);
   buffer_list b;
   b.add(c.out.data(), c.out.size());
   boost::system::error_code ec;

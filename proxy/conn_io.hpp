@@ -76,6 +76,9 @@ struct connection {
   std::string out;     ///< the head being written
   std::string target;  ///< the request target normalized, when it differs (request.target then points here)
   std::string early;   ///< bytes after the head that arrived while the request was held (see hold())
+  /// Header lines of the proxy's own for the current request's response (rate-limit
+  /// fields, the decision): added to whatever answers it, the upstream or the proxy.
+  std::string response_fields;
   request_outcome outcome;
   http1::request_head request;
   http1::response_head response;

@@ -202,7 +202,7 @@ awaitable<bool> exchange::relay_response() {
   if (res.body == framing::chunked && version < 11) out = framing::until_close;
   const bool keep_client = req.keep_alive && !env.draining && out != framing::until_close;
   c.out.clear();
-  http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false);
+  http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false, c.response_fields);
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.relay.emplace(res.body, out, res.content_length, max_line);
   const relay_leg leg{*c.up.sock, c.upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};

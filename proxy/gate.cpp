@@ -94,6 +94,30 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
   if (interval_us > 0) e.interval_us = interval_us;
 }
 
+quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us) {
+  quota_state q;
+  const policy guard = read_policy(domain, now_us);
+  if (guard.count == 0) return q;
+  std::array<std::int64_t, k_guard_rules> tat{};
+  {
+    const key_view k{domain, identifier};
+    shard& s = shard_for(k);
+    std::lock_guard lock(s.mutex);
+    if (const auto it = s.map.find(k); it != s.map.end() && it->second.policy_seq == guard.seq) tat = it->second.tat;
+  }
+  q.count = guard.count;
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t ahead = std::max<std::int64_t>(0, tat[i] - now_us);  // GCRA: how far the TAT runs ahead
+    auto& it = q.items[i];
+    it.quota = r.burst;
+    it.window_s = std::max<std::int64_t>(1, (r.burst * r.interval_us + 999'999) / 1'000'000);
+    it.remaining = std::clamp<std::int64_t>((r.burst * r.interval_us - ahead) / r.interval_us, 0, r.burst);
+    it.reset_s = (ahead + 999'999) / 1'000'000;
+  }
+  return q;
+}
+
 bool gate::take_held(const gate_limits& limits) {
   if (held_.fetch_add(1, std::memory_order_relaxed) >= limits.max_held) {
     held_.fetch_sub(1, std::memory_order_relaxed);

@@ -61,6 +61,19 @@ struct gate_limits {
 /// (as POLICY carries it).
 using guard_rule = wire::policy::rule;
 
+/// A client's standing under each rule of its domain, as this gatekeeper
+/// knows it (the RateLimit-Policy and RateLimit response fields).
+struct quota_state {
+  struct item {
+    std::int64_t quota = 0;      ///< the rule's burst: uses in one window
+    std::int64_t window_s = 0;   ///< burst x interval, in whole seconds (at least 1)
+    std::int64_t remaining = 0;  ///< uses left now
+    std::int64_t reset_s = 0;    ///< seconds until the quota is whole again
+  };
+  std::array<item, wire::max_policy_rules> items{};
+  std::size_t count = 0;  ///< 0: no fresh policy for the domain (nothing known)
+};
+
 class gate {
   static constexpr std::size_t k_guard_rules = wire::max_policy_rules;
 
@@ -102,6 +115,9 @@ public:
   /// release_held() is called.
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits);
+
+  /// The client's standing under the domain's rules (after any use decide() charged).
+  quota_state quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us);
 
   /// A held request finished (forwarded or dropped); `limits`: those it was decided with.
   void release_held(const gate_limits& limits) {

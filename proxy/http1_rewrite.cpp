@@ -133,7 +133,7 @@ void write_request_head(std::string& out, const request_head& req, const forward
 }
 
 void write_response_head(std::string& out, const response_head& res, unsigned client_version, framing body,
-                         bool keep_alive, bool tunnel) {
+                         bool keep_alive, bool tunnel, std::string_view extra) {
   out.append(client_version >= 11 ? "HTTP/1.1 " : "HTTP/1.0 ");
   char code[3] = {static_cast<char>('0' + res.status / 100 % 10), static_cast<char>('0' + res.status / 10 % 10),
                   static_cast<char>('0' + res.status % 10)};
@@ -150,6 +150,7 @@ void write_response_head(std::string& out, const response_head& res, unsigned cl
     append_line(out, f.name, f.value);
   }
   if (body == framing::chunked && res.body == framing::until_close) out.append("Transfer-Encoding: chunked\r\n");
+  out.append(extra);
   if (tunnel) out.append("Connection: upgrade\r\n");
   else if (!keep_alive) out.append("Connection: close\r\n");
   else if (client_version < 11) out.append("Connection: keep-alive\r\n");
@@ -157,11 +158,12 @@ void write_response_head(std::string& out, const response_head& res, unsigned cl
 }
 
 void write_simple_response(std::string& out, unsigned version, unsigned status, std::string_view body, bool keep_alive,
-                           std::int64_t retry_after_s) {
+                           std::int64_t retry_after_s, std::string_view extra) {
   out.append(version >= 11 ? "HTTP/1.1 " : "HTTP/1.0 ").append(std::to_string(status)).append(" ");
   out.append(reason_phrase(status)).append("\r\nServer: smockron\r\nContent-Type: text/plain; charset=utf-8\r\n");
   out.append("Content-Length: ").append(std::to_string(body.size())).append("\r\n");
   if (retry_after_s > 0) out.append("Retry-After: ").append(std::to_string(retry_after_s)).append("\r\n");
+  out.append(extra);
   if (!keep_alive) out.append("Connection: close\r\n");
   else if (version < 11) out.append("Connection: keep-alive\r\n");
   out.append("\r\n").append(body);

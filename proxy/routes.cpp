@@ -64,6 +64,8 @@ route_table::route_table(const config::proxy_config& cfg) {
     r.status = static_cast<unsigned>(rc.status);
     r.shadow = rc.mode == config::route_config::route_mode::shadow;
     r.exempt = rc.exempt;
+    r.ratelimit_headers = rc.ratelimit_headers;
+    r.explain = rc.explain;
     routes_.push_back(std::move(r));
   }
 }

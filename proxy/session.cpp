@@ -9,6 +9,7 @@
 #include "proxy/admission.hpp"
 #include "proxy/forward.hpp"
 #include "proxy/path.hpp"
+#include "proxy/ratelimit_fields.hpp"
 #include "proxy/proxy_protocol.hpp"
 
 namespace smockron::proxy {
@@ -37,6 +38,7 @@ public:
       c_.idle = false;
       c_.tick = rt->tick;
       if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
+      c_.response_fields.clear();  // the last request's fields are not this one's
       if (!co_await read_head(*rt)) co_return;
       if (!co_await serve_request(*rt)) co_return;
     }
@@ -117,6 +119,7 @@ private:
   // One request whose head is in c_.request. False: the connection ends.
   awaitable<bool> serve_request(const runtime& rt) {
     http1::request_head& req = c_.request;
+    c_.response_fields.clear();
     const unsigned version = req.version;
     // The access log's line, begun now: the head's views do not outlive forwarding.
     if (rt.cfg.access_log) begin_entry(rt);
@@ -141,6 +144,7 @@ private:
     const std::int64_t now_us = s_.clk.wall_us();
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     const admission a = admit(env, rt, *r, req, peer_, now_us);
+    add_response_fields(rt, *r, a, now_us);
     if (entry_) {
       entry_->decision = to_string(a.outcome);
       entry_->shadow = a.shadow ? to_string(*a.shadow) : std::string_view{};
@@ -183,6 +187,26 @@ private:
       log_own(o.status);
     }
     co_return keep;
+  }
+
+  // The rate-limit fields (always when limited, on every response with
+  // ratelimit_headers) and the decision (explain) for whatever answers.
+  void add_response_fields(const runtime& rt, const route& r, const admission& a, std::int64_t now_us) {
+    const bool limited =
+        a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject);
+    if (a.who && !r.domain.empty() && (limited || r.ratelimit_headers)) {
+      const auto q = s_.gate.quota(rt.gate_domain[r.domain_index], a.who->value, now_us);
+      const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
+      append_ratelimit_fields(c_.response_fields, r.domain, q, throttled_s);
+    }
+    if (r.explain) {
+      const std::string_view reason = a.no_master                                 ? "no_master"
+                                      : a.unidentified                            ? "unidentified"
+                                      : a.gate.reason == reject_reason::held_full ? "held_full"
+                                                                                  : "delay_too_long";
+      append_decision_field(c_.response_fields, a.outcome, a.shadow, reason,
+                            a.outcome == decision::delayed ? (a.gate.release_us - now_us + 999) / 1000 : 0);
+    }
   }
 
   void begin_entry(const runtime& rt) {

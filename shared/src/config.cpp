@@ -244,7 +244,8 @@ void read_routes(reader& r, proxy_config& p) {
       route.domain = d->get();
     } else if (!rt->contains("domain")) {
       // Not limited: every key that shapes limiting would do nothing, so none is accepted.
-      for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt"}) {
+      for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt",
+                            "ratelimit_headers", "explain"}) {
         if (const toml::node* kn = rt->get(k)) {
           r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
         }
@@ -288,6 +289,8 @@ void read_routes(reader& r, proxy_config& p) {
     }
     rr.choice("mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", route.mode);
     rr.cidr_list("exempt", route.exempt);
+    rr.boolean("ratelimit_headers", route.ratelimit_headers);
+    rr.boolean("explain", route.explain);
     p.routes.push_back(std::move(route));
   }
 }

@@ -1,6 +1,7 @@
 // The gate: decisions, pacing, bounds and control-memory behaviour with
 // injected wall time (microseconds), no sleeping.
 #include "proxy/gate.hpp"
+#include "proxy/ratelimit_fields.hpp"
 
 #include <gtest/gtest.h>
 
@@ -327,4 +328,56 @@ TEST(Gate, CoveredWhilePoliciesArriveEvenWithoutRules) {
   EXPECT_FALSE(g.covered(0, t0 + smockron::wire::policy_fresh_ms * ms + 1));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(g.decide(0, "a", t0, limits()).v, verdict::accept);  // no rules, no guard
   EXPECT_FALSE(g.covered(gate::k_policy_domains, t0));
+}
+
+// What RateLimit-Policy and RateLimit report: the domain's rules, and the
+// client's standing under each as the guard counted it.
+TEST(GateQuota, RemainingAndResetFollowTheGuard) {
+  gate g;
+  EXPECT_EQ(g.quota(0, "c", t0).count, 0u) << "no policy: nothing known";
+  set_policy(g, 0, {{100 * ms, 3}, {10'000 * ms, 50}}, t0);  // 10/s burst 3; 6/min burst 50
+  auto q = g.quota(0, "c", t0);
+  ASSERT_EQ(q.count, 2u);
+  EXPECT_EQ(q.items[0].quota, 3);
+  EXPECT_EQ(q.items[0].window_s, 1) << "300 ms, in whole seconds";
+  EXPECT_EQ(q.items[0].remaining, 3) << "an unknown client has all of it";
+  EXPECT_EQ(q.items[0].reset_s, 0);
+  EXPECT_EQ(q.items[1].window_s, 500);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::accept);
+  q = g.quota(0, "c", t0);
+  EXPECT_EQ(q.items[0].remaining, 1);
+  EXPECT_EQ(q.items[0].reset_s, 1) << "200 ms until whole, rounded up";
+  EXPECT_EQ(q.items[1].remaining, 48);
+  EXPECT_EQ(q.items[1].reset_s, 20);
+  q = g.quota(0, "c", t0 + 150 * ms);
+  EXPECT_EQ(q.items[0].remaining, 2) << "one interval later, one more";
+  set_policy(g, 0, {{100 * ms, 3}, {10'000 * ms, 50}}, t0 + 1'000 * ms);  // the master keeps publishing
+  EXPECT_EQ(g.quota(0, "c", t0 + 1'000 * ms).items[1].remaining, 48) << "the long rule replenishes slowly";
+  EXPECT_EQ(g.quota(0, "c", t0 + 1'000 * ms).items[0].remaining, 3);
+  EXPECT_EQ(g.quota(0, "c", t0 + 60'000 * ms).count, 0u) << "no fresh policy: nothing known";
+}
+
+TEST(RateLimitFields, DraftTenSyntax) {
+  quota_state q;
+  q.count = 1;
+  q.items[0] = {20, 2, 7, 1};
+  std::string out;
+  append_ratelimit_fields(out, "api", q, 0);
+  EXPECT_EQ(out, "RateLimit-Policy: \"api\";q=20;w=2\r\nRateLimit: \"api\";r=7;t=1\r\n");
+  q.count = 2;
+  q.items[1] = {100, 3600, 90, 360};
+  out.clear();
+  append_ratelimit_fields(out, "api", q, 5);  // refused for 5 s: nothing remains until then
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"api-1\";q=20;w=2, \"api-2\";q=100;w=3600\r\n"
+            "RateLimit: \"api-1\";r=0;t=5, \"api-2\";r=0;t=360\r\n");
+  out.clear();
+  append_ratelimit_fields(out, "api", quota_state{}, 5);
+  EXPECT_EQ(out, "") << "nothing known, nothing said";
+  append_decision_field(out, decision::delayed, std::nullopt, "", 250);
+  append_decision_field(out, decision::rejected, std::nullopt, "held_full", 0);
+  append_decision_field(out, decision::accepted, decision::rejected, "", 0);
+  EXPECT_EQ(out,
+            "Smockron-Decision: delayed;held_ms=250\r\nSmockron-Decision: rejected;reason=held_full\r\n"
+            "Smockron-Decision: accepted;shadow=rejected\r\n");
 }

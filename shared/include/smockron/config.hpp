@@ -111,6 +111,10 @@ struct route_config {
   enum class route_mode : std::uint8_t { enforce, shadow };
   route_mode mode = route_mode::enforce;
   std::vector<cidr> exempt;  ///< clients (as the `ip` identifier resolves them) forwarded unlimited
+  /// RateLimit-Policy and RateLimit fields on every response of the route, not
+  /// only on rejections and delayed responses (where they always are).
+  bool ratelimit_headers = false;
+  bool explain = false;  ///< a Smockron-Decision field on responses (debugging)
   std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
   /// A request no source identifies: limited with every other such request of
   /// the route under one shared identifier ("-"), refused (403), or passed unlimited.
