@@ -12,7 +12,9 @@ import os
 import re
 import signal
 import sys
+import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -255,6 +257,62 @@ class MetricsFormatTest(DaemonTestCase):
     def scrape(self, port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             return r.read().decode()
+
+
+
+class IntrospectionTest(DaemonTestCase):
+    """"Why is this client limited?": the master's /status/DOMAIN/IDENTIFIER."""
+
+    def get(self, port: int, path: str):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def test_an_identifiers_rules_uses_and_throttle(self):
+        master = self.start_master({"api": {"rules": [("1/m", 1), ("100/h", 10)]}})
+        gk = self.gatekeeper(master, ["api"])
+        now_ms = int(time.time() * 1000)
+        gk.accepted("api", "2001:db8::/64", now_ms)
+        control = gk.expect()  # its DELAY_UNTIL: the master has applied it
+        status, body = self.get(master.admin_port, "/status/api/2001%3Adb8%3A%3A%2F64")
+        self.assertEqual(status, 200, body)
+        doc = json.loads(body)
+        self.assertEqual((doc["domain"], doc["identifier"], doc["algorithm"]), ("api", "2001:db8::/64", "sliding-log"))
+        self.assertEqual(doc["rules"], [{"interval_ms": 60000.0, "burst": 1}, {"interval_ms": 36000.0, "burst": 10}])
+        self.assertTrue(doc["tracked"])
+        self.assertEqual(doc["uses_ms"], [now_ms])
+        self.assertTrue(doc["throttled"])
+        # As the master evaluates it now: its DELAY_UNTIL then, moved by the time since (the spec's max(now, last)).
+        self.assertGreaterEqual(doc["next_allowed_ms"], control.next_ms)
+        self.assertLessEqual(doc["next_allowed_ms"], control.next_ms + 2000)
+        status, body = self.get(master.admin_port, "/status/api/nobody")
+        self.assertEqual((status, json.loads(body)["tracked"], json.loads(body)["throttled"]), (200, False, False))
+        self.assertEqual(self.get(master.admin_port, "/status/nope/x")[0], 404)
+        self.assertEqual(self.get(master.admin_port, "/status/api")[0], 400)
+        self.assertEqual(self.get(master.admin_port, "/status/api/%zz")[0], 400)
+
+
+    def test_the_proxy_status(self):
+        _, _, proxy = self.gate_stack(
+            {"api": {"rules": [("10/s", 20)]}},
+            [{"path": "/api", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key", "ip"],
+              "mode": "shadow", "status": 429},
+             {"path": "/healthz", "upstream": "app"}])
+        proxy.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v > 0, timeout=10)
+        status, body = self.get(proxy.admin_port, "/status")
+        self.assertEqual(status, 200, body)
+        doc = json.loads(body)
+        self.assertEqual(doc["masters"], {"connected": 1, "endpoints": 1})
+        self.assertEqual(doc["held_requests"], 0)
+        api = next(d for d in doc["domains"] if d["name"] == "api")
+        self.assertEqual(api, {"name": "api", "covered_by_a_master": True, "rules": [{"burst": 20, "window_s": 2}]})
+        routes = {r["path"]: r for r in doc["routes"]}
+        self.assertEqual(routes["/api"]["mode"], "shadow")
+        self.assertEqual(routes["/api"]["status"], 429)
+        self.assertEqual(routes["/api"]["identify"], ["header:X-API-Key", "ip"])
+        self.assertEqual(routes["/healthz"]["domain"], "")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,41 @@
 namespace asio = boost::asio;
 using namespace smockron;
 
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// GET /status/DOMAIN/IDENTIFIER: the identifier percent-encoded as needed
+// (identifiers may hold '/', ':' and any byte).
+admin_server::response identifier_status(master::service& svc, std::string_view rest) {
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) {
+    return {400, "text/plain", "use /status/DOMAIN/IDENTIFIER (the identifier percent-encoded)\n"};
+  }
+  std::string identifier;
+  for (std::size_t i = slash + 1; i < rest.size(); ++i) {
+    if (rest[i] == '%' && i + 2 < rest.size() && hex_value(rest[i + 1]) >= 0 && hex_value(rest[i + 2]) >= 0) {
+      identifier.push_back(static_cast<char>(hex_value(rest[i + 1]) * 16 + hex_value(rest[i + 2])));
+      i += 2;
+    } else if (rest[i] == '%') {
+      return {400, "text/plain", "invalid percent-encoding in the identifier\n"};
+    } else {
+      identifier.push_back(rest[i]);
+    }
+  }
+  const auto json = svc.identifier_status(rest.substr(0, slash), identifier, std::chrono::seconds(2));
+  if (!json) return {503, "text/plain", "the accounting loop did not answer in time\n"};
+  if (json->empty()) return {404, "text/plain", "unknown domain\n"};
+  return {200, "application/json", *json + "\n"};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int exit_code = 0;
   auto start = daemon::prepare(argc, argv, "smockron-master", {}, "", "master", nullptr, exit_code);
@@ -50,7 +85,8 @@ int main(int argc, char** argv) {
           }
           if (path == "/readyz") return {200, "text/plain", svc->readiness()};
           if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
-          return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+          if (path.starts_with("/status/")) return identifier_status(*svc, path.substr(8));
+          return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status, /status/DOMAIN/IDENTIFIER)\n"};
         },
         admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
                                                                     "Connections refused by an endpoint's allow list",

@@ -97,6 +97,7 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
     next_sweep_ = now + cfg_.sweep_interval;
   }
   control_->tick(ingest_.domains(), ingest_, now);
+  if (queries_pending_.exchange(false)) answer_queries();
   if (reload_requested_.exchange(false)) {
     std::function<std::optional<config::master_config>()> loader;
     {
@@ -230,6 +231,40 @@ bool service::alive(std::chrono::steady_clock::duration max_stall) const {
   const auto beat = std::chrono::steady_clock::time_point(
       std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
   return clock_.steady_now() - beat < max_stall;
+}
+
+std::optional<std::string> service::identifier_status(std::string_view domain, std::string_view identifier,
+                                                      std::chrono::milliseconds timeout) {
+  auto q = std::make_shared<status_query>();
+  q->domain = domain;
+  q->identifier = identifier;
+  auto answer = q->answer.get_future();
+  {
+    std::lock_guard lock(queries_mutex_);
+    queries_.push_back(q);
+  }
+  queries_pending_ = true;
+  if (answer.wait_for(timeout) != std::future_status::ready) return std::nullopt;
+  return answer.get();
+}
+
+void service::answer_queries() {
+  std::vector<std::shared_ptr<status_query>> batch;
+  {
+    std::lock_guard lock(queries_mutex_);
+    batch.swap(queries_);
+  }
+  const auto now = clock_.wall_us();
+  for (const auto& q : batch) {
+    const auto d = ingest_.find(q->domain);
+    if (!d) {
+      q->answer.set_value(std::string());  // no such domain
+      continue;
+    }
+    const auto& dom = ingest_.domains()[*d];
+    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, dom.limits,
+                                                       ingest_.states().find(*d, q->identifier), now));
+  }
 }
 
 std::string service::status_json() const {

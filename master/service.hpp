@@ -8,12 +8,14 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "master/ingest.hpp"
 #include "master/zmtp_subscriber.hpp"
@@ -68,6 +70,11 @@ public:
   std::string readiness() const;
   /// JSON for /status (thread-safe).
   std::string status_json() const;
+  /// JSON for /status/<domain>/<identifier> (thread-safe): asked of the loop,
+  /// which owns the states, and answered within its next turn (at most 50 ms
+  /// away). Empty when the domain is unknown; nothing when the loop did not answer in `timeout`.
+  std::optional<std::string> identifier_status(std::string_view domain, std::string_view identifier,
+                                               std::chrono::milliseconds timeout);
   /// True while the loop has run recently (for /livez; thread-safe).
   bool alive(std::chrono::steady_clock::duration max_stall) const;
   /// Tracked (domain, identifier) states (loop thread).
@@ -100,6 +107,15 @@ private:
   std::atomic<bool> reload_requested_{false};
   std::function<std::optional<config::master_config>()> reload_loader_;
   mutable std::mutex status_mutex_;  // guards cfg_ reads from the admin thread and reload_loader_
+  // Identifier status queries from the admin thread, answered by the loop.
+  struct status_query {
+    std::string domain, identifier;
+    std::promise<std::optional<std::string>> answer;
+  };
+  void answer_queries();
+  std::mutex queries_mutex_;
+  std::vector<std::shared_ptr<status_query>> queries_;
+  std::atomic<bool> queries_pending_{false};
   std::atomic<std::int64_t> heartbeat_ns_{0};
 };
 

@@ -26,4 +26,29 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
+                                   const rules::state* st, std::int64_t now_us) {
+  const auto ms = [](std::int64_t us) { return us / 1000; };
+  nlohmann::ordered_json doc;
+  doc["domain"] = domain;
+  doc["identifier"] = identifier;
+  doc["algorithm"] = limits.algo == rules::algorithm::gcra ? "gcra" : "sliding-log";
+  doc["rules"] = nlohmann::ordered_json::array();
+  for (const auto& r : limits.rules) {
+    doc["rules"].push_back({{"interval_ms", static_cast<double>(r.interval_us) / 1000.0}, {"burst", r.burst}});
+  }
+  doc["now_ms"] = ms(now_us);
+  doc["tracked"] = st != nullptr;
+  nlohmann::ordered_json times = nlohmann::ordered_json::array();
+  if (st) {
+    for (const auto t : st->times) times.push_back(ms(t));
+  }
+  // Sliding log: when each recorded use happened (or was charged); GCRA: each rule's theoretical arrival time.
+  doc[limits.algo == rules::algorithm::gcra ? "tat_ms" : "uses_ms"] = std::move(times);
+  const rules::decision d = st ? rules::evaluate(limits, *st, now_us) : rules::decision{};
+  doc["throttled"] = d.throttled;
+  if (d.throttled) doc["next_allowed_ms"] = ms(d.next_us);
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 }  // namespace smockron::master

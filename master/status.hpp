@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "smockron/config.hpp"
 #include "smockron/metrics.hpp"
+#include "smockron/rules.hpp"
 
 namespace smockron::master {
 
@@ -20,5 +22,12 @@ struct store_status {
 /// the per-domain gauges in `reg` (thread-safe).
 std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
                         metrics::registry& reg);
+
+/// JSON for GET /status/<domain>/<identifier>: the rules that apply, the
+/// recorded uses (sliding log) or theoretical arrival times (GCRA), and
+/// whether the identifier is throttled now and until when. `st`: its state,
+/// nothing when none is tracked (never seen, or expired).
+std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
+                                   const rules::state* st, std::int64_t now_us);
 
 }  // namespace smockron::master

@@ -1,6 +1,8 @@
 // smockron-proxy's server: the workers and their listeners, the control
 // subscriber, the admin endpoint, graceful shutdown and reload. What one
 // connection does is session.cpp.
+#include <nlohmann/json.hpp>
+
 #include "proxy/server.hpp"
 
 #include <sys/socket.h>
@@ -108,7 +110,42 @@ struct server::impl {
       }
       return {200, "text/plain", body};
     }
-    return {404, "text/plain", "not found (try /metrics, /livez, /readyz)\n"};
+    if (path == "/status") return {200, "application/json", status_json() + "\n"};
+    return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+  }
+
+  // /status: what this gatekeeper is configured with and what it knows now.
+  std::string status_json() {
+    const auto rt = shared_.current();
+    const std::int64_t now = shared_.clk.wall_us();
+    nlohmann::ordered_json doc;
+    doc["masters"] = {{"connected", control_->connected()}, {"endpoints", control_->endpoints()}};
+    doc["held_requests"] = shared_.gate.held();
+    doc["control_entries"] = shared_.gate.entries();
+    doc["max_control_entries"] = rt->cfg.max_control_entries;
+    doc["domains"] = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < rt->routes.domains().size(); ++i) {
+      const auto q = shared_.gate.quota(rt->gate_domain[i], {}, now);  // the rules, as a fresh client sees them
+      nlohmann::ordered_json rules = nlohmann::ordered_json::array();
+      for (std::size_t k = 0; k < q.count; ++k)
+        rules.push_back({{"burst", q.items[k].quota}, {"window_s", q.items[k].window_s}});
+      doc["domains"].push_back({{"name", rt->routes.domains()[i]},
+                                {"covered_by_a_master", shared_.gate.covered(rt->gate_domain[i], now)},
+                                {"rules", std::move(rules)}});
+    }
+    doc["routes"] = nlohmann::ordered_json::array();
+    for (const auto& r : rt->cfg.routes) {
+      nlohmann::ordered_json route{{"host", r.host}, {"path", r.path}, {"domain", r.domain}, {"upstream", r.upstream}};
+      if (!r.domain.empty()) {
+        route["mode"] = r.mode == config::route_config::route_mode::shadow ? "shadow" : "enforce";
+        route["status"] = r.status;
+        nlohmann::ordered_json ids = nlohmann::ordered_json::array();
+        for (const auto& src : r.identify) ids.push_back(config::to_string(src));
+        route["identify"] = std::move(ids);
+      }
+      doc["routes"].push_back(std::move(route));
+    }
+    return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   }
 
   void run() {
