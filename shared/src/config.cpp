@@ -19,6 +19,14 @@ using detail::reader;
 using detail::sink;
 using detail::type_name;
 
+// The level both daemons accept (checked here so that --check finds a bad one).
+void check_log_level(reader& r, const std::string& level) {
+  static constexpr std::array<std::string_view, 7> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (level.empty() || std::find(levels.begin(), levels.end(), level) != levels.end()) return;
+  r.errors().add(*r.table().get("log_level"), r.key("log_level"),
+                 "unknown level \"" + level + "\" (use trace, debug, info, warn, error, critical or off)");
+}
+
 std::string check_zmq_endpoint(std::string_view e) {
   for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {
     if (e.starts_with(scheme) && e.size() > scheme.size()) return {};
@@ -103,7 +111,7 @@ master_config read_master(const toml::table& t, sink& s) {
     if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.control", msg);
     else m.control = e->get();
   }
-  r.address("admin", m.admin);
+  r.bind_address("admin", m.admin);
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
   r.cidr_list("control_allow", m.control_allow);
@@ -124,6 +132,7 @@ master_config read_master(const toml::table& t, sink& s) {
   r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
   r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));
   r.string("log_level", m.log_level);
+  check_log_level(r, m.log_level);
   if (const toml::node* domains = r.get("domains")) {
     if (const auto* dt = domains->as_table()) {
       for (auto&& [k, v] : *dt) read_domain(k.str(), v, "master.domains." + std::string(k.str()), s, m.domains);
@@ -298,8 +307,8 @@ void read_routes(reader& r, proxy_config& p) {
 proxy_config read_proxy(const toml::table& t, sink& s) {
   proxy_config p;
   reader r(t, "proxy", s);
-  r.address("listen", p.listen);
-  r.address("admin", p.admin);
+  r.bind_address("listen", p.listen);
+  r.bind_address("admin", p.admin);
   r.integer("threads", p.threads, 0, 1024);
   r.string_list("accounting", p.accounting, check_accounting_endpoint);
   r.string_list("control", p.control, check_zmq_endpoint);
@@ -340,6 +349,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);
   r.duration("control_fresh", p.control_fresh, ms(1));
   r.string("log_level", p.log_level);
+  check_log_level(r, p.log_level);
   if (auto* jt = r.typed<toml::table>("jwt", "a table")) {
     reader jr(*jt, "proxy.jwt", s);
     jr.string("hs256_secret", p.jwt.hs256_secret);

@@ -169,6 +169,17 @@ public:
     if (auto hp = parse_host_port(v->get())) out = *hp;
     else sink_.add(*v, key(k), "invalid address \"" + v->get() + "\" (expected host:port or [v6]:port)");
   }
+  // An address to bind: an IP literal (a hostname would only fail at start).
+  void bind_address(std::string_view k, host_port& out) {
+    host_port hp = out;
+    address(k, hp);
+    const auto* v = table_.get(k);
+    if (v != nullptr && v->is_string() && !parse_ip(hp.host)) {
+      sink_.add(*v, key(k), "\"" + hp.host + "\" is not an IP address (a listener binds one, e.g. 127.0.0.1 or ::)");
+      return;
+    }
+    out = hp;
+  }
   // Strings of an array, each checked by `check` (returns an error message or "").
   template <class Check>
   void string_list(std::string_view k, std::vector<std::string>& out, Check check) {

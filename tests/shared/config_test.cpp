@@ -381,6 +381,23 @@ TEST(Config, UpstreamAndRouteErrors) {
   EXPECT_NE(one_error("[proxy]\nroutes = 1\n").find("proxy.routes: expected an array of tables"), std::string::npos);
 }
 
+// --check finds what would otherwise fail only at start.
+TEST(Config, WhatWouldFailAtStartIsAnError) {
+  EXPECT_NE(
+      one_error("[proxy]\nlisten = \"localhost:8080\"\n").find("proxy.listen: \"localhost\" is not an IP address"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nadmin = \"admin.internal:9106\"\n").find("proxy.admin: \"admin.internal\" is not"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nadmin = \"example.com:9105\"\n").find("master.admin: \"example.com\" is not"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlisten = \"127.0.0.1:70000\"\n").find("proxy.listen: invalid address"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlog_level = \"verbose\"\n").find("proxy.log_level: unknown level \"verbose\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nlog_level = \"loud\"\n").find("master.log_level: unknown level"), std::string::npos);
+  EXPECT_TRUE(load("[proxy]\nlisten = \"[::]:8080\"\nadmin = \"[::1]:9106\"\nlog_level = \"debug\"\n").cfg);
+}
+
 TEST(Config, PerRoutePolicy) {
   const std::string up =
       "[proxy]\nmax_delay = \"5s\"\n[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n"
