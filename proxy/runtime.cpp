@@ -20,11 +20,15 @@ std::vector<tcp::endpoint> resolve(const config::upstream_config& u) {
       eps.emplace_back(addr, s.port);
       continue;
     }
+    // A name stands for every address it resolves to (as nginx's server
+    // directive): each is a server of the round robin, marked down on its own.
     asio::io_context tmp;
     tcp::resolver resolver(tmp);
     const auto results = resolver.resolve(s.host, std::to_string(s.port), ec);
     if (ec || results.empty()) throw std::runtime_error("cannot resolve upstream server " + s.to_string());
-    eps.push_back(results.begin()->endpoint());
+    for (const auto& r : results) {
+      if (std::find(eps.begin(), eps.end(), r.endpoint()) == eps.end()) eps.push_back(r.endpoint());
+    }
   }
   return eps;
 }

@@ -32,8 +32,9 @@ struct runtime {
   std::vector<std::uint32_t> gate_domain;                                ///< per routes.domains() index
   std::vector<std::array<metrics::counter*, decision_count>> decisions;  ///< per domain index, by decision
   std::vector<std::array<metrics::counter*, shadow_decision_count>> shadow_decisions;  ///< per domain index
-  std::vector<std::vector<tcp::endpoint>> servers;                                     ///< per upstream, per server
-  std::vector<proxy_metrics::upstream_series> upstream_metrics;                        ///< per upstream
+  /// Per upstream, its servers' addresses (a name: every address it resolves to).
+  std::vector<std::vector<tcp::endpoint>> servers;
+  std::vector<proxy_metrics::upstream_series> upstream_metrics;  ///< per upstream
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
   /// Per route: the limits its requests are decided with ([proxy] ones with the

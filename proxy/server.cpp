@@ -165,7 +165,11 @@ struct server::impl {
                cfg.listen.host + ":" + std::to_string(port_), workers_.size(), cfg.admin.to_string());
     {
       std::unique_lock lock(stop_mutex_);
-      stop_cv_.wait(lock, [this] { return stop_requested_; });
+      while (!stop_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_requested_; })) {
+        lock.unlock();
+        maybe_resolve();
+        lock.lock();
+      }
     }
     drain_connections();
     drain_accounting();
@@ -228,7 +232,39 @@ struct server::impl {
     stop_cv_.notify_all();
   }
 
+  // Upstream names are resolved again every resolve_interval, and at most
+  // every 5 s after a connect failed (the name may point elsewhere now). New
+  // addresses make a new generation; the same ones change nothing.
+  void maybe_resolve() {
+    const auto rt = shared_.current();
+    const auto interval = rt->cfg.resolve_interval;
+    if (interval.count() == 0) return;
+    const auto now = steady::now();
+    const bool failed =
+        shared_.resolve_soon.load(std::memory_order_relaxed) && now - last_resolve_ >= std::chrono::seconds(5);
+    if (now - last_resolve_ < interval && !failed) return;
+    shared_.resolve_soon = false;
+    last_resolve_ = now;
+    const bool named = std::any_of(rt->cfg.upstreams.begin(), rt->cfg.upstreams.end(), [](const auto& u) {
+      return std::any_of(u.servers.begin(), u.servers.end(), [](const auto& s) { return !parse_ip(s.host); });
+    });
+    if (!named) return;
+    std::lock_guard lock(install_mutex_);
+    const auto current = shared_.current();  // a reload may have come meanwhile
+    std::shared_ptr<const runtime> fresh;
+    try {
+      fresh = std::make_shared<const runtime>(current->cfg, shared_.domains, shared_.metrics, current->generation + 1);
+    } catch (const std::exception& e) {
+      log_->warn("upstream names not resolved again ({}); the addresses in use stay", e.what());
+      return;
+    }
+    if (fresh->servers == current->servers) return;
+    shared_.install(fresh);
+    log_->info("upstream addresses changed: a new generation uses them");
+  }
+
   void reload(const config::proxy_config& next) {
+    std::lock_guard install_lock(install_mutex_);
     const auto old = shared_.current();
     if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
         next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
@@ -263,6 +299,8 @@ struct server::impl {
   asio::io_context admin_ioc_{1};
   std::unique_ptr<admin_server> admin_;
   std::uint16_t port_ = 0;
+  std::mutex install_mutex_;  // a reload and a new resolution do not install over each other
+  steady::time_point last_resolve_ = steady::now();
   std::mutex stop_mutex_;
   std::condition_variable stop_cv_;
   bool stop_requested_ = false;

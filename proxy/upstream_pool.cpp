@@ -66,6 +66,7 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
     if (ec) {
       (c.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
       slot.down_until = clock_.steady_now() + cfg.fail_timeout;
+      resolve_soon_.store(true, std::memory_order_relaxed);
       up.release();
       continue;
     }

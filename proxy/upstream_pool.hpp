@@ -5,6 +5,8 @@
 // keep-alive response; a new configuration generation empties the pool.
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -19,7 +21,9 @@ namespace smockron::proxy {
 
 class upstream_pool {
 public:
-  upstream_pool(const clock& clk, proxy_metrics& m) : clock_(clk), metrics_(m) {}
+  /// `resolve_soon` is set when a connect fails: the names may point elsewhere now.
+  upstream_pool(const clock& clk, proxy_metrics& m, std::atomic<bool>& resolve_soon)
+      : clock_(clk), metrics_(m), resolve_soon_(resolve_soon) {}
 
   /// The fast path: the next server in the rotation is up and has an idle
   /// connection; it goes into `c.up`. `check_idle`: make sure it is still
@@ -43,6 +47,7 @@ private:
 
   const clock& clock_;
   proxy_metrics& metrics_;
+  std::atomic<bool>& resolve_soon_;
   std::vector<std::vector<server_slot>> slots_;  ///< per upstream, per server
   std::vector<std::size_t> round_robin_;         ///< per upstream
   std::uint64_t generation_ = ~0ULL;

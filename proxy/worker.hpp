@@ -66,6 +66,7 @@ struct shared_state {
   domain_registry domains;
   std::unique_ptr<access_log> access;  ///< lines are written only while the configuration says access_log
   std::atomic<bool> draining{false};
+  std::atomic<bool> resolve_soon{false};  ///< an upstream connect failed: resolve the names again now
   std::atomic<int> connections{0};
 
 private:
@@ -79,7 +80,7 @@ struct worker {
       : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
                    s.accounting_counters),
         rt(std::move(first)),
-        pool(s.clk, s.metrics) {}
+        pool(s.clk, s.metrics, s.resolve_soon) {}
 
   // Declared before ioc, so destroyed after it: sessions still suspended at
   // shutdown are destroyed with the io_context and unregister themselves.

@@ -321,6 +321,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.duration("body_timeout", p.body_timeout, ms(1));
   r.duration("idle_timeout", p.idle_timeout, ms(1));
   r.duration("connect_timeout", p.connect_timeout, ms(1));
+  r.duration("resolve_interval", p.resolve_interval);
   r.duration("upstream_timeout", p.upstream_timeout, ms(1));
   r.duration("grace_period", p.grace_period);
   r.size("max_header_bytes", p.max_header_bytes, 256, 1024 * 1024);

@@ -396,6 +396,9 @@ TEST(Config, WhatWouldFailAtStartIsAnError) {
             std::string::npos);
   EXPECT_NE(one_error("[master]\nlog_level = \"loud\"\n").find("master.log_level: unknown level"), std::string::npos);
   EXPECT_TRUE(load("[proxy]\nlisten = \"[::]:8080\"\nadmin = \"[::1]:9106\"\nlog_level = \"debug\"\n").cfg);
+  const auto r = load("[proxy]\nresolve_interval = \"0s\"\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->resolve_interval.count(), 0) << "0: names resolved once";
 }
 
 TEST(Config, PerRoutePolicy) {

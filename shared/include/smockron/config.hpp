@@ -156,6 +156,9 @@ struct proxy_config {
   microseconds body_timeout = std::chrono::seconds(60);
   microseconds idle_timeout = std::chrono::seconds(60);
   microseconds connect_timeout = std::chrono::seconds(2);
+  /// Upstream names are resolved again this often, and soon after a connect
+  /// fails; 0: resolved once (start-up and reload).
+  microseconds resolve_interval = std::chrono::seconds(30);
   microseconds upstream_timeout = std::chrono::seconds(60);
   microseconds grace_period = std::chrono::seconds(10);
   std::uint64_t max_header_bytes = 16 * 1024;
