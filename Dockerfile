@@ -8,18 +8,19 @@ RUN bash scripts/install-deps.sh
 COPY . .
 RUN rm -rf build && bash scripts/build.sh
 
+# The runtime stage: the daemons and exactly the libraries they load
+# (integration/test_packaging.py checks the list against ldd and dpkg -S).
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libzmq5 libspdlog1.10 libfmt9 libtomlplusplus3 libssl3 libhiredis0.14 python3 \
+ && apt-get install -y --no-install-recommends libzmq5 libspdlog1.10 libfmt9 libtomlplusplus3 libssl3 libhiredis0.14 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin smockron
 COPY --from=build /src/build/bin/smockron-proxy /src/build/bin/smockron-master /usr/local/bin/
-COPY --from=build /src/scripts/demo_backend.py /usr/local/bin/smockron-demo-backend
 COPY config/ /etc/smockron/
 USER 10001
 # proxy, proxy admin, master admin, accounting, control
 EXPOSE 8080 9106 9105 10004 10005
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
-  CMD ["smockron-proxy", "--healthcheck", "--config", "/etc/smockron/smockron.toml"]
-CMD ["smockron-proxy", "--config", "/etc/smockron/smockron.toml"]
+  CMD ["smockron-proxy", "--healthcheck", "--config", "/etc/smockron/container.toml"]
+CMD ["smockron-proxy", "--config", "/etc/smockron/container.toml"]

@@ -11,6 +11,7 @@ the tested quick start.
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,68 @@ class PackagingTest(unittest.TestCase):
         # The runtime image has the library the master's Redis store links against.
         self.assertIn("libhiredis", text)
 
+
+    def test_compose_restarts_services_and_keeps_admin_ports_on_the_hosts_loopback(self):
+        services = self.compose()["services"]
+        for name, svc in services.items():
+            self.assertEqual(svc.get("restart"), "unless-stopped", name)
+            for port in svc.get("ports", []):
+                if isinstance(port, dict):
+                    target, host_ip = int(port["target"]), port.get("host_ip", "")
+                else:  # "[HOST_IP:]PUBLISHED:TARGET[/PROTO]"
+                    parts = str(port).split("/")[0].split(":")
+                    target, host_ip = int(parts[-1]), parts[0] if len(parts) == 3 else ""
+                if target in (9105, 9106):
+                    self.assertEqual(host_ip, "127.0.0.1", f"{name}: an admin port on every host interface")
+        self.assertEqual(services["master"]["healthcheck"]["test"][1:3], ["smockron-master", "--healthcheck"])
+        self.assertNotIn("smockron", services["backend"].get("image", ""), "the demo backend is not the Smockron image")
+
+    def test_the_image_default_listens_on_every_interface(self):
+        text = read(os.path.join(ROOT, "Dockerfile"))
+        self.assertIn('CMD ["smockron-proxy", "--config", "/etc/smockron/container.toml"]', text)
+        cfg = read(os.path.join(ROOT, "config", "container.toml"))
+        self.assertRegex(cfg, r'(?m)^listen\s*=\s*"0\.0\.0\.0:8080"')
+        self.assertRegex(cfg, r'(?m)^admin\s*=\s*"127\.0\.0\.1:9106"')
+        self.assertEqual(check_config(os.path.join(ROOT, "config", "container.toml")), [])
+        ignored = read(os.path.join(ROOT, ".dockerignore")).split()
+        self.assertLessEqual({".git", "build", "build-*"}, set(ignored))
+
+    def test_the_runtime_stage_installs_exactly_the_libraries_the_binaries_load(self):
+        text = read(os.path.join(ROOT, "Dockerfile"))
+        runtime = text[text.index("FROM debian:bookworm-slim"):]
+        listed = set(re.search(r"--no-install-recommends ([^\\&]+)", runtime).group(1).split())
+        loaded = set()
+        for binary in ("smockron-proxy", "smockron-master"):
+            out = subprocess.run(["ldd", os.path.join(BIN, binary)], capture_output=True, text=True, check=True).stdout
+            for path in re.findall(r"=> (/\S+)", out):
+                loaded.add(owning_package(path))
+        # What bookworm-slim has anyway, and what the listed packages pull in.
+        closure = apt_closure(listed) | {"libc6", "libgcc-s1", "libstdc++6"}
+        self.assertEqual(sorted(loaded - closure), [], "libraries no runtime package provides")
+        direct = {p for p in loaded if p in listed}
+        self.assertEqual(sorted(listed - direct), [], "packages the runtime stage installs but no binary loads")
+
+
+def owning_package(path: str) -> str:
+    """The Debian package that owns a library (usrmerge: /lib is /usr/lib)."""
+    for candidate in (path, "/usr" + path, os.path.realpath(path)):
+        r = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout.split(":")[0].strip()
+    raise AssertionError(f"no package owns {path}")
+
+
+def apt_closure(packages: set[str]) -> set[str]:
+    """`packages` and everything they depend on (Depends and PreDepends, recursively)."""
+    out = subprocess.run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                          "--no-breaks", "--no-replaces", "--no-enhances", *sorted(packages)],
+                         capture_output=True, text=True, check=True).stdout
+    found = set()
+    for line in out.splitlines():
+        name = line.strip().split(":", 1)[-1].strip() if ":" in line else line.strip()
+        if name and not name.startswith("<"):
+            found.add(name.split(":")[0])
+    return found
 
 if __name__ == "__main__":
     unittest.main()

@@ -55,8 +55,11 @@ admin_server::response identifier_status(master::service& svc, std::string_view 
 
 int main(int argc, char** argv) {
   int exit_code = 0;
-  auto start = daemon::prepare(argc, argv, "smockron-master", {}, "", "master", nullptr, exit_code);
+  auto start = daemon::prepare(argc, argv, "smockron-master", {"--healthcheck"},
+                               "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n", "master",
+                               nullptr, exit_code);
   if (!start) return exit_code;
+  if (!start->options.extra.empty()) return daemon::healthcheck(start->cfg.master->admin);
   const config::master_config& cfg = *start->cfg.master;
   auto log = log::get("master");
 
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
                                                                     "Connections refused by an endpoint's allow list",
                                                                     metrics::labels({{"endpoint", "admin"}}))});
   } catch (const std::exception& e) {
-    log->critical("cannot bind admin endpoint {}: {}", cfg.admin.to_string(), e.what());
+    log->critical("admin endpoint: {}", e.what());
     return 1;
   }
 

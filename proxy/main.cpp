@@ -1,9 +1,6 @@
 // smockron-proxy: the gatekeeper reverse proxy. Signals are handled on a
 // small thread of their own; the server's workers do everything else.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -21,33 +18,6 @@
 namespace asio = boost::asio;
 using namespace smockron;
 
-namespace {
-// `--healthcheck`: GET /livez on the configured admin endpoint; exit 0 if it answers 200.
-int healthcheck(const config::proxy_config& cfg) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(cfg.admin.port);
-  const std::string host = cfg.admin.host == "0.0.0.0" ? "127.0.0.1" : cfg.admin.host;
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    std::cerr << "healthcheck: cannot connect to " << cfg.admin.to_string() << "\n";
-    ::close(fd);
-    return 1;
-  }
-  const std::string req = "GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  char buf[64] = {};
-  const bool ok = ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()) &&
-                  ::read(fd, buf, sizeof buf - 1) > 12 && std::string_view(buf).substr(9, 3) == "200";
-  ::close(fd);
-  std::cerr << "healthcheck: " << (ok ? "ok" : "unhealthy") << "\n";
-  return ok ? 0 : 1;
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   int exit_code = 0;
   auto start = daemon::prepare(
@@ -60,7 +30,7 @@ int main(int argc, char** argv) {
       },
       exit_code);
   if (!start) return exit_code;
-  if (!start->options.extra.empty()) return healthcheck(*start->cfg.proxy);
+  if (!start->options.extra.empty()) return daemon::healthcheck(start->cfg.proxy->admin);
   // Every client and upstream connection is a descriptor: use the hard limit, as nginx's worker_rlimit_nofile would.
   if (rlimit lim{}; ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
     lim.rlim_cur = lim.rlim_max;

@@ -28,14 +28,21 @@ namespace {
 double random_spread() { return std::random_device{}() / (std::random_device::max() + 1.0); }
 
 // One acceptor per worker on the same port (SO_REUSEPORT): the kernel spreads connections.
+// Errors name the address and say why, without Asio's source locations.
 void listen(worker& w, const tcp::endpoint& ep) {
+  boost::system::error_code ec;
   w.acceptor.emplace(w.ioc.get_executor());
-  w.acceptor->open(ep.protocol());
-  w.acceptor->set_option(asio::socket_base::reuse_address(true));
+  w.acceptor->open(ep.protocol(), ec);
+  if (!ec) w.acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   int one = 1;
-  ::setsockopt(w.acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-  w.acceptor->bind(ep);
-  w.acceptor->listen(asio::socket_base::max_listen_connections);
+  if (!ec) ::setsockopt(w.acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  if (!ec) w.acceptor->bind(ep, ec);
+  if (!ec) w.acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    const auto a = ep.address();
+    throw std::runtime_error("cannot listen on " + (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" +
+                             std::to_string(ep.port()) + ": " + ec.message());
+  }
 }
 
 awaitable<void> accept_loop(shared_state& s, worker& w) {

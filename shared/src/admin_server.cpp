@@ -106,11 +106,15 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
 
 admin_server::admin_server(asio::io_context& ioc, const host_port& listen, handler h, access a)
     : impl_(std::make_shared<impl>(ioc, std::move(h), std::move(a))) {
-  const tcp::endpoint ep(asio::ip::make_address(listen.host), listen.port);
-  impl_->acceptor.open(ep.protocol());
-  impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
-  impl_->acceptor.bind(ep);
-  impl_->acceptor.listen();
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(listen.host, ec);
+  const tcp::endpoint ep(address, listen.port);
+  if (!ec) impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl_->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(ep, ec);
+  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  // The address and why, without Asio's source locations.
+  if (ec) throw std::runtime_error("cannot listen on " + listen.to_string() + ": " + ec.message());
   asio::co_spawn(ioc, impl_->accept_loop(), asio::detached);
 }
 

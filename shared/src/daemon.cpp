@@ -1,6 +1,11 @@
 // Common daemon start-up: CLI, config load, --check, logging level.
 #include "smockron/daemon.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <iostream>
 
 #include "smockron/embedded_config.hpp"
@@ -72,6 +77,44 @@ std::optional<startup> prepare(int argc, char** argv, const std::string& program
   }
   log::set_level(*parsed);
   return startup{std::move(*options), std::move(*loaded.cfg)};
+}
+
+int healthcheck(const host_port& admin) {
+  std::string host = admin.host;
+  if (host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(admin.port);
+    len = sizeof *v4;
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(admin.port);
+    len = sizeof *v6;
+  } else {
+    std::cerr << "healthcheck: admin address " << admin.to_string() << " is not an IP address\n";
+    return 1;
+  }
+  const int fd = ::socket(ss.ss_family, SOCK_STREAM, 0);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    std::cerr << "healthcheck: cannot connect to " << admin.to_string() << "\n";
+    ::close(fd);
+    return 1;
+  }
+  const std::string req = "GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  char buf[64] = {};
+  const bool ok = ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()) &&
+                  ::read(fd, buf, sizeof buf - 1) > 12 && std::string_view(buf).substr(9, 3) == "200";
+  ::close(fd);
+  std::cerr << "healthcheck: " << (ok ? "ok" : "unhealthy") << "\n";
+  return ok ? 0 : 1;
 }
 
 std::optional<config::config> reload(const cli::options& options, const std::string& component) {

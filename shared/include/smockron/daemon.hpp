@@ -26,6 +26,10 @@ std::optional<startup> prepare(int argc, char** argv, const std::string& program
                                const std::string& section, std::string (*verify)(const config::config&),
                                int& exit_code);
 
+/// `--healthcheck`: GET /livez on the admin endpoint `admin` (0.0.0.0 and ::
+/// mean the local host); 0 if it answers 200 within 2 s, else 1 (and why, on stderr).
+int healthcheck(const host_port& admin);
+
 /// Reloads the file given on the command line (or the embedded defaults) and
 /// logs every error; nothing on failure.
 std::optional<config::config> reload(const cli::options& options, const std::string& component);
