@@ -203,6 +203,36 @@ class PackagingTest(unittest.TestCase):
         self.assertEqual(sorted(listed - direct), [], "packages the runtime stage installs but no binary loads")
 
 
+    def test_install_puts_daemons_config_and_sandboxed_units_in_place(self):
+        build = os.path.dirname(BIN)
+        with tempfile.TemporaryDirectory() as prefix:
+            r = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for daemon in ("smockron-master", "smockron-proxy"):
+                v = subprocess.run([os.path.join(prefix, "bin", daemon), "--version"], capture_output=True, text=True)
+                self.assertEqual(v.returncode, 0, v.stderr)
+            installed_cfg = os.path.join(prefix, "etc", "smockron", "smockron.toml")
+            self.assertEqual(check_config(installed_cfg), [])
+            for daemon in ("smockron-master", "smockron-proxy"):
+                unit = read(os.path.join(prefix, "lib", "systemd", "system", f"{daemon}.service"))
+                self.assertNotIn("@", unit, "every path was filled in at configure time")
+                for directive in ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                                  "ExecReload=/bin/kill -HUP $MAINPID", "Restart=on-failure"):
+                    self.assertIn(directive, unit, daemon)
+                self.assertRegex(unit, rf"(?m)^ExecStart=/\S+/bin/{daemon} --config /\S+/smockron/smockron\.toml$")
+                if shutil.which("systemd-analyze"):
+                    # The unit names the configured prefix's paths; verify it against this install's.
+                    local = re.sub(r"/\S+/bin/", os.path.join(prefix, "bin") + "/", unit)
+                    local = re.sub(r"/\S+/smockron/smockron\.toml", installed_cfg, local)
+                    path = os.path.join(prefix, f"{daemon}.service")
+                    with open(path, "w") as f:
+                        f.write(local)
+                    v = subprocess.run(["systemd-analyze", "verify", path], capture_output=True, text=True, timeout=60)
+                    problems = [line for line in (v.stdout + v.stderr).splitlines()
+                                if daemon in line and "network-online" not in line]
+                    self.assertEqual(problems, [], "systemd-analyze verify")
+
 def owning_package(path: str) -> str:
     """The Debian package that owns a library (usrmerge: /lib is /usr/lib)."""
     for candidate in (path, "/usr" + path, os.path.realpath(path)):
