@@ -315,5 +315,16 @@ class IntrospectionTest(DaemonTestCase):
         self.assertEqual(routes["/healthz"]["domain"], "")
 
 
+
+class SignalsTest(DaemonTestCase):
+    def test_sigusr1_reopens_logs_and_stops_no_daemon(self):
+        master, _, proxy = self.gate_stack({"api": {"rules": [("10/s", 10)]}},
+                                           [{"path": "/", "domain": "api", "upstream": "app"}])
+        for daemon in (master, proxy):
+            daemon.signal(signal.SIGUSR1)
+        wait_until(lambda: "SIGUSR1" in master.log() and "SIGUSR1" in proxy.log(), 5, message="both handled it")
+        self.assertTrue(master.alive() and proxy.alive(), "log rotation must not stop a daemon")
+        self.assertEqual(fetch(proxy.port, "/x")[0].status, 200)
+
 if __name__ == "__main__":
     unittest.main()

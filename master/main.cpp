@@ -113,7 +113,9 @@ int main(int argc, char** argv) {
       [&](int sig) {
         log->info("signal {}: shutting down", sig);
         stop = true;
-      });
+      },
+      // SIGUSR1 is what log rotation sends every daemon; the master writes only to stderr.
+      [&] { log->info("SIGUSR1: no log file to reopen (the master logs to stderr)"); });
   std::thread admin_thread([&] { ioc.run(); });
 
   log->info("smockron-master {} accounting={} control={} admin={} domains={}", version_string, cfg.accounting,

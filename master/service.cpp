@@ -40,6 +40,7 @@ std::vector<std::string_view> keep_restart_only(const config::master_config& run
   keep(&c::redis, "redis");
   keep(&c::redis_target, "redis");
   keep(&c::redis_timeout, "redis_timeout");
+  keep(&c::log_level, "log_level");
   return changed;
 }
 

@@ -275,10 +275,11 @@ struct server::impl {
     const auto old = shared_.current();
     if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
         next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
-        next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm) {
+        next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm ||
+        next.admin_allow != old->cfg.admin_allow || next.log_level != old->cfg.log_level) {
       log_->warn(
-          "reload: listen, admin, threads, master endpoints, accounting_hwm and max_control_entries change "
-          "only after a restart");
+          "reload: listen, admin, admin_allow, threads, master endpoints, accounting_hwm, max_control_entries and "
+          "log_level change only after a restart");
     }
     std::shared_ptr<const runtime> fresh;
     try {

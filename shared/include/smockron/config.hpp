@@ -93,7 +93,7 @@ struct upstream_config {
   std::string name;
   std::vector<host_port> servers;
   microseconds fail_timeout = std::chrono::seconds(10);  ///< how long a failing server is marked down
-  std::int64_t keepalive = 64;                           ///< idle pooled connections per worker
+  std::int64_t keepalive = 64;                           ///< idle pooled connections per server address per worker
 };
 
 struct route_config {
@@ -117,7 +117,8 @@ struct route_config {
   bool explain = false;  ///< a Smockron-Decision field on responses (debugging)
   std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
   /// A request no source identifies: limited with every other such request of
-  /// the route under one shared identifier ("-"), refused (403), or passed unlimited.
+  /// the domain under one shared identifier ("-"; routes of one domain share it),
+  /// refused (403), or passed unlimited.
   enum class unidentified_action : std::uint8_t { shared, reject, allow };
   unidentified_action unidentified = unidentified_action::shared;
 };
@@ -180,7 +181,7 @@ struct proxy_config {
   /// Refuse (503, Retry-After 1) requests of a route whose domain no master
   /// covers (no POLICY for it within wire::policy_fresh_ms) instead of passing them.
   bool fail_closed = false;
-  std::int64_t accounting_hwm = 100'000;  ///< accounting messages queued per master at most (0 = unbounded)
+  std::int64_t accounting_hwm = 100'000;  ///< accounting messages queued per master per worker at most (0 = unbounded)
   /// ACCEPTED and REJECTED accounting is sent in batches at most this old
   /// (or of 256 messages); DELAYED goes at once. Longer = fewer wake-ups of
   /// the master, later reaction to a new client's burst.
