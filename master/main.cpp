@@ -14,18 +14,12 @@
 #include "smockron/daemon.hpp"
 #include "smockron/signals.hpp"
 #include "smockron/version.hpp"
+#include "smockron/text.hpp"
 
 namespace asio = boost::asio;
 using namespace smockron;
 
 namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 // GET /status/DOMAIN/IDENTIFIER: the identifier percent-encoded as needed
 // (identifiers may hold '/', ':' and any byte).
@@ -36,8 +30,8 @@ admin_server::response identifier_status(master::service& svc, std::string_view 
   }
   std::string identifier;
   for (std::size_t i = slash + 1; i < rest.size(); ++i) {
-    if (rest[i] == '%' && i + 2 < rest.size() && hex_value(rest[i + 1]) >= 0 && hex_value(rest[i + 2]) >= 0) {
-      identifier.push_back(static_cast<char>(hex_value(rest[i + 1]) * 16 + hex_value(rest[i + 2])));
+    if (rest[i] == '%' && i + 2 < rest.size() && hex_digit(rest[i + 1]) >= 0 && hex_digit(rest[i + 2]) >= 0) {
+      identifier.push_back(static_cast<char>(hex_digit(rest[i + 1]) * 16 + hex_digit(rest[i + 2])));
       i += 2;
     } else if (rest[i] == '%') {
       return {400, "text/plain", "invalid percent-encoding in the identifier\n"};

@@ -22,6 +22,7 @@
 #include <fstream>
 
 #include "smockron/wire.hpp"
+#include "smockron/text.hpp"
 
 namespace smockron::proxy {
 
@@ -81,13 +82,6 @@ std::optional<std::string_view> cookie_value(const http1::header_list& headers, 
     return false;
   });
   return found;
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 // application/x-www-form-urlencoded decoding: %XX and '+' as space. A

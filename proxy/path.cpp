@@ -1,15 +1,9 @@
 // Request path normalization (see path.hpp).
 #include "proxy/path.hpp"
+#include "smockron/text.hpp"
 
 namespace smockron::proxy::path {
 namespace {
-
-int hex(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 // RFC 3986 2.3.
 bool unreserved(unsigned char c) {
@@ -32,7 +26,7 @@ bool decode(std::string_view in, escaped_slash slashes, std::string& out, std::s
       out += c;
       continue;
     }
-    const int hi = i + 2 < in.size() ? hex(in[i + 1]) : -1, lo = i + 2 < in.size() ? hex(in[i + 2]) : -1;
+    const int hi = i + 2 < in.size() ? hex_digit(in[i + 1]) : -1, lo = i + 2 < in.size() ? hex_digit(in[i + 2]) : -1;
     if (hi < 0 || lo < 0) {
       why = "invalid percent-encoding in path";
       return false;
