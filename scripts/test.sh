@@ -13,8 +13,10 @@ echo "== unit + integration tests (build/)"
 ctest --test-dir build --output-on-failure --timeout 600 -j 1
 echo "== unit tests under ASan + UBSan (build-asan/)"
 bash scripts/build.sh --sanitize
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ./build-asan/bin/smockron_tests --gtest_brief=1
+for t in smockron_tests smockron_identify_tests; do
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ./build-asan/bin/$t --gtest_brief=1
+done
 # 10 targets x 11 s: under 2 minutes of fuzzing in all.
 echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-11}s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-11}"
