@@ -12,7 +12,7 @@ launcher+=(-DSMOCKRON_WERROR="${SMOCKRON_WERROR:-ON}")
 if [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B build-asan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DSMOCKRON_SANITIZE=ON \
     -DSMOCKRON_BENCHMARKS=OFF >/dev/null
-  cmake --build build-asan -j "$jobs" --target smockron_tests
+  cmake --build build-asan -j "$jobs" --target smockron_tests smockron_identify_tests
 else
   cmake -S . -B build -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build -j "$jobs"

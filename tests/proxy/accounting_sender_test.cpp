@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -178,7 +179,7 @@ TEST(AccountingSenderAgainstLibzmq, EveryMessageArrivesIntactInOrderAndTheCounte
     return done();
   };
   const proxy::accounting_sender::policy now{std::chrono::microseconds(0), 1.0};
-  std::vector<std::string> keep;  // the messages' bytes outlive account()
+  std::deque<std::string> keep;  // the messages' bytes outlive account() (a deque: views stay valid as it grows)
   auto send = [&](std::string_view domain, wire::status st, std::string id, std::string info = {}) {
     keep.push_back(std::move(id));
     const std::string_view identifier = keep.back();
