@@ -13,6 +13,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <string>
 
 namespace smockron::proxy {
 
@@ -26,5 +27,11 @@ using tcp_socket = asio::basic_stream_socket<tcp, executor_t>;
 using tcp_acceptor = asio::basic_socket_acceptor<tcp, executor_t>;
 using steady_timer = asio::basic_waitable_timer<steady, asio::wait_traits<steady>, executor_t>;
 inline constexpr auto nothrow = asio::as_tuple(asio::use_awaitable_t<executor_t>{});
+
+/// "192.0.2.1:80", "[2001:db8::1]:80": an endpoint as logs and errors show it.
+inline std::string to_string(const tcp::endpoint& ep) {
+  const auto a = ep.address();
+  return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(ep.port());
+}
 
 }  // namespace smockron::proxy

@@ -618,6 +618,7 @@ std::optional<std::string_view> forwarded_for(std::string_view element) {
     if (!pair.empty() && iequals(trim(pair.substr(0, eq)), "for")) {
       if (found) return std::nullopt;  // a parameter appears at most once per element (RFC 7239 4)
       found = trim(pair.substr(eq + 1));
+      if (found->empty()) return std::nullopt;  // a value is a token or a quoted-string, never nothing
     }
     i = end + 1;
   }

@@ -39,9 +39,7 @@ void listen(worker& w, const tcp::endpoint& ep) {
   if (!ec) w.acceptor->bind(ep, ec);
   if (!ec) w.acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    const auto a = ep.address();
-    throw std::runtime_error("cannot listen on " + (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" +
-                             std::to_string(ep.port()) + ": " + ec.message());
+    throw std::runtime_error("cannot listen on " + to_string(ep) + ": " + ec.message());
   }
 }
 

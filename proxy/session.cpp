@@ -183,11 +183,7 @@ private:
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;
       entry_->bytes_out = o.bytes_out;
-      if (o.server) {
-        const auto& ep = rt.servers[r->upstream_index][*o.server];
-        const auto a = ep.address();
-        entry_->upstream = (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(ep.port());
-      }
+      if (o.server) entry_->upstream = to_string(rt.servers[r->upstream_index][*o.server]);
       log_own(o.status);
     }
     co_return keep;

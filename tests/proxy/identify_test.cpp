@@ -195,6 +195,7 @@ TEST(Forwarded, ForParameterOfAnElement) {
   EXPECT_EQ(forwarded_for(";;for=192.0.2.1;"), "192.0.2.1") << "empty pairs are allowed";
   EXPECT_EQ(forwarded_for("for=192.0.2.1;for=192.0.2.2"), std::nullopt) << "a parameter at most once";
   EXPECT_EQ(forwarded_for("for"), std::nullopt);
+  EXPECT_EQ(forwarded_for(" for= "), std::nullopt) << "an empty value (found by fuzz_forwarded)";
   EXPECT_EQ(forwarded_for("for=\"192.0.2.1"), std::nullopt) << "unterminated quote";
 }
 
