@@ -119,7 +119,6 @@ private:
   // One request whose head is in c_.request. False: the connection ends.
   awaitable<bool> serve_request(const runtime& rt) {
     http1::request_head& req = c_.request;
-    c_.response_fields.clear();
     const unsigned version = req.version;
     // The access log's line, begun now: the head's views do not outlive forwarding.
     if (rt.cfg.access_log) begin_entry(rt);

@@ -868,8 +868,8 @@ TEST(IpIdentifier, Ipv6ClientsAreGroupedByPrefix) {
 }
 
 TEST_F(Jwt, WithoutAKeyNoClaimIsBelieved) {
-  // It used to read claims unverified: every request with a fresh `sub` got a
-  // fresh budget. The configuration now refuses a jwt: source without a key.
+  // Claims read unverified would give every request with a fresh `sub` a fresh
+  // budget; the configuration refuses a jwt: source without a key as well.
   const auto v = make("");
   const auto unsigned_token = b64url(R"({"alg":"none"})") + "." + b64url(payload_with()) + ".";
   EXPECT_EQ(v->claim(unsigned_token, "sub", now), std::nullopt);
