@@ -37,6 +37,7 @@ SECTIONS = {
     "[master]": "`[master]`",
     "[master.domains.NAME]": "`[master.domains.NAME]`",
     "rules entries": "`rules` entries",
+    "overrides entries": "`overrides` entries",
     "[proxy]": "`[proxy]`",
     "[proxy.jwt]": "`[proxy.jwt]`",
     "[proxy.upstreams.NAME]": "`[proxy.upstreams.NAME]`",
@@ -50,6 +51,8 @@ READERS = {
     ("read_master", "r"): "[master]",
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_rule", "r"): "rules entries",
+    ("read_overrides", "r"): "[master.domains.NAME]",  # r.get("overrides")
+    ("read_overrides", "orr"): "overrides entries",
     ("read_proxy", "r"): "[proxy]",
     ("read_proxy", "jr"): "[proxy.jwt]",
     ("read_upstreams", "r"): "[proxy]",  # r.get("upstreams")
@@ -258,7 +261,7 @@ class ConfigReferenceTest(unittest.TestCase):
         keys, problems = parser_keys(self.source)
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
-        self.assertEqual({"algorithm", "rules"}, keys["[master.domains.NAME]"])
+        self.assertEqual({"algorithm", "rules", "overrides"}, keys["[master.domains.NAME]"])
         self.assertEqual({"rate", "burst"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive"}, keys["[proxy.upstreams.NAME]"])

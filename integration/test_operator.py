@@ -316,6 +316,67 @@ class IntrospectionTest(DaemonTestCase):
 
 
 
+class OverrideTest(DaemonTestCase):
+    """Per-identifier overrides in the master: one API key with limits of its own,
+    another with none; shown in /status, carried to the gatekeepers (POLICY naming
+    the identifier) and dropped there when a reload removes them."""
+
+    def get(self, port: int, path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return json.loads(r.read().decode())
+
+    def test_an_override_gives_one_identifier_its_own_limit(self):
+        master, backend, proxy = self.gate_stack(
+            {"api": {"rules": [("1/2s", 2)], "overrides": {"vip": [("2/s", 20)], "internal": []}}},
+            [{"path": "/api", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
+              "status": 429, "max_delay": "100ms", "ratelimit_headers": True}])
+        proxy.wait_metric("smockron_proxy_gate_overrides", predicate=lambda v: v == 2, timeout=10)
+        # The domain's burst of 2, then over it (held past max_delay: 429).
+        plain = [fetch(proxy.port, f"/api/plain/{i}", key="plain")[0] for i in range(3)]
+        self.assertEqual([r.status for r in plain], [200, 200, 429])
+        self.assertEqual(plain[2].headers.get("ratelimit-policy"), '"api";q=2;w=4')
+        # vip: 15 back to back, within its own burst of 20: none held, none refused.
+        for i in range(15):
+            r, _ = fetch(proxy.port, f"/api/vip/{i}", key="vip")
+            self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.headers.get("ratelimit-policy"), '"api";q=20;w=10')
+        # 5 or more of its 20 left, depending on how fast the 15 went (it replenishes at 2/s).
+        remaining = re.fullmatch(r'"api";r=(\d+);t=\d+', r.headers.get("ratelimit", ""))
+        self.assertTrue(remaining and 5 <= int(remaining.group(1)) <= 20, r.headers.get("ratelimit"))
+        # internal: no rules, no limit.
+        for i in range(30):
+            r, _ = fetch(proxy.port, f"/api/internal/{i}", key="internal")
+            self.assertEqual(r.status, 200, r)
+        self.assertIsNone(r.headers.get("ratelimit-policy"))
+        self.assertEqual(len(backend.requests(key="vip")), 15)
+        self.assertEqual(len(backend.requests(key="internal")), 30)
+
+        # The master applies them too (once the accounting has arrived), and shows them.
+        doc = wait_until(lambda: (d := self.get(master.admin_port, "/status/api/vip")) and len(d["uses_ms"]) == 15
+                         and d, 10, interval=0.1, message="the master has vip's 15 uses")
+        self.assertEqual((doc["override"], doc["rules"], doc["throttled"]),
+                         (True, [{"interval_ms": 500.0, "burst": 20}], False))
+        self.assertFalse(self.get(master.admin_port, "/status/api/plain")["override"])
+        self.assertTrue(self.get(master.admin_port, "/status/api/internal")["throttled"] is False)
+        api = next(d for d in self.get(master.admin_port, "/status")["domains"] if d["name"] == "api")
+        self.assertEqual(api["overrides"], [{"identifier": "vip", "rules": [{"rate": "2/s", "burst": 20}]},
+                                            {"identifier": "internal", "rules": []}])
+
+        # A reload without the overrides: the gatekeeper lets them go once the
+        # master stops refreshing them (3.5 s), and vip has the domain's rules.
+        with open(master.config_path) as f:
+            text = f.read()
+        self.assertIn("overrides = ", text)
+        self.write_file(os.path.basename(master.config_path),
+                        "\n".join(l for l in text.splitlines() if not l.startswith("overrides = ")) + "\n")
+        master.signal(signal.SIGHUP)
+        master.wait_metric("smockron_master_reloads_total", predicate=lambda v: v >= 1, timeout=10)
+        self.assertEqual(self.get(master.admin_port, "/status/api/vip")["override"], False)
+        wait_until(lambda: fetch(proxy.port, "/api/vip/after", key="vip")[0].headers.get("ratelimit-policy")
+                   == '"api";q=2;w=4', 15, interval=0.2, message="vip back under the domain's rules at the gatekeeper")
+        proxy.wait_metric("smockron_proxy_gate_overrides", predicate=lambda v: v == 0, timeout=15)
+
+
 class SignalsTest(DaemonTestCase):
     def test_sigusr1_reopens_logs_and_stops_no_daemon(self):
         master, _, proxy = self.gate_stack({"api": {"rules": [("10/s", 10)]}},

@@ -76,16 +76,26 @@ void control_publisher::domains_changed(std::size_t count) {
   next_policy_ = {};
 }
 
-void control_publisher::publish_policy(const ingest::domain& d, policy_slot& slot,
-                                       std::chrono::steady_clock::time_point now) {
+void control_publisher::publish_policy(const ingest& lookup, std::size_t i, std::chrono::steady_clock::time_point now) {
+  policy_slot& slot = slots_[i];
   slot.sent = now;
   slot.due = false;
+  const std::string_view domain = lookup.domains()[i].name;
+  const domain_limits& limits = lookup.states().limits(i);
+  send_policy(domain, {}, limits.base);
+  // Each override goes with its domain, so a gatekeeper that hears the
+  // domain's rules hears its exceptions within the same burst of messages.
+  for (const auto& [identifier, l] : limits.overrides) send_policy(domain, identifier, l);
+}
+
+void control_publisher::send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l) {
   wire::policy p;
-  p.domain = d.name;
+  p.domain = domain;
+  p.identifier = identifier;
   // Any subset of the rules bounds less, never more: the first few that the
   // wire can carry are enough. A domain without rules gets an empty POLICY:
   // it still tells gatekeepers that a master covers the domain (fail_closed).
-  for (const rules::rule& r : d.limits.rules) {
+  for (const rules::rule& r : l.rules) {
     if (p.count == wire::max_policy_rules) break;
     if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
       p.rules[p.count++] = {r.interval_us, r.burst};
@@ -99,7 +109,7 @@ void control_publisher::tick(const std::vector<ingest::domain>& domains, const i
                              std::chrono::steady_clock::time_point now) {
   serve_zap();
   const auto ask = [&](std::size_t i) {
-    if (now - slots_[i].sent >= k_policy_gap) publish_policy(domains[i], slots_[i], now);
+    if (now - slots_[i].sent >= k_policy_gap) publish_policy(lookup, i, now);
     else if (!std::exchange(slots_[i].due, true)) due_.push_back(i);
   };
   // XPUB hands up each subscription as one frame: \x01 + topic (domain + "\0";
@@ -118,11 +128,11 @@ void control_publisher::tick(const std::vector<ingest::domain>& domains, const i
   std::erase_if(due_, [&](std::size_t i) {
     if (i >= domains.size() || !slots_[i].due) return true;
     if (now - slots_[i].sent < k_policy_gap) return false;
-    publish_policy(domains[i], slots_[i], now);
+    publish_policy(lookup, i, now);
     return true;
   });
   if (now >= next_policy_) {
-    for (std::size_t i = 0; i < domains.size(); ++i) publish_policy(domains[i], slots_[i], now);
+    for (std::size_t i = 0; i < domains.size(); ++i) publish_policy(lookup, i, now);
     next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
   }
 }

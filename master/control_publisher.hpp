@@ -1,7 +1,8 @@
 // The master's control stream: a libzmq XPUB socket carrying DELAY_UNTIL to
-// every gatekeeper, and each domain's POLICY (its rules, for the
-// gatekeepers' own first-round-trip bound) every policy interval and to each
-// gatekeeper as soon as it subscribes.
+// every gatekeeper, and each domain's POLICY (its rules, and one per
+// identifier with rules of its own, for the gatekeepers' own
+// first-round-trip bound and rate-limit fields) every policy interval and to
+// each gatekeeper as soon as it subscribes.
 #pragma once
 
 #include <zmq.hpp>
@@ -50,7 +51,9 @@ private:
     std::chrono::steady_clock::time_point sent{};  ///< last POLICY for this domain
     bool due = false;                              ///< a subscription asked for it within k_policy_gap of the last
   };
-  void publish_policy(const ingest::domain& d, policy_slot& slot, std::chrono::steady_clock::time_point now);
+  /// The domain's POLICY and one per override of it.
+  void publish_policy(const ingest& lookup, std::size_t domain, std::chrono::steady_clock::time_point now);
+  void send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l);
 
   std::optional<zmq::socket_t> zap_;  ///< ZAP handler (RFC 27), bound before socket_ when control_allow is set
   std::vector<cidr> allow_;

@@ -6,9 +6,12 @@
 namespace smockron::master {
 namespace {
 
-std::vector<rules::limits> compile(const config::master_config& cfg) {
-  std::vector<rules::limits> out;
-  for (const auto& d : cfg.domains) out.push_back(d.compile(cfg.max_clock_skew));
+std::vector<domain_limits> compile(const config::master_config& cfg) {
+  std::vector<domain_limits> out;
+  for (const auto& d : cfg.domains) {
+    domain_limits& l = out.emplace_back(d.compile(cfg.max_clock_skew));
+    for (const auto& o : d.overrides) l.overrides.emplace(o.identifier, d.compile(o, cfg.max_clock_skew));
+  }
   return out;
 }
 

@@ -5,7 +5,7 @@
 
 namespace smockron::master {
 
-limiter::limiter(std::vector<rules::limits> domains, std::size_t max_identifiers)
+limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)
     : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {
   for (auto& m : maps_) m.reserve(std::min<std::size_t>(max_identifiers_, 1 << 16));
 }
@@ -79,14 +79,14 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
     }
   }
   if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
-  return rules::apply(limits_[domain], en->st, e, now_us);
+  return rules::apply(*en->lim, en->st, e, now_us);
 }
 
 limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier) {
   auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
   entry* en = &pos->second;
-  en->st.times.reserve(limits_[domain].algo == rules::algorithm::gcra ? limits_[domain].rules.size()
-                                                                      : limits_[domain].history_cap());
+  en->lim = &limits_[domain].of(identifier);
+  en->st.times.reserve(en->lim->algo == rules::algorithm::gcra ? en->lim->rules.size() : en->lim->history_cap());
   en->domain = domain;
   en->key = &pos->first;
   ++size_;
@@ -95,7 +95,7 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
 }
 
 bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
-  const rules::limits& l = limits_[domain];
+  const rules::limits& l = limits_of(domain, identifier);
   if (!rules::compatible(l, st) || rules::expired(l, st, now_us)) return false;
   auto it = maps_[domain].find(identifier);
   if (it == maps_[domain].end()) {
@@ -120,7 +120,7 @@ std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
     entry* e = cursor_ ? cursor_ : tail_;
     if (!e) break;
     cursor_ = e->prev;
-    if (rules::expired(limits_[e->domain], e->st, now_us)) {
+    if (rules::expired(*e->lim, e->st, now_us)) {
       erase(e);
       ++removed;
     }
@@ -129,7 +129,7 @@ std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
   return removed;
 }
 
-void limiter::reconfigure(std::vector<rules::limits> domains,
+void limiter::reconfigure(std::vector<domain_limits> domains,
                           const std::vector<std::optional<std::size_t>>& old_index) {
   std::vector<map> maps(domains.size());
   std::vector<bool> kept(maps_.size(), false);
@@ -137,13 +137,13 @@ void limiter::reconfigure(std::vector<rules::limits> domains,
     if (!old_index[i]) continue;
     const std::size_t old = *old_index[i];
     kept[old] = true;
-    // A changed algorithm or rule count makes old state meaningless.
-    const bool compatible =
-        limits_[old].algo == domains[i].algo && limits_[old].rules.size() == domains[i].rules.size();
     maps[i] = std::move(maps_[old]);
     for (auto& [key, en] : maps[i]) {
       en.domain = i;
-      if (!compatible) en.st.times.clear();
+      const rules::limits* next = &domains[i].of(key);
+      // A changed algorithm or rule count makes old state meaningless.
+      if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
+      en.lim = next;  // points into `domains`' elements, which move into limits_ below
     }
   }
   for (std::size_t old = 0; old < maps_.size(); ++old) {

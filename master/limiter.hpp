@@ -15,9 +15,25 @@
 
 namespace smockron::master {
 
+/// A domain's limits, and the identifiers that have limits of their own
+/// (the configuration's per-identifier overrides; same algorithm).
+struct domain_limits {
+  rules::limits base;
+  string_map<rules::limits> overrides;
+
+  domain_limits() = default;
+  domain_limits(rules::limits b) : base(std::move(b)) {}  // NOLINT: a domain without overrides
+  /// The limits that apply to `identifier`.
+  const rules::limits& of(std::string_view identifier) const {
+    if (overrides.empty()) return base;
+    const auto it = overrides.find(identifier);
+    return it == overrides.end() ? base : it->second;
+  }
+};
+
 class limiter {
 public:
-  limiter(std::vector<rules::limits> domains, std::size_t max_identifiers);
+  limiter(std::vector<domain_limits> domains, std::size_t max_identifiers);
   limiter(const limiter&) = delete;
   limiter& operator=(const limiter&) = delete;
   ~limiter();
@@ -30,8 +46,16 @@ public:
   std::size_t sweep(std::int64_t now_us, std::size_t budget);
 
   /// Replaces the domains. `old_index[i]` is the index new domain i had before
-  /// (its state is kept) or nullopt (it starts empty). Dropped domains lose their state.
-  void reconfigure(std::vector<rules::limits> domains, const std::vector<std::optional<std::size_t>>& old_index);
+  /// (its state is kept) or nullopt (it starts empty). Dropped domains lose
+  /// their state; a state whose limits changed algorithm or rule count (an
+  /// override added or removed included) starts afresh.
+  void reconfigure(std::vector<domain_limits> domains, const std::vector<std::optional<std::size_t>>& old_index);
+
+  /// The limits that apply to (domain, identifier).
+  const rules::limits& limits_of(std::size_t domain, std::string_view identifier) const {
+    return limits_[domain].of(identifier);
+  }
+  const domain_limits& limits(std::size_t domain) const { return limits_[domain]; }
 
   /// Changes the cap; evicts least recently used state at once if over it.
   void set_max_identifiers(std::size_t max_identifiers);
@@ -72,6 +96,7 @@ private:
   // no separate allocation; the LRU list links those nodes.
   struct entry {
     rules::state st;
+    const rules::limits* lim = nullptr;  ///< limits_of(domain, *key), looked up once
     std::size_t domain = 0;
     const std::string* key = nullptr;
     entry* prev = nullptr;
@@ -89,7 +114,7 @@ private:
   void unmark(entry* e);
   entry* insert(std::size_t domain, std::string_view identifier);
 
-  std::vector<rules::limits> limits_;
+  std::vector<domain_limits> limits_;
   std::vector<map> maps_;
   std::size_t max_identifiers_;
   std::size_t size_ = 0;

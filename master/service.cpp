@@ -167,7 +167,7 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
   const std::int64_t now_us = clock_.wall_us();
   for (auto& l : store_->take_loaded()) {
     const auto i = ingest_.find(l.domain);
-    if (!i || ingest_.domains()[*i].limits.algo != l.algo || !states.restore(*i, l.identifier, l.st, now_us)) {
+    if (!i || states.limits_of(*i, l.identifier).algo != l.algo || !states.restore(*i, l.identifier, l.st, now_us)) {
       restore_skipped_.inc();
     }
   }
@@ -178,9 +178,10 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
   batch.reserve(std::min(states.dirty(), k_flush_batch));
   states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
     const auto& d = ingest_.domains()[domain];
-    const std::int64_t ttl_ms = (rules::expires_at_us(d.limits, st) - now_us + 999) / 1000;
+    const rules::limits& l = states.limits_of(domain, identifier);
+    const std::int64_t ttl_ms = (rules::expires_at_us(l, st) - now_us + 999) / 1000;
     if (ttl_ms <= 0) return;  // can no longer matter; Redis lets its copy expire too
-    batch.push_back({store_key(d.name, identifier), encode_state(d.limits.algo, st), ttl_ms});
+    batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
   });
   store_->submit(std::move(batch));
   unwritten_.store(states.dirty(), std::memory_order_relaxed);
@@ -263,7 +264,9 @@ void service::answer_queries() {
       continue;
     }
     const auto& dom = ingest_.domains()[*d];
-    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, dom.limits,
+    const auto& limits = ingest_.states().limits(*d);
+    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, limits.of(q->identifier),
+                                                       limits.overrides.contains(q->identifier),
                                                        ingest_.states().find(*d, q->identifier), now));
   }
 }

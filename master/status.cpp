@@ -4,6 +4,15 @@
 #include <nlohmann/json.hpp>
 
 namespace smockron::master {
+namespace {
+
+nlohmann::ordered_json rules_json(const std::vector<config::rule_config>& rules) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& r : rules) out.push_back({{"rate", format_rate(r.r)}, {"burst", r.burst}});
+  return out;
+}
+
+}  // namespace
 
 std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
                         metrics::registry& reg) {
@@ -13,13 +22,15 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
   doc["max_identifiers"] = cfg.max_identifiers;
   doc["domains"] = nlohmann::ordered_json::array();
   for (const auto& d : cfg.domains) {
-    nlohmann::ordered_json rules = nlohmann::ordered_json::array();
-    for (const auto& r : d.rules) rules.push_back({{"rate", format_rate(r.r)}, {"burst", r.burst}});
+    nlohmann::ordered_json overrides = nlohmann::ordered_json::array();
+    for (const auto& o : d.overrides)
+      overrides.push_back({{"identifier", o.identifier}, {"rules", rules_json(o.rules)}});
     const auto& tracked = reg.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                         metrics::labels({{"domain", d.name}}));
     doc["domains"].push_back({{"name", d.name},
                               {"algorithm", d.algorithm == rules::algorithm::gcra ? "gcra" : "sliding-log"},
-                              {"rules", std::move(rules)},
+                              {"rules", rules_json(d.rules)},
+                              {"overrides", std::move(overrides)},
                               {"tracked_identifiers", static_cast<std::uint64_t>(tracked.value())}});
   }
   // Names come from the configuration file: invalid UTF-8 is replaced, never thrown.
@@ -27,7 +38,7 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
 }
 
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
-                                   const rules::state* st, std::int64_t now_us) {
+                                   bool overridden, const rules::state* st, std::int64_t now_us) {
   const auto ms = [](std::int64_t us) { return us / 1000; };
   nlohmann::ordered_json doc;
   doc["domain"] = domain;
@@ -37,6 +48,7 @@ std::string identifier_status_json(std::string_view domain, std::string_view ide
   for (const auto& r : limits.rules) {
     doc["rules"].push_back({{"interval_ms", static_cast<double>(r.interval_us) / 1000.0}, {"burst", r.burst}});
   }
+  doc["override"] = overridden;
   doc["now_ms"] = ms(now_us);
   doc["tracked"] = st != nullptr;
   nlohmann::ordered_json times = nlohmann::ordered_json::array();

@@ -23,11 +23,12 @@ struct store_status {
 std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
                         metrics::registry& reg);
 
-/// JSON for GET /status/<domain>/<identifier>: the rules that apply, the
+/// JSON for GET /status/<domain>/<identifier>: the rules that apply
+/// (`overridden`: the identifier's own, from the domain's overrides), the
 /// recorded uses (sliding log) or theoretical arrival times (GCRA), and
 /// whether the identifier is throttled now and until when. `st`: its state,
 /// nothing when none is tracked (never seen, or expired).
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
-                                   const rules::state* st, std::int64_t now_us);
+                                   bool overridden, const rules::state* st, std::int64_t now_us);
 
 }  // namespace smockron::master

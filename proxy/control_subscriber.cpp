@@ -22,10 +22,12 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
                                       "Control messages for a domain no route uses")),
       policies_(
           reg.add_counter("smockron_proxy_control_policies_total",
-                          "POLICY messages applied (a domain's rules, for the gate's own first-round-trip bound)")),
+                          "POLICY messages applied (a domain's rules, or one identifier's own, for the gate's own "
+                          "first-round-trip bound)")),
       policies_ignored_(reg.add_counter("smockron_proxy_control_policies_ignored_total",
-                                        "POLICY messages not kept: more domains than the gate keeps policies for "
-                                        "(those domains are not bounded before the master's first DELAY_UNTIL)")),
+                                        "POLICY messages not kept: more domains, or identifiers with rules of their "
+                                        "own, than the gate keeps policies for (those are not bounded before the "
+                                        "master's first DELAY_UNTIL, and the identifiers get the domain's fields)")),
       log_(log::get("proxy.control")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
@@ -35,6 +37,9 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       "smockron_proxy_gate_unguarded_total",
       "Requests the gate could not bound on its own (its guard state would pass half the control memory)",
       [&g] { return static_cast<double>(g.unguarded()); });
+  reg.add_callback("smockron_proxy_gate_overrides",
+                   "Identifiers with rules of their own (a master's overrides) the gate keeps", "",
+                   [&g] { return static_cast<double>(g.overrides()); });
   reg.add_callback("smockron_proxy_masters_connected", "Masters the control socket is connected to", "",
                    [this] { return static_cast<double>(connected_.load()); });
   thread_ = std::thread([this] { run(); });
@@ -123,7 +128,10 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
     const auto p = wire::decode_policy(in.frames());
     if (!p) return bad(p.error());
     if (const auto domain = domains_.find(p->domain)) {
-      if (gate_.set_policy(*domain, {p->rules.data(), p->count}, clock_.wall_us())) policies_.inc();
+      const std::span<const guard_rule> rules{p->rules.data(), p->count};
+      const bool kept = p->identifier.empty() ? gate_.set_policy(*domain, rules, clock_.wall_us())
+                                              : gate_.set_override(*domain, p->identifier, rules, clock_.wall_us());
+      if (kept) policies_.inc();
       else policies_ignored_.inc();
     }
     return;

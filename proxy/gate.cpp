@@ -45,6 +45,48 @@ bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, s
   return true;
 }
 
+bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::span<const guard_rule> rules,
+                        std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  {
+    std::lock_guard lock(s.mutex);
+    auto it = s.overrides.find(k);
+    if (it == s.overrides.end()) {
+      if (override_count_.load(std::memory_order_relaxed) >= k_max_overrides) return false;
+      it = s.overrides.emplace(key{domain, std::string(identifier)}, override_policy{}).first;
+      override_count_.fetch_add(1, std::memory_order_relaxed);
+    }
+    policy& p = it->second.rules;
+    const std::size_t n = std::min(rules.size(), k_guard_rules);
+    bool same = p.seq != 0 && p.count == n;
+    for (std::size_t i = 0; same && i < n; ++i) {
+      same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
+    }
+    if (!same) {
+      std::copy_n(rules.begin(), n, p.rules.begin());
+      p.count = n;
+      p.seq = override_seq_ += 2;  // changed rules: the client's guard state starts afresh
+    }
+    it->second.updated_us = now_us;
+  }
+  policies_[domain].override_updated_us.store(now_us, std::memory_order_relaxed);
+  return true;
+}
+
+gate::policy gate::policy_for(const shard& s, const key_view& k, const policy& domain_policy,
+                              std::int64_t now_us) const {
+  if (k.domain >= k_policy_domains) return domain_policy;
+  const std::int64_t fresh_us = wire::policy_fresh_ms * 1000;
+  // Most domains have no overrides: one relaxed load, no lookup.
+  const std::int64_t any = policies_[k.domain].override_updated_us.load(std::memory_order_relaxed);
+  if (any == 0 || now_us - any > fresh_us) return domain_policy;
+  const auto it = s.overrides.find(k);
+  if (it == s.overrides.end() || now_us - it->second.updated_us > fresh_us) return domain_policy;
+  return it->second.rules;
+}
+
 bool gate::covered(std::uint32_t domain, std::int64_t now_us) const {
   if (domain >= k_policy_domains) return false;
   const std::int64_t updated = policies_[domain].updated_us.load(std::memory_order_relaxed);
@@ -96,15 +138,16 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
 
 quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us) {
   quota_state q;
-  const policy guard = read_policy(domain, now_us);
-  if (guard.count == 0) return q;
+  policy guard = read_policy(domain, now_us);
   std::array<std::int64_t, k_guard_rules> tat{};
   {
     const key_view k{domain, identifier};
     shard& s = shard_for(k);
     std::lock_guard lock(s.mutex);
+    guard = policy_for(s, k, guard, now_us);
     if (const auto it = s.map.find(k); it != s.map.end() && it->second.policy_seq == guard.seq) tat = it->second.tat;
   }
+  if (guard.count == 0) return q;
   q.count = guard.count;
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
@@ -134,10 +177,11 @@ bool gate::take_held(const gate_limits& limits) {
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                            const gate_limits& limits) {
-  const policy guard = read_policy(domain, now_us);
+  policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);
+  guard = policy_for(s, k, guard, now_us);
   auto it = s.map.find(k);
   if (it == s.map.end()) {
     if (guard.count == 0) return {};
@@ -231,6 +275,11 @@ std::size_t gate::sweep(std::int64_t now_us) {
   std::lock_guard lock(s.mutex);
   const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; });
   entries_.fetch_sub(removed, std::memory_order_relaxed);
+  // An override no master refreshes any more (removed from its configuration, or the master is gone).
+  override_count_.fetch_sub(
+      std::erase_if(s.overrides,
+                    [&](const auto& kv) { return now_us - kv.second.updated_us > wire::policy_fresh_ms * 1000; }),
+      std::memory_order_relaxed);
   return removed;
 }
 

@@ -14,7 +14,9 @@
 // G x (burst + rate x round trip) before the master speaks, whatever the
 // client's rate; the master charges that and it is paid back. On its own
 // authority it holds a client only k_guard_hold_intervals ahead. Without a fresh
-// policy (master silent for wire::policy_fresh_ms) there is no guard.
+// policy (master silent for wire::policy_fresh_ms) there is no guard. An
+// identifier the master gives rules of its own (a POLICY naming it) is
+// guarded, and described in the rate-limit fields, by those instead.
 #pragma once
 
 #include <array>
@@ -106,6 +108,15 @@ public:
   /// domain is not guarded) for a domain id of k_policy_domains or more.
   bool set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us);
 
+  /// Sets one identifier's own policy (POLICY naming an identifier: a master's
+  /// per-identifier override), used instead of the domain's for that client
+  /// while it is refreshed within wire::policy_fresh_ms. False (not kept,
+  /// counted) when k_max_overrides are already kept or the domain id is too large.
+  bool set_override(std::uint32_t domain, std::string_view identifier, std::span<const guard_rule> rules,
+                    std::int64_t now_us);
+  /// Overrides a gate keeps (a master lists at most config::max_overrides).
+  static constexpr std::size_t k_max_overrides = 65'536;
+
   /// True while a master keeps publishing the domain's POLICY (refreshed
   /// within wire::policy_fresh_ms): a master covers the domain.
   bool covered(std::uint32_t domain, std::int64_t now_us) const;
@@ -139,6 +150,8 @@ public:
   std::uint64_t dropped_updates() const { return dropped_updates_.load(std::memory_order_relaxed); }
   /// Requests of identifiers the guard could not track (half the control memory in use).
   std::uint64_t unguarded() const { return unguarded_.load(std::memory_order_relaxed); }
+  /// Per-identifier policies kept now.
+  std::size_t overrides() const { return override_count_.load(std::memory_order_relaxed); }
 
 private:
   // A place among the held: within max_held and the route's own cap, or none taken.
@@ -184,17 +197,27 @@ private:
   struct policy_slot {
     std::atomic<std::uint32_t> seq{0};
     std::atomic<std::int64_t> updated_us{0};
+    std::atomic<std::int64_t> override_updated_us{0};  ///< last override of this domain set (0: none ever)
     std::atomic<std::size_t> count{0};
     std::array<std::atomic<std::int64_t>, k_guard_rules> interval{};
     std::array<std::atomic<std::int64_t>, k_guard_rules> burst{};
   };
   /// The domain's policy if it is fresh at `now_us`.
   policy read_policy(std::uint32_t domain, std::int64_t now_us) const;
+  /// One identifier's own policy (written by the control thread under the shard's lock).
+  struct override_policy {
+    policy rules;
+    std::int64_t updated_us = 0;
+  };
+  struct shard;
+  /// `domain_policy`, or the identifier's fresh override of it (the shard's lock held).
+  policy policy_for(const shard& s, const key_view& k, const policy& domain_policy, std::int64_t now_us) const;
   static constexpr std::size_t k_shards = 64;
   std::array<policy_slot, k_policy_domains> policies_;
   struct alignas(64) shard {
     std::mutex mutex;
     std::unordered_map<key, entry, key_hash, key_eq> map;
+    std::unordered_map<key, override_policy, key_hash, key_eq> overrides;
   };
   shard& shard_for(const key_view& k);
 
@@ -205,6 +228,8 @@ private:
   std::atomic<std::size_t> entries_{0};
   std::atomic<std::uint64_t> dropped_updates_{0};
   std::atomic<std::uint64_t> unguarded_{0};
+  std::atomic<std::size_t> override_count_{0};
+  std::uint32_t override_seq_ = 1;  ///< odd, so never a domain policy's (even) sequence; control thread only
   std::atomic<std::size_t> sweep_cursor_{0};
 };
 

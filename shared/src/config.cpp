@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include "config_reader.hpp"
+#include "smockron/wire.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -70,6 +71,53 @@ void read_rule(const toml::node& n, const std::string& path, sink& s, std::vecto
   if (rule.r.count > 0) out.push_back(rule);
 }
 
+// A `rules` array (a domain's, or an override's): `n` is the node, if any.
+void read_rules(const toml::node* n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+  if (!n) return;
+  if (const auto* arr = n->as_array()) {
+    for (std::size_t i = 0; i < arr->size(); ++i) read_rule((*arr)[i], path + "[" + std::to_string(i) + "]", s, out);
+  } else {
+    s.add(*n, path, "expected an array of rules, got " + std::string(type_name(*n)));
+  }
+}
+
+void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
+  const toml::node* n = r.get("overrides");
+  if (!n) return;
+  const auto* arr = n->as_array();
+  if (!arr) {
+    s.add(*n, r.key("overrides"),
+          "expected an array of { identifier = \"...\", rules = [...] }, got " + std::string(type_name(*n)));
+    return;
+  }
+  std::set<std::string, std::less<>> seen;
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const std::string path = r.key("overrides") + "[" + std::to_string(i) + "]";
+    const auto* t = (*arr)[i].as_table();
+    if (!t) {
+      s.add((*arr)[i], path,
+            "expected a table { identifier = \"...\", rules = [...] }, got " + std::string(type_name((*arr)[i])));
+      continue;
+    }
+    reader orr(*t, path, s);
+    override_config oc;
+    if (auto* id = orr.typed<toml::value<std::string>>("identifier", "a string")) {
+      oc.identifier = id->get();
+      if (oc.identifier.empty()) s.add(*id, orr.key("identifier"), "must not be empty");
+      else if (oc.identifier.size() > wire::max_identifier_bytes) {
+        s.add(*id, orr.key("identifier"), "longer than 1024 bytes (no gatekeeper sends such an identifier)");
+      } else if (!seen.insert(oc.identifier).second) {
+        s.add(*id, orr.key("identifier"), "\"" + oc.identifier + "\" has another override in this domain");
+      }
+    } else if (!t->contains("identifier")) {
+      s.add((*arr)[i], orr.key("identifier"), "missing (every override names the identifier it is for)");
+    }
+    if (const toml::node* rules = orr.get("rules")) read_rules(rules, orr.key("rules"), s, oc.rules);
+    else s.add((*arr)[i], orr.key("rules"), "missing (rules = [] for no limit)");
+    out.push_back(std::move(oc));
+  }
+}
+
 void read_domain(std::string_view name, const toml::node& n, const std::string& path, sink& s,
                  std::vector<domain_config>& out) {
   domain_config d;
@@ -88,15 +136,8 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
     else if (algo == "gcra") d.algorithm = rules::algorithm::gcra;
     else s.add(*a, r.key("algorithm"), "unknown algorithm \"" + algo + "\" (use \"sliding-log\" or \"gcra\")");
   }
-  if (const toml::node* rules_node = r.get("rules")) {
-    if (const auto* arr = rules_node->as_array()) {
-      for (std::size_t i = 0; i < arr->size(); ++i) {
-        read_rule((*arr)[i], r.key("rules") + "[" + std::to_string(i) + "]", s, d.rules);
-      }
-    } else {
-      s.add(*rules_node, r.key("rules"), "expected an array of rules, got " + std::string(type_name(*rules_node)));
-    }
-  }
+  read_rules(r.get("rules"), r.key("rules"), s, d.rules);
+  read_overrides(r, s, d.overrides);
   out.push_back(std::move(d));
 }
 
@@ -141,6 +182,13 @@ master_config read_master(const toml::table& t, sink& s) {
     }
   }
   std::sort(m.domains.begin(), m.domains.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::size_t overrides = 0;
+  for (const auto& d : m.domains) overrides += d.overrides.size();
+  if (overrides > max_overrides) {
+    s.add(t, "master.domains",
+          std::to_string(overrides) + " overrides; at most " + std::to_string(max_overrides) +
+              " (each is published to every gatekeeper every second)");
+  }
   return m;
 }
 
@@ -383,12 +431,24 @@ std::string format(const error& e) {
   return out;
 }
 
-rules::limits domain_config::compile(microseconds max_clock_skew) const {
+namespace {
+
+rules::limits compile_rules(rules::algorithm algo, const std::vector<rule_config>& rules, microseconds max_clock_skew) {
   rules::limits l;
-  l.algo = algorithm;
+  l.algo = algo;
   l.max_future_us = max_clock_skew.count();
   for (const auto& r : rules) l.rules.push_back({r.r.interval_us(), r.burst});
   return l;
+}
+
+}  // namespace
+
+rules::limits domain_config::compile(microseconds max_clock_skew) const {
+  return compile_rules(algorithm, rules, max_clock_skew);
+}
+
+rules::limits domain_config::compile(const override_config& o, microseconds max_clock_skew) const {
+  return compile_rules(algorithm, o.rules, max_clock_skew);
 }
 
 const domain_config* master_config::find_domain(std::string_view name) const {

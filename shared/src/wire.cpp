@@ -154,7 +154,8 @@ result<policy> decode_policy(frames f) {
   m.domain = domain.value();
   if (f[1] != policy_command) return decode_error::unknown_command;
   if (f.size() != 4) return decode_error::frame_count;
-  if (!f[2].empty()) return decode_error::policy_invalid;
+  if (f[2].size() > max_identifier_bytes) return decode_error::frame_too_large;
+  m.identifier = f[2];
   std::string_view rest = f[3];
   if (rest.empty()) return m;  // the domain is owned and has no rules
   while (true) {
@@ -215,7 +216,7 @@ std::optional<encoded> encode(const delay_until& m, scratch& s) {
 
 std::optional<encoded> encode(const policy& m, scratch& s) {
   auto domain = write_domain(m.domain, s);
-  if (!domain || m.count > max_policy_rules) return std::nullopt;
+  if (!domain || m.count > max_policy_rules || m.identifier.size() > max_identifier_bytes) return std::nullopt;
   char* out = s.text.data();
   for (std::size_t i = 0; i < m.count; ++i) {
     const policy::rule& r = m.rules[i];
@@ -231,7 +232,7 @@ std::optional<encoded> encode(const policy& m, scratch& s) {
   encoded e;
   e.frame[0] = *domain;
   e.frame[1] = policy_command;
-  e.frame[2] = std::string_view{};
+  e.frame[2] = m.identifier;
   e.frame[3] = std::string_view(s.text.data(), static_cast<std::size_t>(out - s.text.data()));
   e.count = 4;
   return e;

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto enc = wire::encode(p.value(), s);
     FUZZ_CHECK(enc);
     const auto back = wire::decode_policy(enc->view());
-    FUZZ_CHECK(back && back->domain == p->domain && back->count == p->count);
+    FUZZ_CHECK(back && back->domain == p->domain && back->identifier == p->identifier && back->count == p->count);
     for (std::size_t i = 0; i < p->count; ++i) {
       const auto& r = p->rules[i];
       FUZZ_CHECK(r.burst >= 1 && r.burst <= wire::max_policy_burst && r.interval_us >= 1);

@@ -99,14 +99,14 @@ TEST(IdentifierStatus, RulesUsesAndThrottle) {
   smockron::rules::state st;
   const std::int64_t now = 1'700'000'000'000'000;
   st.times = {now - 50'000, now - 10'000};
-  auto doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "k\xff", l, &st, now));
+  auto doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "k\xff", l, false, &st, now));
   EXPECT_EQ(doc["identifier"], "k\xef\xbf\xbd") << "invalid UTF-8 replaced, never thrown";
   EXPECT_EQ(doc["algorithm"], "sliding-log");
   EXPECT_EQ(doc["rules"][0]["interval_ms"], 100.0);
   EXPECT_EQ(doc["uses_ms"], nlohmann::json::array({(now - 50'000) / 1000, (now - 10'000) / 1000}));
   EXPECT_TRUE(doc["throttled"]);
   EXPECT_EQ(doc["next_allowed_ms"], (now + 100'000) / 1000) << "the spec's max(now, last) + 1/rate";
-  doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "new", l, nullptr, now));
+  doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "new", l, false, nullptr, now));
   EXPECT_FALSE(doc["tracked"]);
   EXPECT_FALSE(doc["throttled"]);
   EXPECT_FALSE(doc.contains("next_allowed_ms"));

@@ -97,6 +97,36 @@ TEST(Limiter, ReconfigureKeepsCompatibleStateAndDropsRemovedDomains) {
   EXPECT_EQ(l.tracked(), 100u);
 }
 
+TEST(Limiter, OverrideGivesOneIdentifierItsOwnLimitsAndReconfigureFollowsIt) {
+  domain_limits d = ten_per_second(1);
+  d.overrides.emplace("vip", ten_per_second(3));
+  limiter l({d}, 100);
+  EXPECT_TRUE(l.apply(0, "plain", at(t0), t0).throttled);
+  EXPECT_FALSE(l.apply(0, "vip", at(t0), t0).throttled);
+  EXPECT_FALSE(l.apply(0, "vip", at(t0), t0).throttled);
+  EXPECT_TRUE(l.apply(0, "vip", at(t0), t0).throttled) << "its own burst of 3";
+  EXPECT_EQ(l.limits_of(0, "vip").max_burst(), 3u);
+  EXPECT_EQ(l.limits_of(0, "plain").max_burst(), 1u);
+  // The override removed: same shape (sliding log, one rule), state kept, the domain's rules apply.
+  l.reconfigure({ten_per_second(1)}, {0});
+  ASSERT_TRUE(l.find(0, "vip"));
+  EXPECT_EQ(l.find(0, "vip")->times.size(), 3u);
+  // Burst 1 now: the use at +10 ms is charged at the next free slot (+100 ms), the next allowed at +200 ms.
+  EXPECT_EQ(l.apply(0, "vip", at(t0 + 10 * ms), t0 + 10 * ms).next_us, t0 + 200 * ms);
+  // An override of another shape (two rules) starts that identifier afresh, and only it.
+  domain_limits two = ten_per_second(1);
+  rules::limits both = ten_per_second(2);
+  both.rules.push_back({1'000 * ms, 5});
+  two.overrides.emplace("vip", both);
+  l.reconfigure({two}, {0});
+  EXPECT_TRUE(l.find(0, "vip")->times.empty());
+  EXPECT_EQ(l.find(0, "plain")->times.size(), 1u);
+  EXPECT_FALSE(l.apply(0, "vip", at(t0 + 20 * ms), t0 + 20 * ms).throttled);
+  // Expiry follows the identifier's own limits: 1/s burst 5 keeps vip 5 s.
+  EXPECT_EQ(l.sweep(t0 + 2'000 * ms, 100), 1u) << "plain expired, vip not";
+  EXPECT_TRUE(l.find(0, "vip"));
+}
+
 namespace {
 std::vector<std::string> drain_all(limiter& l) {
   std::vector<std::string> out;

@@ -2,6 +2,7 @@
 // 127.0.0.1, control over in-process ZeroMQ) with a manual clock:
 // DELAY_UNTIL contents, error counting, subscription filtering, reloads.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <set>
@@ -24,6 +25,7 @@ config::master_config make_config() {
 [master]
 [master.domains.api]
 rules = [ { rate = "10/s", burst = 2 } ]
+overrides = [ { identifier = "vip", rules = [ { rate = "100/s", burst = 20 } ] } ]
 [master.domains.slow]
 rules = [ { rate = "10/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
 [master.domains.probe]
@@ -94,6 +96,15 @@ protected:
 }  // namespace
 
 TEST_F(MasterLoop, PublishesDelayUntilOnlyWhenThrottled) {
+  // The constructor's probes each drew a DELAY_UNTIL (more than one when the
+  // subscription was slow to join): count from here.
+  const auto published = [&] {
+    const std::string text = metrics();
+    const std::string name = "\nsmockron_master_control_messages_total ";
+    const auto at = text.find(name);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size()));
+  };
+  const double before = published();
   handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // under the burst: nothing published
   handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // burst full
   auto m = next_control();
@@ -103,7 +114,7 @@ TEST_F(MasterLoop, PublishesDelayUntilOnlyWhenThrottled) {
   m = next_control();
   ASSERT_TRUE(m);
   EXPECT_EQ((*m)[3], ts(200));
-  EXPECT_NE(metrics().find("smockron_master_control_messages_total 3"), std::string::npos);  // + the probe
+  EXPECT_EQ(published(), before + 2);
 }
 
 TEST_F(MasterLoop, SlowerRuleSetsTheIntervalFrame) {
@@ -197,10 +208,50 @@ TEST_F(MasterLoop, ReloadKeepsStateAndAppliesNewRules) {
   EXPECT_NE(metrics().find("smockron_master_reload_failures_total 1"), std::string::npos);
 }
 
+TEST_F(MasterLoop, OverrideGivesOneIdentifierItsOwnLimitAndReloads) {
+  for (int i = 0; i < 19; ++i) handle({"api\0"s, "ACCEPTED", "vip", ts(0), ""});  // 19 of its own burst of 20
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
+  handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});  // the domain's burst of 2: throttled
+  auto m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[2], "k") << "vip was not throttled";
+  handle({"api\0"s, "ACCEPTED", "vip", ts(0), ""});  // 20 of 20
+  m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*m, (std::vector<std::string>{"api\0"s, "DELAY_UNTIL", "vip", ts(10), "10"}));
+  // The admin thread asks; the loop answers within its next turn.
+  std::optional<std::string> answer;
+  std::atomic<bool> done{false};
+  std::thread asker([&] {
+    answer = svc_.identifier_status("api", "vip", std::chrono::seconds(5));
+    done = true;
+  });
+  for (int i = 0; i < 500 && !done; ++i) svc_.poll_once(std::chrono::milliseconds(10));
+  asker.join();
+  ASSERT_TRUE(answer);
+  const auto status = nlohmann::json::parse(*answer);
+  EXPECT_EQ(status["override"], true);
+  EXPECT_EQ(status["rules"][0]["burst"], 20);
+
+  // Reload without the override: vip's state (20 uses under other rules of
+  // the same shape) is kept, and the domain's burst of 2 applies to it now.
+  auto next = cfg_;
+  for (auto& d : next.domains) d.overrides.clear();
+  svc_.request_reload([&] { return std::optional(next); });
+  svc_.poll_once(std::chrono::milliseconds(1));
+  EXPECT_NE(metrics().find("smockron_master_reloads_total 1"), std::string::npos);
+  handle({"api\0"s, "ACCEPTED", "vip", ts(500), ""});
+  m = next_control();
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[2], "vip");
+  EXPECT_GT(std::stoll((*m)[3]), now_ms_ + 500) << "throttled under the domain's rules";
+}
+
 TEST_F(MasterLoop, StatusAndLiveness) {
   handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
   const auto status = svc_.status_json();
   EXPECT_NE(status.find("{\"name\":\"api\",\"algorithm\":\"sliding-log\",\"rules\":[{\"rate\":\"10/s\",\"burst\":2}],"
+                        "\"overrides\":[{\"identifier\":\"vip\",\"rules\":[{\"rate\":\"100/s\",\"burst\":20}]}],"
                         "\"tracked_identifiers\":1}"),
             std::string::npos)
       << status;
@@ -245,6 +296,7 @@ TEST_F(MasterLoop, PublishesEveryDomainsPolicyEverySecond) {
   collect();
   seen.insert(*first);
   EXPECT_TRUE(seen.contains({"api\0"s, "POLICY", "", "100000/2"}));
+  EXPECT_TRUE(seen.contains({"api\0"s, "POLICY", "vip", "10000/20"})) << "the override goes with its domain";
   EXPECT_TRUE(seen.contains({"slow\0"s, "POLICY", "", "100000/5 1000000/2"}));
   EXPECT_TRUE(seen.contains({"probe\0"s, "POLICY", "", "3600000000/1"}));
 }

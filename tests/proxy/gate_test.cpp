@@ -357,6 +357,64 @@ TEST(GateQuota, RemainingAndResetFollowTheGuard) {
   EXPECT_EQ(g.quota(0, "c", t0 + 60'000 * ms).count, 0u) << "no fresh policy: nothing known";
 }
 
+// A master's per-identifier override: that client is guarded, and described,
+// by its own rules; the others by the domain's. Fail-open when not refreshed.
+TEST(GateGuard, OverrideGivesOneIdentifierItsOwnRules) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 2}}, t0);                                              // 10/s burst 2 for everyone
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{10 * ms, 20}}, t0));  // 100/s burst 20
+  EXPECT_EQ(g.overrides(), 1u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(g.decide(0, "vip", t0, limits()).v, verdict::accept) << i;
+  const auto held = g.decide(0, "vip", t0, limits());
+  ASSERT_EQ(held.v, verdict::delay);
+  EXPECT_EQ(held.release_us, t0 + 10 * ms);
+  EXPECT_EQ(held.interval_us, 10 * ms);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(g.decide(0, "plain", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "plain", t0, limits()).v, verdict::delay);
+  auto q = g.quota(0, "vip", t0);
+  ASSERT_EQ(q.count, 1u);
+  EXPECT_EQ(q.items[0].quota, 20);
+  EXPECT_EQ(g.quota(0, "plain", t0).items[0].quota, 2);
+  // Another domain's identifier of the same name is not overridden.
+  set_policy(g, 1, {{100 * ms, 2}}, t0);
+  EXPECT_EQ(g.quota(1, "vip", t0).items[0].quota, 2);
+
+  // No rules: that client is not limited by the gate at all.
+  ASSERT_TRUE(g.set_override(0, "internal", std::vector<guard_rule>{}, t0));
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(g.decide(0, "internal", t0, limits()).v, verdict::accept) << i;
+  EXPECT_EQ(g.quota(0, "internal", t0).count, 0u);
+
+  // The master keeps publishing the domain's policy but no longer the
+  // override: after policy_fresh_ms the domain's rules apply again.
+  const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
+  set_policy(g, 0, {{100 * ms, 2}}, later);
+  EXPECT_EQ(g.quota(0, "vip", later).items[0].quota, 2);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(g.decide(0, "vip", later, limits()).v, verdict::accept) << i;
+  EXPECT_EQ(g.decide(0, "vip", later, limits()).v, verdict::delay);
+  for (std::size_t i = 0; i < 64; ++i) g.sweep(later);  // every shard: stale overrides are dropped
+  EXPECT_EQ(g.overrides(), 0u);
+}
+
+TEST(GateGuard, OverrideChangeStartsTheClientAfreshAndOverridesAreBounded) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 2}}, t0);
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{100 * ms, 3}}, t0));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(g.decide(0, "vip", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "vip", t0, limits()).v, verdict::delay);
+  // The same rules again (the periodic refresh) keep the state ...
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{100 * ms, 3}}, t0 + 1 * ms));
+  EXPECT_EQ(g.quota(0, "vip", t0 + 1 * ms).items[0].remaining, 0);
+  // ... new rules start it afresh.
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{100 * ms, 5}}, t0 + 2 * ms));
+  EXPECT_EQ(g.quota(0, "vip", t0 + 2 * ms).items[0].remaining, 5);
+  EXPECT_FALSE(g.set_override(gate::k_policy_domains, "x", std::vector<guard_rule>{}, t0));
+  for (std::size_t i = g.overrides(); i < gate::k_max_overrides; ++i) {
+    ASSERT_TRUE(g.set_override(0, "id" + std::to_string(i), std::vector<guard_rule>{}, t0));
+  }
+  EXPECT_FALSE(g.set_override(0, "one-too-many", std::vector<guard_rule>{}, t0));
+  EXPECT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{100 * ms, 5}}, t0)) << "refreshing one kept is fine";
+}
+
 TEST(RateLimitFields, DraftTenSyntax) {
   quota_state q;
   q.count = 1;

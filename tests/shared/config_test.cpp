@@ -292,6 +292,60 @@ TEST(Config, DomainAndRuleErrors) {
   EXPECT_NE(one_error("[master.domains.\"\"]\n").find("domain name must not be empty"), std::string::npos);
 }
 
+TEST(Config, PerIdentifierOverrides) {
+  auto r = load(R"(
+[master.domains.api]
+algorithm = "gcra"
+rules = [ { rate = "10/s", burst = 20 } ]
+overrides = [
+  { identifier = "sha256:0123456789abcdef0123456789abcdef", rules = [ { rate = "100/s", burst = 200 }, { rate = "1000/h" } ] },
+  { identifier = "10.0.0.7", rules = [] },
+]
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("api");
+  ASSERT_EQ(d.overrides.size(), 2u);
+  EXPECT_EQ(d.overrides[0].identifier, "sha256:0123456789abcdef0123456789abcdef");
+  ASSERT_EQ(d.overrides[0].rules.size(), 2u);
+  EXPECT_EQ(d.overrides[0].rules[0].burst, 200);
+  EXPECT_EQ(d.overrides[1].identifier, "10.0.0.7");
+  EXPECT_TRUE(d.overrides[1].rules.empty());  // no limit for that client
+  const auto l = d.compile(d.overrides[0], seconds(60));
+  EXPECT_EQ(l.algo, rules::algorithm::gcra);  // the domain's algorithm
+  ASSERT_EQ(l.rules.size(), 2u);
+  EXPECT_EQ(l.rules[0].interval_us, 10'000);
+  EXPECT_EQ(l.rules[1].burst, 1);
+
+  const std::string head = "[master.domains.a]\n";
+  EXPECT_NE(
+      one_error(head + "overrides = { identifier = \"x\" }\n").find("master.domains.a.overrides: expected an array"),
+      std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [\"x\"]\n").find("master.domains.a.overrides[0]: expected a table"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ rules = [] }]\n").find("overrides[0].identifier: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\" }]\n").find("overrides[0].rules: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"\", rules = [] }]\n").find("must not be empty"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"" + std::string(1025, 'k') + "\", rules = [] }]\n")
+                .find("longer than 1024 bytes"),
+            std::string::npos);
+  EXPECT_EQ(one_error(head + "overrides = [{ identifier = \"x\", rules = [] }, { identifier = \"x\", rules = [] }]\n"),
+            "test.toml:2:63: master.domains.a.overrides[1].identifier: \"x\" has another override in this domain");
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\", rules = [{ rate = \"1/s\", burst = 0 }] }]\n")
+                .find("overrides[0].rules[0].burst: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\", rules = [], limit = 3 }]\n")
+                .find("overrides[0].limit: unknown key"),
+            std::string::npos);
+  // The total is bounded: every override is published every second.
+  std::string many = head + "overrides = [\n";
+  for (std::size_t i = 0; i <= max_overrides; ++i)
+    many += "{ identifier = \"c" + std::to_string(i) + "\", rules = [] },\n";
+  EXPECT_NE(one_error(many + "]\n").find("10001 overrides; at most 10000"), std::string::npos);
+}
+
 TEST(Config, ProxyValueErrors) {
   EXPECT_NE(one_error("[proxy]\nlisten = \"8080\"\n").find("proxy.listen: invalid address"), std::string::npos);
   EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);

@@ -241,12 +241,43 @@ TEST(Wire, PolicyErrors) {
   EXPECT_EQ(err({"api\0"s, "POLICY", "", "1/1", "x"}), decode_error::frame_count);
   EXPECT_EQ(err({"api\0"s, "DELAY_UNTIL", "", "1/1"}), decode_error::unknown_command);
   EXPECT_EQ(err({"api"s, "POLICY", "", "1/1"}), decode_error::domain_not_terminated);
-  EXPECT_EQ(err({"api\0"s, "POLICY", "k", "1/1"}), decode_error::policy_invalid);  // identifier frame must be empty
+  EXPECT_EQ(err({"api\0"s, "POLICY", std::string(max_identifier_bytes + 1, 'k'), "1/1"}),
+            decode_error::frame_too_large);
   for (const char* bad :
        {" ", "1", "1/", "/1", "0/1", "1/0", "1/1 ", " 1/1", "1/1  2/2", "1//1", "a/1", "1/1 2/2 3/3 4/4 5/5", "1/1,2/2",
         "9999999999999999/1", "1/1000001", "140737488355329/1", "70368744177665/2"}) {
     EXPECT_EQ(err({"api\0"s, "POLICY", "", bad}), decode_error::policy_invalid) << '"' << bad << '"';
   }
+}
+
+TEST(Wire, PolicyForOneIdentifier) {
+  // A per-identifier override: the identifier frame names the client.
+  scratch s;
+  policy p;
+  p.domain = "api";
+  p.identifier = "sha256:0123456789abcdef0123456789abcdef";
+  p.rules[0] = {10'000, 200};  // 100/s burst 200
+  p.count = 1;
+  auto e = encode(p, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[2], "sha256:0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(e->frame[3], "10000/200");
+  auto d = decode_policy(e->view());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->identifier, "sha256:0123456789abcdef0123456789abcdef");
+  ASSERT_EQ(d->count, 1u);
+  EXPECT_EQ(d->rules[0].burst, 200);
+  // An override without rules: that client is not limited.
+  p.count = 0;
+  auto open = encode(p, s);
+  ASSERT_TRUE(open);
+  auto back = decode_policy(open->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->identifier, p.identifier);
+  EXPECT_EQ(back->count, 0u);
+  const std::string too_long(max_identifier_bytes + 1, 'k');
+  p.identifier = too_long;
+  EXPECT_FALSE(encode(p, s));
 }
 
 TEST(Wire, PolicyWithoutRules) {

@@ -34,14 +34,28 @@ struct rule_config {
   std::int64_t burst = 1;
 };
 
+/// Rules of their own for one identifier of a domain (a customer's API key
+/// with a higher limit, an internal client with none).
+struct override_config {
+  std::string identifier;  ///< as the gatekeepers send it (a hashed source: "sha256:" + 32 hex digits)
+  std::vector<rule_config> rules;
+};
+
 struct domain_config {
   std::string name;
   rules::algorithm algorithm = rules::algorithm::sliding_log;
   std::vector<rule_config> rules;
+  std::vector<override_config> overrides;
 
   /// The engine's form of these rules.
   rules::limits compile(microseconds max_clock_skew) const;
+  /// The engine's form of one override's rules (the domain's algorithm).
+  rules::limits compile(const override_config& o, microseconds max_clock_skew) const;
 };
+
+/// Overrides one master may list, all domains together: each is published to
+/// every gatekeeper every second, as the domains' POLICY is.
+inline constexpr std::size_t max_overrides = 10'000;
 
 enum class store_kind : std::uint8_t { memory, redis };
 

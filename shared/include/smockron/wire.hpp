@@ -43,7 +43,7 @@ enum class decode_error : std::uint8_t {
   delayed_missing,         ///< DELAYED without a delayed timestamp
   delayed_unexpected,      ///< ACCEPTED/REJECTED with a non-empty delayed frame
   interval_invalid,        ///< DELAY_UNTIL interval frame not a positive number
-  policy_invalid,          ///< POLICY identifier frame not empty, or its rules frame malformed
+  policy_invalid,          ///< POLICY rules frame malformed
 };
 inline constexpr std::size_t decode_error_count = 15;
 
@@ -70,7 +70,7 @@ struct delay_until {
 
 /// Control message POLICY (wire addition; a gatekeeper that does not know it
 /// drops it as an unknown command, counting and logging it, and works as
-/// before): [domain\0, "POLICY", "", rules], where rules is
+/// before): [domain\0, "POLICY", identifier, rules], where rules is
 /// "INTERVAL_US/BURST" per rule (interval = 1/rate in microseconds), separated
 /// by one space, at most max_policy_rules of them; burst at most
 /// max_policy_burst and interval x burst (the window) at most
@@ -81,6 +81,10 @@ struct delay_until {
 /// bound a client on its own until the master's first DELAY_UNTIL for it
 /// arrives (the first round trip); a policy not refreshed for
 /// policy_fresh_ms is dropped (a silent master means fail-open).
+/// The identifier frame is empty for the domain's own rules; an identifier
+/// names one client with rules of its own (a master's per-identifier
+/// override), published at the same pace and kept fresh the same way, and
+/// used by a gatekeeper instead of the domain's rules for that client.
 inline constexpr std::string_view policy_command = "POLICY";
 inline constexpr std::size_t max_policy_rules = 4;
 inline constexpr std::int64_t max_policy_burst = 1'000'000;
@@ -93,6 +97,7 @@ struct policy {
     std::int64_t burst = 0;
   };
   std::string_view domain;
+  std::string_view identifier;  ///< empty: the domain's rules; else this client's own
   std::array<rule, max_policy_rules> rules{};
   std::size_t count = 0;
 };
