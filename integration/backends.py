@@ -329,15 +329,15 @@ class BackendServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-    def __init__(self, port: int):
-        super().__init__((HOST, port), _Handler)
+    def __init__(self, port: int, host: str = HOST):
+        super().__init__((host, port), _Handler)
         self.lock = threading.Lock()
         self.log: list[dict] = []
 
 
 def main(argv):
     port = int(argv[1]) if len(argv) > 1 else 0  # 0: any free port, reported on stdout
-    srv = BackendServer(port)
+    srv = BackendServer(port, argv[2] if len(argv) > 2 else HOST)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     sys.stdout.write(f"ready {srv.server_address[1]}\n")
     sys.stdout.flush()
@@ -357,8 +357,9 @@ class BackendProcess:
 
     _ids = 0
 
-    def __init__(self, port: int | None = None, workdir: str | None = None):
+    def __init__(self, port: int | None = None, workdir: str | None = None, host: str = HOST):
         self.port = port
+        self.host = host  # another loopback address (127.0.0.2) only where a test needs two
         BackendProcess._ids += 1
         self.name = f"{os.getpid()}-{BackendProcess._ids}"
         self.log_path = os.path.join(workdir, f"backend-{self.name}.stderr.log") if workdir else None
@@ -369,7 +370,7 @@ class BackendProcess:
         until it listens."""
         err = open(self.log_path, "ab") if self.log_path else None
         try:
-            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port or 0)],
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port or 0), self.host],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
         finally:
             if err is not None:
@@ -431,7 +432,7 @@ class BackendProcess:
             self.proc.wait(timeout=5)
 
     def _get(self, path: str, timeout: float = 2.0):
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request("GET", path)
             r = conn.getresponse()

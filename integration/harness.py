@@ -351,11 +351,13 @@ class Daemon:
     Stopped by PID only (never by name): SIGTERM, wait up to a deadline, then SIGKILL.
     """
 
-    def __init__(self, name: str, config_path: str, workdir: str, args=(), admin_port: int | None = None):
+    def __init__(self, name: str, config_path: str, workdir: str, args=(), admin_port: int | None = None,
+                 prefix=()):
         self.name = name
         self.config_path = config_path
         self.workdir = workdir
         self.args = list(args)
+        self.prefix = list(prefix)  # a command that execs the rest (same PID): e.g. unshare
         self.admin_port = admin_port
         tag = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log_path = os.path.join(workdir, f"{tag}.stderr.log")
@@ -369,7 +371,7 @@ class Daemon:
 
     def start(self, ready_timeout: float = 10.0, wait_ready: bool = True) -> "Daemon":
         """Starts the process; with an admin port (and wait_ready), waits until /readyz answers 200."""
-        cmd = [binary(self.name), "--config", self.config_path, *self.args]
+        cmd = [*self.prefix, binary(self.name), "--config", self.config_path, *self.args]
         with open(self.log_path, "ab") as err, open(self.stdout_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir)
         if wait_ready and self.admin_port is not None:
@@ -508,8 +510,8 @@ class MasterProcess(Daemon):
 class ProxyProcess(Daemon):
     """A smockron-proxy: `port` is its listener, `admin_port` its admin endpoint."""
 
-    def __init__(self, workdir: str, config_path: str, port: int, admin_port: int, args=()):
-        super().__init__(PROXY, config_path, workdir, args=args, admin_port=admin_port)
+    def __init__(self, workdir: str, config_path: str, port: int, admin_port: int, args=(), prefix=()):
+        super().__init__(PROXY, config_path, workdir, args=args, admin_port=admin_port, prefix=prefix)
         self.port = port
 
     def readyz(self) -> str:
@@ -846,16 +848,17 @@ class DaemonTestCase(unittest.TestCase):
     def gatekeeper(self, master: MasterProcess, domains, handshake: bool = True) -> Gatekeeper:
         return self.closing(master.gatekeeper(domains, handshake=handshake))
 
-    def start_backend(self, port: int | None = None) -> BackendProcess:
+    def start_backend(self, port: int | None = None, host: str = HOST) -> BackendProcess:
         """A backends.py process; without `port` it binds a port of its own choosing (no
         race). Stopped in cleanup; its stderr goes to a log file printed on failure."""
-        b = BackendProcess(port, workdir=self.tmp)
+        b = BackendProcess(port, workdir=self.tmp, host=host)
         self.log_files.append((f"backend {b.name}", b.log_path))
         self.addCleanup(b.stop)
         return b.start()
 
     def start_proxy(self, upstreams: dict, routes: list, accounting=None, control=None,
-                    config_name: str = "proxy.toml", args=(), attempts: int = 5, **proxy_keys) -> ProxyProcess:
+                    config_name: str = "proxy.toml", args=(), attempts: int = 5, prefix=(),
+                    **proxy_keys) -> ProxyProcess:
         """A proxy on fresh ports (config file `config_name`: several proxies, and
         restarts, each keep theirs), started and ready. Without master endpoints,
         accounting/control point at dead ports (fail-open)."""
@@ -866,7 +869,7 @@ class DaemonTestCase(unittest.TestCase):
             port, admin = free_ports(2)
             path = self.write_file(config_name, proxy_toml(port, admin, upstreams, routes, accounting, control,
                                                            **proxy_keys))
-            return ProxyProcess(self.tmp, path, port, admin, args=args)
+            return ProxyProcess(self.tmp, path, port, admin, args=args, prefix=prefix)
 
         return self.start_daemon(make, attempts)
 

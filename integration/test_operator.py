@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -375,6 +376,55 @@ class OverrideTest(DaemonTestCase):
         wait_until(lambda: fetch(proxy.port, "/api/vip/after", key="vip")[0].headers.get("ratelimit-policy")
                    == '"api";q=2;w=4', 15, interval=0.2, message="vip back under the domain's rules at the gatekeeper")
         proxy.wait_metric("smockron_proxy_gate_overrides", predicate=lambda v: v == 0, timeout=15)
+
+
+class UpstreamByNameTest(DaemonTestCase):
+    """An upstream given by name stands for every address it resolves to, and
+    follows the name when its address changes (resolve_interval), without a
+    reload. The name lives in a hosts file of the test's own, bind-mounted over
+    /etc/hosts in a private mount namespace around the proxy alone (unshare -m):
+    nothing of the machine's changes. The two addresses are 127.0.0.1 and
+    127.0.0.2, both loopback."""
+
+    NAME = "app.smockron.test"
+
+    def setUp(self):
+        super().setUp()
+        probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            self.skipTest(f"needs a private mount namespace (unshare --mount: {probe.stderr.strip()})")
+
+    def hosts(self, *addresses: str) -> None:
+        # Rewritten in place (same inode): the bind mount shows the new text.
+        with open(self.hosts_path, "w") as f:
+            f.write("".join(f"{a} {self.NAME}\n" for a in addresses))
+
+    def test_a_name_follows_its_addresses(self):
+        b = self.start_backend(host="127.0.0.1")
+        a = self.start_backend(b.port, host="127.0.0.2")  # the same port on the other address
+        self.hosts_path = os.path.join(self.tmp, "hosts")
+        self.hosts("127.0.0.2")
+        prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', self.hosts_path]
+        proxy = self.start_proxy({"app": {"servers": [f"{self.NAME}:{b.port}"]}},
+                                 [{"path": "/", "upstream": "app"}], resolve_interval="200ms", prefix=prefix)
+        for i in range(3):
+            self.assertEqual(fetch(proxy.port, f"/first/{i}")[0].status, 200)
+        self.assertEqual((len(a.requests()), len(b.requests())), (3, 0))
+
+        # The service moves: requests follow within a few resolve intervals, no reload.
+        self.hosts("127.0.0.1")
+        n = iter(range(10_000))
+        wait_until(lambda: fetch(proxy.port, f"/moving/{next(n)}")[0].status == 200 and b.requests(), 10,
+                   interval=0.05, message="a request reaches the new address")
+        a_before = len(a.requests())
+        for i in range(5):
+            self.assertEqual(fetch(proxy.port, f"/moved/{i}")[0].status, 200)
+        self.assertEqual(len(a.requests()), a_before, "nothing goes to the old address any more")
+
+        # Two addresses: both serve (round robin).
+        self.hosts("127.0.0.1", "127.0.0.2")
+        wait_until(lambda: fetch(proxy.port, f"/both/{next(n)}")[0].status == 200 and len(a.requests()) > a_before,
+                   10, interval=0.05, message="both addresses serve")
 
 
 class SignalsTest(DaemonTestCase):
