@@ -21,12 +21,13 @@ class RedisServer:
     bind port 0 and report it, so a port taken between its choice and redis-server's
     bind is retried with a new one."""
 
-    def __init__(self, workdir: str, port: int | None = None):
+    def __init__(self, workdir: str, port: int | None = None, extra_args=()):
         exe = shutil.which("redis-server")
         if not exe:
             raise AssertionError("redis-server is not installed (run scripts/install-deps.sh --test)")
         self.exe = exe
         self.workdir = workdir
+        self.extra_args = [str(a) for a in extra_args]  # e.g. ("--replicaof", HOST, port)
         self.fixed_port = port
         self.port = port or 0
         self.proc: subprocess.Popen | None = None
@@ -57,7 +58,7 @@ class RedisServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                 "--dir", self.workdir, "--daemonize", "no", "--protected-mode", "no"],
+                 "--dir", self.workdir, "--daemonize", "no", "--protected-mode", "no", *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -108,6 +109,52 @@ class RedisServer:
             s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
             f = s.makefile("rb")
             return _read_reply(f)
+
+
+class RedisSentinel(RedisServer):
+    """A real redis-sentinel on a fresh 127.0.0.1 port, monitoring the primary
+    `name` at HOST:`primary_port` (quorum 2, down after 1 s). Its config file is
+    its own (Sentinel rewrites it)."""
+
+    def __init__(self, workdir: str, name: str, primary_port: int):
+        super().__init__(workdir)
+        exe = shutil.which("redis-sentinel")
+        if not exe:
+            raise AssertionError("redis-sentinel is not installed (run scripts/install-deps.sh --test)")
+        self.exe = exe
+        self.name = name
+        self.primary_port = primary_port
+
+    def _start_once(self, timeout: float) -> bool:
+        self.log_path = os.path.join(self.workdir, f"sentinel-{self.port}.log")
+        conf = os.path.join(self.workdir, f"sentinel-{self.port}.conf")
+        with open(conf, "w") as f:
+            f.write(f"port {self.port}\nbind {HOST}\ndaemonize no\nprotected-mode no\ndir {self.workdir}\n"
+                    f"sentinel monitor {self.name} {HOST} {self.primary_port} 2\n"
+                    f"sentinel down-after-milliseconds {self.name} 1000\n"
+                    f"sentinel failover-timeout {self.name} 5000\n"
+                    f"sentinel parallel-syncs {self.name} 1\n")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([self.exe, conf], stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                if "Address already in use" in self._log():
+                    return False
+                raise AssertionError(f"redis-sentinel exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if self.command("PING") == "PONG" and self.pid_answering() == self.proc.pid:
+                    return True
+            except (OSError, RuntimeError):
+                pass
+            time.sleep(0.02)
+        stop_process(self.proc)
+        raise AssertionError(f"redis-sentinel on port {self.port} did not answer within {timeout}s; see {self.log_path}")
+
+    def primary(self) -> tuple[str, int] | None:
+        addr = self.command("SENTINEL", "get-master-addr-by-name", self.name)
+        return (addr[0].decode(), int(addr[1])) if addr else None
 
 
 def _read_reply(f):

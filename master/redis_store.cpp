@@ -103,6 +103,8 @@ std::optional<std::pair<rules::algorithm, rules::state>> decode_state(std::strin
 
 redis_store::redis_store(options o, metrics::registry& reg)
     : opt_(std::move(o)),
+      sentinels_(opt_.url.sentinels),
+      current_(opt_.url.sentinels.empty() ? opt_.url.address : opt_.url.sentinels.front()),
       up_gauge_(reg.add_gauge("smockron_master_redis_up", "1 while the Redis store is connected")),
       writes_(reg.add_counter("smockron_master_redis_writes_total", "States written to Redis")),
       write_errors_(
@@ -151,8 +153,14 @@ std::vector<redis_store::loaded> redis_store::take_loaded() {
   return std::exchange(loaded_chunk_, {});
 }
 
+host_port redis_store::current() const {
+  std::lock_guard lock(mutex_);
+  return current_;
+}
+
 std::string redis_store::describe() const {
-  std::string where = "redis " + opt_.url.address.to_string() + "/" + std::to_string(opt_.url.db);
+  std::string where = "redis " + current().to_string() + "/" + std::to_string(opt_.url.db);
+  if (!opt_.url.sentinels.empty()) where += " (primary \"" + opt_.url.primary_name + "\" from Sentinel)";
   if (up()) return where + ": connected";
   const auto since = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(down_since_ns_.load()));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -168,15 +176,59 @@ void redis_store::wait_stop(std::chrono::milliseconds d) {
 
 void redis_store::disconnect(const char* what) {
   auto log = log::get("master");
-  log->warn("redis {}: {}: {}", opt_.url.address.to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
+  log->warn("redis {}: {}: {}", current().to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
   ctx_.reset();
   connection_errors_.inc();
   if (up_.exchange(false)) down_since_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
   up_gauge_.set(0);
 }
 
+std::optional<host_port> redis_store::discover() {
+  // Sentinel's client guidelines: ask each Sentinel in turn, and start with
+  // the one that answered last time.
+  auto log = log::get("master");
+  for (std::size_t i = 0; i < sentinels_.size(); ++i) {
+    const host_port& s = sentinels_[i];
+    context c(redisConnectWithTimeout(s.host.c_str(), s.port, to_timeval(opt_.timeout)));
+    if (!c || c->err) {
+      log->debug("redis sentinel {}: {}", s.to_string(), c ? c->errstr : "out of memory");
+      continue;
+    }
+    redisSetTimeout(c.get(), to_timeval(opt_.timeout));
+    auto r = command(c.get(), {"SENTINEL", "get-master-addr-by-name", opt_.url.primary_name});
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_STRING) {
+      log->warn("redis sentinel {}: no primary named \"{}\" ({})", s.to_string(), opt_.url.primary_name,
+                !r                             ? std::string(c->errstr)
+                : r->type == REDIS_REPLY_ERROR ? std::string(str(r.get()))
+                                               : "no answer");
+      continue;
+    }
+    int port = 0;
+    const std::string_view p = str(r->element[1]);
+    const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (ec != std::errc() || end != p.data() + p.size() || port <= 0 || port > 65535) continue;
+    std::rotate(sentinels_.begin(), sentinels_.begin() + static_cast<std::ptrdiff_t>(i), sentinels_.end());
+    return host_port{std::string(str(r->element[0])), static_cast<std::uint16_t>(port)};
+  }
+  return std::nullopt;
+}
+
 bool redis_store::connect() {
-  ctx_.reset(redisConnectWithTimeout(opt_.url.address.host.c_str(), opt_.url.address.port, to_timeval(opt_.timeout)));
+  host_port target = opt_.url.address;
+  if (!sentinels_.empty()) {
+    auto primary = discover();
+    if (!primary) {
+      connection_errors_.inc();
+      return false;
+    }
+    target = std::move(*primary);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    current_ = target;
+  }
+  ctx_.reset(redisConnectWithTimeout(target.host.c_str(), target.port, to_timeval(opt_.timeout)));
   if (!ctx_ || ctx_->err) {
     if (ctx_) ctx_.reset();
     connection_errors_.inc();
@@ -198,6 +250,12 @@ bool redis_store::connect() {
       return false;
     }
   }
+  // Sentinel may name a primary that was demoted since (its answer is a
+  // moment old): only the node itself knows its role.
+  if (!sentinels_.empty() && !is_primary()) {
+    disconnect("not the primary (ROLE); asking Sentinel again");
+    return false;
+  }
   // A hung server still completes the TCP handshake (the kernel does it):
   // only an answer proves it is there.
   if (auto r = command(ctx_.get(), {"PING"}); !r || r->type == REDIS_REPLY_ERROR) {
@@ -208,7 +266,8 @@ bool redis_store::connect() {
   connects_.inc();
   up_ = true;
   up_gauge_.set(1);
-  log::get("master")->info("redis {} connected (db {})", opt_.url.address.to_string(), opt_.url.db);
+  log::get("master")->info("redis {} connected (db {}{})", target.to_string(), opt_.url.db,
+                           sentinels_.empty() ? "" : ", primary \"" + opt_.url.primary_name + "\" from Sentinel");
   return true;
 }
 
@@ -273,7 +332,7 @@ bool redis_store::write_batch(const std::vector<write>& batch) {
       return false;
     }
   }
-  std::uint64_t ok = 0, refused = 0;
+  std::uint64_t ok = 0, refused = 0, readonly = 0;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     void* raw = nullptr;
     if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || !raw) {
@@ -283,16 +342,38 @@ bool redis_store::write_batch(const std::vector<write>& batch) {
       return false;
     }
     reply_ptr r(static_cast<redisReply*>(raw));
-    if (r->type == REDIS_REPLY_ERROR) ++refused;
-    else ++ok;
+    if (r->type != REDIS_REPLY_ERROR) ++ok;
+    else if (str(r.get()).starts_with("READONLY")) ++readonly;  // a replica now: a failover happened
+    else ++refused;
   }
   writes_.inc(ok);
   write_errors_.inc(refused);
+  if (readonly > 0) {
+    // The whole batch is written again to the new primary (what this node
+    // took is there too, or was lost with it: rewriting is always right).
+    disconnect("the node became a replica (READONLY)");
+    return false;
+  }
   flush_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return true;
 }
 
+bool redis_store::is_primary() {
+  auto r = command(ctx_.get(), {"ROLE"});
+  return r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->type == REDIS_REPLY_STRING &&
+         str(r->element[0]) == "master";
+}
+
 bool redis_store::ping() {
+  // Through Sentinel, the idle check is ROLE: a primary demoted to a replica
+  // (a failover while this master was idle) is left at once.
+  if (!sentinels_.empty()) {
+    if (!is_primary()) {
+      disconnect(ctx_ && ctx_->err ? "ROLE failed" : "no longer the primary (ROLE); asking Sentinel again");
+      return false;
+    }
+    return true;
+  }
   auto r = command(ctx_.get(), {"PING"});
   if (!r || r->type == REDIS_REPLY_ERROR) {
     disconnect("PING failed");

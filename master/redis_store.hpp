@@ -1,4 +1,7 @@
 // Write-behind persistence of the limiter state in Redis (store = "redis").
+// Redis is one node (redis://) or the current primary that Sentinel names
+// (redis-sentinel://): asked again at each reconnect, checked with ROLE, and
+// left as soon as a write answers READONLY (a failover demoted it).
 //
 // The accounting loop never talks to Redis: it hands batches of serialized
 // states to this store, whose own thread pipelines them to Redis, and takes
@@ -94,7 +97,11 @@ private:
   using context = std::unique_ptr<redisContext, context_deleter>;
 
   void run();
+  /// The current primary, from the Sentinels (nothing when none answers with one).
+  std::optional<host_port> discover();
+  bool is_primary();
   bool connect();
+  host_port current() const;
   bool load();
   bool write_batch(const std::vector<write>& batch);
   bool ping();
@@ -102,6 +109,8 @@ private:
   void wait_stop(std::chrono::milliseconds d);
 
   options opt_;
+  std::vector<host_port> sentinels_;  ///< store thread only: the one that answered last comes first
+  host_port current_;                 ///< the node connected or tried last (guarded by mutex_)
   context ctx_;
   bool loaded_ = false;
 

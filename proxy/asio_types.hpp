@@ -30,8 +30,16 @@ inline constexpr auto nothrow = asio::as_tuple(asio::use_awaitable_t<executor_t>
 
 /// "192.0.2.1:80", "[2001:db8::1]:80": an endpoint as logs and errors show it.
 inline std::string to_string(const tcp::endpoint& ep) {
+  // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, a false
+  // positive) about `"[" + std::string`.
   const auto a = ep.address();
-  return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(ep.port());
+  std::string out;
+  if (a.is_v6()) out += '[';
+  out += a.to_string();
+  if (a.is_v6()) out += ']';
+  out += ':';
+  out += std::to_string(ep.port());
+  return out;
 }
 
 }  // namespace smockron::proxy

@@ -12,7 +12,7 @@ packages=(
 )
 if [ "${1:-}" = "--test" ]; then
   # Services and tools started by the tests and benchmarks themselves.
-  packages+=(redis-server nginx-light wrk procps docker-compose)
+  packages+=(redis-server redis-sentinel nginx-light wrk procps docker-compose)
   # clang's libFuzzer for the fuzz targets (scripts/fuzz.sh).
   packages+=(clang libclang-rt-14-dev)
   # The source format check (scripts/format.sh --check).

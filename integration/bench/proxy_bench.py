@@ -129,24 +129,47 @@ http {{
     return path
 
 
-def run_wrk(port, seconds, connections):
+def run_wrk(port, seconds, connections, scheme="http", headers=()):
+    """wrk on cpu 0 against 127.0.0.1:port, with `headers` added to each request."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(
-        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-         "-H", "X-API-Key: bench-client", f"http://127.0.0.1:{port}/"],
-        capture_output=True, text=True, check=True).stdout
+    argv = ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+            "-H", "X-API-Key: bench-client"]
+    for header in headers:
+        argv += ["-H", header]
+    out = subprocess.run(argv + [f"{scheme}://127.0.0.1:{port}/"],
+                         capture_output=True, text=True, check=True).stdout
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wrk_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
 
     def pct(p):
         m = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s)", out)
         v, unit = float(m.group(1)), m.group(2)
         return v * {"us": 1, "ms": 1000, "s": 1e6}[unit]
     return {"rps": rps, "requests": requests, "p50": pct(50), "p99": pct(99), "wrk_cpu": wrk_cpu,
-            "errors": int(non2xx.group(1)) if non2xx else 0}
+            "errors": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": sum(map(int, socket_errors.groups())) if socket_errors else 0}
+
+
+def measure(port, pids, others, seconds, connections, **wrk_args):
+    """One wrk run (run_wrk) against the contender `pids` listening on `port`: its CPU us
+    per request, how busy its core and the load core (cpu 0) were, and the noise: cores
+    used by anything that is neither the contender, `others` nor wrk."""
+    c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+    l0 = system_busy_seconds("cpu0 ")
+    r = run_wrk(port, seconds, connections, **wrk_args)
+    c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+    if r["requests"] == 0:
+        raise RuntimeError(f"wrk completed no request on port {port}")
+    wall = t1 - t0
+    r["load"] = (system_busy_seconds("cpu0 ") - l0) / wall  # wrk + backend (+ master) core
+    r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
+    r["busy"] = (c1 - c0) / wall
+    r["noise"] = max(0.0, ((s1 - s0) - (c1 - c0) - (o1 - o0) - r["wrk_cpu"]) / wall)
+    return r
 
 
 def main():
@@ -225,20 +248,11 @@ def main():
                     perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
                                             stdout=log, stderr=log)
                 m0 = cpu_seconds([master.p.pid])
-                c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
-                l0 = system_busy_seconds("cpu0 ")
-                r = run_wrk(port, args.seconds, args.connections)
+                r = measure(port, pids, others, args.seconds, args.connections)
                 if perf:
                     perf.send_signal(signal.SIGINT)
                     perf.wait()
-                c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
-                r["load"] = (system_busy_seconds("cpu0 ") - l0) / (t1 - t0)  # wrk + backend (+ master) core
                 r["master_us"] = (cpu_seconds([master.p.pid]) - m0) / r["requests"] * 1e6
-                wall = t1 - t0
-                r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6
-                r["busy"] = (c1 - c0) / wall
-                # CPU used by anything that is not part of this measurement, in cores.
-                r["noise"] = max(0.0, ((s1 - s0) - (c1 - c0) - (o1 - o0) - r["wrk_cpu"]) / wall)
                 r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "

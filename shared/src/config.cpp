@@ -162,7 +162,10 @@ master_config read_master(const toml::table& t, sink& s) {
       m.redis = rd->get();
       m.redis_target = std::move(*u);
     } else {
-      s.add(*rd, "master.redis", "expected redis://[:password@]host[:port][/db], got \"" + rd->get() + "\"");
+      s.add(*rd, "master.redis",
+            "expected redis://[:password@]host[:port][/db] or "
+            "redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db], got \"" +
+                rd->get() + "\"");
     }
   }
   r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));

@@ -105,10 +105,37 @@ bool cidr::contains(const ip_address& a) const {
   return true;
 }
 
+namespace {
+
+// host, host:port, [v6] or [v6]:port; `default_port` when there is none.
+std::optional<host_port> parse_redis_host(std::string_view text, std::uint16_t default_port) {
+  if (text.empty()) return std::nullopt;
+  const bool has_port = text.back() != ']' && text.find(':') != std::string_view::npos &&
+                        (text.front() == '[' || text.find(':') == text.rfind(':'));
+  if (has_port) return parse_host_port(text);
+  std::string host(text);
+  if (host.front() == '[') {
+    if (host.back() != ']') return std::nullopt;
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) return std::nullopt;
+  return host_port{std::move(host), default_port};
+}
+
+bool parse_db(std::string_view db, int& out) {
+  if (db.empty()) return true;
+  const auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), out);
+  return ec == std::errc() && p == db.data() + db.size() && out >= 0;
+}
+
+}  // namespace
+
 std::optional<redis_url> parse_redis_url(std::string_view text) {
-  constexpr std::string_view scheme = "redis://";
-  if (!text.starts_with(scheme)) return std::nullopt;
-  text.remove_prefix(scheme.size());
+  constexpr std::string_view plain = "redis://";
+  constexpr std::string_view sentinel = "redis-sentinel://";
+  const bool via_sentinel = text.starts_with(sentinel);
+  if (!via_sentinel && !text.starts_with(plain)) return std::nullopt;
+  text.remove_prefix(via_sentinel ? sentinel.size() : plain.size());
   redis_url u;
   if (const auto at = text.rfind('@'); at != std::string_view::npos) {
     std::string_view auth = text.substr(0, at);
@@ -116,29 +143,31 @@ std::optional<redis_url> parse_redis_url(std::string_view text) {
     u.password = std::string(auth);
     text.remove_prefix(at + 1);
   }
+  std::string_view path;
   if (const auto slash = text.find('/'); slash != std::string_view::npos) {
-    const std::string_view db = text.substr(slash + 1);
-    if (!db.empty()) {
-      const auto [p, ec] = std::from_chars(db.data(), db.data() + db.size(), u.db);
-      if (ec != std::errc() || p != db.data() + db.size() || u.db < 0) return std::nullopt;
-    }
+    path = text.substr(slash + 1);
     text = text.substr(0, slash);
   }
-  if (text.empty()) return std::nullopt;
-  const bool has_port = text.back() != ']' && text.find(':') != std::string_view::npos &&
-                        (text.front() == '[' || text.find(':') == text.rfind(':'));
-  if (has_port) {
-    auto hp = parse_host_port(text);
-    if (!hp) return std::nullopt;
-    u.address = std::move(*hp);
-  } else {
-    std::string host(text);
-    if (host.front() == '[') {
-      if (host.back() != ']') return std::nullopt;
-      host = host.substr(1, host.size() - 2);
-    }
-    if (host.empty()) return std::nullopt;
-    u.address = {std::move(host), 6379};
+  if (!via_sentinel) {
+    auto address = parse_redis_host(text, 6379);
+    if (!address || !parse_db(path, u.db)) return std::nullopt;
+    u.address = std::move(*address);
+    return u;
+  }
+  // host:port,host:port/name[/db]
+  while (true) {
+    const auto comma = text.find(',');
+    auto s = parse_redis_host(text.substr(0, comma), 26379);
+    if (!s) return std::nullopt;
+    u.sentinels.push_back(std::move(*s));
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  const auto slash = path.find('/');
+  u.primary_name = std::string(path.substr(0, slash));
+  if (u.primary_name.empty()) return std::nullopt;
+  if (slash != std::string_view::npos && (path.size() == slash + 1 || !parse_db(path.substr(slash + 1), u.db))) {
+    return std::nullopt;
   }
   return u;
 }

@@ -73,3 +73,23 @@ TEST(Net, RedisUrl) {
     EXPECT_FALSE(parse_redis_url(bad)) << bad;
   }
 }
+
+TEST(Net, RedisSentinelUrl) {
+  auto u = parse_redis_url("redis-sentinel://127.0.0.1:26379,10.0.0.2:26380,[::1]/smockron/3");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->sentinels, (std::vector<host_port>{{"127.0.0.1", 26379}, {"10.0.0.2", 26380}, {"::1", 26379}}));
+  EXPECT_EQ(u->primary_name, "smockron");
+  EXPECT_EQ(u->db, 3);
+  u = parse_redis_url("redis-sentinel://:s3cret@sentinel/main");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->sentinels, (std::vector<host_port>{{"sentinel", 26379}}));
+  EXPECT_EQ(u->primary_name, "main");
+  EXPECT_EQ(u->password, "s3cret");
+  EXPECT_EQ(u->db, 0);
+  EXPECT_TRUE(parse_redis_url("redis://127.0.0.1:6379")->sentinels.empty());
+  for (const char* bad : {"redis-sentinel://h:26379", "redis-sentinel://h:26379/", "redis-sentinel://h:26379/m/",
+                          "redis-sentinel://h:26379/m/x", "redis-sentinel://h:26379,/m", "redis-sentinel://,h/m",
+                          "redis-sentinel://h:99999/m", "redis-sentinel:///m", "sentinel://h/m"}) {
+    EXPECT_FALSE(parse_redis_url(bad)) << bad;
+  }
+}

@@ -53,10 +53,17 @@ bool allowed(const std::vector<cidr>& allow, const ip_address& a);
 /// "redis://[:password@]host[:port][/db]" (port 6379 and db 0 by default).
 struct redis_url {
   host_port address{"127.0.0.1", 6379};
-  std::string password;  ///< empty = no AUTH
+  std::string password;  ///< empty = no AUTH (the data nodes', not the Sentinels')
   int db = 0;
+  /// redis-sentinel://: the Sentinels to ask for the current primary of
+  /// `primary_name` (then `address` is unused).
+  std::vector<host_port> sentinels;
+  std::string primary_name;
   friend bool operator==(const redis_url&, const redis_url&) = default;
 };
+/// redis://[:password@]host[:port][/db], or
+/// redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db]
+/// (Sentinel port 26379 when left out).
 std::optional<redis_url> parse_redis_url(std::string_view text);
 
 }  // namespace smockron
