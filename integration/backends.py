@@ -41,6 +41,7 @@ import os
 import select
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -129,6 +130,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD" and status not in (204, 304):
             self.wfile.write(body)
 
+    def _client_cert(self):
+        """The common name of the TLS client's certificate (a TLS backend asking for one), else None."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        cert = getpeercert() if getpeercert else None
+        if not cert:
+            return None
+        return next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"), None)
+
     def _read_body(self) -> tuple[int, bytes, bytes | None, bytes]:
         """Reads the request body; returns its size, its first KEEP bytes, the raw bytes
         received (chunk framing and trailers included; None beyond KEEP) and the raw
@@ -207,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = {"t": arrived, "method": self.command, "target": self.path,
                  "headers": [[k, v] for k, v in self.headers.items()],
                  "key": self.headers.get("X-API-Key"), "complete": False, "body_bytes": 0, "body": None,
-                 "raw_body": None, "trailers": ""}
+                 "raw_body": None, "trailers": "", "client_cert": self._client_cert()}
         with srv.lock:
             srv.log.append(entry)
         try:
@@ -338,6 +347,14 @@ class BackendServer(ThreadingHTTPServer):
 def main(argv):
     port = int(argv[1]) if len(argv) > 1 else 0  # 0: any free port, reported on stdout
     srv = BackendServer(port, argv[2] if len(argv) > 2 else HOST)
+    if len(argv) > 4:  # TLS: CERT KEY [CLIENT_CA: client certificates required]
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(argv[3], argv[4])
+        ctx.set_alpn_protocols(["http/1.1"])
+        if len(argv) > 5:
+            ctx.load_verify_locations(argv[5])
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     sys.stdout.write(f"ready {srv.server_address[1]}\n")
     sys.stdout.flush()
@@ -357,8 +374,9 @@ class BackendProcess:
 
     _ids = 0
 
-    def __init__(self, port: int | None = None, workdir: str | None = None, host: str = HOST):
+    def __init__(self, port: int | None = None, workdir: str | None = None, host: str = HOST, tls=()):
         self.port = port
+        self.tls = list(tls)  # (cert, key) or (cert, key, client_ca): HTTPS, client certificates required with a CA
         self.host = host  # another loopback address (127.0.0.2) only where a test needs two
         BackendProcess._ids += 1
         self.name = f"{os.getpid()}-{BackendProcess._ids}"
@@ -370,7 +388,8 @@ class BackendProcess:
         until it listens."""
         err = open(self.log_path, "ab") if self.log_path else None
         try:
-            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port or 0), self.host],
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port or 0), self.host,
+                                          *self.tls],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
         finally:
             if err is not None:
@@ -432,7 +451,15 @@ class BackendProcess:
             self.proc.wait(timeout=5)
 
     def _get(self, path: str, timeout: float = 2.0):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        if self.tls:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            if len(self.tls) > 2:
+                ctx.load_cert_chain(*self.tls[:2])  # the backend asks for a client certificate: its own will do
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request("GET", path)
             r = conn.getresponse()

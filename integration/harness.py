@@ -848,10 +848,11 @@ class DaemonTestCase(unittest.TestCase):
     def gatekeeper(self, master: MasterProcess, domains, handshake: bool = True) -> Gatekeeper:
         return self.closing(master.gatekeeper(domains, handshake=handshake))
 
-    def start_backend(self, port: int | None = None, host: str = HOST) -> BackendProcess:
+    def start_backend(self, port: int | None = None, host: str = HOST, tls=()) -> BackendProcess:
         """A backends.py process; without `port` it binds a port of its own choosing (no
-        race). Stopped in cleanup; its stderr goes to a log file printed on failure."""
-        b = BackendProcess(port, workdir=self.tmp, host=host)
+        race). Stopped in cleanup; its stderr goes to a log file printed on failure.
+        tls: (cert, key) or (cert, key, client_ca) for HTTPS."""
+        b = BackendProcess(port, workdir=self.tmp, host=host, tls=tls)
         self.log_files.append((f"backend {b.name}", b.log_path))
         self.addCleanup(b.stop)
         return b.start()

@@ -40,6 +40,7 @@ SECTIONS = {
     "overrides entries": "`overrides` entries",
     "[proxy]": "`[proxy]`",
     "[proxy.jwt]": "`[proxy.jwt]`",
+    "tls_sni entries": "`tls_sni` entries",
     "[proxy.upstreams.NAME]": "`[proxy.upstreams.NAME]`",
     "[[proxy.routes]]": "`[[proxy.routes]]`",
     "identify source tables": "Identifier sources (`identify`)",
@@ -55,6 +56,7 @@ READERS = {
     ("read_overrides", "orr"): "overrides entries",
     ("read_proxy", "r"): "[proxy]",
     ("read_proxy", "jr"): "[proxy.jwt]",
+    ("read_proxy", "sr"): "tls_sni entries",
     ("read_upstreams", "r"): "[proxy]",  # r.get("upstreams")
     ("read_upstreams", "ur"): "[proxy.upstreams.NAME]",
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
@@ -264,7 +266,8 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual({"algorithm", "rules", "overrides"}, keys["[master.domains.NAME]"])
         self.assertEqual({"rate", "burst"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
-        self.assertEqual({"servers", "fail_timeout", "keepalive"}, keys["[proxy.upstreams.NAME]"])
+        self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",
+                          "tls_client_cert", "tls_client_key"}, keys["[proxy.upstreams.NAME]"])
         self.assertLessEqual({"domains", "store", "redis", "log_level", "startup_backlog"}, keys["[master]"])
         self.assertLessEqual({"max_delay", "jwt", "upstreams", "routes", "accounting_hwm", "max_header_bytes"},
                              keys["[proxy]"])
@@ -319,8 +322,8 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertIn("key 'max_holds' is named outside a reader call", problems)
 
     def test_a_stale_extra_key_fails(self):
-        problems = "\n".join(self.check(extra_keys={"[proxy]": {"tls_cert": "read through a variable"}}))
-        self.assertIn("EXTRA_KEYS lists [proxy] 'tls_cert', which config.cpp no longer names", problems)
+        problems = "\n".join(self.check(extra_keys={"[proxy]": {"tls_ciphers": "read through a variable"}}))
+        self.assertIn("EXTRA_KEYS lists [proxy] 'tls_ciphers', which config.cpp no longer names", problems)
 
     def test_a_refused_key_documented_as_a_key_fails(self):
         doc = self.doc.replace("\n#### `accounting`\n", "\n#### `accounting_hwm`\n\n#### `accounting`\n", 1)

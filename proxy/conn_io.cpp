@@ -38,8 +38,8 @@ void connection::watch(std::shared_ptr<connection> self) {
     c.expired = true;
     c.deadline = steady::time_point::max();
     boost::system::error_code ignored;
-    c.client.cancel(ignored);
-    if (c.up.sock) c.up.sock->cancel(ignored);
+    c.client.socket().cancel(ignored);
+    if (c.up.sock) c.up.sock->socket().cancel(ignored);
   }
   // The timer runs on real steady time; the deadline is in the clock's time.
   c.timer.expires_after(c.deadline - now < c.tick ? c.deadline - now : c.tick);
@@ -48,7 +48,8 @@ void connection::watch(std::shared_ptr<connection> self) {
   });
 }
 
-bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
+bool send_now(link& s, buffer_list& b, boost::system::error_code& ec) {
+  if (s.tls()) return false;
   std::array<iovec, 16> iov;
   const auto bufs = b.span();
   for (std::size_t i = 0; i < bufs.size(); ++i) iov[i] = {const_cast<void*>(bufs[i].data()), bufs[i].size()};
@@ -56,7 +57,7 @@ bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
   msg.msg_iov = iov.data();
   msg.msg_iovlen = bufs.size();
   for (;;) {
-    const auto n = sys::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const auto n = sys::sendmsg(s.socket().native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) {
       b.consume(static_cast<std::size_t>(n));
       return b.empty();
@@ -68,11 +69,18 @@ bool send_now(tcp_socket& s, buffer_list& b, boost::system::error_code& ec) {
   }
 }
 
-awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, tcp_socket& s,
-                                                                        asio::mutable_buffer b,
+awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, link& s, asio::mutable_buffer b,
                                                                         std::optional<steady::duration> timeout) {
+  if (tls_stream* tls = s.tls()) {
+    // The SSL stream reads records itself (and answers at once from what it
+    // has decrypted already); every read is progress for the deadline.
+    if (timeout) c.expires_after(*timeout);
+    auto r = co_await tls->async_read_some(b, nothrow);
+    if (!std::get<0>(r) && timeout) c.expires_after(*timeout);
+    co_return r;
+  }
   for (;;) {
-    const auto n = sys::recv(s.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+    const auto n = sys::recv(s.socket().native_handle(), b.data(), b.size(), MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
       const boost::system::error_code ec = n > 0 ? boost::system::error_code{}
@@ -94,7 +102,7 @@ awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connecti
     // Nothing now, so no end of stream is pending either: the reactor's next
     // readiness event is sure to come (and unlike async_wait this re-arms
     // nothing in epoll).
-    co_return co_await s.async_read_some(drain_buffer(b), nothrow);
+    co_return co_await s.socket().async_read_some(drain_buffer(b), nothrow);
   }
 }
 
@@ -115,7 +123,7 @@ awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::s
 awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::string_view body) {
   co_await respond(c, version, status, body, false);
   boost::system::error_code ignored;
-  c.client.shutdown(tcp::socket::shutdown_send, ignored);
+  c.client.socket().shutdown(tcp::socket::shutdown_send, ignored);
   std::array<char, 4096> sink;
   const auto until = c.clk.steady_now() + k_linger;
   for (std::size_t total = 0; total < k_linger_bytes && c.clk.steady_now() < until;) {
@@ -131,7 +139,7 @@ namespace {
 // The client closed (or reset) its connection, whatever it sent before:
 // POLLRDHUP reports a FIN even behind unread data.
 bool client_gone(connection& c) {
-  pollfd p{c.client.native_handle(), POLLRDHUP, 0};
+  pollfd p{c.client.socket().native_handle(), POLLRDHUP, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
@@ -142,6 +150,18 @@ awaitable<bool> hold(connection& c, steady::duration wait) {
   timer.expires_after(wait);
   std::array<char, 4096> chunk;
   for (;;) {
+    if (tls_stream* tls = c.client.tls(); tls && c.early.size() < k_hold_buffer) {
+      // TLS: what arrives are records, read (decrypted) through the session.
+      auto r =
+          co_await (timer.async_wait(nothrow) ||
+                    tls->async_read_some(
+                        asio::buffer(chunk.data(), std::min(chunk.size(), k_hold_buffer - c.early.size())), nothrow));
+      if (r.index() == 0) co_return true;
+      const auto [ec, n] = std::get<1>(r);
+      if (ec) co_return false;
+      c.early.append(chunk.data(), n);
+      continue;
+    }
     if (c.early.size() >= k_hold_buffer) {
       // Nothing more is read while held: look for the client leaving now and then.
       steady_timer tick(timer.get_executor(), k_hold_poll);
@@ -150,12 +170,12 @@ awaitable<bool> hold(connection& c, steady::duration wait) {
       if (client_gone(c)) co_return false;
       continue;
     }
-    auto first = co_await (timer.async_wait(nothrow) || c.client.async_wait(tcp::socket::wait_read, nothrow));
+    auto first = co_await (timer.async_wait(nothrow) || c.client.socket().async_wait(tcp::socket::wait_read, nothrow));
     if (first.index() == 0) co_return true;
     // Readable: the client left, or sent more (a body, a pipelined request):
     // kept in `early` for forwarding, so that a FIN behind it shows.
     if (client_gone(c)) co_return false;
-    const auto n = sys::recv(c.client.native_handle(), chunk.data(),
+    const auto n = sys::recv(c.client.socket().native_handle(), chunk.data(),
                              std::min(chunk.size(), k_hold_buffer - c.early.size()), MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return false;
     if (n > 0) c.early.append(chunk.data(), static_cast<std::size_t>(n));

@@ -59,11 +59,10 @@ template <>
 class reactive_socket_recv_op_base<smockron::proxy::drain_buffer> : public reactor_op {
 public:
   reactive_socket_recv_op_base(const boost::system::error_code& success_ec, socket_type socket,
-                               socket_ops::state_type state, const smockron::proxy::drain_buffer& buffers,
+                               socket_ops::state_type /*state*/, const smockron::proxy::drain_buffer& buffers,
                                socket_base::message_flags flags, func_type complete_func)
       : reactor_op(success_ec, &reactive_socket_recv_op_base::do_perform, complete_func),
         socket_(socket),
-        state_(state),
         buffers_(buffers),
         flags_(flags) {}
 
@@ -89,7 +88,6 @@ public:
 
 private:
   socket_type socket_;
-  socket_ops::state_type state_;
   smockron::proxy::drain_buffer buffers_;
   socket_base::message_flags flags_;
 };

@@ -22,9 +22,9 @@ bool idempotent(std::string_view m) {
 // One direction of a body relay: bytes come from `from` (some may be
 // buffered in `pending` already) and go to `to`.
 struct relay_leg {
-  tcp_socket& from;
+  link& from;
   boost::beast::flat_buffer& pending;
-  tcp_socket& to;
+  link& to;
   steady::duration read_timeout, write_timeout;
   std::uint64_t max_bytes = 0;  ///< payload bound (0 = none)
 };
@@ -86,7 +86,7 @@ struct exchange {
   awaitable<step> read_response_head(int attempt);
   awaitable<bool> relay_response();
   awaitable<void> tunnel();
-  awaitable<void> pump(tcp_socket& from, tcp_socket& to, boost::beast::flat_buffer& pending);
+  awaitable<void> pump(link& from, link& to, boost::beast::flat_buffer& pending);
 
   awaitable<step> answer(unsigned status, std::string_view body) {
     c.outcome.status = status;
@@ -234,7 +234,7 @@ awaitable<void> exchange::tunnel() {
 
 // Copies bytes one way until EOF or error; the connection's idle deadline
 // covers both directions.
-awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::flat_buffer& pending) {
+awaitable<void> exchange::pump(link& from, link& to, boost::beast::flat_buffer& pending) {
   const auto idle = rt.cfg.idle_timeout;
   if (pending.size() > 0) {
     auto [ec, n] = co_await write(c, to, pending.data(), idle);
@@ -250,7 +250,7 @@ awaitable<void> exchange::pump(tcp_socket& from, tcp_socket& to, boost::beast::f
     if (wec) break;
   }
   boost::system::error_code ignored;
-  to.shutdown(tcp::socket::shutdown_send, ignored);
+  to.socket().shutdown(tcp::socket::shutdown_send, ignored);
 }
 
 }  // namespace

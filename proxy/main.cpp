@@ -12,6 +12,7 @@
 #include "proxy/identify.hpp"
 #include "proxy/server.hpp"
 #include "smockron/daemon.hpp"
+#include "proxy/tls.hpp"
 #include "smockron/log.hpp"
 #include "smockron/signals.hpp"
 
@@ -24,9 +25,19 @@ int main(int argc, char** argv) {
       argc, argv, "smockron-proxy", {"--healthcheck"},
       "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n", "proxy",
       [](const config::config& c) {
-        // The JWT keys are read as the proxy would read them at start and on SIGHUP.
+        // The JWT keys and the TLS certificates are read as the proxy would
+        // read them at start and on SIGHUP.
         std::string error;
-        return proxy::jwt_verifier::create(c.proxy->jwt, error) ? std::string() : "proxy.jwt: " + error;
+        if (!proxy::jwt_verifier::create(c.proxy->jwt, error)) return "proxy.jwt: " + error;
+        try {
+          if (c.proxy->tls()) proxy::tls_server check(*c.proxy);
+          for (const auto& u : c.proxy->upstreams) {
+            if (u.tls) proxy::make_upstream_tls(u);
+          }
+        } catch (const std::exception& e) {
+          return std::string("proxy TLS: ") + e.what();
+        }
+        return std::string();
       },
       exit_code);
   if (!start) return exit_code;

@@ -40,6 +40,8 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
                                      "Clients that disconnected while held (dropped, never forwarded)")),
       proxy_protocol_error(r.add_counter("smockron_proxy_proxy_protocol_errors_total",
                                          "Connections closed for a missing, invalid or late PROXY protocol header")),
+      tls_handshake_error(r.add_counter("smockron_proxy_tls_handshake_errors_total",
+                                        "Client connections closed because their TLS handshake failed or timed out")),
       reject_too_long(reject(r, "delay_too_long")),
       reject_held_full(reject(r, "held_full")),
       reject_no_master(reject(r, "no_master")),
@@ -51,6 +53,7 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       upstream_timeout(upstream_error(r, "timeout")),
       upstream_reset(upstream_error(r, "reset")),
       upstream_no_server(upstream_error(r, "no_server")),
+      upstream_tls(upstream_error(r, "tls")),
       exempt_no_domain(r.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
                                      metrics::labels({{"domain", ""}, {"decision", "exempt"}}))),
       delay_seconds(

@@ -11,13 +11,15 @@ namespace smockron::proxy {
 namespace {
 
 // Host names are resolved once here (control plane), never per connection.
-std::vector<tcp::endpoint> resolve(const config::upstream_config& u) {
+// `hosts` gets the configured host of each address.
+std::vector<tcp::endpoint> resolve(const config::upstream_config& u, std::vector<std::string>& hosts) {
   std::vector<tcp::endpoint> eps;
   for (const auto& s : u.servers) {
     boost::system::error_code ec;
     const auto addr = asio::ip::make_address(s.host, ec);
     if (!ec) {
       eps.emplace_back(addr, s.port);
+      hosts.push_back(s.host);
       continue;
     }
     // A name stands for every address it resolves to (as nginx's server
@@ -27,7 +29,9 @@ std::vector<tcp::endpoint> resolve(const config::upstream_config& u) {
     const auto results = resolver.resolve(s.host, std::to_string(s.port), ec);
     if (ec || results.empty()) throw std::runtime_error("cannot resolve upstream server " + s.to_string());
     for (const auto& r : results) {
-      if (std::find(eps.begin(), eps.end(), r.endpoint()) == eps.end()) eps.push_back(r.endpoint());
+      if (std::find(eps.begin(), eps.end(), r.endpoint()) != eps.end()) continue;
+      eps.push_back(r.endpoint());
+      hosts.push_back(s.host);
     }
   }
   return eps;
@@ -35,7 +39,8 @@ std::vector<tcp::endpoint> resolve(const config::upstream_config& u) {
 
 }  // namespace
 
-runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen)
+runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen,
+                 const runtime* resolved_again)
     : cfg(c), routes(c), generation(gen) {
   for (const auto& d : routes.domains()) {
     gate_domain.push_back(domains.id(d));
@@ -43,8 +48,17 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
     shadow_decisions.push_back(m.shadow_decisions(d));
   }
   for (const auto& u : cfg.upstreams) {
-    servers.push_back(resolve(u));
+    servers.push_back(resolve(u, server_hosts.emplace_back()));
     upstream_metrics.push_back(m.upstream(u.name));
+  }
+  if (resolved_again) {
+    listener_tls = resolved_again->listener_tls;
+    upstream_tls = resolved_again->upstream_tls;
+  } else {
+    if (cfg.tls()) listener_tls = std::make_shared<tls_server>(cfg);
+    for (const auto& u : cfg.upstreams) {
+      upstream_tls.push_back(u.tls ? make_upstream_tls(u) : nullptr);
+    }
   }
   std::string error;
   jwt = jwt_verifier::create(cfg.jwt, error);

@@ -19,13 +19,18 @@
 #include "proxy/path.hpp"
 #include "proxy/proxy_metrics.hpp"
 #include "proxy/routes.hpp"
+#include "proxy/tls.hpp"
 #include "smockron/config.hpp"
 
 namespace smockron::proxy {
 
 struct runtime {
-  /// Throws std::runtime_error when an upstream host does not resolve or the JWT settings are unusable.
-  runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen);
+  /// Throws std::runtime_error when an upstream host does not resolve, the
+  /// JWT settings are unusable or a TLS certificate or key does not load.
+  /// `resolved_again`: a generation of the same configuration whose upstream
+  /// names are being resolved again; its TLS contexts are reused.
+  runtime(const config::proxy_config& c, domain_registry& domains, proxy_metrics& m, std::uint64_t gen,
+          const runtime* resolved_again = nullptr);
 
   config::proxy_config cfg;
   route_table routes;
@@ -34,7 +39,11 @@ struct runtime {
   std::vector<std::array<metrics::counter*, shadow_decision_count>> shadow_decisions;  ///< per domain index
   /// Per upstream, its servers' addresses (a name: every address it resolves to).
   std::vector<std::vector<tcp::endpoint>> servers;
-  std::vector<proxy_metrics::upstream_series> upstream_metrics;  ///< per upstream
+  /// Per upstream, per server address: the host it was configured as (TLS: SNI and the name checked).
+  std::vector<std::vector<std::string>> server_hosts;
+  std::shared_ptr<tls_server> listener_tls;                       ///< null: plain HTTP
+  std::vector<std::shared_ptr<asio::ssl::context>> upstream_tls;  ///< per upstream; null: plain
+  std::vector<proxy_metrics::upstream_series> upstream_metrics;   ///< per upstream
   std::unique_ptr<jwt_verifier> jwt;
   gate_limits limits;
   /// Per route: the limits its requests are decided with ([proxy] ones with the

@@ -196,7 +196,7 @@ struct server::impl {
         boost::system::error_code ignored;
         w.acceptor->close(ignored);
         for (auto* c : w.sessions) {
-          if (c->idle) c->client.cancel(ignored);
+          if (c->idle) c->client.socket().cancel(ignored);
         }
       });
     }
@@ -258,7 +258,8 @@ struct server::impl {
     const auto current = shared_.current();  // a reload may have come meanwhile
     std::shared_ptr<const runtime> fresh;
     try {
-      fresh = std::make_shared<const runtime>(current->cfg, shared_.domains, shared_.metrics, current->generation + 1);
+      fresh = std::make_shared<const runtime>(current->cfg, shared_.domains, shared_.metrics, current->generation + 1,
+                                              current.get());
     } catch (const std::exception& e) {
       log_->warn("upstream names not resolved again ({}); the addresses in use stay", e.what());
       return;

@@ -22,9 +22,10 @@ public:
 
   awaitable<void> run() {
     boost::system::error_code ignored;
-    c_.client.set_option(tcp::no_delay(true), ignored);
-    if (auto parsed = parse_ip(c_.client.remote_endpoint(ignored).address().to_string())) peer_ = *parsed;
+    c_.client.socket().set_option(tcp::no_delay(true), ignored);
+    if (auto parsed = parse_ip(c_.client.socket().remote_endpoint(ignored).address().to_string())) peer_ = *parsed;
     if (w_.rt->cfg.proxy_protocol && !co_await read_proxy_header(*w_.rt)) co_return;
+    if (w_.rt->listener_tls && !co_await tls_handshake(*w_.rt)) co_return;
     peer_text_ = format_ip(peer_);
     for (bool first = true;; first = false) {
       if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
@@ -66,6 +67,21 @@ private:
     }
     s_.metrics.proxy_protocol_error.inc();
     co_return false;
+  }
+
+  // The TLS handshake, within header_timeout (its own; the request head
+  // gets another). Bytes already read (behind a PROXY header) are its start.
+  // False: failed or late, closed without a response.
+  awaitable<bool> tls_handshake(const runtime& rt) {
+    c_.client.start_tls(rt.listener_tls->context(), rt.listener_tls);
+    c_.expires_after(rt.cfg.header_timeout);
+    auto [ec, used] = co_await c_.client.tls()->async_handshake(asio::ssl::stream_base::server, c_.in.data(), nothrow);
+    c_.in.consume(used);
+    if (ec || c_.in.size() > 0) {
+      s_.metrics.tls_handshake_error.inc();
+      co_return false;
+    }
+    co_return true;
   }
 
   // Waits for the first bytes of a request on an idle connection. False:
@@ -174,6 +190,7 @@ private:
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
+    hop.proto = c_.client.tls() ? "https" : "http";
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });

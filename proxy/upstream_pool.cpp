@@ -5,13 +5,15 @@
 
 #include <cerrno>
 
+#include "smockron/log.hpp"
+
 namespace smockron::proxy {
 namespace {
 
 // An idle pooled connection the upstream has neither closed nor written to.
-bool still_open(tcp_socket& sock) {
+bool still_open(link& l) {
   char ch;
-  const auto n = ::recv(sock.native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+  const auto n = ::recv(l.socket().native_handle(), &ch, 1, MSG_PEEK | MSG_DONTWAIT);
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
@@ -54,15 +56,15 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
     if (slot.down_until > now && attempt + 1 < slots.size())
       continue;  // skip a down server unless it is the last chance
     while (allow_reuse && !slot.idle.empty()) {
-      tcp_socket sock = std::move(slot.idle.back());
+      link l = std::move(slot.idle.back());
       slot.idle.pop_back();
-      if (check_idle && !still_open(sock)) continue;
-      up.use(std::move(sock), s, true);
+      if (check_idle && !still_open(l)) continue;
+      up.use(std::move(l), s, true);
       co_return true;
     }
-    up.use(tcp_socket(c.client.get_executor()), s, false);
+    up.use(link(tcp_socket(c.client.get_executor())), s, false);
     c.expires_after(rt.cfg.connect_timeout);
-    auto [ec] = co_await up.sock->async_connect(rt.servers[upstream][s], nothrow);
+    auto [ec] = co_await up.sock->socket().async_connect(rt.servers[upstream][s], nothrow);
     if (ec) {
       (c.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
       slot.down_until = clock_.steady_now() + cfg.fail_timeout;
@@ -70,9 +72,32 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
       up.release();
       continue;
     }
-    up.sock->set_option(tcp::no_delay(true), ec);
+    up.sock->socket().set_option(tcp::no_delay(true), ec);
+    if (rt.upstream_tls[upstream] && !co_await start_tls(rt, c, upstream, s)) {
+      slot.down_until = clock_.steady_now() + cfg.fail_timeout;
+      up.release();
+      continue;
+    }
     slot.down_until = {};
     co_return true;
+  }
+  co_return false;
+}
+
+awaitable<bool> upstream_pool::start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s) {
+  const auto& ctx = rt.upstream_tls[upstream];
+  link& l = *c.up.sock;
+  l.start_tls(*ctx, ctx);
+  prepare_client_session(*l.tls(), rt.cfg.upstreams[upstream], rt.server_hosts[upstream][s]);
+  // The connect's deadline (connect_timeout) covers the handshake too.
+  auto [ec] = co_await l.tls()->async_handshake(asio::ssl::stream_base::client, nothrow);
+  if (!ec) co_return true;
+  metrics_.upstream_tls.inc();
+  std::uint64_t suppressed = 0;
+  if (tls_log_.allow(clock_.steady_now(), suppressed)) {
+    log::get("proxy")->warn("upstream {} server {}: TLS handshake failed: {} ({} similar suppressed)",
+                            rt.cfg.upstreams[upstream].name, to_string(rt.servers[upstream][s]),
+                            c.classify(ec).message(), suppressed);
   }
   co_return false;
 }

@@ -16,6 +16,7 @@
 #include "proxy/proxy_metrics.hpp"
 #include "proxy/runtime.hpp"
 #include "smockron/clock.hpp"
+#include "smockron/log.hpp"
 
 namespace smockron::proxy {
 
@@ -39,8 +40,10 @@ public:
   void give_back(const runtime& rt, connection& c, std::size_t upstream);
 
 private:
+  /// The TLS handshake on a new connection to server `s` of `upstream` (a TLS upstream). False: failed.
+  awaitable<bool> start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s);
   struct server_slot {
-    std::vector<tcp_socket> idle;
+    std::vector<link> idle;
     steady::time_point down_until{};
   };
   void adopt(const runtime& rt);
@@ -51,6 +54,7 @@ private:
   std::vector<std::vector<server_slot>> slots_;  ///< per upstream, per server
   std::vector<std::size_t> round_robin_;         ///< per upstream
   std::uint64_t generation_ = ~0ULL;
+  log::rate_limiter tls_log_;
 };
 
 }  // namespace smockron::proxy

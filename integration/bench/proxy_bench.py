@@ -45,9 +45,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, deadline=10.0):
+def wait_port(port, deadline=10.0, proc=None):
+    """Waits until something listens on 127.0.0.1:port; fails at once if `proc` (a Popen) exits."""
     end = time.time() + deadline
     while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with status {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return

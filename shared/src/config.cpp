@@ -195,6 +195,26 @@ master_config read_master(const toml::table& t, sink& s) {
   return m;
 }
 
+// Two keys that go together (a certificate and its key): both or neither.
+void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value) {
+  if (a_value.empty() == b_value.empty()) return;
+  const char* set = a_value.empty() ? b : a;
+  const char* missing = a_value.empty() ? a : b;
+  r.errors().add(*r.table().get(set), r.key(set), std::string("needs ") + missing + " too");
+}
+
+// Files the keys name exist and can be read (whether they parse is checked
+// where they are used: the proxy's --check loads them).
+void check_readable(reader& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    const toml::node* n = r.table().get(key);
+    const auto* v = n ? n->as_string() : nullptr;
+    if (v && !v->get().empty() && !std::ifstream(v->get())) {
+      r.errors().add(*n, r.key(key), "cannot read \"" + v->get() + "\"");
+    }
+  }
+}
+
 void read_upstreams(reader& r, proxy_config& p) {
   const toml::node* n = r.get("upstreams");
   if (!n) return;
@@ -223,6 +243,22 @@ void read_upstreams(reader& r, proxy_config& p) {
     if (servers.empty()) r.errors().add(v, path + ".servers", "an upstream needs at least one server");
     ur.duration("fail_timeout", u.fail_timeout);
     ur.integer("keepalive", u.keepalive, 0, 100'000);
+    ur.boolean("tls", u.tls);
+    ur.string("tls_ca", u.tls_ca);
+    ur.boolean("tls_verify", u.tls_verify);
+    ur.string("tls_server_name", u.tls_server_name);
+    ur.string("tls_client_cert", u.tls_client_cert);
+    ur.string("tls_client_key", u.tls_client_key);
+    if (!u.tls) {
+      for (const char* key : {"tls_ca", "tls_verify", "tls_server_name", "tls_client_cert", "tls_client_key"}) {
+        if (const toml::node* kn = ut->get(key))
+          r.errors().add(*kn, path + "." + key, "has no effect unless tls = true");
+      }
+    } else if (!u.tls_verify && !u.tls_ca.empty()) {
+      r.errors().add(*ut->get("tls_ca"), path + ".tls_ca", "has no effect with tls_verify = false");
+    }
+    check_pair(ur, "tls_client_cert", u.tls_client_cert, "tls_client_key", u.tls_client_key);
+    check_readable(ur, {"tls_ca", "tls_client_cert", "tls_client_key"});
     p.upstreams.push_back(std::move(u));
   }
 }
@@ -416,6 +452,31 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
       if (!file.empty() && !std::ifstream(file)) {
         s.add(*jt->get(key), std::string("proxy.jwt.") + key, "cannot read \"" + file + "\"");
       }
+    }
+  }
+  r.string("tls_cert", p.tls_cert);
+  r.string("tls_key", p.tls_key);
+  check_pair(r, "tls_cert", p.tls_cert, "tls_key", p.tls_key);
+  check_readable(r, {"tls_cert", "tls_key"});
+  if (const toml::node* n = r.get("tls_sni")) {
+    const auto* arr = n->as_array();
+    if (!arr) s.add(*n, "proxy.tls_sni", "expected an array of { cert = \"...\", key = \"...\" }");
+    else if (!p.tls()) s.add(*n, "proxy.tls_sni", "has no effect without tls_cert and tls_key");
+    for (std::size_t i = 0; arr && i < arr->size(); ++i) {
+      const std::string path = "proxy.tls_sni[" + std::to_string(i) + "]";
+      const auto* et = (*arr)[i].as_table();
+      if (!et) {
+        s.add((*arr)[i], path,
+              "expected a table { cert = \"...\", key = \"...\" }, got " + std::string(type_name((*arr)[i])));
+        continue;
+      }
+      reader sr(*et, path, s);
+      proxy_config::tls_certificate c;
+      sr.string("cert", c.cert);
+      sr.string("key", c.key);
+      if (c.cert.empty() || c.key.empty()) s.add((*arr)[i], path, "needs both cert and key");
+      check_readable(sr, {"cert", "key"});
+      p.tls_sni.push_back(std::move(c));
     }
   }
   read_upstreams(r, p);

@@ -547,6 +547,57 @@ TEST(Config, IdentifierSourcesWithOptions) {
             std::string::npos);
 }
 
+TEST(Config, TlsKeys) {
+  // The files must exist (what they hold is checked where they are loaded: tls_test, --check).
+  const std::string dir = ::testing::TempDir();
+  for (const char* f : {"/c.pem", "/k.pem", "/ca.pem"}) std::ofstream(dir + f) << "x";
+  const std::string cert = dir + "/c.pem", key = dir + "/k.pem", ca = dir + "/ca.pem";
+  auto r = load("[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\n" + "tls_sni = [ { cert = \"" + cert +
+                "\", key = \"" + key + "\" } ]\n" +
+                "[proxy.upstreams.app]\nservers = [\"api.internal:443\"]\ntls = true\ntls_ca = \"" + ca +
+                "\"\ntls_server_name = \"api.example.com\"\ntls_client_cert = \"" + cert + "\"\ntls_client_key = \"" +
+                key + "\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& p = *r.cfg->proxy;
+  EXPECT_TRUE(p.tls());
+  EXPECT_EQ(p.tls_key, key);
+  ASSERT_EQ(p.tls_sni.size(), 1u);
+  EXPECT_EQ(p.tls_sni[0].cert, cert);
+  const auto& u = p.upstreams[0];
+  EXPECT_TRUE(u.tls);
+  EXPECT_TRUE(u.tls_verify);
+  EXPECT_EQ(u.tls_ca, ca);
+  EXPECT_EQ(u.tls_server_name, "api.example.com");
+  EXPECT_EQ(u.tls_client_key, key);
+  EXPECT_FALSE(load("[proxy]\n").cfg->proxy->tls());
+
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\n").find("proxy.tls_cert: needs tls_key too"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_key = \"" + key + "\"\n").find("proxy.tls_key: needs tls_cert too"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"/nonexistent/c.pem\"\ntls_key = \"" + key + "\"\n")
+                .find("proxy.tls_cert: cannot read \"/nonexistent/c.pem\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_sni = []\n").find("proxy.tls_sni: has no effect without tls_cert and tls_key"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\ntls_sni = [ { cert = \"" +
+                      cert + "\" } ]\n")
+                .find("proxy.tls_sni[0]: needs both cert and key"),
+            std::string::npos);
+  const std::string up = "[proxy.upstreams.app]\nservers = [\"127.0.0.1:443\"]\n";
+  EXPECT_NE(
+      one_error(up + "tls_ca = \"" + ca + "\"\n").find("proxy.upstreams.app.tls_ca: has no effect unless tls = true"),
+      std::string::npos);
+  EXPECT_NE(one_error(up + "tls_verify = false\n").find("tls_verify: has no effect unless tls = true"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "tls = true\ntls_verify = false\ntls_ca = \"" + ca + "\"\n")
+                .find("tls_ca: has no effect with tls_verify = false"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "tls = true\ntls_client_cert = \"" + cert + "\"\n")
+                .find("tls_client_cert: needs tls_client_key too"),
+            std::string::npos);
+}
+
 TEST(Config, LoadFile) {
   const std::string path = ::testing::TempDir() + "/smockron_config_test.toml";
   std::ofstream(path) << "[master]\nstore = \"memory\"\n";

@@ -108,6 +108,13 @@ struct upstream_config {
   std::vector<host_port> servers;
   microseconds fail_timeout = std::chrono::seconds(10);  ///< how long a failing server is marked down
   std::int64_t keepalive = 64;                           ///< idle pooled connections per server address per worker
+  bool tls = false;                                      ///< HTTPS to the servers
+  std::string tls_ca;                                    ///< PEM CA bundle; empty: the system's trust store
+  bool tls_verify = true;                                ///< the server's certificate chain and name are checked
+  /// SNI and the name checked; empty: each server's own host (a name is sent
+  /// as SNI; an IP literal is checked against the certificate's IP addresses).
+  std::string tls_server_name;
+  std::string tls_client_cert, tls_client_key;  ///< PEM: a client certificate, when the servers ask for one
 };
 
 struct route_config {
@@ -203,6 +210,15 @@ struct proxy_config {
   std::int64_t max_control_entries = 1'000'000;  ///< control memory bound; beyond it updates are dropped (fail-open)
   microseconds control_fresh = std::chrono::seconds(2);  ///< local pacing needs a master update this recent
   jwt_config jwt;
+  /// TLS on the listener when both are set: the certificate chain and its key (PEM).
+  std::string tls_cert, tls_key;
+  /// More certificates: each is chosen when a client's SNI names one of its
+  /// names (subject alternative names, wildcards included); tls_cert otherwise.
+  struct tls_certificate {
+    std::string cert, key;
+  };
+  std::vector<tls_certificate> tls_sni;
+  bool tls() const { return !tls_cert.empty(); }
   std::string log_level;
   std::vector<upstream_config> upstreams;
   std::vector<route_config> routes;
