@@ -71,7 +71,13 @@ tls_server::tls_server(const config::proxy_config& cfg) {
   const auto add = [&](const std::string& cert, const std::string& key) {
     auto ctx = base_context(asio::ssl::context::tls_server);
     use_certificate(ctx->native_handle(), cert, key);
-    SSL_CTX_set_alpn_select_cb(ctx->native_handle(), select_http11, nullptr);
+    SSL_CTX* c = ctx->native_handle();
+    SSL_CTX_set_alpn_select_cb(c, select_http11, nullptr);
+    if (!cfg.tls_session_resumption) {
+      SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
+      SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
+      SSL_CTX_set_num_tickets(c, 0);  // TLS 1.3 sends none either
+    }
     contexts_.push_back(std::move(ctx));
   };
   add(cfg.tls_cert, cfg.tls_key);

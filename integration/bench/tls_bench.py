@@ -7,8 +7,10 @@ Method (that of proxy_bench.py, whose helpers this uses):
   nginx: ssl_protocols TLSv1.2 TLSv1.3, ssl_ciphers HIGH:!aNULL:!MD5 (its
   default, which smockron-proxy uses too; TLS 1.3 suites are OpenSSL's on
   both), no session cache and no session tickets; smockron-proxy: [proxy]
-  tls_cert / tls_key. Before the rounds a Python client (OpenSSL defaults,
-  like wrk) prints what each negotiates and whether it would resume a session.
+  tls_cert / tls_key, tls_session_resumption = false. With --resumption both
+  allow it (nginx: ssl_session_cache shared:SSL:10m, tickets on; smockron:
+  its default), and wrk resumes. Before the rounds a Python client (OpenSSL
+  defaults, like wrk) prints what each negotiates and whether it would resume.
 - same setup as proxy_bench: backend nginx (1 worker, `return 200`), wrk
   (1 thread) and the smockron master on cpu 0; the proxy under test alone on
   cpu 1; nginx with 1 worker and upstream keepalive 128, smockron-proxy with
@@ -94,7 +96,8 @@ def start_all(args, names, tmp, procs):
   server {{ listen 127.0.0.1:{port} ssl backlog=4096;
     ssl_certificate {cert}; ssl_certificate_key {key};
     ssl_protocols TLSv1.2 TLSv1.3; ssl_ciphers HIGH:!aNULL:!MD5;
-    ssl_session_cache off; ssl_session_tickets off;
+    {"ssl_session_cache shared:SSL:10m; ssl_session_tickets on;" if args.resumption
+     else "ssl_session_cache off; ssl_session_tickets off;"}
     location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
         os.makedirs(os.path.join(tmp, "peer", "tmp"), exist_ok=True)
         start(procs, "nginx", [nginx, "-c", peer_conf, "-p", os.path.join(tmp, "peer")], 1, port, tmp)
@@ -107,7 +110,8 @@ def start_all(args, names, tmp, procs):
                                  backend_port=backend_port, proxy_port=port, proxy_admin=admin,
                                  master_admin=madmin, accounting=acct, control=ctrl,
                                  identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128",
-                                 proxy_extra=f'tls_cert = "{cert}"\ntls_key = "{key}"'))
+                                 proxy_extra=f'tls_cert = "{cert}"\ntls_key = "{key}"\n'
+                                             f'tls_session_resumption = {"true" if args.resumption else "false"}'))
         return path
 
     bins = {"smockron": args.bin, "baseline": args.baseline}
@@ -234,6 +238,9 @@ def main():
     ap.add_argument("--seconds", type=int, default=5, help="length of one wrk run")
     ap.add_argument("--connections", type=int, default=50, help="wrk connections, both loads")
     ap.add_argument("--only", choices=("smockron", "nginx"), help="run one contender alone")
+    ap.add_argument("--resumption", action="store_true",
+                    help="both allow session resumption (tickets and a session cache): wrk then resumes, and the "
+                         "handshake load measures resumed handshakes; default: full handshakes only")
     ap.add_argument("--perf", metavar="PREFIX",
                     help="also record perf profiles of smockron-proxy's first round of each load: "
                          "PREFIX.keepalive, PREFIX.handshake")

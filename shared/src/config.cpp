@@ -458,6 +458,12 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.string("tls_key", p.tls_key);
   check_pair(r, "tls_cert", p.tls_cert, "tls_key", p.tls_key);
   check_readable(r, {"tls_cert", "tls_key"});
+  r.boolean("tls_session_resumption", p.tls_session_resumption);
+  if (!p.tls()) {
+    if (const toml::node* n = r.table().get("tls_session_resumption")) {
+      s.add(*n, "proxy.tls_session_resumption", "has no effect without tls_cert and tls_key");
+    }
+  }
   if (const toml::node* n = r.get("tls_sni")) {
     const auto* arr = n->as_array();
     if (!arr) s.add(*n, "proxy.tls_sni", "expected an array of { cert = \"...\", key = \"...\" }");

@@ -570,6 +570,10 @@ TEST(Config, TlsKeys) {
   EXPECT_EQ(u.tls_server_name, "api.example.com");
   EXPECT_EQ(u.tls_client_key, key);
   EXPECT_FALSE(load("[proxy]\n").cfg->proxy->tls());
+  EXPECT_TRUE(p.tls_session_resumption);
+  EXPECT_NE(one_error("[proxy]\ntls_session_resumption = false\n")
+                .find("proxy.tls_session_resumption: has no effect without tls_cert and tls_key"),
+            std::string::npos);
 
   EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\n").find("proxy.tls_cert: needs tls_key too"),
             std::string::npos);

@@ -218,6 +218,9 @@ struct proxy_config {
     std::string cert, key;
   };
   std::vector<tls_certificate> tls_sni;
+  /// Clients may resume a TLS session (tickets, and a session cache for
+  /// TLS 1.2 session ids) instead of a full handshake.
+  bool tls_session_resumption = true;
   bool tls() const { return !tls_cert.empty(); }
   std::string log_level;
   std::vector<upstream_config> upstreams;
