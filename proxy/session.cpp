@@ -318,6 +318,13 @@ awaitable<void> serve_connection(shared_state& s, worker& w, tcp_socket socket) 
   connection::watch(conn);
   session sess(s, w, conn);
   co_await sess.run();
+  // TLS ends with close_notify, as nginx's SSL_shutdown: without it a client
+  // cannot tell a body delimited by the close from a truncated one. The
+  // peer's own close_notify (or its close) is awaited for a moment only.
+  if (tls_stream* tls = conn->client.tls(); tls && !conn->expired) {
+    conn->expires_after(std::chrono::seconds(1));
+    co_await tls->async_shutdown(nothrow);
+  }
 }
 
 }  // namespace smockron::proxy

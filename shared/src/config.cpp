@@ -185,6 +185,11 @@ master_config read_master(const toml::table& t, sink& s) {
     }
   }
   std::sort(m.domains.begin(), m.domains.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (m.store != store_kind::redis) {
+    for (const char* k : {"redis", "redis_timeout", "startup_backlog"}) {
+      if (const toml::node* n = r.table().get(k)) s.add(*n, std::string("master.") + k, "has no effect unless store = \"redis\"");
+    }
+  }
   std::size_t overrides = 0;
   for (const auto& d : m.domains) overrides += d.overrides.size();
   if (overrides > max_overrides) {
@@ -432,6 +437,16 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.boolean("merge_slashes", p.merge_slashes);
   r.choice("escaped_slashes", std::array<std::string_view, 3>{"reject", "keep", "unescape"}, "action",
            p.escaped_slashes);
+  if (!p.normalize_path) {
+    for (const char* k : {"merge_slashes", "escaped_slashes"}) {
+      if (const toml::node* n = r.table().get(k)) s.add(*n, std::string("proxy.") + k, "has no effect with normalize_path = false");
+    }
+  }
+  if (p.trusted_proxies.empty()) {
+    if (const toml::node* n = r.table().get("real_ip_header")) {
+      s.add(*n, "proxy.real_ip_header", "has no effect without trusted_proxies (only they may name the client)");
+    }
+  }
   r.integer("accounting_hwm", p.accounting_hwm, 0, 1'000'000'000);
   r.duration("accounting_flush", p.accounting_flush, microseconds(0), std::chrono::seconds(1));
   r.integer("max_control_entries", p.max_control_entries, 64, 1'000'000'000);
@@ -446,6 +461,13 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
     jr.string("issuer", p.jwt.issuer);
     jr.string("audience", p.jwt.audience);
     jr.duration("leeway", p.jwt.leeway);
+    if (!p.jwt.verify()) {
+      for (const char* k : {"issuer", "audience", "leeway"}) {
+        if (const toml::node* n = jr.table().get(k)) {
+          s.add(*n, std::string("proxy.jwt.") + k, "has no effect without a key (hs256_secret, public_key_file or jwks_file)");
+        }
+      }
+    }
     for (const auto& [key, file] :
          {std::pair<const char*, const std::string&>{"public_key_file", p.jwt.public_key_file},
           {"jwks_file", p.jwt.jwks_file}}) {

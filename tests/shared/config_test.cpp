@@ -71,7 +71,7 @@ accounting_flush = "5ms"
 access_log = true
 fail_closed = false
 ipv6_prefix = 56
-normalize_path = false
+normalize_path = true
 merge_slashes = false
 escaped_slashes = "unescape"
 real_ip_header = "Forwarded"
@@ -148,7 +148,7 @@ upstream = "app"
   EXPECT_EQ(p.accounting_flush, milliseconds(5));
   EXPECT_TRUE(p.access_log);
   EXPECT_EQ(p.ipv6_prefix, 56);
-  EXPECT_FALSE(p.normalize_path);
+  EXPECT_TRUE(p.normalize_path);
   EXPECT_FALSE(p.merge_slashes);
   EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
   EXPECT_EQ(p.real_ip_header, config::proxy_config::real_ip_header_kind::forwarded);
@@ -545,6 +545,24 @@ TEST(Config, IdentifierSourcesWithOptions) {
   EXPECT_NE(one_error(up + "identify = [7]\n")
                 .find("proxy.routes[0].identify[0]: expected a source string or a { source, hash } table"),
             std::string::npos);
+}
+
+TEST(Config, KeysWithNoEffectAreErrors) {
+  EXPECT_NE(one_error("[master]\nredis = \"redis://h/0\"\n").find("master.redis: has no effect unless store = \"redis\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nstore = \"memory\"\nstartup_backlog = 5\n").find("master.startup_backlog: has no effect"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nnormalize_path = false\nmerge_slashes = true\n")
+                .find("proxy.merge_slashes: has no effect with normalize_path = false"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nnormalize_path = false\nescaped_slashes = \"keep\"\n").find("escaped_slashes: has no effect"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nreal_ip_header = \"Forwarded\"\n")
+                .find("proxy.real_ip_header: has no effect without trusted_proxies"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\nissuer = \"https://idp\"\n").find("proxy.jwt.issuer: has no effect without a key"),
+            std::string::npos);
+  EXPECT_TRUE(load("[proxy]\ntrusted_proxies = [\"10.0.0.0/8\"]\nreal_ip_header = \"Forwarded\"\n").cfg);
 }
 
 TEST(Config, TlsKeys) {
