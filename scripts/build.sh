@@ -3,13 +3,21 @@
 # (SMOCKRON_WERROR=OFF in the environment to build despite them).
 #   scripts/build.sh               release build in build/ (binaries in build/bin/)
 #   scripts/build.sh --sanitize    ASan + UBSan build of the unit tests in build-asan/
+#   scripts/build.sh --variants    the daemons as users and packagers build them, warnings as
+#                                  errors: Release with GCC (build-release/) and with clang (build-clang/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${SMOCKRON_JOBS:-2}"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 launcher+=(-DSMOCKRON_WERROR="${SMOCKRON_WERROR:-ON}")
-if [ "${1:-}" = "--sanitize" ]; then
+if [ "${1:-}" = "--variants" ]; then
+  cmake -S . -B build-release -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF >/dev/null
+  cmake --build build-release -j "$jobs" --target smockron-proxy smockron-master
+  cmake -S . -B build-clang -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build build-clang -j "$jobs" --target smockron-proxy smockron-master
+elif [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B build-asan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DSMOCKRON_SANITIZE=ON \
     -DSMOCKRON_BENCHMARKS=OFF >/dev/null
   cmake --build build-asan -j "$jobs" --target smockron_tests smockron_identify_tests

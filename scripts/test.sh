@@ -17,6 +17,8 @@ for t in smockron_tests smockron_identify_tests; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ./build-asan/bin/$t --gtest_brief=1
 done
+echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
+bash scripts/build.sh --variants
 # 11 targets x 10 s: under 2 minutes of fuzzing in all.
 echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-10}s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"

@@ -187,7 +187,8 @@ master_config read_master(const toml::table& t, sink& s) {
   std::sort(m.domains.begin(), m.domains.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   if (m.store != store_kind::redis) {
     for (const char* k : {"redis", "redis_timeout", "startup_backlog"}) {
-      if (const toml::node* n = r.table().get(k)) s.add(*n, std::string("master.") + k, "has no effect unless store = \"redis\"");
+      if (const toml::node* n = r.table().get(k))
+        s.add(*n, std::string("master.") + k, "has no effect unless store = \"redis\"");
     }
   }
   std::size_t overrides = 0;
@@ -439,7 +440,8 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
            p.escaped_slashes);
   if (!p.normalize_path) {
     for (const char* k : {"merge_slashes", "escaped_slashes"}) {
-      if (const toml::node* n = r.table().get(k)) s.add(*n, std::string("proxy.") + k, "has no effect with normalize_path = false");
+      if (const toml::node* n = r.table().get(k))
+        s.add(*n, std::string("proxy.") + k, "has no effect with normalize_path = false");
     }
   }
   if (p.trusted_proxies.empty()) {
@@ -464,7 +466,8 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
     if (!p.jwt.verify()) {
       for (const char* k : {"issuer", "audience", "leeway"}) {
         if (const toml::node* n = jr.table().get(k)) {
-          s.add(*n, std::string("proxy.jwt.") + k, "has no effect without a key (hs256_secret, public_key_file or jwks_file)");
+          s.add(*n, std::string("proxy.jwt.") + k,
+                "has no effect without a key (hs256_secret, public_key_file or jwks_file)");
         }
       }
     }

@@ -548,15 +548,18 @@ TEST(Config, IdentifierSourcesWithOptions) {
 }
 
 TEST(Config, KeysWithNoEffectAreErrors) {
-  EXPECT_NE(one_error("[master]\nredis = \"redis://h/0\"\n").find("master.redis: has no effect unless store = \"redis\""),
-            std::string::npos);
-  EXPECT_NE(one_error("[master]\nstore = \"memory\"\nstartup_backlog = 5\n").find("master.startup_backlog: has no effect"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[master]\nredis = \"redis://h/0\"\n").find("master.redis: has no effect unless store = \"redis\""),
+      std::string::npos);
+  EXPECT_NE(
+      one_error("[master]\nstore = \"memory\"\nstartup_backlog = 5\n").find("master.startup_backlog: has no effect"),
+      std::string::npos);
   EXPECT_NE(one_error("[proxy]\nnormalize_path = false\nmerge_slashes = true\n")
                 .find("proxy.merge_slashes: has no effect with normalize_path = false"),
             std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nnormalize_path = false\nescaped_slashes = \"keep\"\n").find("escaped_slashes: has no effect"),
-            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\nnormalize_path = false\nescaped_slashes = \"keep\"\n").find("escaped_slashes: has no effect"),
+      std::string::npos);
   EXPECT_NE(one_error("[proxy]\nreal_ip_header = \"Forwarded\"\n")
                 .find("proxy.real_ip_header: has no effect without trusted_proxies"),
             std::string::npos);
