@@ -15,7 +15,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libzmq5 libspdlog1.10 libfmt9 libtomlplusplus3 libssl3 libhiredis0.14 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin smockron
-COPY --from=build /src/build/bin/smockron-proxy /src/build/bin/smockron-master /usr/local/bin/
+COPY --from=build /src/build/bin/smockron-proxy /src/build/bin/smockron-master /src/build/bin/smockron-query /usr/local/bin/
 COPY config/ /etc/smockron/
 USER 10001
 # proxy, proxy admin, master admin, accounting, control

@@ -192,7 +192,7 @@ class PackagingTest(unittest.TestCase):
         runtime = text[text.index("FROM debian:bookworm-slim"):]
         listed = set(re.search(r"--no-install-recommends ([^\\&]+)", runtime).group(1).split())
         loaded = set()
-        for binary in ("smockron-proxy", "smockron-master"):
+        for binary in ("smockron-proxy", "smockron-master", "smockron-query"):
             out = subprocess.run(["ldd", os.path.join(BIN, binary)], capture_output=True, text=True, check=True).stdout
             for path in re.findall(r"=> (/\S+)", out):
                 loaded.add(owning_package(path))
@@ -209,7 +209,7 @@ class PackagingTest(unittest.TestCase):
             r = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True, text=True,
                                timeout=120)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            for daemon in ("smockron-master", "smockron-proxy"):
+            for daemon in ("smockron-master", "smockron-proxy", "smockron-query"):
                 v = subprocess.run([os.path.join(prefix, "bin", daemon), "--version"], capture_output=True, text=True)
                 self.assertEqual(v.returncode, 0, v.stderr)
             installed_cfg = os.path.join(prefix, "etc", "smockron", "smockron.toml")

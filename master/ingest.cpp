@@ -17,6 +17,9 @@ std::vector<domain_limits> compile(const config::master_config& cfg) {
 
 std::int64_t ceil_ms(std::int64_t us) { return (us + 999) / 1000; }
 
+// A state's cost beside its history: hash node, key, LRU and dirty links (get_size's estimate).
+constexpr std::uint64_t k_state_overhead = 160;
+
 }  // namespace
 
 ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg)
@@ -25,6 +28,9 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       limiter_(compile(cfg), cfg.max_identifiers),
       unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
                                       "Accounting messages for a domain this master does not own")),
+      query_unknown_domain_(reg.add_counter("smockron_master_query_ignored_total",
+                                            "Query datagrams not answered, by reason",
+                                            metrics::labels({{"reason", "unknown_domain"}}))),
       evictions_(reg.add_counter("smockron_master_evictions_total",
                                  "Tracked identifiers evicted (least recently used) at max_identifiers")),
       expirations_(reg.add_counter("smockron_master_expirations_total", "Tracked identifiers expired by the sweep")),
@@ -36,6 +42,13 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
     decode_errors_[i] =
         &reg.add_counter("smockron_master_decode_errors_total", "Malformed accounting messages by reason",
                          metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
+  }
+  for (const auto& [cmd, name] :
+       {std::pair{query::command::over_limit, "over_limit"}, std::pair{query::command::get_stats, "get_stats"},
+        std::pair{query::command::get_size, "get_size"}}) {
+    queries_[static_cast<int>(cmd)] =
+        &reg.add_counter("smockron_master_queries_total", "Query protocol requests answered, by command",
+                         metrics::labels({{"command", name}}));
   }
   reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
                    [this] { return static_cast<double>(limiter_.tracked()); });
@@ -133,6 +146,62 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->interval_ms = std::max<std::int64_t>(1, (dec.interval_us + 500) / 1000);
   }
   if (sampled) latency_.observe(std::chrono::duration<double>(clock_.steady_now() - started).count());
+  return out;
+}
+
+std::optional<ingest::query_result> ingest::answer(const query::request& r, std::int64_t now_us) {
+  query_result out;
+  if (r.cmd == query::command::get_size) {
+    // Approximate bytes held: each state's node, key and history.
+    std::uint64_t bytes = 0;
+    for (std::size_t d = 0; d < domains_.size(); ++d) {
+      const auto& l = limiter_.limits(d).base;
+      const std::size_t times = l.algo == rules::algorithm::gcra ? l.rules.size() : l.history_cap();
+      bytes += limiter_.tracked(d) * (k_state_overhead + times * sizeof(std::int64_t));
+    }
+    out.answer = query::format_size(r.id, bytes, limiter_.tracked());
+    queries_[static_cast<int>(r.cmd)]->inc();
+    return out;
+  }
+  const auto it = index_.find(r.domain);
+  if (it == index_.end()) {
+    query_unknown_domain_.inc();
+    return std::nullopt;
+  }
+  const std::size_t d = it->second;
+  queries_[static_cast<int>(r.cmd)]->inc();
+  if (r.cmd == query::command::get_stats) {
+    const auto st = limiter_.find_stats(d, r.identifier);
+    out.answer = query::format(r.id, query::stats_answer{st.n_req, st.n_over, st.max_rate}, r.domain, r.identifier);
+    return out;
+  }
+  const auto use = limiter_.use(d, r.identifier, now_us);
+  domains_[d].tracked->set(static_cast<double>(limiter_.tracked(d)));
+  // Rate, limit and period of the binding rule: the one most used now.
+  query::over_limit_answer a;
+  a.over = use.over;
+  const rules::limits& l = limiter_.limits_of(d, r.identifier);
+  if (const rules::state* st = limiter_.find(d, r.identifier)) {
+    double most = -1;
+    for (std::size_t i = 0; i < l.rules.size(); ++i) {
+      const double used = rules::window_uses(l, *st, i, now_us);
+      const double share = used / static_cast<double>(l.rules[i].burst);
+      if (share <= most) continue;
+      most = share;
+      a.rate = used;
+      a.limit = static_cast<double>(l.rules[i].burst);
+      a.period_s = std::max<std::int64_t>(1, (l.rules[i].window_us() + 999'999) / 1'000'000);
+    }
+    limiter_.note_rate(d, r.identifier, a.rate);
+  }
+  out.answer = query::format(r.id, a);
+  if (!use.over && use.after.throttled && use.after.next_us > now_us) {
+    out.publish.emplace();
+    out.publish->domain = domains_[d].name;
+    out.publish->identifier = r.identifier;
+    out.publish->next_ms = ceil_ms(use.after.next_us);
+    out.publish->interval_ms = std::max<std::int64_t>(1, (use.after.interval_us + 500) / 1000);
+  }
   return out;
 }
 

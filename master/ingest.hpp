@@ -18,6 +18,7 @@
 #include "smockron/config.hpp"
 #include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
+#include "smockron/query.hpp"
 #include "smockron/rules.hpp"
 #include "smockron/string_hash.hpp"
 #include "smockron/wire.hpp"
@@ -45,6 +46,17 @@ public:
   std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated,
                                           std::int64_t now_us);
 
+  /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
+  /// or nothing for a domain this master does not own (ignored, counted). An
+  /// over_limit use is recorded in the same state as the gatekeepers'
+  /// accounting; when it leaves the identifier throttled, `publish` is the
+  /// DELAY_UNTIL for the gatekeepers (views valid until the next call).
+  struct query_result {
+    std::string answer;
+    std::optional<wire::delay_until> publish;
+  };
+  std::optional<query_result> answer(const query::request& r, std::int64_t now_us);
+
   /// Domains, rules and max_identifiers from `next`; states of domains that
   /// stay are kept. Returns the names of domains added and removed.
   struct domain_changes {
@@ -71,6 +83,8 @@ private:
   string_map<std::size_t> index_;
   metrics::counter* decode_errors_[wire::decode_error_count] = {};
   metrics::counter& unknown_domain_;
+  metrics::counter* queries_[3] = {};  ///< by query::command
+  metrics::counter& query_unknown_domain_;
   metrics::counter& evictions_;
   metrics::counter& expirations_;
   metrics::histogram& latency_;

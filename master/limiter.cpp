@@ -79,7 +79,39 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
     }
   }
   if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
+  ++en->counts.n_req;
+  if (e.kind != rules::event_kind::accepted) ++en->counts.n_over;
   return rules::apply(*en->lim, en->st, e, now_us);
+}
+
+limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
+  query_use out;
+  auto it = maps_[domain].find(identifier);
+  if (it != maps_[domain].end() && rules::evaluate(*it->second.lim, it->second.st, now_us).throttled) {
+    out.over = true;
+    entry& en = it->second;
+    ++en.counts.n_req;
+    ++en.counts.n_over;
+    if (&en != head_) {
+      unlink(&en);
+      push_front(&en);
+    }
+    return out;
+  }
+  out.after = apply(domain, identifier, {rules::event_kind::accepted, now_us}, now_us);
+  return out;
+}
+
+void limiter::note_rate(std::size_t domain, std::string_view identifier, double rate) {
+  auto it = maps_[domain].find(identifier);
+  if (it == maps_[domain].end()) return;
+  auto& m = it->second.counts.max_rate;
+  m = std::max(m, static_cast<std::uint32_t>(std::min(rate, 4e9)));
+}
+
+limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {
+  auto it = maps_[domain].find(identifier);
+  return it == maps_[domain].end() ? stats{} : it->second.counts;
 }
 
 limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier) {

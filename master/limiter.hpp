@@ -91,6 +91,26 @@ public:
   std::uint64_t expirations() const { return expirations_; }
   const rules::state* find(std::size_t domain, std::string_view identifier) const;
 
+  /// What happened to an identifier while its state has been kept: every
+  /// accounting message and query use (`n_req`), those over the limit
+  /// (DELAYED or REJECTED at a gatekeeper, a query answered "Y"), and the
+  /// highest window use a query reported (the query protocol's get_stats).
+  struct stats {
+    std::uint32_t n_req = 0, n_over = 0, max_rate = 0;
+  };
+  stats find_stats(std::size_t domain, std::string_view identifier) const;
+  /// A query's use: recorded as an accepted use at `now_us` unless the
+  /// identifier is over its limit now (then nothing is recorded, as for a
+  /// request a gatekeeper refuses). `rate`: the binding rule's window use
+  /// after it, for the stats.
+  struct query_use {
+    bool over = false;
+    rules::decision after;  ///< the decision once the use is recorded (throttled: publish DELAY_UNTIL)
+  };
+  query_use use(std::size_t domain, std::string_view identifier, std::int64_t now_us);
+  /// Notes the window use a query reported (get_stats' last_max_rate).
+  void note_rate(std::size_t domain, std::string_view identifier, double rate);
+
 private:
   // The state lives inside the hash map's node (stable address): one lookup,
   // no separate allocation; the LRU list links those nodes.
@@ -104,6 +124,7 @@ private:
     entry* dirty_prev = nullptr;
     entry* dirty_next = nullptr;
     bool dirty = false;
+    stats counts;
   };
   using map = string_map<entry>;
 

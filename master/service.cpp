@@ -11,6 +11,7 @@
 #include "master/control_publisher.hpp"
 #include "master/redis_store.hpp"
 #include "master/status.hpp"
+#include "master/udp_responder.hpp"
 
 namespace smockron::master {
 namespace {
@@ -30,6 +31,8 @@ std::vector<std::string_view> keep_restart_only(const config::master_config& run
   keep(&c::accounting, "accounting");
   keep(&c::control, "control");
   keep(&c::admin, "admin");
+  keep(&c::query, "query");
+  keep(&c::query_allow, "query_allow");
   keep(&c::max_accounting_peers, "max_accounting_peers");
   keep(&c::control_hwm, "control_hwm");
   keep(&c::accounting_allow, "accounting_allow");
@@ -77,11 +80,47 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
         "smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis", "",
         [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
   }
+  if (cfg.query) {
+    query_ = std::make_unique<udp_responder>(*cfg.query, cfg.query_allow);
+    const auto ignored = [&reg](const char* reason) -> metrics::counter* {
+      return &reg.add_counter("smockron_master_query_ignored_total", "Query datagrams not answered, by reason",
+                              metrics::labels({{"reason", reason}}));
+    };
+    query_ignored_ = query_counters{ignored("malformed"), ignored("unknown_command"), ignored("too_large"),
+                                    ignored("refused"), ignored("send_failed")};
+    accounting_.watch(query_->fd(), [this] { serve_queries(); });
+  }
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
 }
 
 service::~service() = default;
+
+std::uint16_t service::query_port() const { return query_ ? query_->port() : 0; }
+
+void service::serve_queries() {
+  const std::int64_t now_us = clock_.wall_us();
+  query_->serve([&](std::string_view in, std::string& out) {
+    const auto parsed = query::parse(in);
+    if (!parsed.req) {
+      (parsed.why == query::ignored::unknown_command ? query_ignored_->unknown_command : query_ignored_->malformed)
+          ->inc();
+      return false;
+    }
+    auto result = ingest_.answer(*parsed.req, now_us);
+    if (!result) return false;
+    if (result->publish) control_->delay_until(*result->publish);
+    out = std::move(result->answer);
+    return true;
+  });
+  const auto& seen = query_->seen();
+  const std::uint64_t now[3] = {seen.too_large, seen.refused, seen.send_failed};
+  metrics::counter* counters[3] = {query_ignored_->too_large, query_ignored_->refused, query_ignored_->send_failed};
+  for (int i = 0; i < 3; ++i) {
+    counters[i]->inc(now[i] - query_seen_[i]);
+    query_seen_[i] = now[i];
+  }
+}
 
 void service::handle(std::span<const std::string_view> frames, bool truncated) {
   if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us())) control_->delay_until(*d);

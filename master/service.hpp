@@ -32,6 +32,7 @@ namespace smockron::master {
 
 class control_publisher;
 class redis_store;
+class udp_responder;
 
 class service {
 public:
@@ -81,6 +82,8 @@ public:
   std::size_t tracked() const { return ingest_.states().tracked(); }
   /// The accounting endpoint as bound (the port filled in when it was "*").
   const std::string& accounting_endpoint() const { return accounting_.endpoint(); }
+  /// The UDP query endpoint's port as bound (0: no query endpoint).
+  std::uint16_t query_port() const;
 
 private:
   void reconfigure(config::master_config next);
@@ -94,6 +97,14 @@ private:
   ingest ingest_;
   std::unique_ptr<control_publisher> control_;
   std::unique_ptr<redis_store> store_;
+  // The UDP query endpoint (cfg.query), served from the same loop as accounting.
+  void serve_queries();
+  std::unique_ptr<udp_responder> query_;
+  struct query_counters {
+    metrics::counter *malformed, *unknown_command, *too_large, *refused, *send_failed;
+  };
+  std::optional<query_counters> query_ignored_;
+  std::uint64_t query_seen_[3] = {};  ///< the responder's counts already added (too_large, refused, send_failed)
   std::chrono::steady_clock::time_point next_sweep_{};
   std::chrono::steady_clock::time_point next_flush_{};
   std::atomic<std::size_t> unwritten_{0};  ///< the limiter's dirty count as last seen by the loop (for other threads)

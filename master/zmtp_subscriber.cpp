@@ -220,11 +220,17 @@ std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, const messa
   if (n < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "epoll_wait");
   std::size_t delivered = 0;
   for (int i = 0; i < n; ++i) {
-    auto* p = static_cast<peer*>(events[i].data.ptr);
-    if (!p) {
+    void* ptr = events[i].data.ptr;
+    if (!ptr) {
       accept_all();
       continue;
     }
+    if (const auto w = std::find_if(watched_.begin(), watched_.end(), [&](const auto& x) { return x.get() == ptr; });
+        w != watched_.end()) {
+      (*w)->on_readable();
+      continue;
+    }
+    auto* p = static_cast<peer*>(ptr);
     if (!p->closed && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(*p, on_message, delivered);
     if (!p->closed && (events[i].events & EPOLLOUT)) flush(*p);
   }
@@ -242,6 +248,17 @@ std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, const messa
   }
   std::erase_if(peers_, [](const auto& p) { return p->closed; });
   return delivered;
+}
+
+void zmtp_subscriber::watch(int fd, std::function<void()> on_readable) {
+  auto w = std::make_unique<watched>(watched{fd, std::move(on_readable)});
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // level-triggered: what one call leaves is seen again
+  ev.data.ptr = w.get();
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+  }
+  watched_.push_back(std::move(w));
 }
 
 void zmtp_subscriber::accept_all() {

@@ -86,6 +86,10 @@ public:
   /// during the call). Returns the number of messages delivered.
   std::size_t poll(std::chrono::milliseconds timeout, const message_fn& on_message);
 
+  /// Another descriptor for the same wait: poll() calls `on_readable` when it
+  /// is readable (the master's UDP query endpoint shares its loop).
+  void watch(int fd, std::function<void()> on_readable);
+
   /// Peers that finished the handshake.
   std::size_t peers() const;
 
@@ -110,6 +114,11 @@ private:
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   std::vector<std::unique_ptr<peer>> peers_;
+  struct watched {
+    int fd;
+    std::function<void()> on_readable;
+  };
+  std::vector<std::unique_ptr<watched>> watched_;
   std::vector<std::string> topics_;
   std::size_t subscription_bytes_ = 0;  ///< all subscription frames, as sent to a new peer
   std::chrono::steady_clock::time_point next_expiry_check_{};

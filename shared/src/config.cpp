@@ -153,6 +153,15 @@ master_config read_master(const toml::table& t, sink& s) {
     else m.control = e->get();
   }
   r.bind_address("admin", m.admin);
+  if (r.table().contains("query")) {
+    host_port q{"127.0.0.1", 10006};
+    r.bind_address("query", q);
+    m.query = q;
+  }
+  r.cidr_list("query_allow", m.query_allow);
+  if (!m.query && !m.query_allow.empty()) {
+    s.add(*r.table().get("query_allow"), "master.query_allow", "has no effect without query");
+  }
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
   r.cidr_list("control_allow", m.control_allow);

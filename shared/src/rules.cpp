@@ -152,6 +152,15 @@ std::int64_t expires_at_us(const limits& l, const state& s) {
   return s.times.back() + l.max_window_us();
 }
 
+double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {
+  const rule& r = l.rules[i];
+  if (l.algo == algorithm::gcra) {
+    if (i >= s.times.size()) return 0;
+    return static_cast<double>(std::max<std::int64_t>(0, s.times[i] - now_us)) / static_cast<double>(r.interval_us);
+  }
+  return static_cast<double>(count_after(s.times, now_us - r.window_us()));
+}
+
 bool compatible(const limits& l, const state& s) {
   if (l.algo == algorithm::gcra) return s.times.size() == l.rules.size();
   return std::is_sorted(s.times.begin(), s.times.end());

@@ -111,3 +111,36 @@ TEST(IdentifierStatus, RulesUsesAndThrottle) {
   EXPECT_FALSE(doc["throttled"]);
   EXPECT_FALSE(doc.contains("next_allowed_ms"));
 }
+
+// The query protocol's over_limit is a use in the same state as the
+// gatekeepers' accounting; get_stats and get_size report on it.
+TEST_F(Ingest, QueriesShareTheLimitWithAccounting) {
+  const auto ask = [&](std::string_view datagram) {
+    const auto parsed = query::parse(datagram);
+    EXPECT_TRUE(parsed.req) << datagram;
+    return ingest_.answer(*parsed.req, clock_.wall_us());
+  };
+  // One HTTP use of "k" (api: 10/s burst 2), then the UDP uses.
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}));
+  auto a = ask("7 over_limit api k");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->answer, "7 ok N 2.0 2.0 1") << "the second use of the burst of 2, in a 200 ms window (1 s, rounded up)";
+  ASSERT_TRUE(a->publish) << "the burst is used up: gatekeepers hold k's HTTP requests too";
+  EXPECT_EQ(a->publish->identifier, "k");
+  EXPECT_EQ(a->publish->next_ms, clock_.wall_ms() + 100);
+  a = ask("8 over_limit api k");
+  EXPECT_EQ(a->answer, "8 ok Y 2.0 2.0 1");
+  EXPECT_FALSE(a->publish) << "over the limit: nothing recorded";
+  // A REJECTED from a gatekeeper counts as over too.
+  handle({"api\0"s, "REJECTED", "k", ms(0), ""});
+  EXPECT_EQ(ask("get_stats api k")->answer, "n_req=4 n_over=2 last_max_rate=2 key=api k");
+  EXPECT_EQ(ask("get_stats api nobody")->answer, "n_req=0 n_over=0 last_max_rate=0 key=api nobody");
+  clock_.advance(std::chrono::milliseconds(250));  // past the window: this use is the only one in it
+  EXPECT_EQ(ask("over_limit api k")->answer, "ok N 1.0 2.0 1");
+  EXPECT_TRUE(ask("9 get_size")->answer.starts_with("9 size="));
+  EXPECT_TRUE(ask("get_size")->answer.ends_with(" keys=1"));
+  EXPECT_FALSE(ask("over_limit nope k")) << "a domain this master does not own: ignored";
+  const std::string m = registry_.render();
+  EXPECT_NE(m.find("smockron_master_query_ignored_total{reason=\"unknown_domain\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("smockron_master_queries_total{command=\"over_limit\"} 3"), std::string::npos);
+}

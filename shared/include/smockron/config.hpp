@@ -80,6 +80,10 @@ struct master_config {
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
   /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
   std::vector<cidr> control_allow;
+  /// The UDP query endpoint (the UDP rate limiter's protocol); none: off.
+  std::optional<host_port> query;
+  /// Who may send queries (empty: anyone): an over_limit records a use, so list the clients' networks.
+  std::vector<cidr> query_allow;
   std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default

@@ -94,6 +94,12 @@ std::int64_t expires_at_us(const limits& l, const state& s);
 /// time per rule wins. Snapshots of another shape are ignored.
 void merge(const limits& l, state& into, const state& older);
 
+/// How much of rule `i` is used at `now_us`, in uses: those recorded in its
+/// window, charged-ahead ones included (sliding log), or how far its arrival
+/// time runs ahead, in intervals (GCRA). At most `burst` means the rule
+/// admits another use now.
+double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
+
 /// True when `s` has the shape `l` expects (GCRA: one time per rule; log: ascending).
 bool compatible(const limits& l, const state& s);
 
