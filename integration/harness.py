@@ -496,6 +496,13 @@ class MasterProcess(Daemon):
         self.accounting = f"tcp://{HOST}:{accounting_port}"
         self.control = f"tcp://{HOST}:{control_port}"
 
+    def query_port(self) -> int:
+        """The UDP query endpoint's port as bound (the master logs it; "query = 127.0.0.1:0" picks one)."""
+        m = re.search(r"query=udp:[^ ]*:(\d+)", self.log())
+        if not m:
+            raise AssertionError(f"the master names no query endpoint in its log:\n{self.log()}")
+        return int(m.group(1))
+
     def gatekeeper(self, domains, handshake: bool = True, timeout: float = 10.0) -> "Gatekeeper":
         gk = Gatekeeper(self.accounting, self.control, domains)
         if handshake:
@@ -882,13 +889,13 @@ class DaemonTestCase(unittest.TestCase):
                                 **proxy_keys)
 
     # ---- proxy + real master
-    def gate_stack(self, domains: dict, routes: list, **proxy_keys):
-        """A real master with `domains` (+ WARM_DOMAIN), a backend, and a proxy whose
-        routes are WARM_ROUTE + `routes` (upstream "app"); the ZeroMQ loop is primed.
-        Returns (master, backend, proxy)."""
+    def gate_stack(self, domains: dict, routes: list, master_keys: dict | None = None, **proxy_keys):
+        """A real master with `domains` (+ WARM_DOMAIN, and `master_keys`), a backend,
+        and a proxy whose routes are WARM_ROUTE + `routes` (upstream "app"); the ZeroMQ
+        loop is primed. Returns (master, backend, proxy)."""
         all_domains = dict(domains)
         all_domains[WARM_DOMAIN] = {"rules": [("1/h", 1)]}
-        master = self.start_master(all_domains)
+        master = self.start_master(all_domains, **(master_keys or {}))
         backend = self.start_backend()
         proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [WARM_ROUTE] + routes,
                                  accounting=[master.accounting], control=[master.control], **proxy_keys)
