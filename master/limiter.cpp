@@ -118,7 +118,10 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
   auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
   entry* en = &pos->second;
   en->lim = &limits_[domain].of(identifier);
-  en->st.times.reserve(en->lim->algo == rules::algorithm::gcra ? en->lim->rules.size() : en->lim->history_cap());
+  // A sliding log grows to its history as uses come (a burst of 1,000,000
+  // would otherwise reserve 8 MB for every identifier seen once).
+  en->st.times.reserve(en->lim->algo == rules::algorithm::gcra ? en->lim->rules.size()
+                                                               : std::min<std::size_t>(en->lim->history_cap(), 8));
   en->domain = domain;
   en->key = &pos->first;
   ++size_;
