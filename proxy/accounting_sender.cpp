@@ -82,7 +82,8 @@ accounting_sender::counters::counters(metrics::registry& r)
 }
 
 accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<std::string>& endpoints,
-                                     std::size_t queue_limit, counters& c)
+                                     std::size_t queue_limit, counters& c,
+                                     const std::vector<config::proxy_config::shard_config>& shards)
     : ioc_(ioc),
       queue_limit_(queue_limit),
       counters_(c),
@@ -94,6 +95,20 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
   for (const auto& e : endpoints) {
     links_.push_back(std::make_unique<link>(ioc_, e));
     connect(*links_.back());
+  }
+  for (const auto& sc : shards) {
+    std::vector<std::string> names;
+    std::vector<std::vector<link*>> shares;
+    for (const auto& share : sc.shares) {
+      names.push_back(share.front());  // a share's place on the ring: its first master's endpoint
+      auto& targets = shares.emplace_back();
+      for (const auto& ep : share) {
+        for (auto& l : links_) {
+          if (l->endpoint == ep) targets.push_back(l.get());
+        }
+      }
+    }
+    sharded_.emplace(sc.domain, sharded{hash_ring(names), std::move(shares)});
   }
 }
 
@@ -135,6 +150,12 @@ bool accounting_sender::publish(const wire::accounting& m) {
     }
   }
   q.size = static_cast<std::uint32_t>(bytes_.size() - q.offset);
+  q.share = nullptr;
+  if (!sharded_.empty()) {
+    if (const auto it = sharded_.find(m.domain); it != sharded_.end()) {
+      q.share = &it->second.shares[it->second.ring.owner(m.identifier)];
+    }
+  }
   batch_.push_back(q);
   return was_empty;
 }
@@ -145,15 +166,20 @@ void accounting_sender::flush() {
     const std::string_view topic(bytes_.data() + q.topic_offset, q.topic_size);
     const std::string_view message(bytes_.data() + q.offset, q.size);
     bool taken = false, refused = false;
-    for (auto& l : links_) {
-      if (l->st != link::state::ready || !l->subs.matches(topic)) continue;
-      if (queue_limit_ > 0 && l->pending_msgs + l->writing_msgs >= queue_limit_) {
+    const auto offer = [&](link& l) {
+      if (l.st != link::state::ready || !l.subs.matches(topic)) return;
+      if (queue_limit_ > 0 && l.pending_msgs + l.writing_msgs >= queue_limit_) {
         refused = true;
-        continue;
+        return;
       }
-      l->pending += message;
-      ++l->pending_msgs;
+      l.pending += message;
+      ++l.pending_msgs;
       taken = true;
+    };
+    if (q.share) {
+      for (link* l : *q.share) offer(*l);
+    } else {
+      for (auto& l : links_) offer(*l);
     }
     if (refused) counters_.dropped.inc();
     else if (taken) counters_.sent.inc();

@@ -10,6 +10,11 @@
 // to its domain and written with one send() per master; a full queue refuses
 // the message and it is counted.
 //
+// A domain split across masters by identifier ([[proxy.shards]]) sends each
+// message only to the share (one master or redundant ones) that owns its
+// identifier on a consistent-hash ring; a share that is down is fail-open
+// for its identifiers only.
+//
 // Per master: connect (TCP, host names resolved asynchronously, or IPC),
 // handshake as a PUB; the master's subscriptions select what it receives. A
 // failed or closed connection is counted by reason and retried every 100 ms;
@@ -29,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "smockron/config.hpp"
+#include "smockron/hash_ring.hpp"
 #include "smockron/log.hpp"
 #include "smockron/metrics.hpp"
 #include "smockron/string_hash.hpp"
@@ -59,8 +66,9 @@ public:
   };
 
   /// `queue_limit`: messages queued per master at most (accounting_hwm; 0 = unbounded).
+  /// `shards`: domains split across masters by identifier (their endpoints are among `endpoints`).
   accounting_sender(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t queue_limit,
-                    counters& c);
+                    counters& c, const std::vector<config::proxy_config::shard_config>& shards = {});
   accounting_sender(const accounting_sender&) = delete;
   accounting_sender& operator=(const accounting_sender&) = delete;
 
@@ -108,9 +116,16 @@ private:
   std::minstd_rand sample_rng_;
   std::vector<std::unique_ptr<link>> links_;
   wire::scratch scratch_;
+  /// A domain split by identifier: the ring, and each share's links.
+  struct sharded {
+    hash_ring ring;
+    std::vector<std::vector<link*>> shares;
+  };
+  string_map<sharded> sharded_;
   struct queued {
     std::uint32_t offset, size;              ///< the encoded message in bytes_
     std::uint32_t topic_offset, topic_size;  ///< its first frame's body (the domain topic)
+    const std::vector<link*>* share;         ///< a sharded domain's message: only these links; else null (all)
   };
   std::string bytes_;  ///< ZMTP frames of the batch, back to back
   std::vector<queued> batch_;

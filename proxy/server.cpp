@@ -43,6 +43,12 @@ void listen(worker& w, const tcp::endpoint& ep) {
   }
 }
 
+bool same_shards(const std::vector<config::proxy_config::shard_config>& a,
+                 const std::vector<config::proxy_config::shard_config>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.domain == y.domain && x.shares == y.shares; });
+}
+
 awaitable<void> accept_loop(shared_state& s, worker& w) {
   for (;;) {
     auto [ec, socket] = co_await w.acceptor->async_accept(nothrow);
@@ -275,10 +281,11 @@ struct server::impl {
     if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
         next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
         next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm ||
-        next.admin_allow != old->cfg.admin_allow || next.log_level != old->cfg.log_level) {
+        next.admin_allow != old->cfg.admin_allow || next.log_level != old->cfg.log_level ||
+        !same_shards(next.shards, old->cfg.shards)) {
       log_->warn(
-          "reload: listen, admin, admin_allow, threads, master endpoints, accounting_hwm, max_control_entries and "
-          "log_level change only after a restart");
+          "reload: listen, admin, admin_allow, threads, master endpoints, shards, accounting_hwm, max_control_entries "
+          "and log_level change only after a restart");
     }
     std::shared_ptr<const runtime> fresh;
     try {

@@ -78,7 +78,7 @@ private:
 struct worker {
   worker(shared_state& s, std::shared_ptr<const runtime> first)
       : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
-                   s.accounting_counters),
+                   s.accounting_counters, first->cfg.shards),
         rt(std::move(first)),
         pool(s.clk, s.metrics, s.resolve_soon) {}
 

@@ -406,6 +406,69 @@ void read_routes(reader& r, proxy_config& p) {
   }
 }
 
+// [[proxy.shards]]: { domain = "api", masters = ["tcp://a:10004", ["tcp://b1:10004", "tcp://b2:10004"]] };
+// a string is a share of one master, an array a share of redundant masters.
+void read_shards(reader& r, proxy_config& p) {
+  const toml::node* n = r.get("shards");
+  if (!n) return;
+  const auto* arr = n->as_array();
+  if (!arr) {
+    r.errors().add(*n, "proxy.shards", "expected an array of { domain = \"...\", masters = [...] }");
+    return;
+  }
+  std::set<std::string, std::less<>> domains;
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const std::string path = "proxy.shards[" + std::to_string(i) + "]";
+    const auto* t = (*arr)[i].as_table();
+    if (!t) {
+      r.errors().add((*arr)[i], path, "expected a table { domain = \"...\", masters = [...] }");
+      continue;
+    }
+    reader hr(*t, path, r.errors());
+    proxy_config::shard_config sc;
+    hr.string("domain", sc.domain);
+    if (sc.domain.empty()) r.errors().add((*arr)[i], hr.key("domain"), "missing (the domain split across masters)");
+    else if (!domains.insert(sc.domain).second) {
+      r.errors().add(*t->get("domain"), hr.key("domain"), "\"" + sc.domain + "\" is split twice");
+    }
+    const toml::node* masters = hr.get("masters");
+    const auto* list = masters ? masters->as_array() : nullptr;
+    if (!list) {
+      r.errors().add(masters ? *masters : (*arr)[i], hr.key("masters"),
+                     "expected an array of shares: accounting endpoints, or arrays of redundant ones");
+      continue;
+    }
+    std::set<std::string, std::less<>> seen;
+    for (std::size_t j = 0; j < list->size(); ++j) {
+      const std::string share_key = hr.key("masters") + "[" + std::to_string(j) + "]";
+      std::vector<std::string> share;
+      const auto add = [&](const toml::node& e) {
+        const auto* v = e.as_string();
+        if (!v) {
+          r.errors().add(e, share_key, "expected an accounting endpoint string");
+          return;
+        }
+        const std::string ep = v->get();
+        if (std::find(p.accounting.begin(), p.accounting.end(), ep) == p.accounting.end()) {
+          r.errors().add(e, share_key, "\"" + ep + "\" is not one of accounting (list it there too)");
+        } else if (!seen.insert(ep).second) {
+          r.errors().add(e, share_key, "\"" + ep + "\" is in two shares");
+        }
+        share.push_back(ep);
+      };
+      if (const auto* group = (*list)[j].as_array()) {
+        for (const auto& e : *group) add(e);
+        if (group->empty()) r.errors().add((*list)[j], share_key, "an empty share");
+      } else {
+        add((*list)[j]);
+      }
+      sc.shares.push_back(std::move(share));
+    }
+    if (sc.shares.empty()) r.errors().add(*masters, hr.key("masters"), "needs at least one share");
+    p.shards.push_back(std::move(sc));
+  }
+}
+
 proxy_config read_proxy(const toml::table& t, sink& s) {
   proxy_config p;
   reader r(t, "proxy", s);
@@ -521,6 +584,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   }
   read_upstreams(r, p);
   read_routes(r, p);
+  read_shards(r, p);
   return p;
 }
 

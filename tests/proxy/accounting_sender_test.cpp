@@ -18,6 +18,7 @@
 
 #include "master/zmtp_subscriber.hpp"
 #include "proxy/accounting_sender.hpp"
+#include "smockron/hash_ring.hpp"
 #include "smockron/clock.hpp"
 
 using namespace smockron;
@@ -124,6 +125,77 @@ TEST_F(AccountingSender, ALostMasterIsCountedByReasonAndUnsentAfter) {
   const double unsent = metric("smockron_proxy_accounting_unsent_total");  // probes sent before the subscription
   account(wire::status::delayed, "nobody");
   EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), unsent + 1);
+}
+
+// A domain split across two masters by identifier: each message goes to the
+// one master that owns its identifier, the same one every time.
+TEST(AccountingSenderShards, EachMessageGoesToTheShareOfItsIdentifier) {
+  metrics::registry reg, mreg;
+  std::vector<std::unique_ptr<master::zmtp_subscriber>> masters;
+  for (int i = 0; i < 2; ++i) {
+    masters.push_back(std::make_unique<master::zmtp_subscriber>("tcp://127.0.0.1:*", master::zmtp_subscriber::options{},
+                                                                system_clock::instance(), mreg));
+    masters.back()->subscribe("api\0"s);
+    masters.back()->subscribe("other\0"s);
+  }
+  const std::vector<std::string> endpoints = {masters[0]->endpoint(), masters[1]->endpoint()};
+  boost::asio::io_context ioc;
+  proxy::accounting_sender::counters counters(reg);
+  proxy::accounting_sender sender(ioc, endpoints, 1000, counters, {{"api", {{endpoints[0]}, {endpoints[1]}}}});
+  std::vector<std::vector<std::string>> got[2];
+  const auto pump = [&] {
+    ioc.run_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 2; ++i) {
+      masters[static_cast<std::size_t>(i)]->poll(
+          std::chrono::milliseconds(0),
+          [&](std::span<const std::string_view> f, bool) { got[i].emplace_back(f.begin(), f.end()); });
+    }
+  };
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((sender.connected() < 2 || masters[0]->peers() < 1 || masters[1]->peers() < 1) &&
+         std::chrono::steady_clock::now() < end) {
+    pump();
+  }
+  ASSERT_EQ(sender.connected(), 2u);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 200; ++i) ids.push_back("user-" + std::to_string(i));
+  // Subscriptions travel asynchronously: send until both have one message, then the real batch.
+  const auto send = [&](std::string_view domain, const std::string& id) {
+    wire::accounting m;
+    m.domain = domain;
+    m.state = wire::status::delayed;
+    m.identifier = id;
+    m.received_ms = 1'700'000'000'000;
+    m.delayed_ms = m.received_ms + 100;
+    sender.account(m, {});
+  };
+  while (got[0].empty() || got[1].empty()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), end);
+    send("other", "probe");
+    pump();
+  }
+  got[0].clear();
+  got[1].clear();
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& id : ids) send("api", id);
+  }
+  send("other", "everyone");
+  while (got[0].size() + got[1].size() < 2 * ids.size() + 2 && std::chrono::steady_clock::now() < end) pump();
+  const hash_ring ring({endpoints[0], endpoints[1]});
+  std::size_t api_messages = 0;
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& m : got[i]) {
+      if (m[0] != "api\0"s) {
+        EXPECT_EQ(m[2], "everyone") << "an unsharded domain reaches every master";
+        continue;
+      }
+      ++api_messages;
+      EXPECT_EQ(ring.owner(m[2]), static_cast<std::size_t>(i)) << m[2] << " reached a master that does not own it";
+    }
+  }
+  EXPECT_EQ(api_messages, 2 * ids.size()) << "each message exactly once";
+  EXPECT_GT(got[0].size(), ids.size() / 2) << "both masters have a share";
+  EXPECT_GT(got[1].size(), ids.size() / 2);
 }
 
 TEST_F(AccountingSender, ANonZeroMqPeerIsAGreetingFault) {

@@ -623,6 +623,36 @@ TEST(Config, TlsKeys) {
             std::string::npos);
 }
 
+TEST(Config, Shards) {
+  auto r = load(R"([proxy]
+accounting = ["tcp://a:10004", "tcp://b1:10004", "tcp://b2:10004"]
+[[proxy.shards]]
+domain = "api"
+masters = ["tcp://a:10004", ["tcp://b1:10004", "tcp://b2:10004"]]
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& sh = r.cfg->proxy->shards;
+  ASSERT_EQ(sh.size(), 1u);
+  EXPECT_EQ(sh[0].domain, "api");
+  EXPECT_EQ(sh[0].shares,
+            (std::vector<std::vector<std::string>>{{"tcp://a:10004"}, {"tcp://b1:10004", "tcp://b2:10004"}}));
+  const std::string head = "[proxy]\naccounting = [\"tcp://a:1\", \"tcp://b:1\"]\n";
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://c:1\"]\n")
+                .find("proxy.shards[0].masters[0]: \"tcp://c:1\" is not one of accounting"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://a:1\", [\"tcp://a:1\"]]\n")
+                .find("is in two shares"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\nmasters = [\"tcp://a:1\"]\n").find("proxy.shards[0].domain: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\n").find("proxy.shards[0].masters: expected an array"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://a:1\"]\n[[proxy.shards]]\n"
+                             "domain = \"api\"\nmasters = [\"tcp://b:1\"]\n")
+                .find("\"api\" is split twice"),
+            std::string::npos);
+}
+
 TEST(Config, LoadFile) {
   const std::string path = ::testing::TempDir() + "/smockron_config_test.toml";
   std::ofstream(path) << "[master]\nstore = \"memory\"\n";

@@ -229,6 +229,15 @@ struct proxy_config {
   std::string log_level;
   std::vector<upstream_config> upstreams;
   std::vector<route_config> routes;
+  /// A domain split across masters by identifier: each accounting message of
+  /// `domain` goes only to the share that owns its identifier (consistent
+  /// hashing); a share is one master, or several redundant ones. Every
+  /// endpoint is one of `accounting`.
+  struct shard_config {
+    std::string domain;
+    std::vector<std::vector<std::string>> shares;
+  };
+  std::vector<shard_config> shards;
 
   const upstream_config* find_upstream(std::string_view name) const;
 };
