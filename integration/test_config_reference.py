@@ -44,6 +44,7 @@ SECTIONS = {
     "[proxy.upstreams.NAME]": "`[proxy.upstreams.NAME]`",
     "[[proxy.routes]]": "`[[proxy.routes]]`",
     "identify source tables": "Identifier sources (`identify`)",
+    "[[proxy.shards]]": "`[[proxy.shards]]`",
 }
 
 # (function in config.cpp, reader variable) -> the table that reader reads.
@@ -62,6 +63,8 @@ READERS = {
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
     ("read_routes", "rr"): "[[proxy.routes]]",
     ("read_identify", "tr"): "identify source tables",
+    ("read_shards", "r"): "[proxy]",  # r.get("shards")
+    ("read_shards", "hr"): "[[proxy.shards]]",
 }
 
 # Keys the parser accepts that no reader call names with a literal (read, say,
