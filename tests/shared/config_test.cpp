@@ -252,11 +252,14 @@ TEST(Config, MasterValueErrors) {
                 .find("master.control: expected a ZeroMQ endpoint string, got an integer"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);
-  EXPECT_NE(one_error("[master]\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"),
+  EXPECT_NE(
+      one_error("[master]\nstore = \"redis\"\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"),
+      std::string::npos);
+  EXPECT_NE(one_error("[master]\nstore = \"redis\"\nredis = \"redis://host:6379/db\"\n")
+                .find("master.redis: expected redis://"),
             std::string::npos);
-  EXPECT_NE(one_error("[master]\nredis = \"redis://host:6379/db\"\n").find("master.redis: expected redis://"),
+  EXPECT_NE(one_error("[master]\nstore = \"redis\"\nredis_timeout = \"0s\"\n").find("master.redis_timeout"),
             std::string::npos);
-  EXPECT_NE(one_error("[master]\nredis_timeout = \"0s\"\n").find("master.redis_timeout"), std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"),
