@@ -60,12 +60,17 @@ class RedisServer:
                 [self.exe, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
                  "--dir", self.workdir, "--daemonize", "no", "--protected-mode", "no", *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        return self._wait_answering(timeout)
+
+    def _wait_answering(self, timeout: float) -> bool:
+        """True once this process answers PING; False if it exited because the port was taken."""
+        name = os.path.basename(self.exe)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 if "Address already in use" in self._log():
                     return False
-                raise AssertionError(f"redis-server exited with {self.proc.returncode}; see {self.log_path}")
+                raise AssertionError(f"{name} exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 # Our own server, not one that holds the port (then ours exits, above).
                 if self.command("PING") == "PONG" and self.pid_answering() == self.proc.pid:
@@ -74,8 +79,7 @@ class RedisServer:
                 pass
             time.sleep(0.02)
         stop_process(self.proc)
-        raise AssertionError(f"redis-server on port {self.port} did not answer PING within {timeout}s; "
-                             f"see {self.log_path}")
+        raise AssertionError(f"{name} on port {self.port} did not answer PING within {timeout}s; see {self.log_path}")
 
     def pid_answering(self) -> int | None:
         info = self.command("INFO", "server")
@@ -137,20 +141,7 @@ class RedisSentinel(RedisServer):
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([self.exe, conf], stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                if "Address already in use" in self._log():
-                    return False
-                raise AssertionError(f"redis-sentinel exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if self.command("PING") == "PONG" and self.pid_answering() == self.proc.pid:
-                    return True
-            except (OSError, RuntimeError):
-                pass
-            time.sleep(0.02)
-        stop_process(self.proc)
-        raise AssertionError(f"redis-sentinel on port {self.port} did not answer within {timeout}s; see {self.log_path}")
+        return self._wait_answering(timeout)
 
     def primary(self) -> tuple[str, int] | None:
         addr = self.command("SENTINEL", "get-master-addr-by-name", self.name)

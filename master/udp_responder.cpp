@@ -27,20 +27,8 @@ ip_address sender(const sockaddr_storage& from) {
 
 udp_responder::udp_responder(const host_port& listen, std::vector<cidr> allow) : allow_(std::move(allow)) {
   sockaddr_storage addr{};
-  socklen_t len = 0;
-  if (::inet_pton(AF_INET, listen.host.c_str(), &reinterpret_cast<sockaddr_in&>(addr).sin_addr) == 1) {
-    auto& a4 = reinterpret_cast<sockaddr_in&>(addr);
-    a4.sin_family = AF_INET;
-    a4.sin_port = htons(listen.port);
-    len = sizeof a4;
-  } else if (::inet_pton(AF_INET6, listen.host.c_str(), &reinterpret_cast<sockaddr_in6&>(addr).sin6_addr) == 1) {
-    auto& a6 = reinterpret_cast<sockaddr_in6&>(addr);
-    a6.sin6_family = AF_INET6;
-    a6.sin6_port = htons(listen.port);
-    len = sizeof a6;
-  } else {
-    throw std::runtime_error("query endpoint " + listen.to_string() + ": not an IP address");
-  }
+  const socklen_t len = to_sockaddr(listen, addr);
+  if (len == 0) throw std::runtime_error("query endpoint " + listen.to_string() + ": not an IP address");
   fd_ = ::socket(addr.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0 || ::bind(fd_, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
     const std::string why = std::strerror(errno);

@@ -32,6 +32,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bench_util.hpp"
+
 using namespace std::chrono;
 using namespace std::string_literals;
 
@@ -52,24 +54,8 @@ const int k_hwm = 10'000'000;
 
 std::int64_t wall_ms() { return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count(); }
 
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof set, &set);
-}
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using smockron::bench::free_port;
+using smockron::bench::pin_to;
 
 // Blocking HTTP GET on 127.0.0.1; returns the body ("" on failure).
 std::string http_get(int port, const std::string& path) {

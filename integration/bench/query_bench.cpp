@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "master/udp_responder.hpp"
 #include "smockron/query.hpp"
 
@@ -45,36 +46,10 @@ struct options {
   bool pin = false;
 };
 
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof set, &set);
-}
+using smockron::bench::pin_to;
 
-int free_udp_port() {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+int free_udp_port() { return smockron::bench::free_port(SOCK_DGRAM); }
+int free_tcp_port() { return smockron::bench::free_port(SOCK_STREAM); }
 
 // The echo server: the master's loop shape (epoll_wait, then serve()) with an echo handler.
 [[noreturn]] void run_echo(int port) {

@@ -180,4 +180,19 @@ bool allowed(const std::vector<cidr>& allow, const ip_address& a) {
   return false;
 }
 
+socklen_t to_sockaddr(const host_port& hp, sockaddr_storage& out) {
+  out = {};
+  if (auto& a4 = reinterpret_cast<sockaddr_in&>(out); ::inet_pton(AF_INET, hp.host.c_str(), &a4.sin_addr) == 1) {
+    a4.sin_family = AF_INET;
+    a4.sin_port = htons(hp.port);
+    return sizeof a4;
+  }
+  if (auto& a6 = reinterpret_cast<sockaddr_in6&>(out); ::inet_pton(AF_INET6, hp.host.c_str(), &a6.sin6_addr) == 1) {
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = htons(hp.port);
+    return sizeof a6;
+  }
+  return 0;
+}
+
 }  // namespace smockron

@@ -134,20 +134,8 @@ response split_response(std::string_view d) {
 
 client::client(const host_port& server) {
   sockaddr_storage addr{};
-  socklen_t len = 0;
-  if (::inet_pton(AF_INET, server.host.c_str(), &reinterpret_cast<sockaddr_in&>(addr).sin_addr) == 1) {
-    auto& a = reinterpret_cast<sockaddr_in&>(addr);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(server.port);
-    len = sizeof a;
-  } else if (::inet_pton(AF_INET6, server.host.c_str(), &reinterpret_cast<sockaddr_in6&>(addr).sin6_addr) == 1) {
-    auto& a = reinterpret_cast<sockaddr_in6&>(addr);
-    a.sin6_family = AF_INET6;
-    a.sin6_port = htons(server.port);
-    len = sizeof a;
-  } else {
-    throw std::runtime_error("query server " + server.to_string() + ": not an IP address");
-  }
+  const socklen_t len = to_sockaddr(server, addr);
+  if (len == 0) throw std::runtime_error("query server " + server.to_string() + ": not an IP address");
   fd_ = ::socket(addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   // connect(): only the server's datagrams arrive, and send() needs no address.
   if (fd_ < 0 || ::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {

@@ -237,7 +237,7 @@ TEST(Config, MasterValueErrors) {
   EXPECT_NE(
       one_error("[proxy]\nescaped_slashes = \"decode\"\n").find("proxy.escaped_slashes: unknown action \"decode\""),
       std::string::npos);
-  EXPECT_NE(one_error("[proxy]\nreal_ip_header = \"X-Real-IP\"\n")
+  EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/8\"]\nreal_ip_header = \"X-Real-IP\"\n")
                 .find("proxy.real_ip_header: unknown header \"X-Real-IP\" (use \"X-Forwarded-For\" or \"Forwarded\")"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),

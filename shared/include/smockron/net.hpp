@@ -2,6 +2,8 @@
 // endpoints and CIDR ranges. Parsing never throws.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -49,6 +51,10 @@ struct cidr {
 std::optional<cidr> parse_cidr(std::string_view text);
 /// Whether `a` may connect to an endpoint with the allow list `allow` (empty: anyone).
 bool allowed(const std::vector<cidr>& allow, const ip_address& a);
+
+/// `hp` as a socket address (its host an IPv4 or IPv6 literal); the address's
+/// length, or 0 when the host is not an IP literal.
+socklen_t to_sockaddr(const host_port& hp, sockaddr_storage& out);
 
 /// "redis://[:password@]host[:port][/db]" (port 6379 and db 0 by default).
 struct redis_url {
