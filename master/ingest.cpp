@@ -149,8 +149,8 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   return out;
 }
 
-std::optional<ingest::query_result> ingest::answer(const query::request& r, std::int64_t now_us) {
-  query_result out;
+ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us, std::string& out) {
+  query_result result;
   if (r.cmd == query::command::get_size) {
     // Approximate bytes held: each state's node, key and history.
     std::uint64_t bytes = 0;
@@ -159,56 +159,57 @@ std::optional<ingest::query_result> ingest::answer(const query::request& r, std:
       const std::size_t times = l.algo == rules::algorithm::gcra ? l.rules.size() : l.history_cap();
       bytes += limiter_.tracked(d) * (k_state_overhead + times * sizeof(std::int64_t));
     }
-    out.answer = query::format_size(r.id, bytes, limiter_.tracked());
+    query::append_size(out, r.id, bytes, limiter_.tracked());
     queries_[static_cast<int>(r.cmd)]->inc();
-    return out;
+    result.answered = true;
+    return result;
   }
   const auto it = index_.find(r.domain);
   if (it == index_.end()) {
     query_unknown_domain_.inc();
-    return std::nullopt;
+    return result;
   }
   const std::size_t d = it->second;
   queries_[static_cast<int>(r.cmd)]->inc();
+  result.answered = true;
   if (r.cmd == query::command::get_stats) {
     const auto st = limiter_.find_stats(d, r.identifier);
-    out.answer = query::format(r.id, query::stats_answer{st.n_req, st.n_over, st.max_rate}, r.domain, r.identifier);
-    return out;
+    query::append(out, r.id, query::stats_answer{st.n_req, st.n_over, st.max_rate}, r.domain, r.identifier);
+    return result;
   }
   const auto use = limiter_.use(d, r.identifier, now_us);
   domains_[d].tracked->set(static_cast<double>(limiter_.tracked(d)));
   // Rate, limit and period of the binding rule: the one most used now.
   query::over_limit_answer a;
   a.over = use.over;
-  const rules::limits& l = limiter_.limits_of(d, r.identifier);
-  if (const rules::state* st = limiter_.find(d, r.identifier)) {
-    double most = -1;
-    for (std::size_t i = 0; i < l.rules.size(); ++i) {
-      const double used = rules::window_uses(l, *st, i, now_us);
-      const double share = used / static_cast<double>(l.rules[i].burst);
-      if (share <= most) continue;
-      most = share;
-      a.rate = used;
-      a.limit = static_cast<double>(l.rules[i].burst);
-      a.period_s = std::max<std::int64_t>(1, (l.rules[i].window_us() + 999'999) / 1'000'000);
-    }
-    limiter_.note_rate(d, r.identifier, a.rate);
+  const rules::limits& l = *use.lim;
+  double most = -1;
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    const double used = rules::window_uses(l, *use.st, i, now_us);
+    const double share = used / static_cast<double>(l.rules[i].burst);
+    if (share <= most) continue;
+    most = share;
+    a.rate = used;
+    a.limit = static_cast<double>(l.rules[i].burst);
+    a.period_s = std::max<std::int64_t>(1, (l.rules[i].window_us() + 999'999) / 1'000'000);
   }
-  out.answer = query::format(r.id, a);
+  auto& max_rate = use.counts->max_rate;
+  max_rate = std::max(max_rate, static_cast<std::uint32_t>(std::min(a.rate, 4e9)));
+  query::append(out, r.id, a);
   if (!use.over && use.after.throttled && use.after.next_us > now_us) {
-    out.publish.emplace();
-    out.publish->domain = domains_[d].name;
-    out.publish->identifier = r.identifier;
-    out.publish->next_ms = ceil_ms(use.after.next_us);
-    out.publish->interval_ms = std::max<std::int64_t>(1, (use.after.interval_us + 500) / 1000);
+    result.publish.emplace();
+    result.publish->domain = domains_[d].name;
+    result.publish->identifier = r.identifier;
+    result.publish->next_ms = ceil_ms(use.after.next_us);
+    result.publish->interval_ms = std::max<std::int64_t>(1, (use.after.interval_us + 500) / 1000);
   }
-  return out;
+  return result;
 }
 
-void ingest::sweep(std::int64_t now_us) {
+void ingest::sweep(std::int64_t now_us, std::size_t budget) {
   // Small slices often: a long sweep would stall the loop and show in the
   // control-loop p99 (1,000 entries every 10 ms = 100k entries/s examined).
-  expirations_.inc(limiter_.sweep(now_us, k_sweep_batch));
+  expirations_.inc(limiter_.sweep(now_us, budget));
   evictions_.inc(limiter_.evictions() - reported_evictions_);
   reported_evictions_ = limiter_.evictions();
   for (std::size_t i = 0; i < domains_.size(); ++i) domains_[i].tracked->set(static_cast<double>(limiter_.tracked(i)));

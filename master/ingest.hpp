@@ -27,8 +27,11 @@ namespace smockron::master {
 
 class ingest {
 public:
-  /// Entries examined per sweep (see config sweep_interval).
+  /// Entries examined per sweep tick (see config sweep_interval), in slices
+  /// of k_sweep_slice between which the loop serves what arrived: a
+  /// thousand erasures at once (~250 us) showed in the query p99.
   static constexpr std::size_t k_sweep_batch = 1000;
+  static constexpr std::size_t k_sweep_slice = 100;
 
   struct domain {
     std::string name;
@@ -47,15 +50,15 @@ public:
                                           std::int64_t now_us);
 
   /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
-  /// or nothing for a domain this master does not own (ignored, counted). An
+  /// appended to `out`; none for a domain this master does not own (ignored, counted). An
   /// over_limit use is recorded in the same state as the gatekeepers'
   /// accounting; when it leaves the identifier throttled, `publish` is the
   /// DELAY_UNTIL for the gatekeepers (views valid until the next call).
   struct query_result {
-    std::string answer;
+    bool answered = false;  ///< `out` holds the answer
     std::optional<wire::delay_until> publish;
   };
-  std::optional<query_result> answer(const query::request& r, std::int64_t now_us);
+  query_result answer(const query::request& r, std::int64_t now_us, std::string& out);
 
   /// Domains, rules and max_identifiers from `next`; states of domains that
   /// stay are kept. Returns the names of domains added and removed.
@@ -65,7 +68,7 @@ public:
   domain_changes reconfigure(const config::master_config& next);
 
   /// Expires a slice of states and refreshes the counters and gauges.
-  void sweep(std::int64_t now_us);
+  void sweep(std::int64_t now_us, std::size_t budget = k_sweep_batch);
 
   const std::vector<domain>& domains() const { return domains_; }
   std::optional<std::size_t> find(std::string_view name) const;

@@ -60,53 +60,52 @@ void limiter::erase(entry* e) {
   --size_;
 }
 
-rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
+limiter::entry* limiter::touch(std::size_t domain, std::string_view identifier, bool create) {
   map& m = maps_[domain];
   auto it = m.find(identifier);
-  entry* en;
   if (it == m.end()) {
-    if (e.kind == rules::event_kind::rejected) return {};  // nothing to record, nothing known
+    if (!create) return nullptr;
     if (size_ >= max_identifiers_) {
       ++evictions_;
       erase(tail_);
     }
-    en = insert(domain, identifier);
-  } else {
-    en = &it->second;
-    if (en != head_) {
-      unlink(en);
-      push_front(en);
-    }
+    return insert(domain, identifier);
   }
+  entry* en = &it->second;
+  if (en != head_) {
+    unlink(en);
+    push_front(en);
+  }
+  return en;
+}
+
+rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) {
   if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
   ++en->counts.n_req;
   if (e.kind != rules::event_kind::accepted) ++en->counts.n_over;
   return rules::apply(*en->lim, en->st, e, now_us);
 }
 
-limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
-  query_use out;
-  auto it = maps_[domain].find(identifier);
-  if (it != maps_[domain].end() && rules::evaluate(*it->second.lim, it->second.st, now_us).throttled) {
-    out.over = true;
-    entry& en = it->second;
-    ++en.counts.n_req;
-    ++en.counts.n_over;
-    if (&en != head_) {
-      unlink(&en);
-      push_front(&en);
-    }
-    return out;
-  }
-  out.after = apply(domain, identifier, {rules::event_kind::accepted, now_us}, now_us);
-  return out;
+rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
+  // A rejection of an identifier nobody knows: nothing to record, nothing known.
+  entry* en = touch(domain, identifier, e.kind != rules::event_kind::rejected);
+  return en ? record(en, e, now_us) : rules::decision{};
 }
 
-void limiter::note_rate(std::size_t domain, std::string_view identifier, double rate) {
-  auto it = maps_[domain].find(identifier);
-  if (it == maps_[domain].end()) return;
-  auto& m = it->second.counts.max_rate;
-  m = std::max(m, static_cast<std::uint32_t>(std::min(rate, 4e9)));
+limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
+  query_use out;
+  entry* en = touch(domain, identifier, true);
+  if (!en->st.times.empty() && rules::evaluate(*en->lim, en->st, now_us).throttled) {
+    out.over = true;
+    ++en->counts.n_req;
+    ++en->counts.n_over;
+  } else {
+    out.after = record(en, {rules::event_kind::accepted, now_us}, now_us);
+  }
+  out.st = &en->st;
+  out.lim = en->lim;
+  out.counts = &en->counts;
+  return out;
 }
 
 limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {

@@ -106,10 +106,12 @@ public:
   struct query_use {
     bool over = false;
     rules::decision after;  ///< the decision once the use is recorded (throttled: publish DELAY_UNTIL)
+    // The identifier's state, limits and counts (valid until the next change to the limiter).
+    const rules::state* st = nullptr;
+    const rules::limits* lim = nullptr;
+    stats* counts = nullptr;
   };
   query_use use(std::size_t domain, std::string_view identifier, std::int64_t now_us);
-  /// Notes the window use a query reported (get_stats' last_max_rate).
-  void note_rate(std::size_t domain, std::string_view identifier, double rate);
 
 private:
   // The state lives inside the hash map's node (stable address): one lookup,
@@ -128,6 +130,10 @@ private:
   };
   using map = string_map<entry>;
 
+  /// The entry of (domain, identifier), made most recently used; created
+  /// (evicting the least recently used at the cap) when `create`, else null if absent.
+  entry* touch(std::size_t domain, std::string_view identifier, bool create);
+  rules::decision record(entry* en, rules::event e, std::int64_t now_us);
   void unlink(entry* e);
   void push_front(entry* e);
   void erase(entry* e);

@@ -107,11 +107,9 @@ void service::serve_queries() {
           ->inc();
       return false;
     }
-    auto result = ingest_.answer(*parsed.req, now_us);
-    if (!result) return false;
-    if (result->publish) control_->delay_until(*result->publish);
-    out = std::move(result->answer);
-    return true;
+    const auto result = ingest_.answer(*parsed.req, now_us, out);
+    if (result.publish) control_->delay_until(*result.publish);
+    return result.answered;
   });
   const auto& seen = query_->seen();
   const std::uint64_t now[3] = {seen.too_large, seen.refused, seen.send_failed};
@@ -133,8 +131,13 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   if (store_) pump_store(now, false);
   if (now >= next_sweep_) {
-    ingest_.sweep(clock_.wall_us());
+    sweep_left_ = ingest::k_sweep_batch;
     next_sweep_ = now + cfg_.sweep_interval;
+  }
+  if (sweep_left_ > 0) {
+    const std::size_t slice = std::min(sweep_left_, ingest::k_sweep_slice);
+    ingest_.sweep(clock_.wall_us(), slice);
+    sweep_left_ -= slice;
   }
   control_->tick(ingest_.domains(), ingest_, now);
   if (queries_pending_.exchange(false)) answer_queries();
@@ -157,7 +160,9 @@ void service::run(const std::atomic<bool>& stop) {
       // Wake at least every 50 ms whatever sweep_interval is: stop and reload
       // requests and the liveness heartbeat must not wait for a long sweep tick.
       const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.sweep_interval);
-      poll_once(std::clamp(tick, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
+      // While a sweep is under way, its next slice comes right after what has arrived.
+      poll_once(sweep_left_ > 0 ? std::chrono::milliseconds(0)
+                                : std::clamp(tick, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       if (e.num() == ETERM) return;

@@ -106,6 +106,7 @@ private:
   std::optional<query_counters> query_ignored_;
   std::uint64_t query_seen_[3] = {};  ///< the responder's counts already added (too_large, refused, send_failed)
   std::chrono::steady_clock::time_point next_sweep_{};
+  std::size_t sweep_left_ = 0;  ///< entries the current sweep tick still examines (in slices)
   std::chrono::steady_clock::time_point next_flush_{};
   std::atomic<std::size_t> unwritten_{0};  ///< the limiter's dirty count as last seen by the loop (for other threads)
 

@@ -34,8 +34,6 @@ bool printable(std::string_view s) {
   });
 }
 
-std::string prefix(const std::optional<std::uint64_t>& id) { return id ? std::to_string(*id) + " " : std::string(); }
-
 }  // namespace
 
 std::string_view to_string(ignored i) {
@@ -95,26 +93,79 @@ parse_result parse(std::string_view d) {
   return out;
 }
 
+namespace {
+
+void append_number(std::string& out, std::uint64_t v) {
+  char buf[24];
+  out.append(buf, static_cast<std::size_t>(std::to_chars(buf, buf + sizeof buf, v).ptr - buf));
+}
+
+void append_prefix(std::string& out, const std::optional<std::uint64_t>& id) {
+  if (!id) return;
+  append_number(out, *id);
+  out += ' ';
+}
+
+// "%.1f" (round to nearest, as printf does), without printf's parsing.
+void append_one_decimal(std::string& out, double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 1);
+  out.append(buf, static_cast<std::size_t>(r.ptr - buf));
+}
+
+}  // namespace
+
+void append(std::string& out, const std::optional<std::uint64_t>& id, const over_limit_answer& a) {
+  append_prefix(out, id);
+  out += a.over ? "ok Y " : "ok N ";
+  append_one_decimal(out, a.rate);
+  out += ' ';
+  append_one_decimal(out, a.limit);
+  out += ' ';
+  if (a.period_s < 0) out += '-';
+  append_number(out, static_cast<std::uint64_t>(a.period_s < 0 ? -a.period_s : a.period_s));
+}
+
+void append(std::string& out, const std::optional<std::uint64_t>& id, const stats_answer& s, std::string_view domain,
+            std::string_view identifier) {
+  append_prefix(out, id);
+  out += "n_req=";
+  append_number(out, s.n_req);
+  out += " n_over=";
+  append_number(out, s.n_over);
+  out += " last_max_rate=";
+  append_number(out, s.last_max_rate);
+  out += " key=";
+  out += domain;
+  out += ' ';
+  out += identifier;
+}
+
+void append_size(std::string& out, const std::optional<std::uint64_t>& id, std::uint64_t bytes, std::uint64_t keys) {
+  append_prefix(out, id);
+  out += "size=";
+  append_number(out, bytes);
+  out += " keys=";
+  append_number(out, keys);
+}
+
 std::string format(const std::optional<std::uint64_t>& id, const over_limit_answer& a) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "ok %s %.1f %.1f %lld", a.over ? "Y" : "N", a.rate, a.limit,
-                static_cast<long long>(a.period_s));
-  return prefix(id) + buf;
+  std::string out;
+  append(out, id, a);
+  return out;
 }
 
 std::string format(const std::optional<std::uint64_t>& id, const stats_answer& s, std::string_view domain,
                    std::string_view identifier) {
-  std::string out = prefix(id);
-  out += "n_req=" + std::to_string(s.n_req) + " n_over=" + std::to_string(s.n_over) +
-         " last_max_rate=" + std::to_string(s.last_max_rate) + " key=";
-  out += domain;
-  out += ' ';
-  out += identifier;
+  std::string out;
+  append(out, id, s, domain, identifier);
   return out;
 }
 
 std::string format_size(const std::optional<std::uint64_t>& id, std::uint64_t bytes, std::uint64_t keys) {
-  return prefix(id) + "size=" + std::to_string(bytes) + " keys=" + std::to_string(keys);
+  std::string out;
+  append_size(out, id, bytes, keys);
+  return out;
 }
 
 response split_response(std::string_view d) {

@@ -115,10 +115,17 @@ TEST(IdentifierStatus, RulesUsesAndThrottle) {
 // The query protocol's over_limit is a use in the same state as the
 // gatekeepers' accounting; get_stats and get_size report on it.
 TEST_F(Ingest, QueriesShareTheLimitWithAccounting) {
-  const auto ask = [&](std::string_view datagram) {
+  struct asked {
+    std::string answer;
+    std::optional<wire::delay_until> publish;
+  };
+  const auto ask = [&](std::string_view datagram) -> std::optional<asked> {
     const auto parsed = query::parse(datagram);
     EXPECT_TRUE(parsed.req) << datagram;
-    return ingest_.answer(*parsed.req, clock_.wall_us());
+    std::string out;
+    const auto r = ingest_.answer(*parsed.req, clock_.wall_us(), out);
+    if (!r.answered) return std::nullopt;
+    return asked{out, r.publish};
   };
   // One HTTP use of "k" (api: 10/s burst 2), then the UDP uses.
   EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}));

@@ -56,7 +56,13 @@ struct stats_answer {
   std::uint64_t n_req = 0, n_over = 0, last_max_rate = 0;
 };
 
-/// Responses as the protocol specifies them, each preceded by "ID " when the request had one.
+/// Responses as the protocol specifies them, each preceded by "ID " when the
+/// request had one, appended to `out` (the server reuses one buffer per answer).
+void append(std::string& out, const std::optional<std::uint64_t>& id, const over_limit_answer& a);
+void append(std::string& out, const std::optional<std::uint64_t>& id, const stats_answer& s, std::string_view domain,
+            std::string_view identifier);
+void append_size(std::string& out, const std::optional<std::uint64_t>& id, std::uint64_t bytes, std::uint64_t keys);
+/// The same, as new strings.
 std::string format(const std::optional<std::uint64_t>& id, const over_limit_answer& a);
 std::string format(const std::optional<std::uint64_t>& id, const stats_answer& s, std::string_view domain,
                    std::string_view identifier);
