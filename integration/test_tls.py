@@ -118,6 +118,52 @@ class TlsListenerTest(DaemonTestCase):
         proxy.wait_metric("smockron_proxy_tls_handshake_errors_total", predicate=lambda v: v >= 2, timeout=5)
         self.assertEqual(backend.requests(target_prefix="/plain"), [])
 
+    def test_tls_behind_a_proxy_protocol_header(self):
+        # A load balancer (AWS NLB, HAProxy) sends the PROXY header in clear, then the client's TLS.
+        backend = self.start_backend()
+        proxy = self.proxy(backend, proxy_protocol=True)
+        raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        raw.sendall(b"PROXY TCP4 203.0.113.7 127.0.0.1 51000 443\r\n")
+        ctx = ssl.create_default_context(cafile=self.ca.cert)
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+        conn.sock = ctx.wrap_socket(raw, server_hostname="localhost")
+        self.assertEqual(get(conn, "/behind-lb")[0], 200)
+        conn.close()
+        [seen] = backend.requests(target_prefix="/behind-lb")
+        xff = [v for k, v in seen["headers"] if k.lower() == "x-forwarded-for"]
+        self.assertEqual(xff, ["203.0.113.7"], "the client the header names, over TLS")
+
+        # The header and the ClientHello in one segment: the bytes read behind the
+        # header are the handshake's start.
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as raw:
+            with self.assertRaises(ssl.SSLWantReadError):
+                tls.do_handshake()
+            raw.sendall(b"PROXY TCP4 203.0.113.8 127.0.0.1 51001 443\r\n" + outgoing.read())
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    raw.sendall(outgoing.read())
+                    incoming.write(raw.recv(65536))
+            raw.sendall(outgoing.read())
+            tls.write(b"GET /coalesced HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw.sendall(outgoing.read())
+            response = b""
+            while b"\r\n\r\n" not in response:
+                try:
+                    response += tls.read(65536)
+                except ssl.SSLWantReadError:
+                    data = raw.recv(65536)
+                    if not data:
+                        break
+                    incoming.write(data)
+        self.assertTrue(response.startswith(b"HTTP/1.1 200"), response[:80])
+        [seen] = backend.requests(target_prefix="/coalesced")
+        self.assertIn(["X-Forwarded-For", "203.0.113.8"], [[k, v] for k, v in seen["headers"]])
+
     def test_sni_chooses_the_certificate(self):
         other, other_key = self.ca.issue("other", "other.test", "DNS:other.test,DNS:*.wild.test")
         backend = self.start_backend()
