@@ -332,6 +332,7 @@ class OverrideTest(DaemonTestCase):
             [{"path": "/api", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"],
               "status": 429, "max_delay": "100ms", "ratelimit_headers": True}])
         proxy.wait_metric("smockron_proxy_gate_overrides", predicate=lambda v: v == 2, timeout=10)
+        self.assertEqual(self.get(proxy.admin_port, "/status")["identifier_overrides"], 2)
         # The domain's burst of 2, then over it (held past max_delay: 429).
         plain = [fetch(proxy.port, f"/api/plain/{i}", key="plain")[0] for i in range(3)]
         self.assertEqual([r.status for r in plain], [200, 200, 429])

@@ -134,6 +134,7 @@ struct server::impl {
     doc["held_requests"] = shared_.gate.held();
     doc["control_entries"] = shared_.gate.entries();
     doc["max_control_entries"] = rt->cfg.max_control_entries;
+    doc["identifier_overrides"] = shared_.gate.overrides();  // identifiers with rules of their own, from the masters
     doc["domains"] = nlohmann::ordered_json::array();
     for (std::size_t i = 0; i < rt->routes.domains().size(); ++i) {
       const auto q = shared_.gate.quota(rt->gate_domain[i], {}, now);  // the rules, as a fresh client sees them
