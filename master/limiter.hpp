@@ -101,8 +101,8 @@ public:
   stats find_stats(std::size_t domain, std::string_view identifier) const;
   /// A query's use: recorded as an accepted use at `now_us` unless the
   /// identifier is over its limit now (then nothing is recorded, as for a
-  /// request a gatekeeper refuses). `rate`: the binding rule's window use
-  /// after it, for the stats.
+  /// request a gatekeeper refuses). The caller notes the window use it
+  /// reports in `counts->max_rate`.
   struct query_use {
     bool over = false;
     rules::decision after;  ///< the decision once the use is recorded (throttled: publish DELAY_UNTIL)

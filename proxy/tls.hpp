@@ -36,7 +36,7 @@ private:
 /// ALPN). Throws std::runtime_error naming the file when one does not load.
 std::shared_ptr<asio::ssl::context> make_upstream_tls(const config::upstream_config& u);
 
-/// Sets up a client session on `l` (SNI and the name verified) for a server
+/// Sets up the client session `s` (SNI and the name verified) for a server
 /// given as `host` in the configuration, before its handshake.
 void prepare_client_session(tls_stream& s, const config::upstream_config& u, const std::string& host);
 

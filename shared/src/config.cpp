@@ -71,6 +71,27 @@ void read_rule(const toml::node& n, const std::string& path, sink& s, std::vecto
   if (rule.r.count > 0) out.push_back(rule);
 }
 
+// An array of tables at `key` (the node `n`), each read by `each(item, its
+// reader)`; anything else is an error naming `shape`, the form of one item.
+template <class F>
+void each_table(const toml::node& n, const std::string& key, sink& s, const std::string& shape, F each) {
+  const auto* arr = n.as_array();
+  if (!arr) {
+    s.add(n, key, "expected an array of " + shape + ", got " + std::string(type_name(n)));
+    return;
+  }
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const toml::node& item = (*arr)[i];
+    const std::string path = key + "[" + std::to_string(i) + "]";
+    if (const auto* t = item.as_table()) {
+      reader items(*t, path, s);
+      each(item, items);
+    } else {
+      s.add(item, path, "expected a table " + shape + ", got " + std::string(type_name(item)));
+    }
+  }
+}
+
 // A `rules` array (a domain's, or an override's): `n` is the node, if any.
 void read_rules(const toml::node* n, const std::string& path, sink& s, std::vector<rule_config>& out) {
   if (!n) return;
@@ -84,38 +105,25 @@ void read_rules(const toml::node* n, const std::string& path, sink& s, std::vect
 void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
   const toml::node* n = r.get("overrides");
   if (!n) return;
-  const auto* arr = n->as_array();
-  if (!arr) {
-    s.add(*n, r.key("overrides"),
-          "expected an array of { identifier = \"...\", rules = [...] }, got " + std::string(type_name(*n)));
-    return;
-  }
   std::set<std::string, std::less<>> seen;
-  for (std::size_t i = 0; i < arr->size(); ++i) {
-    const std::string path = r.key("overrides") + "[" + std::to_string(i) + "]";
-    const auto* t = (*arr)[i].as_table();
-    if (!t) {
-      s.add((*arr)[i], path,
-            "expected a table { identifier = \"...\", rules = [...] }, got " + std::string(type_name((*arr)[i])));
-      continue;
-    }
-    reader orr(*t, path, s);
-    override_config oc;
-    if (auto* id = orr.typed<toml::value<std::string>>("identifier", "a string")) {
-      oc.identifier = id->get();
-      if (oc.identifier.empty()) s.add(*id, orr.key("identifier"), "must not be empty");
-      else if (oc.identifier.size() > wire::max_identifier_bytes) {
-        s.add(*id, orr.key("identifier"), "longer than 1024 bytes (no gatekeeper sends such an identifier)");
-      } else if (!seen.insert(oc.identifier).second) {
-        s.add(*id, orr.key("identifier"), "\"" + oc.identifier + "\" has another override in this domain");
-      }
-    } else if (!t->contains("identifier")) {
-      s.add((*arr)[i], orr.key("identifier"), "missing (every override names the identifier it is for)");
-    }
-    if (const toml::node* rules = orr.get("rules")) read_rules(rules, orr.key("rules"), s, oc.rules);
-    else s.add((*arr)[i], orr.key("rules"), "missing (rules = [] for no limit)");
-    out.push_back(std::move(oc));
-  }
+  each_table(*n, r.key("overrides"), s, "{ identifier = \"...\", rules = [...] }",
+             [&](const toml::node& item, reader& orr) {
+               override_config oc;
+               if (auto* id = orr.typed<toml::value<std::string>>("identifier", "a string")) {
+                 oc.identifier = id->get();
+                 if (oc.identifier.empty()) s.add(*id, orr.key("identifier"), "must not be empty");
+                 else if (oc.identifier.size() > wire::max_identifier_bytes) {
+                   s.add(*id, orr.key("identifier"), "longer than 1024 bytes (no gatekeeper sends such an identifier)");
+                 } else if (!seen.insert(oc.identifier).second) {
+                   s.add(*id, orr.key("identifier"), "\"" + oc.identifier + "\" has another override in this domain");
+                 }
+               } else if (!orr.table().contains("identifier")) {
+                 s.add(item, orr.key("identifier"), "missing (every override names the identifier it is for)");
+               }
+               if (const toml::node* rules = orr.get("rules")) read_rules(rules, orr.key("rules"), s, oc.rules);
+               else s.add(item, orr.key("rules"), "missing (rules = [] for no limit)");
+               out.push_back(std::move(oc));
+             });
 }
 
 void read_domain(std::string_view name, const toml::node& n, const std::string& path, sink& s,
@@ -411,62 +419,52 @@ void read_routes(reader& r, proxy_config& p) {
 void read_shards(reader& r, proxy_config& p) {
   const toml::node* n = r.get("shards");
   if (!n) return;
-  const auto* arr = n->as_array();
-  if (!arr) {
-    r.errors().add(*n, "proxy.shards", "expected an array of { domain = \"...\", masters = [...] }");
-    return;
-  }
   std::set<std::string, std::less<>> domains;
-  for (std::size_t i = 0; i < arr->size(); ++i) {
-    const std::string path = "proxy.shards[" + std::to_string(i) + "]";
-    const auto* t = (*arr)[i].as_table();
-    if (!t) {
-      r.errors().add((*arr)[i], path, "expected a table { domain = \"...\", masters = [...] }");
-      continue;
-    }
-    reader hr(*t, path, r.errors());
-    proxy_config::shard_config sc;
-    hr.string("domain", sc.domain);
-    if (sc.domain.empty()) r.errors().add((*arr)[i], hr.key("domain"), "missing (the domain split across masters)");
-    else if (!domains.insert(sc.domain).second) {
-      r.errors().add(*t->get("domain"), hr.key("domain"), "\"" + sc.domain + "\" is split twice");
-    }
-    const toml::node* masters = hr.get("masters");
-    const auto* list = masters ? masters->as_array() : nullptr;
-    if (!list) {
-      r.errors().add(masters ? *masters : (*arr)[i], hr.key("masters"),
-                     "expected an array of shares: accounting endpoints, or arrays of redundant ones");
-      continue;
-    }
-    std::set<std::string, std::less<>> seen;
-    for (std::size_t j = 0; j < list->size(); ++j) {
-      const std::string share_key = hr.key("masters") + "[" + std::to_string(j) + "]";
-      std::vector<std::string> share;
-      const auto add = [&](const toml::node& e) {
-        const auto* v = e.as_string();
-        if (!v) {
-          r.errors().add(e, share_key, "expected an accounting endpoint string");
-          return;
-        }
-        const std::string ep = v->get();
-        if (std::find(p.accounting.begin(), p.accounting.end(), ep) == p.accounting.end()) {
-          r.errors().add(e, share_key, "\"" + ep + "\" is not one of accounting (list it there too)");
-        } else if (!seen.insert(ep).second) {
-          r.errors().add(e, share_key, "\"" + ep + "\" is in two shares");
-        }
-        share.push_back(ep);
-      };
-      if (const auto* group = (*list)[j].as_array()) {
-        for (const auto& e : *group) add(e);
-        if (group->empty()) r.errors().add((*list)[j], share_key, "an empty share");
-      } else {
-        add((*list)[j]);
-      }
-      sc.shares.push_back(std::move(share));
-    }
-    if (sc.shares.empty()) r.errors().add(*masters, hr.key("masters"), "needs at least one share");
-    p.shards.push_back(std::move(sc));
-  }
+  each_table(*n, "proxy.shards", r.errors(), "{ domain = \"...\", masters = [...] }",
+             [&](const toml::node& item, reader& hr) {
+               proxy_config::shard_config sc;
+               hr.string("domain", sc.domain);
+               if (sc.domain.empty())
+                 r.errors().add(item, hr.key("domain"), "missing (the domain split across masters)");
+               else if (!domains.insert(sc.domain).second) {
+                 r.errors().add(*hr.table().get("domain"), hr.key("domain"), "\"" + sc.domain + "\" is split twice");
+               }
+               const toml::node* masters = hr.get("masters");
+               const auto* list = masters ? masters->as_array() : nullptr;
+               if (!list) {
+                 r.errors().add(masters ? *masters : item, hr.key("masters"),
+                                "expected an array of shares: accounting endpoints, or arrays of redundant ones");
+                 return;
+               }
+               std::set<std::string, std::less<>> seen;
+               for (std::size_t j = 0; j < list->size(); ++j) {
+                 const std::string share_key = hr.key("masters") + "[" + std::to_string(j) + "]";
+                 std::vector<std::string> share;
+                 const auto add = [&](const toml::node& e) {
+                   const auto* v = e.as_string();
+                   if (!v) {
+                     r.errors().add(e, share_key, "expected an accounting endpoint string");
+                     return;
+                   }
+                   const std::string ep = v->get();
+                   if (std::find(p.accounting.begin(), p.accounting.end(), ep) == p.accounting.end()) {
+                     r.errors().add(e, share_key, "\"" + ep + "\" is not one of accounting (list it there too)");
+                   } else if (!seen.insert(ep).second) {
+                     r.errors().add(e, share_key, "\"" + ep + "\" is in two shares");
+                   }
+                   share.push_back(ep);
+                 };
+                 if (const auto* group = (*list)[j].as_array()) {
+                   for (const auto& e : *group) add(e);
+                   if (group->empty()) r.errors().add((*list)[j], share_key, "an empty share");
+                 } else {
+                   add((*list)[j]);
+                 }
+                 sc.shares.push_back(std::move(share));
+               }
+               if (sc.shares.empty()) r.errors().add(*masters, hr.key("masters"), "needs at least one share");
+               p.shards.push_back(std::move(sc));
+             });
 }
 
 proxy_config read_proxy(const toml::table& t, sink& s) {
@@ -562,25 +560,15 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
     }
   }
   if (const toml::node* n = r.get("tls_sni")) {
-    const auto* arr = n->as_array();
-    if (!arr) s.add(*n, "proxy.tls_sni", "expected an array of { cert = \"...\", key = \"...\" }");
-    else if (!p.tls()) s.add(*n, "proxy.tls_sni", "has no effect without tls_cert and tls_key");
-    for (std::size_t i = 0; arr && i < arr->size(); ++i) {
-      const std::string path = "proxy.tls_sni[" + std::to_string(i) + "]";
-      const auto* et = (*arr)[i].as_table();
-      if (!et) {
-        s.add((*arr)[i], path,
-              "expected a table { cert = \"...\", key = \"...\" }, got " + std::string(type_name((*arr)[i])));
-        continue;
-      }
-      reader sr(*et, path, s);
+    if (!p.tls()) s.add(*n, "proxy.tls_sni", "has no effect without tls_cert and tls_key");
+    each_table(*n, "proxy.tls_sni", s, "{ cert = \"...\", key = \"...\" }", [&](const toml::node& item, reader& sr) {
       proxy_config::tls_certificate c;
       sr.string("cert", c.cert);
       sr.string("key", c.key);
-      if (c.cert.empty() || c.key.empty()) s.add((*arr)[i], path, "needs both cert and key");
+      if (c.cert.empty() || c.key.empty()) s.add(item, sr.path(), "needs both cert and key");
       check_readable(sr, {"cert", "key"});
       p.tls_sni.push_back(std::move(c));
-    }
+    });
   }
   read_upstreams(r, p);
   read_routes(r, p);

@@ -56,6 +56,8 @@ public:
   ~reader() { finish(); }
 
   std::string key(std::string_view k) const { return path_.empty() ? std::string(k) : path_ + "." + std::string(k); }
+  /// The table's own key path ("proxy.tls_sni[0]").
+  const std::string& path() const { return path_; }
   const toml::table& table() const { return table_; }
   sink& errors() { return sink_; }
 

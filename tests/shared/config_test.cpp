@@ -608,6 +608,13 @@ TEST(Config, TlsKeys) {
             std::string::npos);
   EXPECT_NE(one_error("[proxy]\ntls_sni = []\n").find("proxy.tls_sni: has no effect without tls_cert and tls_key"),
             std::string::npos);
+  const std::string tls = "[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\n";
+  EXPECT_NE(one_error(tls + "tls_sni = \"x\"\n").find("proxy.tls_sni: expected an array of { cert"), std::string::npos);
+  EXPECT_NE(one_error(tls + "tls_sni = [\"x\"]\n").find("proxy.tls_sni[0]: expected a table { cert"),
+            std::string::npos);
+  EXPECT_NE(one_error(tls + "tls_sni = [ { cert = \"" + cert + "\", key = \"" + key + "\", pem = 1 } ]\n")
+                .find("tls_sni[0].pem: unknown key"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\ntls_sni = [ { cert = \"" +
                       cert + "\" } ]\n")
                 .find("proxy.tls_sni[0]: needs both cert and key"),
@@ -646,6 +653,8 @@ masters = ["tcp://a:10004", ["tcp://b1:10004", "tcp://b2:10004"]]
   EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://a:1\", [\"tcp://a:1\"]]\n")
                 .find("is in two shares"),
             std::string::npos);
+  EXPECT_NE(one_error(head + "shards = 3\n").find("proxy.shards: expected an array of { domain"), std::string::npos);
+  EXPECT_NE(one_error(head + "shards = [1]\n").find("proxy.shards[0]: expected a table { domain"), std::string::npos);
   EXPECT_NE(one_error(head + "[[proxy.shards]]\nmasters = [\"tcp://a:1\"]\n").find("proxy.shards[0].domain: missing"),
             std::string::npos);
   EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\n").find("proxy.shards[0].masters: expected an array"),
