@@ -13,6 +13,8 @@ packages=(
 if [ "${1:-}" = "--test" ]; then
   # Services and tools started by the tests and benchmarks themselves.
   packages+=(redis-server redis-sentinel nginx-light wrk procps docker-compose)
+  # Real HTTP clients that honour Retry-After (integration/test_retry_after.py).
+  packages+=(python3-urllib3)
   # clang's libFuzzer for the fuzz targets (scripts/fuzz.sh).
   packages+=(clang libclang-rt-14-dev)
   # The source format check (scripts/format.sh --check).

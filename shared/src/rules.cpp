@@ -12,13 +12,20 @@ std::int64_t count_after(const std::vector<std::int64_t>& times, std::int64_t si
   return static_cast<std::int64_t>(times.end() - it);
 }
 
-decision evaluate_log(const limits& l, const state& s, std::int64_t now) {
+// The spec's evaluation: a rule whose window ending at `now` holds `burst`
+// uses allows the next one at max(now, last) + interval. `since_last` (a
+// refusal, which records no use) starts from the last use instead of now: the
+// time the uses put the client at does not move while it is refused, so a
+// Retry-After that named it stays true (waiting clients are not pushed back
+// by their own retries).
+decision evaluate_log(const limits& l, const state& s, std::int64_t now, bool since_last) {
   decision d;
   if (s.times.empty()) return d;
   const std::int64_t last = s.times.back();
   for (const rule& r : l.rules) {
     if (count_after(s.times, now - r.window_us()) < r.burst) continue;
-    const std::int64_t next = std::max(now, last) + r.interval_us;
+    const std::int64_t next = (since_last ? last : std::max(now, last)) + r.interval_us;
+    if (next <= now) continue;
     if (!d.throttled || next > d.next_us) {
       d.throttled = true;
       d.next_us = next;
@@ -126,11 +133,16 @@ std::int64_t limits::max_window_us() const {
 }
 
 decision evaluate(const limits& l, const state& s, std::int64_t now_us) {
-  return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us);
+  return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us, false);
 }
 
 decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
-  if (e.kind != event_kind::rejected && !l.rules.empty()) {
+  if (e.kind == event_kind::rejected) {
+    // No use recorded, and the next allowed time stays where the uses put it
+    // (GCRA's does not depend on now; the sliding log's starts from the last use).
+    return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us, true);
+  }
+  if (!l.rules.empty()) {
     e.at_us = std::min(e.at_us, now_us + l.max_future_us);
     if (l.algo == algorithm::gcra) record_gcra(l, s, e, now_us);
     else record_log(l, s, e, now_us);

@@ -58,6 +58,36 @@ TEST_P(BothAlgorithms, RejectedDoesNotCount) {
   EXPECT_FALSE(evaluate(l, s, t0 + 100 * ms).throttled);
 }
 
+TEST_P(BothAlgorithms, ARefusalNeverMovesTheNextAllowedTime) {
+  // 1/2s, burst 1: refused 1.3 s after its use, the client is told 2.0 s;
+  // its retries (each a REJECTED) must not push that time on.
+  const limits l = make(GetParam(), {rule{2'000 * ms, 1}});
+  state s;
+  ASSERT_EQ(accepted(l, s, t0, t0).next_us, t0 + 2'000 * ms);
+  for (const std::int64_t at : {1'300, 1'700, 1'999}) {
+    const decision d = apply(l, s, {event_kind::rejected, t0 + at * ms}, t0 + at * ms);
+    ASSERT_TRUE(d.throttled);
+    EXPECT_EQ(d.next_us, t0 + 2'000 * ms) << "refused at +" << at << " ms";
+  }
+  // The retry at the promised time is a use inside the limit.
+  EXPECT_FALSE(evaluate(l, s, t0 + 2'000 * ms).throttled);
+  EXPECT_EQ(accepted(l, s, t0 + 2'000 * ms, t0 + 2'000 * ms).next_us, t0 + 4'000 * ms);
+}
+
+TEST_P(BothAlgorithms, ARefusalAfterTheBurstNamesTheTimeTheUsesSet) {
+  // Two rules: the refusal's time is the latest either sets, and stays.
+  const limits l = make(GetParam(), {per_second(10, 3), rule{1'000 * ms, 4}});
+  state s;
+  decision published;
+  for (int i = 0; i < 4; ++i) published = accepted(l, s, t0 + i * 100 * ms, t0 + i * 100 * ms);
+  ASSERT_TRUE(published.throttled);  // what the gatekeepers were told after the last use
+  for (const std::int64_t at : {350, 900}) {
+    const decision d = apply(l, s, {event_kind::rejected, t0 + at * ms}, t0 + at * ms);
+    ASSERT_TRUE(d.throttled);
+    EXPECT_EQ(d.next_us, published.next_us) << "refused at +" << at << " ms";
+  }
+}
+
 TEST_P(BothAlgorithms, FutureTimestampIsClampedToTheAllowedSkew) {
   limits l = make(GetParam(), {per_second(10, 1)});
   l.max_future_us = 2'000 * ms;

@@ -75,6 +75,10 @@ struct decision {
 /// after the last use, so over-use pushes the next allowed time out by as much
 /// and the long-run admitted rate stays at the configured rate at any
 /// gatekeeper-to-master distance. GCRA charges every use by construction.
+/// A REJECTED event records nothing and never moves the next allowed time:
+/// the decision is where the uses put it (sliding log: one interval after the
+/// last use, not after now), so a refused client told to come back at that
+/// time is admitted then, however often it was refused meanwhile.
 decision apply(const limits& l, state& s, event e, std::int64_t now_us);
 
 /// Evaluates without recording anything.
