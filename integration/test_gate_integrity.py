@@ -86,6 +86,27 @@ class PathNormalizationTest(DaemonTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual([e["target"] for e in backend.requests(key="frank")], ["/api/a%2Fb", "/other//x"])
 
+    def test_path_parameters_cannot_step_around_a_route(self):
+        # Tomcat, Jetty and Spring serve /api;x/a as /api/a: so do the routes.
+        _, backend, proxy = self.stack()
+        self.assertEqual(fetch(proxy.port, "/api/a", key="gina")[0].status, 200)
+        for spelling in ("/api;x/a", "/api;/a", "/api;jsessionid=1", "/x/..;/api/a", "/%61pi;v=1/a"):
+            r, _ = fetch(proxy.port, spelling, key="gina")
+            self.assertEqual(r.status, 503, f"{spelling} stepped around the limit: {r.status}")
+        self.assertEqual([e["target"] for e in backend.requests(key="gina")], ["/api/a"])
+        # Forwarded as sent by default (normalized, parameters kept).
+        self.assertEqual(fetch(proxy.port, "/api;v=1/b?q=1", key="hank")[0].status, 200)
+        self.assertEqual([e["target"] for e in backend.requests(key="hank")], ["/api;v=1/b?q=1"])
+
+    def test_path_parameters_stripped_or_refused(self):
+        _, backend, proxy = self.stack(path_parameters="strip")
+        self.assertEqual(fetch(proxy.port, "/api;v=1/b;c?q=;1", key="ivan")[0].status, 200)
+        self.assertEqual([e["target"] for e in backend.requests(key="ivan")], ["/api/b?q=;1"], "the query as sent")
+        _, backend, proxy = self.stack(path_parameters="reject")
+        self.assertEqual(fetch(proxy.port, "/api;v=1/b", key="judy")[0].status, 400)
+        self.assertEqual(fetch(proxy.port, "/api/b?q=;1", key="judy")[0].status, 200, "a ';' in the query is no parameter")
+        self.assertEqual([e["target"] for e in backend.requests(key="judy")], ["/api/b?q=;1"])
+
 
 
 class UnidentifiedTest(DaemonTestCase):
@@ -115,6 +136,42 @@ class UnidentifiedTest(DaemonTestCase):
         self.assertEqual(metric(m, "smockron_proxy_unidentified_total", {"action": "allow"}), 3)
         self.assertEqual(metric(m, "smockron_proxy_rejects_total", {"reason": "unidentified"}), 1)
         self.assertEqual([e["target"] for e in backend.requests(target_prefix="/reject")], [])
+
+
+class AmbiguousIdentifierTest(DaemonTestCase):
+    """One identifier per request, or none: a source that finds two values is
+    refused with 400 (backends disagree about which one counts)."""
+
+    def test_every_source_refuses_two_values(self):
+        route = {"domain": "api", "upstream": "app"}
+        routes = [dict(route, path="/header", identify=["header:X-Key", "ip"]),
+                  dict(route, path="/query", identify=["query:key"]),
+                  dict(route, path="/cookie", identify=["cookie:sid"]),
+                  dict(route, path="/token", identify=["token"])]
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("1/m", 1)]}}, routes, max_delay="0s")
+        cases = [
+            ("/header/a", [("X-Key", "k1")], [("X-Key", "random"), ("X-Key", "k1")]),
+            ("/query/a?key=q1", [], None),
+            ("/cookie/a", [("Cookie", "sid=c1")], [("Cookie", "sid=random"), ("Cookie", "sid=c1")]),
+            ("/token/a", [("Authorization", "Bearer t1")],
+             [("Authorization", "Bearer random"), ("Authorization", "Bearer t1")]),
+        ]
+        for target, one, two in cases:
+            self.assertEqual(fetch(proxy.port, target, headers=one)[0].status, 200, target)
+            self.assertEqual(fetch(proxy.port, target, headers=one)[0].status, 503, f"{target}: limit spent")
+            if two is not None:
+                r, _ = fetch(proxy.port, target, headers=two)
+                self.assertEqual(r.status, 400, f"{target} with two values: {r.status}")
+        for target in ("/query/a?key=random&key=q1", "/query/a?key=q1&key=q1", "/cookie/a"):
+            headers = [("Cookie", "sid=random; sid=c1")] if target.startswith("/cookie") else []
+            self.assertEqual(fetch(proxy.port, target, headers=headers)[0].status, 400, target)
+        self.assertEqual(metric(proxy.metrics(), "smockron_proxy_rejects_total", {"reason": "ambiguous_identifier"}),
+                         6)
+        # A comma inside one field line is one value.
+        self.assertEqual(fetch(proxy.port, "/header/b", headers=[("X-Key", "k2, k1")])[0].status, 200)
+        forwarded = [e["target"] for e in backend.requests()]
+        self.assertEqual(sorted(t for t in forwarded if not t.startswith("/__warm/")),
+                         ["/cookie/a", "/header/a", "/header/b", "/query/a?key=q1", "/token/a"])
 
 
 class HeldClientLeavesTest(DaemonTestCase):
@@ -246,6 +303,57 @@ class ProxyProtocolTest(DaemonTestCase):
         self.assertEqual(len(backend.requests()), forwarded0, "nothing of theirs was forwarded")
 
 
+class ReloadReachesTheNextConnectionTest(DaemonTestCase):
+    """A reload applies to the very next connection, on every worker: the
+    PROXY header stage of a connection uses the generation in force when it
+    was accepted (a worker that last served a connection before the reload
+    must not run the new one's first stage with the old generation)."""
+
+    CONNECTIONS = 6  # after each reload; every worker's first is among them
+
+    def test_proxy_protocol_on_off_on(self):
+        backend = self.start_backend()
+        proxy = self.start_proxy({"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+                                 [{"path": "/", "upstream": "app"}], proxy_protocol=True, threads=2)
+        header = b"PROXY TCP4 192.0.2.10 127.0.0.1 56324 8080\r\n"
+
+        def forwarded_for(data: bytes):
+            """The X-Forwarded-For the backend saw for one new connection sending `data`;
+            None if the proxy answered otherwise or closed it unanswered."""
+            c = self.closing(RawConn(proxy.port))
+            c.send(data)
+            try:
+                r = c.read_response()
+            except (ConnectionError, OSError):
+                return None
+            if r.status != 200:
+                return None
+            return {k.lower(): v for k, v in r.json()["headers"]}["x-forwarded-for"]
+
+        def reload(on: bool, reloads: int):
+            with open(proxy.config_path) as f:
+                text = f.read()
+            with open(proxy.config_path, "w") as f:
+                f.write(text.replace(f"proxy_protocol = {str(not on).lower()}", f"proxy_protocol = {str(on).lower()}"))
+            proxy.signal(signal.SIGHUP)
+            wait_until(lambda: proxy.log().count("configuration reloaded") == reloads, 10,
+                       message="the reload is installed")
+
+        # Each worker serves a connection under the first generation.
+        for _ in range(self.CONNECTIONS):
+            self.assertEqual(forwarded_for(header + request_bytes("GET", "/echo")), "192.0.2.10")
+        reload(False, 1)
+        for i in range(self.CONNECTIONS):
+            self.assertIsNone(forwarded_for(header + request_bytes("GET", "/echo")),
+                              f"connection {i} after proxy_protocol was turned off: its own PROXY line is not honoured")
+            self.assertEqual(forwarded_for(request_bytes("GET", "/echo")), "127.0.0.1")
+        reload(True, 2)
+        for i in range(self.CONNECTIONS):
+            self.assertIsNone(forwarded_for(request_bytes("GET", "/echo")),
+                              f"connection {i} after proxy_protocol was turned on: a header is required")
+            self.assertEqual(forwarded_for(header + request_bytes("GET", "/echo")), "192.0.2.10")
+
+
 class JwtWithoutKeyTest(DaemonTestCase):
     def test_a_jwt_source_without_a_key_is_a_configuration_error(self):
         path = self.write_file("jwt.toml", """
@@ -349,6 +457,32 @@ class CredentialHashingTest(DaemonTestCase):
         ip_msg = wait_until(lambda: fm.recv(0.2), 5, message="the next source's accounting")
         while ip_msg.identifier != "127.0.0.1":  # earlier requests' messages may still be queued
             ip_msg = wait_until(lambda: fm.recv(0.2), 5, message="the next source's accounting")
+
+    def test_a_hashed_query_credential_is_never_logged_in_clear(self):
+        backend = self.start_backend()
+        log_path = os.path.join(self.tmp, "access.log")
+        proxy = self.start_proxy(
+            {"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
+            [{"path": "/", "domain": "api", "upstream": "app",
+              "identify": [{"source": "query:api_key", "hash": True}, "ip"]}],
+            access_log=True, access_log_format="json", access_log_path=log_path)
+        secret = "live_9b1e"
+        for target in (f"/x?page=2&api_key={secret}", "/nowhere?api%5Fkey=live%5F9b1e"):
+            self.assertEqual(fetch(proxy.port, target)[0].status, 200)
+        hashed = "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:32]
+
+        def lines():
+            with open(log_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+
+        logged = wait_until(lambda: len(lines()) == 2 and lines(), 10, message="two access log lines")
+        self.assertEqual([e["target"] for e in logged],
+                         [f"/x?page=2&api_key={hashed}", f"/nowhere?api%5Fkey={hashed}"])
+        self.assertEqual({e["identifier"] for e in logged}, {hashed})
+        with open(log_path) as f:
+            self.assertNotIn(secret, f.read())
+        self.assertNotIn(secret, proxy.log())
+        self.assertNotIn(secret, proxy.get("/status").body)
 
 
 class Ipv6GroupingTest(DaemonTestCase):

@@ -81,6 +81,7 @@ class TlsListenerTest(DaemonTestCase):
         self.cert, self.key = self.ca.issue("server", "localhost", "DNS:localhost,IP:127.0.0.1")
 
     def proxy(self, backend, **keys):
+        keys.setdefault("threads", 2)  # reload tests check every worker's first connection
         return self.start_proxy({"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
                                 [{"path": "/", "upstream": "app"}], tls_cert=self.cert, tls_key=self.key, **keys)
 
@@ -230,8 +231,12 @@ class TlsListenerTest(DaemonTestCase):
             return conn.sock.getpeercert()["serialNumber"]
 
         old_serial = serial(before)
-        wait_until(lambda: serial(c := tls_connection(proxy.port, self.ca.cert)) != old_serial and c, 10,
-                   message="new connections get the new certificate")
+        wait_until(lambda: "configuration reloaded" in proxy.log(), 10, message="the reload is installed")
+        # The very first connections after it (every worker's first among them) get the new certificate.
+        for i in range(6):
+            conn = tls_connection(proxy.port, self.ca.cert)
+            self.assertNotEqual(serial(conn), old_serial, f"connection {i} after the reload")
+            conn.close()
         self.assertEqual(get(before, "/after-reload")[0], 200, "the open connection goes on")
         before.close()
 

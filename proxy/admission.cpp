@@ -39,7 +39,16 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   }
   const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000,
                               static_cast<int>(rt.cfg.ipv6_prefix), rt.cfg.real_ip_header};
-  a.who = identify(r.identify, req.headers, req.target, peer, ictx);
+  identification found = identify(r.identify, req.headers, req.target, peer, ictx);
+  if (found.ambiguous != nullptr) {
+    // Two values for one identifier: whichever the gate chose, the backend may use the other.
+    a.outcome = decision::rejected;
+    a.ambiguous = true;
+    count[static_cast<int>(decision::rejected)]->inc();
+    env.metrics.reject_ambiguous.inc();
+    return a;
+  }
+  a.who = std::move(found.who);
   // fail_closed: no master has published this domain's policy lately (none
   // reachable, or none owns the domain): refuse rather than pass.
   if (rt.cfg.fail_closed && !env.g.covered(domain, now_us)) {

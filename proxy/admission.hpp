@@ -23,6 +23,7 @@ struct admission {
   gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
   bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
   bool unidentified = false;    ///< refused: no source identified it and the route rejects such requests
+  bool ambiguous = false;       ///< refused (400): an identifier source found more than one value
   /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
   std::optional<decision> shadow;
 };

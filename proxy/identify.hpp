@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,10 +64,26 @@ struct identify_context {
 /// /`ipv6_prefix_bits` network ("2001:db8::/64"; the address alone at 128).
 std::string ip_identifier(const ip_address& a, int ipv6_prefix_bits);
 
+/// What identification found: an identity, nothing, or a source with more
+/// than one value.
+struct identification {
+  std::optional<identity> who;  ///< nothing: no source yielded a value
+  /// The source that found more than one value (two field lines of a header,
+  /// a repeated query parameter or cookie, several Authorization fields): the
+  /// request is refused (400), as backends disagree about which one counts.
+  /// A comma inside one field line is part of the value.
+  const config::identifier_source* ambiguous = nullptr;
+};
+
 /// Applies `sources` in order; the first that yields a non-empty value wins.
-std::optional<identity> identify(const std::vector<config::identifier_source>& sources,
-                                 const http1::header_list& headers, std::string_view target, const ip_address& peer,
-                                 const identify_context& ctx);
+/// A source tried before that finds several values ends the search (ambiguous).
+identification identify(const std::vector<config::identifier_source>& sources, const http1::header_list& headers,
+                        std::string_view target, const ip_address& peer, const identify_context& ctx);
+
+/// `target` with the value of each query parameter named in `names` (decoded
+/// key) replaced by its hash_secret(), as a hashed `query:` source sends it:
+/// what logs write instead of a credential in clear.
+std::string redact_query(std::string_view target, std::span<const std::string> names);
 
 /// The client address: the peer, or, when the peer is a trusted proxy, the
 /// right-most address of the `chain` header (X-Forwarded-For, or Forwarded's

@@ -122,6 +122,20 @@ std::string normalize(std::string_view p, const options& o, std::string_view& wh
   return out;
 }
 
+std::string strip_parameters(std::string_view p) {
+  std::string out;
+  out.reserve(p.size());
+  while (!p.empty()) {
+    const auto semi = p.find(';');
+    out.append(p.substr(0, semi));
+    if (semi == std::string_view::npos) break;
+    const auto next = p.find('/', semi);  // the parameter runs to the end of its segment
+    if (next == std::string_view::npos) break;
+    p.remove_prefix(next);
+  }
+  return out;
+}
+
 bool under(std::string_view p, std::string_view prefix) {
   if (!p.starts_with(prefix)) return false;
   return prefix.empty() || prefix.back() == '/' || p.size() == prefix.size() || p[prefix.size()] == '/';

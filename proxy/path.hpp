@@ -34,6 +34,13 @@ std::string normalize(std::string_view path, const options& o, std::string_view&
 /// segment): the common case, decided without allocating.
 bool already_normal(std::string_view path, const options& o);
 
+/// `path` without the parameters of its segments (RFC 3986 3.3: from a ';' to
+/// the end of its segment): "/api;jsessionid=1/a;v=2" is "/api/a", what
+/// Tomcat, Jetty and Spring serve for it. Routes match this form, so a
+/// parameter cannot carry a request past a route's prefix ("/api;x/a" is
+/// inside "/api", "/api/..;/admin" is "/admin").
+std::string strip_parameters(std::string_view path);
+
 /// Whether `path` is under the route prefix `prefix` on a segment boundary:
 /// "/api" matches "/api" and "/api/x", not "/apiary"; "/api/" matches
 /// "/api/x"; "/" matches everything.

@@ -9,8 +9,10 @@ constexpr std::array<std::string_view, decision_count> k_decision_names = {"acce
 std::vector<double> delay_buckets() { return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}; }
 
 metrics::counter& reject(metrics::registry& r, std::string_view reason) {
-  return r.add_counter("smockron_proxy_rejects_total", "Requests rejected with 503 by reason",
-                       metrics::labels({{"reason", reason}}));
+  return r.add_counter(
+      "smockron_proxy_rejects_total",
+      "Requests the gate refused, by reason (503 or the route's status; 403 unidentified; 400 ambiguous_identifier)",
+      metrics::labels({{"reason", reason}}));
 }
 
 metrics::counter& unidentified(metrics::registry& r, std::string_view action) {
@@ -46,6 +48,7 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       reject_held_full(reject(r, "held_full")),
       reject_no_master(reject(r, "no_master")),
       reject_unidentified(reject(r, "unidentified")),
+      reject_ambiguous(reject(r, "ambiguous_identifier")),
       unidentified_shared(unidentified(r, "shared")),
       unidentified_reject(unidentified(r, "reject")),
       unidentified_allow(unidentified(r, "allow")),

@@ -41,7 +41,7 @@ struct proxy_metrics {
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held;
   metrics::counter& proxy_protocol_error;  ///< connections closed for a missing or invalid PROXY header
   metrics::counter& tls_handshake_error;   ///< client connections whose TLS handshake failed or timed out
-  metrics::counter &reject_too_long, &reject_held_full, &reject_no_master, &reject_unidentified;
+  metrics::counter &reject_too_long, &reject_held_full, &reject_no_master, &reject_unidentified, &reject_ambiguous;
   /// Requests no source identified, by the route's action (shared, reject, allow).
   metrics::counter &unidentified_shared, &unidentified_reject, &unidentified_allow;
   metrics::counter &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &upstream_tls;

@@ -77,6 +77,13 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
     }
     route_limits.push_back(l);
   }
+  for (const auto& rc : cfg.routes) {
+    for (const auto& src : rc.identify) {
+      if (src.type != config::identifier_source::kind::query || !src.hash) continue;
+      if (std::find(redacted_query.begin(), redacted_query.end(), src.name) == redacted_query.end())
+        redacted_query.push_back(src.name);
+    }
+  }
   normalize_path = cfg.normalize_path;
   path_options.merge_slashes = cfg.merge_slashes;
   using action = config::proxy_config::escaped_slashes_action;

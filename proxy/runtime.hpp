@@ -52,6 +52,9 @@ struct runtime {
   std::unique_ptr<std::atomic<std::int64_t>[]> route_held;
   bool normalize_path = true;
   path::options path_options;
+  /// Query parameters some route's hashed `query:` source reads: logs write
+  /// their values hashed (redact_query), never in clear.
+  std::vector<std::string> redacted_query;
   steady::duration tick{};  ///< the connection watchdog's period (see conn_io.hpp)
   std::uint64_t generation = 0;
 };

@@ -24,8 +24,15 @@ public:
     boost::system::error_code ignored;
     c_.client.socket().set_option(tcp::no_delay(true), ignored);
     if (auto parsed = parse_ip(c_.client.socket().remote_endpoint(ignored).address().to_string())) peer_ = *parsed;
-    if (w_.rt->cfg.proxy_protocol && !co_await read_proxy_header(*w_.rt)) co_return;
-    if (w_.rt->listener_tls && !co_await tls_handshake(*w_.rt)) co_return;
+    {
+      // The connection's own stages (PROXY header, TLS) use the generation in
+      // force when it was accepted: a reload reaches the very next connection,
+      // even the first one a worker accepts after it.
+      if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
+      const std::shared_ptr<const runtime> rt = w_.rt;
+      if (rt->cfg.proxy_protocol && !co_await read_proxy_header(*rt)) co_return;
+      if (rt->listener_tls && !co_await tls_handshake(*rt)) co_return;
+    }
     peer_text_ = format_ip(peer_);
     for (bool first = true;; first = false) {
       if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
@@ -144,13 +151,15 @@ private:
       co_return co_await refuse(c_, version, 413, "request body too large\n");
     }
     std::string_view why;
-    if (rt.normalize_path && !normalize_target(rt, why)) {
+    std::string route_path;  // set when routes match another form of the path than the one forwarded
+    if (!prepare_path(rt, route_path, why)) {
       s_.metrics.bad_request.inc();
       log_own(400);
       co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
     }
     const std::string_view target = req.target;
-    const route* r = rt.routes.match(req.host, target.substr(0, target.find('?')));
+    const route* r = rt.routes.match(
+        req.host, route_path.empty() ? target.substr(0, target.find('?')) : std::string_view(route_path));
     if (!r) {
       s_.metrics.no_route.inc();
       log_own(404);
@@ -169,8 +178,10 @@ private:
     if (a.outcome == decision::rejected) {
       // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
       const bool full = a.gate.reason == reject_reason::held_full;
-      const unsigned status = a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
+      const unsigned status = a.ambiguous ? 400 : a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
       log_own(status);
+      if (a.ambiguous)
+        co_return co_await answer(400, "bad request: more than one value for the client identifier\n", 0);
       if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
       if (a.unidentified)
         co_return co_await answer(403, "this route needs an identifier the request does not carry\n", 0);
@@ -217,6 +228,7 @@ private:
     }
     if (r.explain) {
       const std::string_view reason = a.no_master                                 ? "no_master"
+                                      : a.ambiguous                               ? "ambiguous_identifier"
                                       : a.unidentified                            ? "unidentified"
                                       : a.gate.reason == reject_reason::held_full ? "held_full"
                                                                                   : "delay_too_long";
@@ -232,7 +244,7 @@ private:
     entry_->client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies, rt.cfg.real_ip_header));
     entry_->peer = peer_text_;
     entry_->method = req.method;
-    entry_->target = req.target;
+    entry_->target = redact_query(req.target, rt.redacted_query);  // hashed credentials stay hashed
     started_ = s_.clk.steady_now();
   }
 
@@ -249,18 +261,41 @@ private:
     entry_.reset();
   }
 
-  // Normalizes the path of the request target (path.hpp); the request then
-  // goes on, to routing and upstream, with the normalized target. False
-  // (`why` set) when it cannot be normalized safely.
-  bool normalize_target(const runtime& rt, std::string_view& why) {
+  // Normalizes the path of the request target (with normalize_path; path.hpp)
+  // and works out what routes match: the path without segment parameters
+  // (`route_path`, set only when that differs from the target's path). The
+  // request then goes on with the normalized target, its parameters kept or
+  // stripped (path_parameters). False (`why` set) when the path cannot be
+  // normalized safely, or carries parameters the configuration refuses.
+  bool prepare_path(const runtime& rt, std::string& route_path, std::string_view& why) {
     http1::request_head& req = c_.request;
     const std::string_view target = req.target;
     const std::string_view p = target.substr(0, target.find('?'));
-    if (!p.starts_with('/') || path::already_normal(p, rt.path_options)) return true;  // "*", absolute-form, or normal
+    if (!p.starts_with('/')) return true;  // "*" or absolute-form
+    using params = config::proxy_config::path_parameters_action;
+    const params action = rt.cfg.path_parameters;
+    const bool has_params = p.find(';') != std::string_view::npos;
+    if (has_params) {
+      if (action == params::reject) {
+        why = "parameters in path";
+        return false;
+      }
+      route_path = path::strip_parameters(p);
+      if (rt.normalize_path) route_path = path::normalize(route_path, rt.path_options, why);
+      if (!why.empty()) return false;
+      if (action == params::strip) return retarget(std::string(route_path), p.size());
+    }
+    if (!rt.normalize_path || path::already_normal(p, rt.path_options)) return true;
     std::string normal = path::normalize(p, rt.path_options, why);
     if (!why.empty()) return false;
-    normal.append(target.substr(p.size()));  // the query, as sent
-    c_.target = std::move(normal);
+    return retarget(std::move(normal), p.size());
+  }
+
+  // The request goes on with `path` and the query as sent (the target's part after its first `path_size` bytes).
+  bool retarget(std::string path, std::size_t path_size) {
+    http1::request_head& req = c_.request;
+    path.append(req.target.substr(path_size));
+    c_.target = std::move(path);
     req.target = c_.target;
     return true;
   }

@@ -49,10 +49,14 @@ void gate_path(benchmark::State& state, bool with_key) {
   wire::scratch scratch;
   for (auto _ : state) {
     const route* r = routes.match(*headers.first("Host"), "/api/orders");
-    auto who = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
-    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who->value, now, limits);
-    auto enc =
-        wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
+    const auto found = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
+    if (!found.who) {
+      state.SkipWithError("no identifier");
+      break;
+    }
+    const identity& who = *found.who;
+    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who.value, now, limits);
+    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who.value, now / 1000, 0, {}}, scratch);
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
   }
@@ -88,10 +92,14 @@ void gate_path_guarded(benchmark::State& state, int clients) {
     if (++i == heads.size()) i = 0;
     if (++now % 1'000'000 == 0) g.set_policy(api, {&rule, 1}, now);  // the master's refresh
     const route* r = routes.match(*headers.first("Host"), "/api/orders");
-    auto who = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
-    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who->value, now, limits);
-    auto enc =
-        wire::encode(wire::accounting{r->domain, wire::status::accepted, who->value, now / 1000, 0, {}}, scratch);
+    const auto found = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
+    if (!found.who) {
+      state.SkipWithError("no identifier");
+      break;
+    }
+    const identity& who = *found.who;
+    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who.value, now, limits);
+    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who.value, now / 1000, 0, {}}, scratch);
     if (d.v != verdict::accept) state.SkipWithError("a client under its limit was held");
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);

@@ -508,6 +508,7 @@ proxy_config read_proxy(const toml::table& t, sink& s) {
   r.boolean("merge_slashes", p.merge_slashes);
   r.choice("escaped_slashes", std::array<std::string_view, 3>{"reject", "keep", "unescape"}, "action",
            p.escaped_slashes);
+  r.choice("path_parameters", std::array<std::string_view, 3>{"keep", "strip", "reject"}, "action", p.path_parameters);
   if (!p.normalize_path) {
     for (const char* k : {"merge_slashes", "escaped_slashes"}) {
       if (const toml::node* n = r.table().get(k))

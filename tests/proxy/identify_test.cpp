@@ -61,11 +61,12 @@ std::vector<src> sources(std::initializer_list<std::string_view> list) {
   return out;
 }
 
-// The identity's value, or "<none>".
+// The identity's value, "<none>", or "<ambiguous>" (a source found several values).
 std::string id_of(const std::vector<src>& s, const headers& h, std::string_view target = "/",
                   const ip_address& peer = ip("203.0.113.9"), const identify_context& ctx = {}) {
-  auto r = identify(s, h, target, peer, ctx);
-  return r ? r->value : "<none>";
+  const auto r = identify(s, h, target, peer, ctx);
+  if (r.ambiguous != nullptr) return "<ambiguous>";
+  return r.who ? r.who->value : "<none>";
 }
 
 std::string client(const headers& h, std::string_view peer, const std::vector<cidr>& trusted) {
@@ -246,15 +247,66 @@ TEST(ClientAddress, ForwardedChainFromTrustedProxies) {
 
 // ------------------------------------------------------ header / cookie / query
 
-TEST(Identify, HeaderCaseInsensitiveFirstInstanceTrimmed) {
+TEST(Identify, HeaderCaseInsensitiveTrimmed) {
   headers h;
-  h.insert("x-api-key", "  key-one \t");
-  h.insert("X-API-KEY", "key-two");
+  h.insert("x-api-key", "  key-one, with a comma \t");
   const auto s = sources({"header:X-Api-Key"});
-  EXPECT_EQ(id_of(s, h), "key-one");
-  auto r = identify(s, h, "/", ip("203.0.113.9"), {});
+  EXPECT_EQ(id_of(s, h), "key-one, with a comma") << "a comma inside one field line is part of the value";
+  auto r = identify(s, h, "/", ip("203.0.113.9"), {}).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->source, &s[0]);
+}
+
+// Backends disagree about which of several values counts (the first, the
+// last, all joined): the gate refuses instead of choosing one.
+TEST(Identify, SeveralValuesOfOneSourceAreAmbiguous) {
+  headers two;
+  two.insert("X-Api-Key", "random");
+  two.insert("x-api-key", "k1");
+  EXPECT_EQ(id_of(sources({"header:X-Api-Key", "ip"}), two), "<ambiguous>") << "no fall-back past it";
+  headers same;
+  same.insert("X-Api-Key", "k1");
+  same.insert("X-Api-Key", "k1");
+  EXPECT_EQ(id_of(sources({"header:X-Api-Key"}), same), "<ambiguous>") << "two lines even when equal";
+  headers one;
+  one.insert("X-Api-Key", "k1");
+  EXPECT_EQ(id_of(sources({"query:key"}), one, "/?key=a&key=k1"), "<ambiguous>");
+  EXPECT_EQ(id_of(sources({"query:key"}), one, "/?key=a&k%65y=k1"), "<ambiguous>") << "decoded names compare";
+  EXPECT_EQ(id_of(sources({"query:key"}), one, "/?key&key=k1"), "<ambiguous>");
+  EXPECT_EQ(id_of(sources({"query:key"}), one, "/?key=k1&keys=a&akey=b"), "k1");
+  headers cookies;
+  cookies.insert("Cookie", "sid=a; theme=dark");
+  cookies.insert("Cookie", "sid=k1");
+  EXPECT_EQ(id_of(sources({"cookie:sid"}), cookies), "<ambiguous>");
+  EXPECT_EQ(id_of(sources({"cookie:theme"}), cookies), "dark");
+  headers one_line;
+  one_line.insert("Cookie", "sid=a; sid=k1");
+  EXPECT_EQ(id_of(sources({"cookie:sid"}), one_line), "<ambiguous>");
+  headers auth;
+  auth.insert("Authorization", "Bearer random");
+  auth.insert("Authorization", "Bearer k1");
+  EXPECT_EQ(id_of(sources({"token", "ip"}), auth), "<ambiguous>");
+  headers mixed;
+  mixed.insert("Authorization", "Basic dXNlcjpwYXNz");
+  mixed.insert("Authorization", "Bearer k1");
+  EXPECT_EQ(id_of(sources({"token"}), mixed), "<ambiguous>") << "whatever the schemes";
+  // A source that already yielded one value ends the search: later ones are not read.
+  EXPECT_EQ(id_of(sources({"header:X-Api-Key", "query:key"}), one, "/?key=a&key=b"), "k1");
+  // The source that found several is named.
+  const auto s = sources({"header:X-Other", "header:X-Api-Key"});
+  EXPECT_EQ(identify(s, two, "/", ip("203.0.113.9"), {}).ambiguous, &s[1]);
+}
+
+TEST(RedactQuery, HashedParametersAreWrittenAsTheirHash) {
+  const std::vector<std::string> names{"api_key", "token"};
+  EXPECT_EQ(redact_query("/p?a=1&api_key=s3cret&b=2", names), "/p?a=1&api_key=" + hash_secret("s3cret") + "&b=2");
+  EXPECT_EQ(redact_query("/p?api%5Fkey=s%33cret", names), "/p?api%5Fkey=" + hash_secret("s3cret"))
+      << "the value the gate hashed: decoded";
+  EXPECT_EQ(redact_query("/p?token=a&api_key=b&token=c", names),
+            "/p?token=" + hash_secret("a") + "&api_key=" + hash_secret("b") + "&token=" + hash_secret("c"));
+  EXPECT_EQ(redact_query("/p?api_keys=x&api_key=&api_key", names), "/p?api_keys=x&api_key=&api_key");
+  EXPECT_EQ(redact_query("/p/api_key=x", names), "/p/api_key=x") << "no query";
+  EXPECT_EQ(redact_query("/p?api_key=x", {}), "/p?api_key=x");
 }
 
 TEST(Identify, EmptyOrMissingHeaderFallsBack) {
@@ -266,7 +318,7 @@ TEST(Identify, EmptyOrMissingHeaderFallsBack) {
 
 TEST(Identify, Cookie) {
   headers h;
-  h.insert("Cookie", "sessionid=long; Session=upper;theme=dark ;  session = abc ; session=second");
+  h.insert("Cookie", "sessionid=long; Session=upper;theme=dark ;  session = abc ");
   h.insert("Cookie", "late=1");
   EXPECT_EQ(id_of(sources({"cookie:session"}), h), "abc");
   EXPECT_EQ(id_of(sources({"cookie:Session"}), h), "upper");
@@ -290,7 +342,7 @@ TEST(Identify, CookieEdgeCases) {
 TEST(Identify, Query) {
   headers h;
   const auto s = sources({"query:key"});
-  EXPECT_EQ(id_of(s, h, "/p?a=1&key=abc&key=second"), "abc");
+  EXPECT_EQ(id_of(s, h, "/p?a=1&key=abc"), "abc");
   EXPECT_EQ(id_of(s, h, "/p?keys=no&key=yes"), "yes");
   EXPECT_EQ(id_of(s, h, "/p?Key=no&key=yes"), "yes");
   EXPECT_EQ(id_of(s, h, "/p?key=a%20b%2Fc%3d"), "a b/c=");
@@ -318,7 +370,7 @@ TEST(Identify, TokenIsHashedNeverRaw) {
   const std::string token = "s3cr3t-T0ken.value";
   headers h;
   h.insert("Authorization", "bEaReR   " + token + " ");
-  const auto r = identify(sources({"token"}), h, "/", ip("203.0.113.9"), {});
+  const auto r = identify(sources({"token"}), h, "/", ip("203.0.113.9"), {}).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->value, hash_secret(token));
   EXPECT_EQ(r->value.find(token), std::string::npos);
@@ -370,21 +422,22 @@ TEST(Identify, FirstSourceThatYieldsWins) {
   h.insert("Cookie", "session=c");
   EXPECT_EQ(id_of(s, h, "/?key=q"), "c");
   h.insert("X-Api-Key", "k");
-  auto r = identify(s, h, "/?key=q", ip("203.0.113.9"), {});
+  auto r = identify(s, h, "/?key=q", ip("203.0.113.9"), {}).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->value, "k");
   EXPECT_EQ(r->source, &s[0]);
   // identity::source points into the caller's list, which must outlive it.
   const auto fallback = sources({"cookie:nope", "ip"});
-  r = identify(fallback, h, "/", ip("203.0.113.9"), {});
+  r = identify(fallback, h, "/", ip("203.0.113.9"), {}).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->source, &fallback[1]);
 }
 
 TEST(Identify, NothingYieldsNoIdentity) {
   headers h;
-  EXPECT_FALSE(identify(sources({"header:A", "cookie:b", "query:c", "token", "jwt:sub"}), h, "/", ip("192.0.2.1"), {}));
-  EXPECT_FALSE(identify({}, h, "/", ip("192.0.2.1"), {}));
+  EXPECT_FALSE(
+      identify(sources({"header:A", "cookie:b", "query:c", "token", "jwt:sub"}), h, "/", ip("192.0.2.1"), {}).who);
+  EXPECT_FALSE(identify({}, h, "/", ip("192.0.2.1"), {}).who);
 }
 
 TEST(Identify, OverLongValueIsHashed) {
@@ -893,13 +946,13 @@ TEST_F(Jwt, ThroughIdentify) {
   headers good;
   good.insert("Authorization", "Bearer " + sign_hs256(payload_with()));
   // No verifier in the context: jwt:* yields nothing, the next source hashes the token.
-  auto r = identify(s, good, "/", ip("192.0.2.1"), ctx);
+  auto r = identify(s, good, "/", ip("192.0.2.1"), ctx).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->source->type, kind::token);
   EXPECT_EQ(r->value.rfind("sha256:", 0), 0u);
 
   ctx.jwt = v.get();
-  r = identify(s, good, "/", ip("192.0.2.1"), ctx);
+  r = identify(s, good, "/", ip("192.0.2.1"), ctx).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->value, "alice");
   EXPECT_EQ(r->source->type, kind::jwt);
@@ -909,7 +962,7 @@ TEST_F(Jwt, ThroughIdentify) {
 
   headers bad;
   bad.insert("Authorization", "Bearer " + tamper_signature(sign_hs256(payload_with())));
-  r = identify(s, bad, "/", ip("192.0.2.1"), ctx);
+  r = identify(s, bad, "/", ip("192.0.2.1"), ctx).who;
   ASSERT_TRUE(r);
   EXPECT_EQ(r->source->type, kind::token);
 

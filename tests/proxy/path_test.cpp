@@ -94,4 +94,23 @@ TEST(Path, PrefixesMatchOnSegmentBoundaries) {
   EXPECT_TRUE(path::under("/x", ""));
 }
 
+// What Tomcat, Jetty and Spring serve for a path with segment parameters:
+// routes match this form, so ";x" cannot carry a request past a route.
+TEST(Path, SegmentParametersAreStrippedForRouting) {
+  const std::pair<std::string_view, std::string_view> table[] = {
+      {"/api;x/a", "/api/a"},
+      {"/api;jsessionid=1/a;v=2", "/api/a"},
+      {"/api;", "/api"},
+      {"/;x", "/"},
+      {"/a/;x/b", "/a//b"},  // merged by normalization when merge_slashes is on
+      {"/api/..;/admin", "/api/../admin"},
+      {"/a%3Bb/c", "/a%3Bb/c"},  // an encoded ';' is data
+      {"/plain/path", "/plain/path"},
+  };
+  for (const auto& [in, out] : table) EXPECT_EQ(path::strip_parameters(in), out) << in;
+  std::string_view why;
+  EXPECT_EQ(path::normalize(path::strip_parameters("/api/..;/admin"), {}, why), "/admin");
+  EXPECT_TRUE(path::under(path::normalize(path::strip_parameters("/api;x/a"), {}, why), "/api"));
+}
+
 }  // namespace

@@ -74,6 +74,7 @@ ipv6_prefix = 56
 normalize_path = true
 merge_slashes = false
 escaped_slashes = "unescape"
+path_parameters = "strip"
 real_ip_header = "Forwarded"
 proxy_protocol = true
 max_control_entries = 5000
@@ -151,6 +152,7 @@ upstream = "app"
   EXPECT_TRUE(p.normalize_path);
   EXPECT_FALSE(p.merge_slashes);
   EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
+  EXPECT_EQ(p.path_parameters, config::proxy_config::path_parameters_action::strip);
   EXPECT_EQ(p.real_ip_header, config::proxy_config::real_ip_header_kind::forwarded);
   EXPECT_TRUE(p.proxy_protocol);
   EXPECT_EQ(p.max_control_entries, 5000);
@@ -237,6 +239,9 @@ TEST(Config, MasterValueErrors) {
   EXPECT_NE(
       one_error("[proxy]\nescaped_slashes = \"decode\"\n").find("proxy.escaped_slashes: unknown action \"decode\""),
       std::string::npos);
+  EXPECT_NE(one_error("[proxy]\npath_parameters = \"drop\"\n")
+                .find("proxy.path_parameters: unknown action \"drop\" (use \"keep\", \"strip\" or \"reject\")"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/8\"]\nreal_ip_header = \"X-Real-IP\"\n")
                 .find("proxy.real_ip_header: unknown header \"X-Real-IP\" (use \"X-Forwarded-For\" or \"Forwarded\")"),
             std::string::npos);

@@ -203,6 +203,11 @@ struct proxy_config {
   /// %2F and %5C in a path (with normalize_path): refused with 400, kept encoded, or decoded.
   enum class escaped_slashes_action : std::uint8_t { reject, keep, unescape };
   escaped_slashes_action escaped_slashes = escaped_slashes_action::reject;
+  /// Segment parameters (";x" in "/api;x/a"): routes always match the path
+  /// without them; this chooses what is forwarded: the path as sent, the
+  /// path without them, or nothing (400).
+  enum class path_parameters_action : std::uint8_t { keep, strip, reject };
+  path_parameters_action path_parameters = path_parameters_action::keep;
   /// Refuse (503, Retry-After 1) requests of a route whose domain no master
   /// covers (no POLICY for it within wire::policy_fresh_ms) instead of passing them.
   bool fail_closed = false;
