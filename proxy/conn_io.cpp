@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 
 #include <array>
@@ -14,8 +13,6 @@
 
 namespace smockron::proxy {
 
-using namespace asio::experimental::awaitable_operators;
-
 namespace {
 constexpr int k_reads_per_turn = 16;  // read_more(): reads without waiting before others get a turn
 constexpr auto k_linger =
@@ -24,6 +21,7 @@ constexpr std::size_t k_linger_bytes = 1 << 20;  // ... at most this much
 constexpr auto k_respond_timeout = std::chrono::seconds(10);
 constexpr std::size_t k_hold_buffer = 64 * 1024;              // hold(): bytes read from a held client at most
 constexpr auto k_hold_poll = std::chrono::milliseconds(100);  // hold(): beyond them, how often it looks for a FIN
+constexpr std::size_t k_hold_read = 4096;                     // hold(): bytes per read
 }  // namespace
 
 void connection::expires_after(steady::duration d) {
@@ -34,15 +32,23 @@ void connection::expires_after(steady::duration d) {
 void connection::watch(std::shared_ptr<connection> self) {
   connection& c = *self;
   const auto now = c.clk.steady_now();
+  boost::system::error_code ignored;
   if (c.deadline <= now) {
     c.expired = true;
     c.deadline = steady::time_point::max();
-    boost::system::error_code ignored;
     c.client.socket().cancel(ignored);
-    if (c.up.sock) c.up.sock->socket().cancel(ignored);
+    if (c.forwarding_ && c.forwarding_->up.sock) c.forwarding_->up.sock->socket().cancel(ignored);
+  }
+  const auto real_now = steady::now();
+  if (c.hold_until <= real_now) {
+    c.hold_until = steady::time_point::max();
+    c.released = true;
+    c.client.socket().cancel(ignored);
   }
   // The timer runs on real steady time; the deadline is in the clock's time.
-  c.timer.expires_after(c.deadline - now < c.tick ? c.deadline - now : c.tick);
+  steady::duration next = c.deadline - now < c.tick ? c.deadline - now : c.tick;
+  if (c.hold_until != steady::time_point::max()) next = std::min<steady::duration>(next, c.hold_until - real_now);
+  c.timer.expires_after(next);
   c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
     if (!self->closed) watch(std::move(self));
   });
@@ -124,10 +130,12 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
   co_await respond(c, version, status, body, false);
   boost::system::error_code ignored;
   c.client.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  std::array<char, 4096> sink;
+  // What is read is dropped: into the (no longer needed) head buffer, not a frame of 4 KiB.
+  c.in.clear();
+  const auto sink = c.in.prepare(std::max<std::size_t>(c.in.capacity(), k_head_read));
   const auto until = c.clk.steady_now() + k_linger;
   for (std::size_t total = 0; total < k_linger_bytes && c.clk.steady_now() < until;) {
-    auto [ec, n] = co_await read_more(c, c.client, asio::buffer(sink), k_linger);
+    auto [ec, n] = co_await read_more(c, c.client, sink, k_linger);
     if (ec) break;
     total += n;
   }
@@ -145,40 +153,61 @@ bool client_gone(connection& c) {
 
 }  // namespace
 
+namespace {
+
+// Past k_hold_buffer nothing more is read while held: looks for the client
+// leaving every k_hold_poll until the hold ends (a rare case: its own frame
+// and timer are made only then).
+awaitable<bool> watch_for_leaving(connection& c) {
+  steady_timer tick(c.client.get_executor());
+  while (!c.released && steady::now() < c.hold_until) {
+    tick.expires_at(std::min(steady::now() + k_hold_poll, c.hold_until));
+    co_await tick.async_wait(nothrow);
+    if (client_gone(c)) co_return false;
+  }
+  co_return true;
+}
+
+}  // namespace
+
+// What is read while held goes to the tail of `early`, which is grown only
+// for the read (a 4 KiB buffer in this frame cost every held request 4 KiB).
 awaitable<bool> hold(connection& c, steady::duration wait) {
-  steady_timer timer(co_await asio::this_coro::executor);
-  timer.expires_after(wait);
-  std::array<char, 4096> chunk;
+  if (wait <= steady::duration::zero()) co_return true;
+  c.released = false;
+  c.hold_until = steady::now() + wait;
+  c.rewatch();
+  struct end_hold {
+    connection& c;
+    ~end_hold() {
+      c.hold_until = steady::time_point::max();
+      c.released = false;
+    }
+  } guard{c};
   for (;;) {
-    if (tls_stream* tls = c.client.tls(); tls && c.early.size() < k_hold_buffer) {
+    if (c.released) co_return true;
+    if (c.early.size() >= k_hold_buffer) co_return co_await watch_for_leaving(c);
+    const std::size_t at = c.early.size();
+    const std::size_t room = std::min(k_hold_read, k_hold_buffer - at);
+    if (tls_stream* tls = c.client.tls()) {
       // TLS: what arrives are records, read (decrypted) through the session.
-      auto r =
-          co_await (timer.async_wait(nothrow) ||
-                    tls->async_read_some(
-                        asio::buffer(chunk.data(), std::min(chunk.size(), k_hold_buffer - c.early.size())), nothrow));
-      if (r.index() == 0) co_return true;
-      const auto [ec, n] = std::get<1>(r);
+      c.early.resize(at + room);
+      const auto [ec, n] = co_await tls->async_read_some(asio::buffer(c.early.data() + at, room), nothrow);
+      c.early.resize(at + n);
+      if (c.released) co_return true;
       if (ec) co_return false;
-      c.early.append(chunk.data(), n);
       continue;
     }
-    if (c.early.size() >= k_hold_buffer) {
-      // Nothing more is read while held: look for the client leaving now and then.
-      steady_timer tick(timer.get_executor(), k_hold_poll);
-      auto r = co_await (timer.async_wait(nothrow) || tick.async_wait(nothrow));
-      if (r.index() == 0) co_return true;
-      if (client_gone(c)) co_return false;
-      continue;
-    }
-    auto first = co_await (timer.async_wait(nothrow) || c.client.socket().async_wait(tcp::socket::wait_read, nothrow));
-    if (first.index() == 0) co_return true;
+    const auto [ec] = co_await c.client.socket().async_wait(tcp::socket::wait_read, nothrow);
+    if (c.released) co_return true;
+    if (ec) co_return false;
     // Readable: the client left, or sent more (a body, a pipelined request):
     // kept in `early` for forwarding, so that a FIN behind it shows.
     if (client_gone(c)) co_return false;
-    const auto n = sys::recv(c.client.socket().native_handle(), chunk.data(),
-                             std::min(chunk.size(), k_hold_buffer - c.early.size()), MSG_DONTWAIT);
+    c.early.resize(at + room);
+    const auto n = sys::recv(c.client.socket().native_handle(), c.early.data() + at, room, MSG_DONTWAIT);
+    c.early.resize(at + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return false;
-    if (n > 0) c.early.append(chunk.data(), static_cast<std::size_t>(n));
   }
 }
 

@@ -64,16 +64,29 @@ struct request_outcome {
   std::optional<std::size_t> server;  ///< the upstream server used, by index
 };
 
+/// What forwarding uses on a connection: the upstream connection in use, its
+/// response, the body being relayed and the buffers of its next write. Made
+/// by the first request forwarded and kept for the next ones, so a
+/// connection whose requests are held or refused never carries it (most of
+/// a held request's memory otherwise).
+struct forwarding {
+  upstream_conn up;
+  boost::beast::flat_buffer upstream_in;
+  http1::response_head response;
+  // These live here rather than in a coroutine frame, which every request would allocate.
+  std::optional<body_relay> relay;
+  buffer_list bufs;
+};
+
 /// One client connection and what its requests reuse: buffers, the parsed
-/// heads, the upstream connection in use, the body being relayed.
+/// head, and (once one was forwarded) what forwarding uses.
 struct connection {
   /// `clk`: deadlines are kept in its (coarse) steady time; `t`: the watchdog's period.
   connection(tcp_socket s, const clock& clk, steady::duration t)
       : client(std::move(s)), timer(client.get_executor()), clk(clk), tick(t) {}
 
   link client;
-  upstream_conn up;
-  boost::beast::flat_buffer in, upstream_in;
+  boost::beast::flat_buffer in;
   std::string out;     ///< the head being written
   std::string target;  ///< the request target normalized, when it differs (request.target then points here)
   std::string early;   ///< bytes after the head that arrived while the request was held (see hold())
@@ -82,11 +95,7 @@ struct connection {
   std::string response_fields;
   request_outcome outcome;
   http1::request_head request;
-  http1::response_head response;
-  // The body being relayed and the buffers of its next write live here rather
-  // than in a coroutine frame, which every request would allocate.
-  std::optional<body_relay> relay;
-  buffer_list bufs;
+  std::unique_ptr<forwarding> forwarding_;  ///< see fwd()
   steady_timer timer;
   const clock& clk;
   steady::time_point deadline = steady::time_point::max();
@@ -95,6 +104,11 @@ struct connection {
   int reads_at_once = 0;  ///< read_more() results in a row without waiting
   bool idle = true;       ///< between requests (cancelled at once when draining)
   bool closed = false;
+  /// The hold in progress (hold()) ends at this time of the watchdog's (real
+  /// steady time; max: none): the watchdog ends it, so a held request waits
+  /// on its socket alone, with no timer or operator of its own.
+  steady::time_point hold_until = steady::time_point::max();
+  bool released = false;  ///< the watchdog ended the hold (and cancelled the client's operations)
 
   /// Sets the deadline `d` from now. The coarse clock (a few ms resolution)
   /// is cheap enough per operation, and a deadline early by a few ms is no
@@ -112,8 +126,15 @@ struct connection {
     closed = true;
     timer.cancel();
   }
+  /// What forwarding uses, made on first use.
+  forwarding& fwd() {
+    if (!forwarding_) forwarding_ = std::make_unique<forwarding>();
+    return *forwarding_;
+  }
   /// Starts the watchdog; it stops after close().
   static void watch(std::shared_ptr<connection> self);
+  /// Makes the watchdog look again now (a hold ends sooner than its next look).
+  void rewatch() { timer.cancel(); }
 };
 
 /// The bytes of a receive buffer.

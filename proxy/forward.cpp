@@ -39,7 +39,7 @@ struct relay_end {
 // past the body's end stay in `leg.pending` (a pipelined request).
 awaitable<relay_end> relay_body(connection& c, const relay_leg& leg, body_relay& body) {
   using kind = relay_end::kind;
-  buffer_list& bufs = c.bufs;
+  buffer_list& bufs = c.fwd().bufs;
   bufs.clear();
   bufs.add(c.out.data(), c.out.size());
   for (;;) {
@@ -73,7 +73,7 @@ struct exchange {
   const route& r;
   connection& c;
   http1::request_head& req = c.request;
-  http1::response_head& res = c.response;
+  http1::response_head& res = c.fwd().response;
   unsigned version = req.version;
   // A request that may have reached a pooled connection's server is resent
   // only when that is harmless: no body (nothing consumed) and an idempotent method.
@@ -107,9 +107,10 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
     co_return co_await answer(502, "upstream unavailable\n");
   }
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
-  body_relay& body = c.relay.emplace(req.body, req.body, req.content_length, max_line);
-  const relay_leg leg{c.client, c.in, *c.up.sock, rt.cfg.body_timeout, rt.cfg.upstream_timeout, rt.cfg.max_body_bytes};
-  c.outcome.server = c.up.server;
+  body_relay& body = c.fwd().relay.emplace(req.body, req.body, req.content_length, max_line);
+  const relay_leg leg{
+      c.client, c.in, *c.fwd().up.sock, rt.cfg.body_timeout, rt.cfg.upstream_timeout, rt.cfg.max_body_bytes};
+  c.outcome.server = c.fwd().up.server;
   const relay_end end = co_await relay_body(c, leg, body);
   c.outcome.bytes_in = body.data_bytes;
   switch (end.what) {
@@ -127,7 +128,7 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
       keep = co_await refuse(c, version, 413, "request body too large\n");
       co_return step::answered;
     case relay_end::kind::write_failed:
-      if (c.up.reused && retryable && attempt == 0) co_return step::retry;
+      if (c.fwd().up.reused && retryable && attempt == 0) co_return step::retry;
       env.metrics.upstream_reset.inc();
       co_return co_await answer(502, "upstream write failed\n");
     case relay_end::kind::read_failed: break;
@@ -140,11 +141,11 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
 // HTTP/1.1 client (never to HTTP/1.0, RFC 9110 15.2) and stopping at a final
 // one or 101.
 awaitable<exchange::step> exchange::read_response_head(int attempt) {
-  c.upstream_in.clear();
+  c.fwd().upstream_in.clear();
   boost::system::error_code ec;
   bool bad_head = false, interim = false, first_read = true;
   for (std::size_t scanned = 0;;) {
-    const auto parsed = http1::parse_response(view(c.upstream_in), k_max_response_head, req.head, res, scanned);
+    const auto parsed = http1::parse_response(view(c.fwd().upstream_in), k_max_response_head, req.head, res, scanned);
     if (parsed.status == http1::parse_status::complete) {
       if (res.status >= 200 || res.status == 101) break;
       interim = true;  // a response has begun: no retry after this
@@ -157,7 +158,7 @@ awaitable<exchange::step> exchange::read_response_head(int attempt) {
           co_return step::answered;
         }
       }
-      c.upstream_in.consume(res.size);
+      c.fwd().upstream_in.consume(res.size);
       scanned = 0;
       continue;
     }
@@ -167,20 +168,20 @@ awaitable<exchange::step> exchange::read_response_head(int attempt) {
     }
     // The answer to a request just sent is rarely there yet: its first
     // read waits for readiness instead of trying a recv() that fails.
-    const auto into = c.upstream_in.prepare(k_head_read);
-    auto [rec, n] = first_read ? co_await read_first(c, *c.up.sock, into, rt.cfg.upstream_timeout)
-                               : co_await read_more(c, *c.up.sock, into, rt.cfg.upstream_timeout);
+    const auto into = c.fwd().upstream_in.prepare(k_head_read);
+    auto [rec, n] = first_read ? co_await read_first(c, *c.fwd().up.sock, into, rt.cfg.upstream_timeout)
+                               : co_await read_more(c, *c.fwd().up.sock, into, rt.cfg.upstream_timeout);
     first_read = false;
     if (rec) {
       ec = c.classify(rec);
       break;
     }
-    c.upstream_in.commit(n);
+    c.fwd().upstream_in.commit(n);
   }
   if (!ec && !bad_head) co_return step::next;
   // A pooled connection the server closed just now: nothing came back.
-  const bool nothing = c.upstream_in.size() == 0 && !interim;
-  if (nothing && c.up.reused && retryable && attempt == 0 &&
+  const bool nothing = c.fwd().upstream_in.size() == 0 && !interim;
+  if (nothing && c.fwd().up.reused && retryable && attempt == 0 &&
       (ec == asio::error::eof || ec == asio::error::connection_reset)) {
     co_return step::retry;
   }
@@ -204,8 +205,8 @@ awaitable<bool> exchange::relay_response() {
   c.out.clear();
   http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false, c.response_fields);
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
-  body_relay& body = c.relay.emplace(res.body, out, res.content_length, max_line);
-  const relay_leg leg{*c.up.sock, c.upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};
+  body_relay& body = c.fwd().relay.emplace(res.body, out, res.content_length, max_line);
+  const relay_leg leg{*c.fwd().up.sock, c.fwd().upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};
   c.outcome.status = res.status;
   const relay_end end = co_await relay_body(c, leg, body);
   c.outcome.bytes_out = body.data_bytes;
@@ -218,7 +219,7 @@ awaitable<bool> exchange::relay_response() {
       co_return false;
     default: co_return false;  // the client failed
   }
-  if (res.keep_alive && c.upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
+  if (res.keep_alive && c.fwd().upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
   co_return keep_client;
 }
 
@@ -229,7 +230,7 @@ awaitable<void> exchange::tunnel() {
   c.out.clear();
   http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
   if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return;
-  co_await (pump(c.client, *c.up.sock, c.in) && pump(*c.up.sock, c.client, c.upstream_in));
+  co_await (pump(c.client, *c.fwd().up.sock, c.in) && pump(*c.fwd().up.sock, c.client, c.fwd().upstream_in));
 }
 
 // Copies bytes one way until EOF or error; the connection's idle deadline
@@ -275,12 +276,12 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
     const auto room = c.in.prepare(c.early.size());
     std::memcpy(room.data(), c.early.data(), c.early.size());
     c.in.commit(c.early.size());
-    c.early.clear();
+    std::string().swap(c.early);  // up to 64 KiB: not kept for the rest of a keep-alive connection
   }
   struct release_guard {
     upstream_conn& up;
     ~release_guard() { up.release(); }
-  } guard{c.up};
+  } guard{c.fwd().up};
   // A pooled connection may have been closed by the upstream just now: a
   // retryable request is retried once on a fresh connection.
   auto sent = env.clk.steady_now();
@@ -292,10 +293,10 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
     if (st == exchange::step::next) break;
   }
   const auto& counted = rt.upstream_metrics[r.upstream_index];
-  counted.by_class[std::clamp<unsigned>(c.response.status / 100, 1, 5) - 1]->inc();
+  counted.by_class[std::clamp<unsigned>(c.fwd().response.status / 100, 1, 5) - 1]->inc();
   counted.seconds->observe(std::chrono::duration<double>(env.clk.steady_now() - sent).count());
-  c.upstream_in.consume(c.response.size);
-  if (c.response.status == 101) {
+  c.fwd().upstream_in.consume(c.fwd().response.size);
+  if (c.fwd().response.status == 101) {
     if (!req.upgrade) {
       env.metrics.upstream_reset.inc();
       c.outcome.status = 502;

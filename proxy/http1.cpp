@@ -3,6 +3,7 @@
 
 #include <array>
 #include <charconv>
+#include <cstdint>
 
 #include "proxy/http1_chars.hpp"
 
@@ -146,6 +147,29 @@ bool connection_has(const header_list& h, std::string_view token) {
 
 bool has_token(std::string_view list, std::string_view token) {
   return for_each_token(list, [&](std::string_view t) { return iequals(t, token); });
+}
+
+namespace {
+std::string_view moved(std::string_view v, const char* from, std::size_t n, const char* to) {
+  // Compared as integers: pointers into different objects have no order.
+  const auto p = reinterpret_cast<std::uintptr_t>(v.data()), b = reinterpret_cast<std::uintptr_t>(from);
+  if (v.data() == nullptr || p < b || p + v.size() > b + n) return v;
+  return {to + (p - b), v.size()};
+}
+}  // namespace
+
+void header_list::rebase(const char* from, std::size_t n, const char* to) {
+  for (auto& h : items_) {
+    h.name = moved(h.name, from, n, to);
+    h.value = moved(h.value, from, n, to);
+  }
+}
+
+void rebase(request_head& r, const char* from, std::size_t n, const char* to) {
+  r.method = moved(r.method, from, n, to);
+  r.target = moved(r.target, from, n, to);
+  r.host = moved(r.host, from, n, to);
+  r.headers.rebase(from, n, to);
 }
 
 std::optional<std::string_view> header_list::first(std::string_view name) const {

@@ -51,6 +51,8 @@ public:
   }
   std::optional<std::string_view> first(std::string_view name) const;
   std::size_t count(std::string_view name) const;
+  /// Views into [from, from + n) move to the same offsets from `to` (see rebase()).
+  void rebase(const char* from, std::size_t n, const char* to);
 
 private:
   std::vector<header> items_;
@@ -75,6 +77,11 @@ struct request_head {
   bool head = false;     ///< method HEAD
   bool has_host = false;
 };
+
+/// The head's buffer moved (from `from`, `n` bytes, to `to`): the views of `r`
+/// that pointed into it point into the new one; others (a target the proxy
+/// rewrote, kept elsewhere) stay.
+void rebase(request_head& r, const char* from, std::size_t n, const char* to);
 
 struct response_head {
   unsigned status = 0;

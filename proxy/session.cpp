@@ -133,9 +133,7 @@ private:
       case http1::parse_status::headers_too_large:
         s_.metrics.header_too_large.inc();
         co_return co_await refuse(c_, 11, 431, "request headers too large\n");
-      default:
-        s_.metrics.bad_request.inc();
-        co_return co_await refuse(c_, 11, 400, "bad request: " + std::string(parsed.reason) + "\n");
+      default: s_.metrics.bad_request.inc(); co_return co_await refuse_bad_request(11, parsed.reason);
     }
   }
 
@@ -151,15 +149,12 @@ private:
       co_return co_await refuse(c_, version, 413, "request body too large\n");
     }
     std::string_view why;
-    std::string route_path;  // set when routes match another form of the path than the one forwarded
-    if (!prepare_path(rt, route_path, why)) {
+    const route* r = route_for(rt, why);
+    if (!why.empty()) {
       s_.metrics.bad_request.inc();
       log_own(400);
-      co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
+      co_return co_await refuse_bad_request(version, why);
     }
-    const std::string_view target = req.target;
-    const route* r = rt.routes.match(
-        req.host, route_path.empty() ? target.substr(0, target.find('?')) : std::string_view(route_path));
     if (!r) {
       s_.metrics.no_route.inc();
       log_own(404);
@@ -190,8 +185,15 @@ private:
                                 a.gate.retry_after_s);
     }
     if (a.outcome == decision::delayed) {
+      // Held until its release time, unless the client leaves first. (No
+      // coroutine of its own: every frame alive during a hold is memory each
+      // held request costs.)
       const auto held_from = entry_ ? s_.clk.steady_now() : steady::time_point{};
-      const bool stayed = co_await hold_for(rt, *r, a);
+      c_.expires_never();
+      shrink_head();
+      // The gate speaks wall time; the hold is that far from now.
+      const bool stayed = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
+      held(rt, *r, a, stayed);
       if (entry_) entry_->held_ms = ms_since(held_from);
       if (!stayed) {
         log_own(0);  // the client left while held
@@ -239,7 +241,7 @@ private:
 
   void begin_entry(const runtime& rt) {
     const http1::request_head& req = c_.request;
-    entry_.emplace();
+    entry_ = std::make_unique<access_entry>();
     entry_->time_us = s_.clk.wall_us();
     entry_->client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies, rt.cfg.real_ip_header));
     entry_->peer = peer_text_;
@@ -311,17 +313,36 @@ private:
     co_return true;
   }
 
-  // Holds a delayed request until its release time, unless the client
-  // leaves first (then its slot goes back to the gate). False: it left.
-  awaitable<bool> hold_for(const runtime& rt, const route& r, const admission& a) {
-    c_.expires_never();
-    // The gate speaks wall time; the hold is that far from now.
-    const bool stayed = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
+  // A hold ended: its place among the held is free; a client that left gives its slot back to the gate.
+  void held(const runtime& rt, const route& r, const admission& a, bool stayed) {
     s_.gate.release_held(rt.route_limits[r.index]);
-    if (stayed) co_return true;
+    if (stayed) return;
     s_.metrics.client_gone_held.inc();
     s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, s_.clk.wall_us());
-    co_return false;
+  }
+
+  // The route of the request, after its path was prepared (prepare_path):
+  // nullptr when none matches, or `why` set when the path is refused.
+  const route* route_for(const runtime& rt, std::string_view& why) {
+    std::string route_path;  // set when routes match another form of the path than the one forwarded
+    if (!prepare_path(rt, route_path, why)) return nullptr;
+    const std::string_view target = c_.request.target;
+    return rt.routes.match(c_.request.host,
+                           route_path.empty() ? target.substr(0, target.find('?')) : std::string_view(route_path));
+  }
+
+  // 400 with the reason (its text built in this frame, not in every request's).
+  awaitable<bool> refuse_bad_request(unsigned version, std::string_view why) {
+    co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
+  }
+
+  // While held, the head buffer keeps only the bytes read (it was made for
+  // any head: most of a held request's memory otherwise).
+  void shrink_head() {
+    const char* from = static_cast<const char*>(c_.in.data().data());
+    const std::size_t n = c_.in.size();
+    c_.in.shrink_to_fit();
+    http1::rebase(c_.request, from, n, static_cast<const char*>(c_.in.data().data()));
   }
 
   shared_state& s_;
@@ -330,7 +351,9 @@ private:
   connection& c_;
   ip_address peer_;
   std::string peer_text_;
-  std::optional<access_entry> entry_;  ///< the current request's access log line (access_log on)
+  /// The current request's access log line (access_log on). On the heap: every
+  /// connection's frame would otherwise carry its 300 bytes, access log or not.
+  std::unique_ptr<access_entry> entry_;
   steady::time_point started_{};
 };
 

@@ -37,7 +37,7 @@ bool upstream_pool::take_pooled(const runtime& rt, connection& c, std::size_t up
   }
   if (check_idle && !still_open(slot.idle.back())) return false;  // acquire() drops it
   ++round_robin_[upstream];
-  c.up.use(std::move(slot.idle.back()), s, true);
+  c.fwd().up.use(std::move(slot.idle.back()), s, true);
   slot.idle.pop_back();
   return true;
 }
@@ -45,7 +45,7 @@ bool upstream_pool::take_pooled(const runtime& rt, connection& c, std::size_t up
 awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse,
                                        bool check_idle) {
   if (generation_ != rt.generation) adopt(rt);
-  upstream_conn& up = c.up;
+  upstream_conn& up = c.fwd().up;
   auto& slots = slots_[upstream];
   const auto& cfg = rt.cfg.upstreams[upstream];
   const auto now = clock_.steady_now();
@@ -86,7 +86,7 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
 
 awaitable<bool> upstream_pool::start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s) {
   const auto& ctx = rt.upstream_tls[upstream];
-  link& l = *c.up.sock;
+  link& l = *c.fwd().up.sock;
   l.start_tls(*ctx, ctx);
   prepare_client_session(*l.tls(), rt.cfg.upstreams[upstream], rt.server_hosts[upstream][s]);
   // The connect's deadline (connect_timeout) covers the handshake too.
@@ -103,7 +103,7 @@ awaitable<bool> upstream_pool::start_tls(const runtime& rt, connection& c, std::
 }
 
 void upstream_pool::give_back(const runtime& rt, connection& c, std::size_t upstream) {
-  upstream_conn& up = c.up;
+  upstream_conn& up = c.fwd().up;
   if (generation_ == rt.generation && up.sock) {
     auto& slot = slots_[upstream][up.server];
     if (static_cast<std::int64_t>(slot.idle.size()) < rt.cfg.upstreams[upstream].keepalive) {

@@ -492,11 +492,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "redis-server did not start (is it installed?)\n");
       return 1;
     }
-    const double with_redis = measure_master(
-        o,
-        "store = \"redis\"\nredis = \"redis://127.0.0.1:" + std::to_string(redis.port) +
-            "/0\"\nstartup_backlog = 10000000\n",
-        "redis", false);
+    const double with_redis =
+        measure_master(o,
+                       "store = \"redis\"\nredis = \"redis://127.0.0.1:" + std::to_string(redis.port) +
+                           "/0\"\nstartup_backlog = 10000000\n",
+                       "redis", false);
     std::printf("ratio redis/memory:     %10.2f  (goal >= 0.5)\n", memory > 0 ? with_redis / memory : 0.0);
     if (with_redis <= 0) return 1;
   }

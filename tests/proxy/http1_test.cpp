@@ -108,6 +108,22 @@ TEST(Http1ParseRequest, SimpleGet) {
   EXPECT_FALSE(h.head);
 }
 
+// A held request's head moves to a buffer of its own size (session.cpp shrink_head).
+TEST(Http1ParseRequest, RebaseMovesTheViewsIntoTheHeadOnly) {
+  std::string first = "GET /a?b=1 HTTP/1.1\r\nHost: example.com\r\nX-Key: k1\r\n\r\n";
+  auto h = request(first);
+  const std::string rewritten = "/normalized";
+  h.target = rewritten;  // a target the proxy rewrote lives elsewhere and stays
+  std::string moved = first;
+  rebase(h, first.data(), first.size(), moved.data());
+  first.assign(first.size(), '#');  // the old buffer is gone
+  EXPECT_EQ(h.method, "GET");
+  EXPECT_EQ(h.method.data(), moved.data());
+  EXPECT_EQ(h.target.data(), rewritten.data());
+  EXPECT_EQ(h.host, "example.com");
+  EXPECT_EQ(lines_of(h.headers), (field_lines{{"Host", "example.com"}, {"X-Key", "k1"}}));
+}
+
 TEST(Http1ParseRequest, SkipsLeadingEmptyLines) {
   const std::string_view text = "\r\n\r\nGET /x HTTP/1.1\r\nHost: a\r\n\r\n";
   const auto h = request(text);
