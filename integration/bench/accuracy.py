@@ -45,6 +45,11 @@ directly. Cells run for every combination of --delays, --hot-factor and
 --hot-arrivals, each with fresh identifiers; the relay is retuned between
 delays (SIGHUP), so the processes of one G serve every cell.
 
+Every request the client saw answered must have its line in the proxies'
+access logs (access_log_format = "json", one file per proxy): if some never
+appear, the run stops with an error and exit status 2, since every verdict
+resting on the gate's decisions would be wrong.
+
 Goals (PASS/FAIL): admitted/ideal within 0.98..1.03 for the hot identifier; no
 1 s window above rate + burst + G + hot rate x round-trip time (the first round
 trip of a new hot client is the only excess); no release spike; well-behaved
@@ -65,6 +70,8 @@ Usage:
                                                         # 25+-50% ms; hot 10x and 100x, even and Poisson (~60 min)
   python3 integration/bench/accuracy.py                 # G = 1,3,5, 10 s per scenario (~2.2 min)
   python3 integration/bench/accuracy.py --quick         # G = 1,3, 3 s per scenario (~35 s)
+  python3 integration/bench/accuracy.py --smoke         # G = 2, two scenarios of 1.5 s: checks the path works, no
+                                                        # accuracy goal; exits non-zero if it did not (~10 s)
   python3 integration/bench/accuracy.py -g 3 --scenarios gcra --duration 20 --delays 50,25:0.5
 """
 from __future__ import annotations
@@ -73,10 +80,10 @@ import argparse
 import asyncio
 import bisect
 import collections
+import json
 import math
 import os
 import random
-import re
 import resource
 import shutil
 import signal
@@ -477,7 +484,21 @@ def system_busy_seconds() -> float:
     return (sum(v[:8]) - v[3] - v[4]) / TICK
 
 
-ACCESS_RE = re.compile(r'"GET (/[^" ]+)" status=(\S+) decision=(\w+)')
+class LogsMissing(RuntimeError):
+    """Requests the proxies answered have no line in their access logs: every
+    verdict that rests on the gate's decisions would be meaningless."""
+
+
+def parse_access_line(line: str):
+    """One line of a proxy's access log (access_log_format = "json"): (target, decision), or None
+    for a line that is not a JSON object with both (see proxy/access_log.cpp, docs/configuration.md)."""
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(e, dict) or not isinstance(e.get("target"), str) or not isinstance(e.get("decision"), str):
+        return None
+    return e["target"], e["decision"]
 
 
 def parse_target(t: str):
@@ -521,6 +542,8 @@ class Box:
         self.delay = (0.0, 0.0)
         self.sniff_path = os.path.join(tmp, f"sniff-g{g}.txt")
         self.sniff_offset = 0
+        # Each proxy's access log: its own file, one JSON object per line (target, decision, ...).
+        self.access_paths = [os.path.join(tmp, f"access-g{g}-{i}.jsonl") for i in range(g)]
         self.log_offsets = [0] * g
 
     def start(self):
@@ -566,6 +589,8 @@ control = ["tcp://{HOST}:{self.relay_ctl[i]}"]
 max_delay = "{int(args.max_delay * 1000)}ms"
 max_held = 100000
 access_log = true
+access_log_format = "json"
+access_log_path = "{self.access_paths[i]}"
 
 [proxy.upstreams.app]
 servers = ["{HOST}:{self.backend_port}"]
@@ -637,20 +662,24 @@ keepalive = 256
                 http_get(self.listen[i], f"/{PROBE}/warm-{i}-{n}/{i}/{n}", headers={"x-client": f"warm-{i}-{n}"})
 
     def access_log(self) -> list[tuple[str, str, int, int, str]]:
-        """New access-log entries of every proxy: (domain, ident, gk, seq, decision)."""
+        """New access-log entries of every proxy: (domain, ident, gk, seq, decision).
+        Only complete lines are read; a partly written last line is read next time."""
         out = []
-        for i, p in enumerate(self.proxies):
-            with open(p.log_path, "rb") as f:
-                f.seek(self.log_offsets[i])
-                data = f.read()
+        for i, path in enumerate(self.access_paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.log_offsets[i])
+                    data = f.read()
+            except FileNotFoundError:
+                continue  # nothing logged yet (the proxy creates the file at start)
             end = data.rfind(b"\n") + 1
             self.log_offsets[i] += end
             for line in data[:end].decode("utf-8", "replace").splitlines():
-                m = ACCESS_RE.search(line)
-                if m:
-                    t = parse_target(m.group(1))
+                entry = parse_access_line(line)
+                if entry:
+                    t = parse_target(entry[0])
                     if t:
-                        out.append((*t, m.group(3)))
+                        out.append((*t, entry[1]))
         return out
 
     def pids(self):
@@ -687,6 +716,37 @@ def counters(box: Box, domain: str):
     master_acc = collections.Counter({l["status"]: v for n, l, v in parse_metrics(box.master.metrics())
                                       if n == "smockron_master_accounting_messages_total" and l.get("domain") == domain})
     return proxy_dec, proxy_other, master_acc
+
+
+async def collect_decisions(box: Box, sc: Scenario, reqs: list[Req], timeout: float = 10.0) -> dict:
+    """The gate's decision of every request of this scenario, from the proxies' access logs:
+    {(ident, gk, seq): decision}. Waits (bounded) until every request the client saw answered
+    has its line; raises LogsMissing if some never appear (a changed log format, a log going
+    elsewhere): every verdict that rests on the gate's decisions would otherwise be silently wrong."""
+    answered = {(r.ident, r.gk, r.seq): r for r in reqs if r.status is not None and r.status > 0}
+    decisions = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for dom, ident, gk, seq, dec in box.access_log():
+            if dom == sc.domain:
+                decisions[(ident, gk, seq)] = dec
+        missing = [k for k in answered if k not in decisions]
+        if not missing or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.05)
+    if missing:
+        by_cls = collections.Counter(answered[k].cls for k in missing)
+        sent_cls = collections.Counter(r.cls for r in answered.values())
+        example = answered[missing[0]]
+        raise LogsMissing(
+            f"scenario {sc.name} (G={box.g}): {len(missing)} of {len(answered)} answered requests have no line in "
+            f"the proxies' access logs after {timeout:g} s ("
+            + ", ".join(f"{cls} {by_cls[cls]} of {sent_cls[cls]}" for cls in sorted(by_cls))
+            + f"; e.g. GET /{sc.domain}/{example.ident}/{example.gk}/{example.seq}, answered {example.status}). "
+            f"The proxies write JSON lines (access_log_format = \"json\") with \"target\" and \"decision\" to "
+            f"{', '.join(box.access_paths)}: has the access log's format or destination changed "
+            f"(proxy/access_log.cpp)? Run with --keep to look at the files.")
+    return decisions
 
 
 async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random.Random, attempt: int) -> dict:
@@ -726,10 +786,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
             arrivals[t[1]].append((int(ns) / 1e9, t[2], t[3]))
     for v in arrivals.values():
         v.sort()
-    decisions = {}
-    for dom, ident, gk, seq, dec in box.access_log():
-        if dom == sc.domain:
-            decisions[(ident, gk, seq)] = dec
+    decisions = await collect_decisions(box, sc, reqs)
     sniff = box.sniffed()
     reserved = collections.defaultdict(list)  # ident -> [delayed_ms]
     hot_delayed = []                           # (received_ms, delayed_ms, sniffer ms) of the hot identifier
@@ -910,7 +967,7 @@ def report(res: dict, args) -> dict:
     print(f"            client saw 200 {h['status_200']}, 503 {h['status_503']}, cut at end {h['status_-1']}; "
           f"access log accepted {h['log_accepted']} delayed {h['log_delayed']} rejected {h['log_rejected']}; "
           f"reference accepted {res['ref'][0]} delayed {res['ref'][1]} rejected {res['ref'][2]}")
-    wb_bad = 0
+    wb_bad = wb_sent = wb_ok = wb_model = 0
     for cls, label in (("near", f"near ({args.near} x {args.near_factor:g} rate)"),
                        ("under", f"under ({args.under} x {args.under_factor:g} rate)")):
         c = res.get(cls)
@@ -918,6 +975,9 @@ def report(res: dict, args) -> dict:
             continue
         bad = c["log_delayed"] + c["log_rejected"] + c["log_None"] + c["status_503"] + c["status_-1"] + c["status_-2"]
         wb_bad += bad
+        wb_sent += c["sent"]
+        wb_ok += c["log_accepted"]
+        wb_model += c["model_delayed"] + c["model_rejected"]
         print(f"{cls:<10}: sent {c['sent']}, 200 {c['status_200']}, 503 {c['status_503']}, errors "
               f"{c['status_-1'] + c['status_-2']}; reached backend {c['arrived']} ({c['arrived'] / c['sent']:.3f} of sent); "
               f"access log delayed {c['log_delayed']} rejected {c['log_rejected']} (unlogged {c['log_None']}) "
@@ -936,7 +996,43 @@ def report(res: dict, args) -> dict:
                 ratio=ratio, ref_ratio=ref_ratio, ok_ratio=ok_ratio, max1s=res["max1s"],
                 limit=res["limit1s"], ok_win=ok_win, spikes=res["spikes"], ok_spike=ok_spike,
                 spikes_gk=res["spikes_gk"], spikes_steady=res["spikes"] - res["spikes_fill"], wb_bad=wb_bad,
-                ok_wb=ok_wb, gen_ok=gen_ok, noise=res["noise"])
+                ok_wb=ok_wb, gen_ok=gen_ok, noise=res["noise"],
+                # what --smoke checks: every part of the path was seen doing its job
+                wb_sent=wb_sent, wb_ok=wb_ok, wb_model=wb_model, hot_sent=h["sent"],
+                hot_gated=h["log_delayed"] + h["log_rejected"], hot_in=res["hot_in"],
+                sniffed_acct=sum(res["acct"].values()), sniffed_ctl=res["controls"],
+                proxy_counted=sum(pd.values()), master_counted=sum(res["master_acc"].values()))
+
+
+def smoke_failures(summary: list[dict]) -> list[str]:
+    """--smoke: what a run that exercised the whole path must have seen, in every cell. No
+    accuracy goal (those depend on the host's speed): that the load reached the backend, the
+    gate held back the hot client (the master's DELAY_UNTIL came back), the well-behaved
+    clients were answered, found in the access logs and never delayed nor rejected, and the
+    sniffer and /metrics saw the traffic."""
+    out = []
+    if not summary:
+        return ["no cell ran"]
+    for s in summary:
+        cell = f"G={s['g']} {s['name']}"
+        if s["wb_sent"] == 0:
+            out.append(f"{cell}: no well-behaved client sent anything")
+        elif s["wb_ok"] != s["wb_sent"] or s["wb_bad"]:
+            out.append(f"{cell}: well-behaved clients sent {s['wb_sent']}, the access logs show {s['wb_ok']} accepted; "
+                       f"delayed, rejected, unlogged or unanswered: {s['wb_bad']} (the reference model would have "
+                       f"delayed or rejected {s['wb_model']} of these same sends)")
+        if s["hot_in"] == 0:
+            out.append(f"{cell}: none of the hot client's {s['hot_sent']} requests reached the backend")
+        if s["hot_gated"] == 0:
+            out.append(f"{cell}: the gate never delayed nor rejected the hot client ({s['hot_sent']} requests at "
+                       f"{s['hot']:g}x the rate): no DELAY_UNTIL from the master took effect")
+        if s["sniffed_acct"] == 0 or s["sniffed_ctl"] == 0:
+            out.append(f"{cell}: the accounting sniffer saw {s['sniffed_acct']} accounting and {s['sniffed_ctl']} "
+                       f"DELAY_UNTIL messages (both must be > 0)")
+        if s["proxy_counted"] == 0 or s["master_counted"] == 0:
+            out.append(f"{cell}: /metrics counted {s['proxy_counted']:.0f} decisions in the proxies and "
+                       f"{s['master_counted']:.0f} accounting messages in the master (both must be > 0)")
+    return out
 
 
 # =============================================================================== main
@@ -982,7 +1078,11 @@ async def run_all(args, scenarios, tmp, summary):
                                 res = await run_scenario(box, gen, sc, c, rng, attempt)
                                 s = report(res, c)
                                 sys.stdout.flush()
-                                if s["gen_ok"] or attempt >= args.retries or reruns[0] >= args.max_reruns:
+                                # --smoke checks no accuracy goal, so a late generator only matters when it
+                                # bunched a well-behaved client's sends over the limit (the reference model fed
+                                # with the same sends delays them too): then its verdict cannot be checked.
+                                lagged = (s["wb_bad"] > 0 and s["wb_model"] > 0) if args.smoke else not s["gen_ok"]
+                                if not lagged or attempt >= args.retries or reruns[0] >= args.max_reruns:
                                     break
                                 print(f"  -> the load generator itself ran late (host busy: other processes used "
                                       f"{s['noise']:.2f} cores): this attempt is discarded, the scenario runs again "
@@ -1020,21 +1120,40 @@ def main():
     ap.add_argument("--rate", type=int, default=20, help="rule rate per second (default 20)")
     ap.add_argument("--burst", type=int, default=10)
     ap.add_argument("--max-delay", type=float, default=2.0, help="proxy max_delay in seconds (default 2)")
-    ap.add_argument("--hot-factor", default="20", help="comma-separated multiples of the rate the hot client sends at")
+    ap.add_argument("--hot-factor", default=None,
+                    help="comma-separated multiples of the rate the hot client sends at (default 20; smoke 5)")
     ap.add_argument("--hot-arrivals", default="even",
                     help="comma-separated: hot identifier's send times evenly spaced (even) or a Poisson process")
-    ap.add_argument("--near", type=int, default=4)
-    ap.add_argument("--near-factor", type=float, default=0.9)
-    ap.add_argument("--under", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few seconds that exercise the whole path (G = 2; sliding-log and gcra, 1.5 s each; hot 5x; "
+                         "1 near client at 0.5x, 4 under at 0.3x) and exit non-zero unless every cell saw it work: "
+                         "load admitted, the hot client gated, well-behaved clients found in the access logs and "
+                         "never delayed nor rejected, accounting and DELAY_UNTIL sniffed, /metrics counting. No "
+                         "accuracy goal is checked")
+    ap.add_argument("--near", type=int, default=None, help="clients near the limit (default 4; smoke 1)")
+    ap.add_argument("--near-factor", type=float, default=None, help="their multiple of the rate (default 0.9; smoke 0.5)")
+    ap.add_argument("--under", type=int, default=None, help="clients well under the limit (default 20; smoke 4)")
     ap.add_argument("--under-factor", type=float, default=0.3)
     ap.add_argument("--slow-ms", type=float, default=20.0, help="a response this much slower than typical counts as delayed")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--retries", type=int, default=2,
-                    help="rerun a scenario up to this many times when the generator itself ran late (busy host)")
+    ap.add_argument("--retries", type=int, default=None,
+                    help="rerun a scenario up to this many times when the generator itself ran late (busy host; "
+                         "default 2; smoke 2, only when the lag pushed a well-behaved client over the limit)")
     ap.add_argument("--max-reruns", type=int, default=4, help="at most this many reruns in the whole run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, sniffer data)")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     args = ap.parse_args()
+    if args.smoke and (args.matrix or args.quick):
+        ap.error("--smoke goes alone (not with --matrix or --quick)")
+    if args.smoke:
+        args.gatekeepers = args.gatekeepers or "2"
+        args.scenarios = args.scenarios or "sliding-log,gcra"
+        args.duration = args.duration if args.duration is not None else 1.5
+    smoke = args.smoke
+    for name, default, smoke_default in (("near", 4, 1), ("near_factor", 0.9, 0.5), ("under", 20, 4),
+                                         ("hot_factor", "20", "5"), ("retries", 2, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke_default if smoke else default)
     if args.matrix:
         args.gatekeepers = args.gatekeepers or "1,3,10"
         args.scenarios = args.scenarios or "sliding-log,gcra,two-rules"
@@ -1081,6 +1200,9 @@ def main():
     except KeyboardInterrupt:
         print("\ninterrupted: processes stopped", file=sys.stderr)
         return 130
+    except LogsMissing as e:
+        print(f"\naccuracy.py: ERROR: {e}", file=sys.stderr)
+        return 2
     finally:
         if args.keep:
             print(f"kept {tmp}")
@@ -1099,6 +1221,15 @@ def main():
               f"{s['wb_bad']:>11} {verdict(s['ok_wb']):>5} {'ok' if s['gen_ok'] else 'LAGGED':>10} {s['noise']:>6.2f} {s['tries']:>5}")
     failed = [s for s in summary if not (s["ok_ratio"] and s["ok_win"] and s["ok_spike"] and s["ok_wb"])]
     print(f"cells meeting every goal: {len(summary) - len(failed)} of {len(summary)}")
+    if args.smoke:
+        problems = smoke_failures(summary)
+        for p in problems:
+            print(f"smoke: FAIL: {p}")
+        if problems:
+            return 1
+        print(f"smoke: OK: {len(summary)} cells; in each the load reached the backend, the gate delayed or rejected "
+              f"the hot client, every well-behaved request was answered, logged and accepted, and the sniffer and "
+              f"/metrics saw the traffic (the accuracy goals above are not judged: smoke cells are too short)")
     return 0
 
 

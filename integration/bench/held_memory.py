@@ -6,7 +6,14 @@ Each of N identifiers first sends one request (the burst of 1), so the master
 publishes a DELAY_UNTIL about a minute ahead for it; then N connections each
 send that identifier's second request, which the proxy holds. RSS is read from
 /proc before and while they are held; then every client disconnects and the
-held gauge must drop to 0 (disconnected clients free their places)."""
+held gauge must drop to 0 (disconnected clients free their places).
+
+--max-kib-per-held X: exit 1 if the RSS growth per held request exceeds X KiB.
+--smoke: 300 held requests (unless --held says otherwise), and exit 1 unless
+every check saw what it checks: each first request answered 200, the master's
+DELAY_UNTIL for every identifier in the proxy, every second request held, and
+every one of them dropped (none forwarded) when its client disconnected. Any
+failure to run exits 1 with a message."""
 import argparse
 import os
 import resource
@@ -34,9 +41,20 @@ def rss_kib(pid):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--held", type=int, default=10_000)
+    ap.add_argument("--held", type=int, default=None, help="held requests (default 10000; smoke 300)")
+    ap.add_argument("--max-kib-per-held", type=float, default=None, metavar="X",
+                    help="exit 1 if RSS growth per held request is above X KiB")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a short run (300 held unless --held) that exits 1 unless every check saw what it checks")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     args = ap.parse_args()
+    if args.held is None:
+        args.held = 300 if args.smoke else 10_000
+    if args.held < 1:
+        ap.error("--held must be at least 1")
+    for name in ("smockron-master", "smockron-proxy"):
+        if not os.access(os.path.join(args.bin, name), os.X_OK):
+            sys.exit(f"held_memory.py: {os.path.join(args.bin, name)} is not built (or pass --bin)")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if hard < args.held + 100:
@@ -56,10 +74,14 @@ def main():
     ]
     proxy_pid = procs[2].pid
     socks = []
+    problems = []
+    failed_to_run = False
     try:
-        wait_until(lambda: socket.create_connection(("127.0.0.1", backend_port)).close() or True, 10)
-        wait_until(lambda: http_get(padmin, "/readyz").status == 200, 10)
-        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_masters_connected") == 1, 10)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", backend_port)).close() or True, 10,
+                   message="the backend listening")
+        wait_until(lambda: http_get(padmin, "/readyz").status == 200, 10, message="the proxy ready (/readyz)")
+        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_masters_connected") == 1, 10,
+                   message="the proxy connected to the master")
         # ZeroMQ drops what a PUB sends before its subscriber is connected: warm
         # the accounting path until the master has seen a message.
         warm = iter(range(1000))
@@ -68,7 +90,7 @@ def main():
             req = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/", headers={"X-API-Key": f"warm-{next(warm)}"})
             urllib.request.urlopen(req, timeout=5).read()
             return metric_sum(http_get(madmin, "/metrics").body, "smockron_master_accounting_messages_total") > 0
-        wait_until(master_saw_one, 10, interval=0.1)
+        wait_until(master_saw_one, 10, interval=0.1, message="the master counting the proxy's accounting")
         # Phase 1: each identifier's first request passes and earns a DELAY_UNTIL.
         conn = socket.create_connection(("127.0.0.1", proxy_port))
         f = conn.makefile("rb")
@@ -80,10 +102,12 @@ def main():
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             f.read(length)
-            assert b" 200 " in status, status
+            if b" 200 " not in status:
+                raise RuntimeError(f"phase 1: key-{i}'s first request was answered {status!r}, not 200")
         conn.close()
         try:
-            wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_control_entries") >= args.held, 30)
+            wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_control_entries") >= args.held, 30,
+                       message=f"the master's DELAY_UNTIL for all {args.held} identifiers in the proxy")
         except Exception:
             text = http_get(padmin, "/metrics").body + http_get(madmin, "/metrics").body
             print("\n".join(l for l in text.splitlines() if not l.startswith("#") and ("accounting" in l or "control" in l or "tracked" in l)))
@@ -95,17 +119,33 @@ def main():
             s = socket.create_connection(("127.0.0.1", proxy_port))
             s.sendall(f"GET / HTTP/1.1\r\nHost: x\r\nX-API-Key: key-{i}\r\n\r\n".encode())
             socks.append(s)
-        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_held_requests") >= args.held, 60)
+        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_held_requests") >= args.held, 60,
+                   message=f"{args.held} requests held")
         during = rss_kib(proxy_pid)
+        per_held_kib = (during - before) / args.held
         print(f"proxy RSS before: {before / 1024:.1f} MiB, with {args.held} held requests: {during / 1024:.1f} MiB, "
               f"delta {(during - before) / 1024:.1f} MiB ({(during - before) * 1024 / args.held:.0f} bytes per held request)")
+        if args.max_kib_per_held is not None:
+            ok = per_held_kib <= args.max_kib_per_held
+            print(f"RSS growth per held request {per_held_kib:.2f} KiB, bound {args.max_kib_per_held:g} KiB: "
+                  f"{'PASS' if ok else 'FAIL'}")
+            if not ok:
+                problems.append(f"RSS grew {per_held_kib:.2f} KiB per held request, above --max-kib-per-held "
+                                f"{args.max_kib_per_held:g}")
         for s in socks:
             s.close()
         socks.clear()
         t0 = time.time()
-        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_held_requests") == 0, 30)
+        wait_until(lambda: metric(http_get(padmin, "/metrics").body, "smockron_proxy_held_requests") == 0, 30,
+                   message="the held gauge back to 0 after every client disconnected")
+        drops = metric(http_get(padmin, '/metrics').body, 'smockron_proxy_held_client_disconnects_total') or 0
         print(f"all clients disconnected: held gauge back to 0 in {time.time() - t0:.2f} s, "
-              f"forwarded none of them: {metric(http_get(padmin, '/metrics').body, 'smockron_proxy_held_client_disconnects_total'):.0f} drops counted")
+              f"forwarded none of them: {drops:.0f} drops counted")
+        if args.smoke and drops != args.held:
+            problems.append(f"{drops:.0f} held requests counted as dropped on disconnect, not {args.held}")
+    except Exception as e:  # noqa: BLE001  (a benchmark that cannot run says why and exits 1)
+        problems.append(f"could not run: {type(e).__name__}: {e}")
+        failed_to_run = True
     finally:
         for s in socks:
             s.close()
@@ -117,8 +157,20 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill()
         log.close()
+        if failed_to_run:
+            with open(os.path.join(tmp, "log"), errors="replace") as f:
+                tail = f.read()[-3000:].strip()
+            if tail:
+                print(f"--- master, proxy and backend log ---\n{tail}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
+    for p in problems:
+        print(f"held_memory.py: FAIL: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    if args.smoke:
+        print(f"smoke: OK: {args.held} requests held and all dropped on disconnect")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

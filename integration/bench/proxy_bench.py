@@ -17,6 +17,10 @@ Method (see README "Performance"):
 - `--baseline DIR`: a third contender, the smockron-proxy of another build
   (e.g. the commit before a change), on its own port beside the first, same
   master and cpu: before and after measured in the same run.
+- `--smoke`: 1 round of 1 s per contender (1 s warm-up, 10 connections):
+  exits 1 unless every contender answered every request with 2xx and no
+  socket error, and the smockron proxies' accounting was published and
+  processed by the master. No throughput figure is judged.
 """
 import argparse
 import os
@@ -177,13 +181,23 @@ def measure(port, pids, others, seconds, connections, **wrk_args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=10, help="rounds per contender (alternating)")
-    ap.add_argument("--seconds", type=int, default=5, help="length of one round")
-    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per contender (alternating; default 10, smoke 1)")
+    ap.add_argument("--seconds", type=int, default=None, help="length of one round (default 5, smoke 1)")
+    ap.add_argument("--connections", type=int, default=None, help="wrk connections (default 50, smoke 10)")
     ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 round of 1 s, 1 s warm-up, 10 connections (unless given): exit 1 unless every request of "
+                         "every contender was answered 2xx and the accounting reached the master")
     args = ap.parse_args()
+    for name, default, smoke in (("rounds", 10, 1), ("seconds", 5, 1), ("connections", 50, 10)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke if args.smoke else default)
+    for path in [os.path.join(args.bin, n) for n in ("smockron-master", "smockron-proxy")] + \
+            ([os.path.join(args.baseline, "smockron-proxy")] if args.baseline else []):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} is missing: build it (or pass --bin)")
     for tool in ("nginx", "wrk", "taskset"):
         if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
             sys.exit(f"{tool} is missing: run scripts/install-deps.sh --test")
@@ -220,9 +234,9 @@ def main():
             base_conf = write_conf("baseline.toml", base_port, base_admin)
             baseline = Proc([os.path.join(args.baseline, "smockron-proxy"), "--config", base_conf, "--log-level", "warn"], 1, log)
             procs.insert(1, baseline)
-            wait_port(base_port)
-        for port in (backend_port, nginx_port, proxy_port, madmin):
-            wait_port(port)
+            wait_port(base_port, proc=baseline.p)
+        for port, proc in ((backend_port, backend), (nginx_port, peer), (proxy_port, proxy), (madmin, master)):
+            wait_port(port, proc=proc.p)
         time.sleep(0.5)
         peer_pids = [peer.p.pid] + children(peer.p.pid)
         backend_pids = [backend.p.pid] + children(backend.p.pid)
@@ -231,9 +245,10 @@ def main():
             contenders["baseline"] = (base_port, [baseline.p.pid])
         others = backend_pids + [master.p.pid]
 
-        print(f"warm-up ({args.seconds}s each) ...", flush=True)
+        warmup = 1 if args.smoke else max(2, args.seconds // 2)
+        print(f"warm-up ({warmup}s each) ...", flush=True)
         for name, (port, _) in contenders.items():
-            run_wrk(port, max(2, args.seconds // 2), args.connections)
+            run_wrk(port, warmup, args.connections)
 
         time.sleep(0.5)  # the warm-up's accounting settles
         admins = [padmin] + ([base_admin] if args.baseline else [])
@@ -295,6 +310,20 @@ def main():
         processed = metric_total(madmin, "smockron_master_accounting_messages_total") - processed0
         print(f"accounting: {requests} requests in smockron{' and baseline' if args.baseline else ''} rounds, {published:.0f} messages "
               f"published, {dropped:.0f} dropped, {unsent:.0f} unsent, {processed:.0f} processed by the master")
+        if args.smoke:
+            problems = [f"{name} round {i}: {r['errors']} non-2xx responses, {r['socket_errors']} socket errors "
+                        f"(of {r['requests']} requests)"
+                        for name in names for i, r in enumerate(results[name])
+                        if r["errors"] or r["socket_errors"]]
+            if published <= 0 or processed <= 0:
+                problems.append(f"the gate's accounting was not seen: {published:.0f} messages published by the "
+                                f"proxy, {processed:.0f} processed by the master (both must be > 0)")
+            for p in problems:
+                print(f"smoke: FAIL: {p}")
+            if problems:
+                return 1
+            print(f"smoke: OK: {', '.join(names)} answered every request; accounting published and processed")
+        return 0
     finally:
         for p in procs:
             p.stop()
@@ -303,4 +332,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,6 +30,10 @@ Method (that of proxy_bench.py, whose helpers this uses):
   dropped; ratios smockron/nginx over paired rounds: median (min, max).
 - `--only nginx` runs nginx alone (no smockron binaries needed);
   `--baseline DIR` adds another build's smockron-proxy, as in proxy_bench.
+- `--smoke`: 1 round of 1 s per load and contender (1 s warm-up, 10
+  connections): exits 1 unless every contender served the certificate,
+  answered every request of both loads with 2xx and no socket error, and the
+  handshake load opened a connection per request. No figure is judged.
 """
 import argparse
 import os
@@ -165,10 +169,11 @@ def passive_opens():
 
 def run_rounds(args, contenders, others):
     """Warm-up, then args.rounds rounds of every load for every contender: {(name, load): [result]}."""
-    print(f"warm-up ({max(2, args.seconds // 2)}s each) ...", flush=True)
+    warmup = 1 if args.smoke else max(2, args.seconds // 2)
+    print(f"warm-up ({warmup}s each) ...", flush=True)
     for port, _ in contenders.values():
         for _, headers, _, _ in LOADS.values():
-            run_wrk(port, max(2, args.seconds // 2), args.connections, scheme="https", headers=headers)
+            run_wrk(port, warmup, args.connections, scheme="https", headers=headers)
 
     results = {(name, load): [] for name in contenders for load in LOADS}
     print(f"{'round':>5} {'load':>10} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} "
@@ -232,11 +237,31 @@ def report(args, contenders, results):
             print(ratio_line("CPU/handshake", x, y, "handshake", "cpu_us"))
 
 
+def smoke_failures(contenders, results):
+    """--smoke: every run of every contender and load answered all its requests 2xx without a
+    socket error, and the handshake load opened (at least) one TCP connection per request."""
+    problems = []
+    for name in contenders:
+        for load, (label, _, _, _) in LOADS.items():
+            for i, r in enumerate(results[(name, load)]):
+                if r["errors"] or r["socket_errors"]:
+                    problems.append(f"{name} {label} round {i}: {r['errors']} non-2xx responses, "
+                                    f"{r['socket_errors']} socket errors (of {r['requests']} requests)")
+                if load == "handshake" and r["conn_per_req"] < 0.95:
+                    problems.append(f"{name} {label} round {i}: {r['conn_per_req']:.2f} TCP connections per request: "
+                                    f"not every request was a new handshake")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=10, help="rounds per contender and load (alternating)")
-    ap.add_argument("--seconds", type=int, default=5, help="length of one wrk run")
-    ap.add_argument("--connections", type=int, default=50, help="wrk connections, both loads")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per contender and load (alternating; default 10, smoke 1)")
+    ap.add_argument("--seconds", type=int, default=None, help="length of one wrk run (default 5, smoke 1)")
+    ap.add_argument("--connections", type=int, default=None, help="wrk connections, both loads (default 50, smoke 10)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 round of 1 s per load, 1 s warm-up, 10 connections (unless given): exit 1 unless every "
+                         "request was answered 2xx over TLS and every handshake-load request had its own connection")
     ap.add_argument("--only", choices=("smockron", "nginx"), help="run one contender alone")
     ap.add_argument("--resumption", action="store_true",
                     help="both allow session resumption (tickets and a session cache): wrk then resumes, and the "
@@ -248,6 +273,9 @@ def main():
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
     args = ap.parse_args()
+    for name, default, smoke in (("rounds", 10, 1), ("seconds", 5, 1), ("connections", 50, 10)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke if args.smoke else default)
     names = [n for n in ("smockron", "nginx") if args.only in (None, n)]
     if args.baseline and "smockron" in names:
         names.append("baseline")
@@ -274,7 +302,17 @@ def main():
                      else "no session resumption"))
         if len(set(negotiated.values())) > 1:
             print("warning: the contenders negotiate different protocols or ciphers")
-        report(args, contenders, run_rounds(args, contenders, others))
+        results = run_rounds(args, contenders, others)
+        report(args, contenders, results)
+        if args.smoke:
+            problems = smoke_failures(contenders, results)
+            for p in problems:
+                print(f"smoke: FAIL: {p}")
+            if problems:
+                return 1
+            print(f"smoke: OK: {', '.join(contenders)} served TLS and answered every request of both loads; "
+                  f"every handshake-load request came on a new connection")
+        return 0
     except RuntimeError as e:
         sys.exit(f"tls_bench: {e}")
     finally:
@@ -284,4 +322,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

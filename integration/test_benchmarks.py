@@ -1,0 +1,226 @@
+"""Benchmarks never rot: every benchmark in integration/bench/ runs here in its
+smoke mode (a second or a few, tiny counts, the whole path: both contenders
+where there is a peer such as nginx), as a subprocess bounded in time. Each
+test asserts exit status 0, that the output carries the benchmark's figures,
+and that the benchmark left no process behind (its own process group).
+
+Nothing here depends on the machine's speed: the benchmarks' smoke modes check
+that things ran and were seen (requests answered, accounting processed,
+decisions found in the access logs, held requests dropped), never a
+throughput; the one bound is held_memory's RSS per held request (8 KiB, with
+~5.5-7 KiB measured).
+
+Skipped only when a benchmark binary is not built (SMOCKRON_BENCHMARKS=OFF)
+or a peer program (nginx, wrk) is missing: scripts/install-deps.sh --test
+installs both. The daemons themselves must be built (as for every other test).
+
+Run: cd integration && python3 -m unittest -v test_benchmarks
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import harness
+from harness import binary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "bench")
+
+#: Bound of one benchmark's smoke run (they take 1-15 s on a 2-core machine).
+TIMEOUT = 60.0
+
+
+def tool(name: str) -> str | None:
+    """Path of a peer program, or None (nginx lives in /usr/sbin, often outside PATH)."""
+    return shutil.which(name) or (f"/usr/sbin/{name}" if os.access(f"/usr/sbin/{name}", os.X_OK) else None)
+
+
+def group_members(pgid: int) -> list[str]:
+    """Live (non-zombie) processes of process group `pgid`: 'pid command' each."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(rest[2]) == pgid and rest[0] != "Z":
+            out.append(f"{entry} {comm}")
+    return out
+
+
+class BenchmarkSmokeTest(unittest.TestCase):
+    def bench_binary(self, name: str) -> str:
+        path = os.path.join(harness.BIN_DIR, name)
+        if not os.access(path, os.X_OK):
+            self.skipTest(f"{path} is not built (SMOCKRON_BENCHMARKS=OFF?)")
+        return path
+
+    def need(self, *tools: str) -> None:
+        missing = [t for t in tools if tool(t) is None]
+        if missing:
+            self.skipTest(f"{', '.join(missing)} missing (scripts/install-deps.sh --test installs them)")
+
+    def run_bench(self, argv: list[str], timeout: float = TIMEOUT, daemons: bool = True) -> str:
+        """Runs argv in its own process group (cwd a temp dir), bounded by `timeout`; asserts exit
+        status 0 and that nothing of its group outlives it. Returns stdout + stderr.
+        daemons: it runs smockron-master and smockron-proxy, which must be built (a failure, never a skip)."""
+        if daemons:
+            for name in ("smockron-master", "smockron-proxy"):
+                binary(name)
+        tmp = tempfile.mkdtemp(prefix="smockron-bench-smoke-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        env = dict(os.environ, SMOCKRON_BIN_DIR=harness.BIN_DIR)
+        # Output to a file, not a pipe: a process left behind holding the pipe would stall the read.
+        out_path = os.path.join(tmp, "output.txt")
+        t0 = time.monotonic()
+        with open(out_path, "w") as out_file:
+            proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGTERM)  # the benchmarks stop what they started on SIGTERM
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        took = time.monotonic() - t0
+        sys.stderr.write(f"[{os.path.basename(argv[1] if argv[0] == sys.executable else argv[0])}: {took:.1f} s] ")
+        # Whatever it started must be gone with it (stopped by PID, waited for).
+        deadline = time.monotonic() + 5
+        while (left := group_members(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        with open(out_path, errors="replace") as f:
+            out = f.read()
+        shown = out[-6000:]
+        self.assertFalse(timed_out, f"{' '.join(argv)} still running after {timeout:g} s; output:\n{shown}")
+        self.assertEqual(proc.returncode, 0, f"{' '.join(argv)} exited with {proc.returncode}; output:\n{shown}")
+        self.assertEqual(left, [], f"{' '.join(argv)} left processes behind; output:\n{shown}")
+        return out
+
+    def assert_figures(self, out: str, *patterns: str) -> list[re.Match]:
+        """Every regex in `patterns` matches the output (the benchmark printed that figure)."""
+        found = []
+        for p in patterns:
+            m = re.search(p, out, re.MULTILINE)
+            self.assertIsNotNone(m, f"no figure matching {p!r} in the output:\n{out[-6000:]}")
+            found.append(m)
+        return found
+
+    # ------------------------------------------------------------------ Python benchmarks
+
+    def test_proxy_bench(self):
+        """smockron-proxy vs nginx: both answered every request 2xx; the gate's accounting was
+        published and processed by the master."""
+        self.need("nginx", "wrk", "taskset")
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke"])
+        self.assert_figures(out, r"^\s*0\s+smockron\s+\d+ ", r"^\s*0\s+nginx\s+\d+ ",
+                            r"^ smockron: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
+                            r"^\s+nginx: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
+                            r"^accounting: [1-9]\d* requests in smockron rounds, [1-9]\d* messages published, "
+                            r"\d+ dropped, \d+ unsent, [1-9]\d* processed by the master",
+                            r"^smoke: OK")
+
+    def test_tls_bench(self):
+        """smockron-proxy vs nginx over TLS: both negotiate TLS and answer every request of the
+        keep-alive and the handshake load; a connection per request in the handshake load."""
+        self.need("nginx", "wrk", "taskset", "openssl")
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "tls_bench.py"), "--smoke"])
+        self.assert_figures(out, r"^ smockron: TLSv1\.[23] \S+, ", r"^\s+nginx: TLSv1\.[23] \S+, ",
+                            r"^keep-alive \(", r"^handshake \(",
+                            r"^ smockron: median \d+ req/s, p50 \d+ us",
+                            r"^\s+nginx: median \d+ req/s, p50 \d+ us",
+                            r"^ smockron: median \d+ handshakes/s, .* [\d.]+ us/handshake",
+                            r"^\s+nginx: median \d+ handshakes/s, .* [\d.]+ us/handshake",
+                            r"^smoke: OK")
+
+    def test_held_memory(self):
+        """2,000 requests held on their timers: RSS growth per held request at most 8 KiB, the
+        held gauge reaches 2,000 and every one is dropped (not forwarded) on disconnect."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "held_memory.py"), "--smoke", "--held", "2000",
+                              "--max-kib-per-held", "8"])
+        self.assert_figures(out, r"proxy RSS before: [\d.]+ MiB, with 2000 held requests: [\d.]+ MiB, "
+                                 r"delta -?[\d.]+ MiB \(-?\d+ bytes per held request\)",
+                            r"RSS growth per held request -?[\d.]+ KiB, bound 8 KiB: PASS",
+                            r"held gauge back to 0 in [\d.]+ s, forwarded none of them: 2000 drops counted",
+                            r"^smoke: OK")
+
+    def test_accuracy(self):
+        """Master, 2 gatekeepers behind the delay relay, sniffer, counting backend: every
+        well-behaved request found in the access logs and accepted, never delayed; the hot
+        client gated; accounting and DELAY_UNTIL sniffed; /metrics counting."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "accuracy.py"), "--smoke"])
+        self.assert_figures(out, r"^#### G = 2: master \+ 2 gatekeeper",
+                            r"^== G=2  sliding-log: ", r"^== G=2  gcra: ",
+                            r"^hot       : reached backend in \[t0,t0\+D\) [1-9]",
+                            r"^near      : sent [1-9]\d*, .*access log delayed 0 rejected 0 \(unlogged 0\) \[PASS\]",
+                            r"^under     : sent [1-9]\d*, .*access log delayed 0 rejected 0 \(unlogged 0\) \[PASS\]",
+                            r"^/metrics  : proxies \(sum of 2\) accepted [1-9]",
+                            r"^== summary", r"^ 2 sliding-log ", r"^ 2 gcra ", r"^cells meeting every goal: \d+ of 2",
+                            r"^smoke: OK")
+
+    # ------------------------------------------------------------------ C++ benchmarks
+
+    def test_master_bench(self):
+        """Bare ZeroMQ ceiling, the real master's ingest (counted by its /metrics), DELAY_UNTIL
+        received, and the control-loop probes answered."""
+        bench = self.bench_binary("smockron-master-bench")
+        out = self.run_bench([bench, "--master", binary("smockron-master"), "--messages", "20000", "--identifiers",
+                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000"])
+        ingest, loop = self.assert_figures(
+            out, r"^master ingest \(memory\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
+            r"^control-loop latency .*: p50 \d+ us, p99 \d+ us, max \d+ us \((\d+) of \d+ probes answered\)",
+            r"^zeromq bare PUB->SUB:\s+[\d.]+ msg/s", r"^control messages:\s+[\d.]+ msg/s\s+\(\d+ DELAY_UNTIL received\)",
+            r"^ratio master/zeromq:\s+[\d.]+")[:2]
+        self.assertGreater(int(ingest.group(1)), 0, "the master processed nothing")
+        self.assertGreater(int(loop.group(1)), 0, "no control-loop probe was answered")
+
+    def test_query_bench(self):
+        """The echo server and the real master both answer UDP queries, closed and open loop."""
+        bench = self.bench_binary("smockron-query-bench")
+        out = self.run_bench([bench, "--master", binary("smockron-master"), "--rounds", "1", "--seconds", "0.3"])
+        (rnd,) = self.assert_figures(out, r"^  round 0: echo (\d+)/s, master (\d+)/s, ratio [\d.]+")[:1]
+        self.assertGreater(int(rnd.group(1)), 0, "the echo server answered nothing")
+        self.assertGreater(int(rnd.group(2)), 0, "the master answered nothing")
+        opens = re.findall(r"^open loop at \d+/s .*echo p50 \d+ us p99 \d+ us \(([\d.]+)% answered\); "
+                           r"master p50 \d+ us p99 \d+ us \(([\d.]+)% answered\)", out, re.MULTILINE)
+        self.assertEqual(len(opens), 2, f"expected the two open-loop lines:\n{out}")
+        for echo, master in opens:
+            self.assertGreater(float(echo), 0, out)
+            self.assertGreater(float(master), 0, out)
+        self.assert_figures(out, r"^median: echo \d+/s, master \d+/s, master/echo [\d.]+")
+
+    def test_gate_bench(self):
+        """Every benchmark the binary registers runs and prints its time per iteration."""
+        bench = self.bench_binary("smockron-gate-bench")
+        listed = subprocess.run([bench, "--benchmark_list_tests=true"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(listed.returncode, 0, listed.stdout + listed.stderr)
+        names = listed.stdout.split()
+        self.assertIn("BM_GateDecision", names)
+        out = self.run_bench([bench, "--benchmark_min_time=0.01"], daemons=False)
+        for name in names:
+            self.assert_figures(out, rf"^{re.escape(name)}\s+[\d.]+ [nuµm]?s\s+[\d.]+ [nuµm]?s\s+\d+")
+
+
+if __name__ == "__main__":
+    unittest.main()
