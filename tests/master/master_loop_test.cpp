@@ -57,9 +57,28 @@ protected:
       zmq_util::multipart m;
       bool answered = false;
       while (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) answered |= m.frames()[1] == "DELAY_UNTIL";
-      if (answered) return;
+      if (answered) {
+        fence();
+        return;
+      }
     }
     ADD_FAILURE() << "in-process sockets never connected";
+  }
+
+  // Probes still in flight would each draw a DELAY_UNTIL that a test reads as
+  // its own: one last probe, named, is answered after all of them (one
+  // connection, in order), and everything up to its answer is dropped.
+  void fence() {
+    send({"probe\0"s, "ACCEPTED", "fence", std::to_string(now_ms_), ""});
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < end) {
+      svc_.poll_once(std::chrono::milliseconds(1));
+      zmq_util::multipart m;
+      while (zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) {
+        if (m.frames()[1] == "DELAY_UNTIL" && m.frames()[2] == "fence") return;
+      }
+    }
+    ADD_FAILURE() << "the fence probe was never answered";
   }
 
   void send(const std::vector<std::string>& frames) {
@@ -262,10 +281,10 @@ TEST_F(MasterLoop, StatusAndLiveness) {
 
 TEST_F(MasterLoop, ExpiredStateIsSweptOnTheLoopTick) {
   handle({"api\0"s, "ACCEPTED", "gone", ts(0), ""});
-  EXPECT_EQ(svc_.tracked(), 2u);  // + the probe identifier
+  EXPECT_EQ(svc_.tracked(), 3u);  // + the probe identifiers (sync, fence)
   clock_.advance(std::chrono::seconds(2));
   svc_.poll_once(std::chrono::milliseconds(1));
-  EXPECT_EQ(svc_.tracked(), 1u);  // the 1/h probe state is still relevant
+  EXPECT_EQ(svc_.tracked(), 2u);  // the 1/h probe states are still relevant
   EXPECT_NE(metrics().find("smockron_master_expirations_total 1"), std::string::npos);
 }
 

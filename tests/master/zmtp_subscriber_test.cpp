@@ -69,15 +69,21 @@ protected:
     ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
   }
   // Reads what the subscriber sends until `n` bytes arrived, it closed, or
-  // `tries` reads of 20 ms found nothing more.
+  // `tries` reads of 20 ms in a row found nothing (a read that finds bytes
+  // does not count: how many reads n bytes take is the kernel's business).
   std::string raw_read(int fd, std::size_t n, int tries = 500) {
     std::string out;
-    for (int i = 0; i < tries && out.size() < n; ++i) {
+    for (int empty = 0; empty < tries && out.size() < n;) {
       poll_once();
       char buf[4096];
       const ssize_t r = ::recv(fd, buf, std::min(sizeof buf, n - out.size()), 0);
       if (r == 0) break;
-      if (r > 0) out.append(buf, static_cast<std::size_t>(r));
+      if (r > 0) {
+        out.append(buf, static_cast<std::size_t>(r));
+        empty = 0;
+      } else {
+        ++empty;
+      }
     }
     return out;
   }
