@@ -13,9 +13,10 @@ echo "== unit + integration tests (build/)"
 ctest --test-dir build --output-on-failure --timeout 600 -j 1
 echo "== unit tests under ASan + UBSan (build-asan/)"
 bash scripts/build.sh --sanitize
+# Bounded: a test that hangs fails the run instead of stalling it.
 for t in smockron_tests smockron_identify_tests; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ./build-asan/bin/$t --gtest_brief=1
+    timeout 900 ./build-asan/bin/$t --gtest_brief=1
 done
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
