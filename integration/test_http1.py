@@ -358,7 +358,7 @@ class HalfCloseTest(Http1Case):
     """A client that half-closes right behind its request (request and FIN in one
     read) gets its response; the proxy then closes the connection by idle_timeout
     at the latest (request heads are read with drained-socket tracking, which can
-    only see that end of stream at the next deadline: proxy/drain_read.hpp)."""
+    only see that end of stream at the next deadline: proxy/io/drain_read.hpp)."""
 
     proxy_keys = {"idle_timeout": "1s"}
 

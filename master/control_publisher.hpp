@@ -8,8 +8,8 @@
 #include <zmq.hpp>
 
 #include <chrono>
-#include <optional>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 

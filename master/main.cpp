@@ -13,8 +13,8 @@
 #include "smockron/admin_server.hpp"
 #include "smockron/daemon.hpp"
 #include "smockron/signals.hpp"
-#include "smockron/version.hpp"
 #include "smockron/text.hpp"
+#include "smockron/version.hpp"
 
 namespace asio = boost::asio;
 using namespace smockron;

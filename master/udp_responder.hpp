@@ -1,8 +1,8 @@
 // A UDP request/response loop: every datagram waiting is read in batches
 // (recvmmsg), each is answered or not by a handler, and the answers go out in
 // one batch (sendmmsg), all on the caller's thread, without blocking. The
-// master's query endpoint runs on it (query_server.hpp), and so does the
-// benchmark's bare echo server, so that the two compare like with like.
+// master's query endpoint runs on it (service.cpp, answered by ingest), and so
+// does the benchmark's bare echo server, so that the two compare like with like.
 #pragma once
 
 #include <netinet/in.h>

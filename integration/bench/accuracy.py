@@ -491,7 +491,7 @@ class LogsMissing(RuntimeError):
 
 def parse_access_line(line: str):
     """One line of a proxy's access log (access_log_format = "json"): (target, decision), or None
-    for a line that is not a JSON object with both (see proxy/access_log.cpp, docs/configuration.md)."""
+    for a line that is not a JSON object with both (see proxy/request/access_log.cpp, docs/configuration.md)."""
     try:
         e = json.loads(line)
     except ValueError:
@@ -745,7 +745,7 @@ async def collect_decisions(box: Box, sc: Scenario, reqs: list[Req], timeout: fl
             + f"; e.g. GET /{sc.domain}/{example.ident}/{example.gk}/{example.seq}, answered {example.status}). "
             f"The proxies write JSON lines (access_log_format = \"json\") with \"target\" and \"decision\" to "
             f"{', '.join(box.access_paths)}: has the access log's format or destination changed "
-            f"(proxy/access_log.cpp)? Run with --keep to look at the files.")
+            f"(proxy/request/access_log.cpp)? Run with --keep to look at the files.")
     return decisions
 
 

@@ -2,10 +2,10 @@
 // extraction + control-memory lookup + accounting encode. Goal: < 1 us.
 #include <benchmark/benchmark.h>
 
-#include "proxy/gate.hpp"
-#include "proxy/identify.hpp"
-#include "proxy/path.hpp"
-#include "proxy/routes.hpp"
+#include "proxy/codec/path.hpp"
+#include "proxy/gate/gate.hpp"
+#include "proxy/identify/identify.hpp"
+#include "proxy/request/routes.hpp"
 #include "smockron/wire.hpp"
 
 using namespace smockron;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "fuzz_frames.hpp"
-#include "proxy/http1.hpp"
-#include "proxy/identify.hpp"
+#include "proxy/codec/http1.hpp"
+#include "proxy/identify/identify.hpp"
 
 using namespace smockron;
 using namespace smockron::proxy;

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "proxy/http1.hpp"
+#include "proxy/codec/http1.hpp"
 
 using namespace smockron::proxy;
 

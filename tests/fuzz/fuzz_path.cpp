@@ -1,18 +1,27 @@
 // Path normalization on arbitrary bytes (the first byte chooses the
-// options): never crashes; what it returns is normal (already_normal says so
-// and normalizing it again changes nothing), starts with '/', and holds no
-// dot-segment, no "//" (with merge_slashes) and no backslash.
+// options), and the segment parameters routes do not see: never crashes; what it returns is normal (already_normal says
+// so and normalizing it again changes nothing), starts with '/', and holds no dot-segment, no "//" (with merge_slashes)
+// and no backslash.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "proxy/path.hpp"
+#include "proxy/codec/path.hpp"
 
 using namespace smockron::proxy;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
+  {
+    // Segment parameters: none left, every separator kept, stripping twice is stripping once.
+    const std::string_view raw(reinterpret_cast<const char*>(data), size);
+    const std::string stripped = path::strip_parameters(raw);
+    FUZZ_CHECK(stripped.find(';') == std::string::npos);
+    FUZZ_CHECK(std::count(stripped.begin(), stripped.end(), '/') == std::count(raw.begin(), raw.end(), '/'));
+    FUZZ_CHECK(path::strip_parameters(stripped) == stripped);
+  }
   path::options o;
   o.merge_slashes = data[0] & 1;
   o.slashes = static_cast<path::escaped_slash>((data[0] >> 1) % 3);

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "proxy/proxy_protocol.hpp"
+#include "proxy/codec/proxy_protocol.hpp"
 
 using namespace smockron::proxy;
 

@@ -2,10 +2,10 @@
 // and by the rule engine) and steady time (timers). Tests use manual_clock.
 #pragma once
 
+#include <time.h>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <time.h>
 
 namespace smockron {
 
@@ -33,6 +33,15 @@ public:
     return duration_cast<microseconds>(system_clock_t::now().time_since_epoch()).count();
   }
   std::chrono::steady_clock::time_point steady_now() const override { return std::chrono::steady_clock::now(); }
+  /// CLOCK_MONOTONIC_COARSE: the monotonic clock as of the last timer tick
+  /// (1-4 ms behind), read without the vDSO's TSC arithmetic. The same base as
+  /// steady_clock (CLOCK_MONOTONIC), so the two compare.
+  std::chrono::steady_clock::time_point coarse_steady_now() const override {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return std::chrono::steady_clock::time_point(std::chrono::seconds(ts.tv_sec) +
+                                                 std::chrono::nanoseconds(ts.tv_nsec));
+  }
 
   /// A process-wide instance.
   static const system_clock& instance() {

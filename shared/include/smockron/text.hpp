@@ -1,7 +1,16 @@
 // Small text helpers shared by the parsers of both daemons.
 #pragma once
 
+#include <string_view>
+
 namespace smockron {
+
+/// `s` without the optional whitespace (SP, HTAB) around it (RFC 9110 5.6.3).
+constexpr std::string_view trim_ows(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
 
 /// The value of a hexadecimal digit (either case), or -1.
 constexpr int hex_digit(char c) {

@@ -1,6 +1,6 @@
 // One end of a ZMTP 3.0 connection with the NULL mechanism, without I/O:
 // bytes in, bytes and events out. Both ends of the accounting stream use it:
-// the proxy's sender (role pub, proxy/accounting_sender.hpp) and the
+// the proxy's sender (role pub, proxy/cluster/accounting_sender.hpp) and the
 // master's receiver (role sub, master/zmtp_subscriber.hpp); the transports
 // only move bytes, keep deadlines and bound their output.
 //

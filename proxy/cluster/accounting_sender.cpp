@@ -1,0 +1,386 @@
+// The proxy's accounting sender (see accounting_sender.hpp).
+#include "proxy/cluster/accounting_sender.hpp"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "smockron/net.hpp"
+#include "smockron/zmtp.hpp"
+#include "smockron/zmtp_session.hpp"
+
+namespace smockron::proxy {
+
+namespace asio = boost::asio;
+using generic_stream = asio::generic::stream_protocol;
+
+namespace {
+/// Largest frame a subscriber may send us (a subscription is a topic: small).
+constexpr std::size_t k_max_in_frame = 64 * 1024;
+/// Output beyond which a PING is not answered (the master is not reading).
+constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
+}  // namespace
+
+struct accounting_sender::link {
+  enum class state : std::uint8_t { idle, connecting, handshake, ready };
+  link(asio::io_context& ioc, std::string ep)
+      : endpoint(std::move(ep)),
+        socket(ioc),
+        retry(ioc),
+        resolver(ioc),
+        session(new_session()),
+        subs(k_max_subscriptions) {}
+
+  static zmtp::session new_session() {
+    return zmtp::session(zmtp::session::role::pub,
+                         {.max_message = k_max_in_frame, .max_pong_backlog = k_max_pong_backlog});
+  }
+
+  std::string endpoint;
+  generic_stream::socket socket;
+  asio::steady_timer retry;
+  asio::ip::tcp::resolver resolver;
+  state st = state::idle;
+  std::uint64_t generation = 0;  ///< bumped on every failure: late completions of the old connection are ignored
+  zmtp::session session;
+  std::array<char, 4096> chunk;
+  std::string in;  ///< received and not yet parsed
+  zmtp::subscription_set subs;
+  std::uint64_t failures = 0;    ///< in a row, for the log
+  std::string pending, writing;  ///< queued; being written
+  std::size_t pending_msgs = 0, writing_msgs = 0;
+  bool write_busy = false;
+};
+
+accounting_sender::counters::counters(metrics::registry& r)
+    : sent(r.add_counter("smockron_proxy_accounting_messages_total", "Accounting messages published")),
+      dropped(r.add_counter("smockron_proxy_accounting_dropped_total",
+                            "Accounting messages a master's full queue refused, or lost with its connection; "
+                            "the request still passed")),
+      unsent(r.add_counter("smockron_proxy_accounting_unsent_total",
+                           "Accounting messages no connected master was subscribed to (master down or "
+                           "just reconnected); the request still passed")),
+      lost(r.add_counter("smockron_proxy_accounting_lost_total",
+                         "Accounting messages queued for a master whose connection broke before they "
+                         "were written (once per master)")) {
+  for (const auto f : {zmtp::fault::greeting, zmtp::fault::mechanism, zmtp::fault::handshake, zmtp::fault::framing,
+                       zmtp::fault::peer_error, zmtp::fault::subscriptions, zmtp::fault::timeout, zmtp::fault::connect,
+                       zmtp::fault::closed, zmtp::fault::io}) {
+    disconnects[static_cast<int>(f)] =
+        &r.add_counter("smockron_proxy_accounting_disconnects_total",
+                       "Accounting connections to a master that failed or ended, by reason (then retried)",
+                       metrics::labels({{"reason", zmtp::to_string(f)}}));
+  }
+}
+
+accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<std::string>& endpoints,
+                                     std::size_t queue_limit, counters& c,
+                                     const std::vector<config::proxy_config::shard_config>& shards)
+    : ioc_(ioc),
+      queue_limit_(queue_limit),
+      counters_(c),
+      flush_timer_(ioc),
+      sample_rng_(std::random_device{}()),
+      log_(log::get("proxy.accounting")) {
+  bytes_.reserve(batch * 96);
+  batch_.reserve(batch);
+  for (const auto& e : endpoints) {
+    links_.push_back(std::make_unique<link>(ioc_, e));
+    connect(*links_.back());
+  }
+  for (const auto& sc : shards) {
+    std::vector<std::string> names;
+    std::vector<std::vector<link*>> shares;
+    for (const auto& share : sc.shares) {
+      names.push_back(share.front());  // a share's place on the ring: its first master's endpoint
+      auto& targets = shares.emplace_back();
+      for (const auto& ep : share) {
+        for (auto& l : links_) {
+          if (l->endpoint == ep) targets.push_back(l.get());
+        }
+      }
+    }
+    sharded_.emplace(sc.domain, sharded{hash_ring(names), std::move(shares)});
+  }
+}
+
+accounting_sender::~accounting_sender() { counters_.unsent.inc(batch_.size()); }
+
+void accounting_sender::account(const wire::accounting& m, const policy& p) {
+  if (m.state == wire::status::rejected && p.rejected_sample < 1.0 &&
+      std::uniform_real_distribution<double>(0, 1)(sample_rng_) >= p.rejected_sample) {
+    return;
+  }
+  const bool first = publish(m);
+  if (m.state == wire::status::delayed) {
+    flush();
+  } else if (first) {
+    flush_timer_.expires_after(p.flush_after);
+    flush_timer_.async_wait([this](const boost::system::error_code& ec) {
+      // Re-arming cancels a wait: that batch already left with an immediate flush.
+      if (ec != asio::error::operation_aborted) flush();
+    });
+  }
+}
+
+bool accounting_sender::publish(const wire::accounting& m) {
+  auto enc = wire::encode(m, scratch_);
+  if (!enc) {
+    counters_.dropped.inc();
+    return false;
+  }
+  if (batch_.size() >= batch) flush();
+  const bool was_empty = batch_.empty();
+  queued q{};
+  q.offset = static_cast<std::uint32_t>(bytes_.size());
+  for (std::size_t i = 0; i < enc->count; ++i) {
+    const std::string_view f = enc->frame[i];
+    zmtp::append_frame(bytes_, i + 1 < enc->count ? zmtp::flag_more : 0, f);
+    if (i == 0) {
+      q.topic_size = static_cast<std::uint32_t>(f.size());
+      q.topic_offset = static_cast<std::uint32_t>(bytes_.size() - f.size());
+    }
+  }
+  q.size = static_cast<std::uint32_t>(bytes_.size() - q.offset);
+  q.share = nullptr;
+  if (!sharded_.empty()) {
+    if (const auto it = sharded_.find(m.domain); it != sharded_.end()) {
+      q.share = &it->second.shares[it->second.ring.owner(m.identifier)];
+    }
+  }
+  batch_.push_back(q);
+  return was_empty;
+}
+
+void accounting_sender::flush() {
+  if (batch_.empty()) return;
+  for (const queued& q : batch_) {
+    const std::string_view topic(bytes_.data() + q.topic_offset, q.topic_size);
+    const std::string_view message(bytes_.data() + q.offset, q.size);
+    bool taken = false, refused = false;
+    const auto offer = [&](link& l) {
+      if (l.st != link::state::ready || !l.subs.matches(topic)) return;
+      if (queue_limit_ > 0 && l.pending_msgs + l.writing_msgs >= queue_limit_) {
+        refused = true;
+        return;
+      }
+      l.pending += message;
+      ++l.pending_msgs;
+      taken = true;
+    };
+    if (q.share) {
+      for (link* l : *q.share) offer(*l);
+    } else {
+      for (auto& l : links_) offer(*l);
+    }
+    if (refused) counters_.dropped.inc();
+    else if (taken) counters_.sent.inc();
+    else counters_.unsent.inc();
+  }
+  bytes_.clear();
+  batch_.clear();
+  for (auto& l : links_) {
+    if (l->st == link::state::ready) write(*l);
+  }
+}
+
+bool accounting_sender::idle() const {
+  return std::all_of(links_.begin(), links_.end(), [](const auto& l) {
+    return l->st != link::state::ready || (l->pending.empty() && l->writing.empty());
+  });
+}
+
+std::size_t accounting_sender::connected() const {
+  return static_cast<std::size_t>(
+      std::count_if(links_.begin(), links_.end(), [](const auto& l) { return l->st == link::state::ready; }));
+}
+
+// ---- connection --------------------------------------------------------------
+
+void accounting_sender::connect(link& l) {
+  l.st = link::state::connecting;
+  const std::uint64_t gen = l.generation;
+  // One deadline for resolve, connect and handshake: a master that accepts
+  // and never answers is retried like one that refuses.
+  l.retry.expires_after(k_handshake_timeout);
+  l.retry.async_wait([this, &l, gen](const boost::system::error_code& ec) {
+    if (!ec && gen == l.generation && l.st != link::state::ready)
+      fail(l, zmtp::fault::timeout, "no handshake within 5 s");
+  });
+  const auto e = parse_stream_endpoint(l.endpoint);  // validated with the configuration
+  if (!e) return fail(l, zmtp::fault::connect, "invalid endpoint");
+  if (e->type == stream_endpoint::kind::ipc) {
+    std::string path = e->path;
+    if (e->abstract()) path[0] = '\0';
+    const asio::local::stream_protocol::endpoint ep(path);
+    l.socket.async_connect(generic_stream::endpoint(ep), [this, &l, gen](const boost::system::error_code& ec) {
+      if (gen != l.generation) return;
+      if (ec) return fail(l, zmtp::fault::connect, "connect: " + ec.message());
+      on_connected(l);
+    });
+    return;
+  }
+  const std::string& host = e->address.host;
+  const std::string port = std::to_string(e->address.port);
+  l.resolver.async_resolve(
+      host, port,
+      [this, &l, gen](const boost::system::error_code& ec, const asio::ip::tcp::resolver::results_type& results) {
+        if (gen != l.generation) return;
+        if (ec) return fail(l, zmtp::fault::connect, "resolve: " + ec.message());
+        auto endpoints = std::make_shared<std::vector<generic_stream::endpoint>>();
+        for (const auto& r : results) endpoints->emplace_back(r.endpoint());
+        asio::async_connect(
+            l.socket, *endpoints,
+            [this, &l, gen, endpoints](const boost::system::error_code& cec, const generic_stream::endpoint&) {
+              if (gen != l.generation) return;
+              if (cec) return fail(l, zmtp::fault::connect, "connect: " + cec.message());
+              // Batches leave at once; a master whose host vanished is noticed (~90 s).
+              const int one = 1, idle = 60, interval = 10, probes = 3;
+              const int fd = l.socket.native_handle();
+              ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+              ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+              ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+              on_connected(l);
+            });
+      });
+}
+
+void accounting_sender::on_connected(link& l) {
+  l.st = link::state::handshake;
+  l.session = link::new_session();
+  l.in.clear();
+  const std::uint64_t gen = l.generation;
+  queue(l, zmtp::session::hello(zmtp::session::role::pub), 0);
+  write(l);
+  if (gen == l.generation) read(l);
+}
+
+void accounting_sender::read(link& l) {
+  const std::uint64_t gen = l.generation;
+  l.socket.async_read_some(asio::buffer(l.chunk), [this, &l, gen](const boost::system::error_code& ec, std::size_t n) {
+    if (gen != l.generation) return;
+    if (ec == asio::error::eof) return fail(l, zmtp::fault::closed, "master closed the connection");
+    if (ec) return fail(l, zmtp::fault::io, ec.message());
+    l.in.append(l.chunk.data(), n);
+    if (parse(l)) read(l);
+  });
+}
+
+bool accounting_sender::parse(link& l) {
+  struct events final : zmtp::session_events {
+    accounting_sender& self;
+    link& l;
+    events(accounting_sender& s, link& k) : self(s), l(k) {}
+    void on_ready() override {
+      l.st = link::state::ready;
+      l.failures = 0;
+      l.retry.cancel();  // the handshake deadline
+      self.log_->info("accounting connected to {}", l.endpoint);
+    }
+    void on_subscription(bool subscribe, std::string_view topic) override {
+      if (!l.subs.apply(subscribe, topic)) full = true;
+    }
+    bool full = false;
+  };
+  events ev(*this, l);
+  std::string replies;  // PONGs
+  const std::size_t used = l.session.feed(l.in, ev, replies);
+  l.in.erase(0, used);
+  if (const auto f = l.session.failed()) {
+    fail(l, *f, l.session.detail());
+    return false;
+  }
+  if (ev.full) {
+    fail(l, zmtp::fault::subscriptions, "more than " + std::to_string(k_max_subscriptions) + " subscriptions");
+    return false;
+  }
+  if (!replies.empty()) {
+    const std::uint64_t gen = l.generation;
+    queue(l, replies, 0);
+    write(l);
+    if (gen != l.generation) return false;
+  }
+  return true;
+}
+
+// ---- writing -----------------------------------------------------------------
+
+void accounting_sender::queue(link& l, std::string_view bytes, std::size_t messages) {
+  l.pending += bytes;
+  l.pending_msgs += messages;
+}
+
+void accounting_sender::write(link& l) {
+  if (l.write_busy || l.pending.empty() || (l.st != link::state::ready && l.st != link::state::handshake)) return;
+  std::swap(l.pending, l.writing);
+  l.writing_msgs = l.pending_msgs;
+  l.pending.clear();
+  l.pending_msgs = 0;
+  // Most batches go out whole at once; only a remainder waits for the socket.
+  const ssize_t n = ::send(l.socket.native_handle(), l.writing.data(), l.writing.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    return fail(l, zmtp::fault::io, std::strerror(errno));
+  if (n > 0) l.writing.erase(0, static_cast<std::size_t>(n));
+  if (l.writing.empty()) {
+    l.writing_msgs = 0;
+    return;
+  }
+  l.write_busy = true;
+  const std::uint64_t gen = l.generation;
+  asio::async_write(l.socket, asio::buffer(l.writing),
+                    [this, &l, gen](const boost::system::error_code& ec, std::size_t) {
+                      if (gen != l.generation) return;
+                      l.write_busy = false;
+                      if (ec) return fail(l, zmtp::fault::io, ec.message());
+                      l.writing.clear();
+                      l.writing_msgs = 0;
+                      write(l);
+                    });
+}
+
+void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) {
+  const bool was_ready = l.st == link::state::ready;
+  // Taken for this master and not (wholly) written: lost for it. They were
+  // counted as sent (they may have reached the other masters).
+  counters_.lost.inc(l.pending_msgs + l.writing_msgs);
+  if (auto* c = counters_.disconnects[static_cast<int>(why)]) c->inc();
+  ++l.generation;
+  boost::system::error_code ignored;
+  l.socket.close(ignored);
+  l.resolver.cancel();
+  l.st = link::state::idle;
+  l.write_busy = false;
+  l.in.clear();
+  l.subs.clear();
+  l.pending.clear();
+  l.writing.clear();
+  l.pending_msgs = l.writing_msgs = 0;
+  // Warn when a working connection breaks, and when connecting keeps failing
+  // (the first time, then every 10 minutes of retries); the rest is debug.
+  const std::uint64_t n = ++l.failures;
+  std::uint64_t suppressed = 0;
+  if ((was_ready || n == 1 || n % 6000 == 0) && fail_log_.allow(std::chrono::steady_clock::now(), suppressed)) {
+    log_->warn("accounting to {}: {} ({}){}; retrying every {} ms", l.endpoint, detail, zmtp::to_string(why),
+               was_ready ? ", connection lost" : "", k_retry.count());
+  } else {
+    log_->debug("accounting to {}: {} ({})", l.endpoint, detail, zmtp::to_string(why));
+  }
+  l.retry.expires_after(k_retry);
+  const std::uint64_t gen = l.generation;
+  l.retry.async_wait([this, &l, gen](const boost::system::error_code& ec) {
+    if (ec || gen != l.generation) return;
+    connect(l);
+  });
+}
+
+}  // namespace smockron::proxy

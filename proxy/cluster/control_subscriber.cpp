@@ -1,0 +1,147 @@
+// The proxy's control subscriber (see control_subscriber.hpp).
+#include "proxy/cluster/control_subscriber.hpp"
+
+#include <array>
+#include <cstring>
+#include <set>
+
+#include "smockron/log.hpp"
+#include "smockron/zmq_util.hpp"
+
+namespace smockron::proxy {
+
+control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
+                                       domain_registry& domains, const clock& clk, metrics::registry& reg)
+    : ctx_(ctx),
+      endpoints_(endpoints),
+      gate_(g),
+      domains_(domains),
+      clock_(clk),
+      received_(reg.add_counter("smockron_proxy_control_messages_total", "DELAY_UNTIL messages applied")),
+      unknown_domain_(reg.add_counter("smockron_proxy_control_unknown_domain_total",
+                                      "Control messages for a domain no route uses")),
+      policies_(
+          reg.add_counter("smockron_proxy_control_policies_total",
+                          "POLICY messages applied (a domain's rules, or one identifier's own, for the gate's own "
+                          "first-round-trip bound)")),
+      policies_ignored_(reg.add_counter("smockron_proxy_control_policies_ignored_total",
+                                        "POLICY messages not kept: more domains, or identifiers with rules of their "
+                                        "own, than the gate keeps policies for (those are not bounded before the "
+                                        "master's first DELAY_UNTIL, and the identifiers get the domain's fields)")),
+      log_(log::get("proxy.control")) {
+  for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
+    errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
+                                  metrics::labels({{"reason", wire::to_string(static_cast<wire::decode_error>(i))}}));
+  }
+  reg.add_counter_callback(
+      "smockron_proxy_gate_unguarded_total",
+      "Requests the gate could not bound on its own (its guard state would pass half the control memory)",
+      [&g] { return static_cast<double>(g.unguarded()); });
+  reg.add_callback("smockron_proxy_gate_overrides",
+                   "Identifiers with rules of their own (a master's overrides) the gate keeps", "",
+                   [&g] { return static_cast<double>(g.overrides()); });
+  reg.add_callback("smockron_proxy_masters_connected", "Masters the control socket is connected to", "",
+                   [this] { return static_cast<double>(connected_.load()); });
+  thread_ = std::thread([this] { run(); });
+}
+
+control_subscriber::~control_subscriber() {
+  stop_ = true;
+  thread_.join();
+}
+
+void control_subscriber::set_domains(const std::vector<std::string>& domains) {
+  std::lock_guard lock(pending_mutex_);
+  pending_domains_ = domains;
+}
+
+void control_subscriber::run() {
+  zmq::socket_t sub(ctx_, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::linger, 0);
+  sub.set(zmq::sockopt::rcvhwm, 1'000'000);
+  sub.set(zmq::sockopt::reconnect_ivl, 100);
+  // A restarted master is found again within half a second however long it was gone.
+  sub.set(zmq::sockopt::reconnect_ivl_max, 500);
+  // A monitor tells whether masters are connected (for /readyz and metrics).
+  const std::string monitor_endpoint =
+      "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+  zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+  zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::linger, 0);
+  monitor.connect(monitor_endpoint);
+  for (const auto& e : endpoints_) sub.connect(e);
+
+  std::set<std::string> subscribed;
+  zmq_util::multipart in;
+  auto last_sweep = clock_.steady_now();
+  while (!stop_.load()) {
+    sync_subscriptions(sub, subscribed);
+    zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+    try {
+      // Short: new subscriptions (start-up, reload) are applied at the next wake-up.
+      zmq::poll(items, 2, std::chrono::milliseconds(10));
+      while (zmq_util::recv(monitor, in)) {
+        if (in.count >= 1 && in.views[0].size() >= 2) {
+          std::uint16_t event = 0;
+          std::memcpy(&event, in.views[0].data(), 2);
+          if (event == ZMQ_EVENT_CONNECTED) ++connected_;
+          if (event == ZMQ_EVENT_DISCONNECTED && connected_ > 0) --connected_;
+        }
+      }
+      // ZMQ_FD is edge-triggered: always drain everything that is ready.
+      while (zmq_util::recv(sub, in)) apply(in);
+      if (clock_.steady_now() - last_sweep > std::chrono::milliseconds(50)) {
+        last_sweep = clock_.steady_now();
+        gate_.sweep(clock_.wall_us());
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return;
+      log_->error("control loop: {}", e.what());
+    }
+  }
+}
+
+void control_subscriber::sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed) {
+  std::lock_guard lock(pending_mutex_);
+  if (!pending_domains_) return;
+  const std::set<std::string> wanted(pending_domains_->begin(), pending_domains_->end());
+  for (const auto& d : subscribed) {
+    if (!wanted.contains(d)) sub.set(zmq::sockopt::unsubscribe, d + std::string(1, '\0'));
+  }
+  for (const auto& d : wanted) {
+    if (!subscribed.contains(d)) sub.set(zmq::sockopt::subscribe, d + std::string(1, '\0'));
+  }
+  subscribed = wanted;
+  pending_domains_.reset();
+}
+
+void control_subscriber::apply(const zmq_util::multipart& in) {
+  const auto bad = [&](wire::decode_error e) {
+    errors_[static_cast<int>(e)]->inc();
+    std::uint64_t suppressed = 0;
+    if (bad_log_.allow(clock_.steady_now(), suppressed)) {
+      log_->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(e), suppressed);
+    }
+  };
+  if (in.truncated) return bad(wire::decode_error::frame_count);
+  if (wire::control_command(in.frames()) == wire::policy_command) {
+    const auto p = wire::decode_policy(in.frames());
+    if (!p) return bad(p.error());
+    if (const auto domain = domains_.find(p->domain)) {
+      const std::span<const guard_rule> rules{p->rules.data(), p->count};
+      const bool kept = p->identifier.empty() ? gate_.set_policy(*domain, rules, clock_.wall_us())
+                                              : gate_.set_override(*domain, p->identifier, rules, clock_.wall_us());
+      if (kept) policies_.inc();
+      else policies_ignored_.inc();
+    }
+    return;
+  }
+  const auto m = wire::decode_delay_until(in.frames());
+  if (!m) return bad(m.error());
+  const auto domain = domains_.find(m->domain);
+  if (!domain) return unknown_domain_.inc();
+  gate_.update(*domain, m->identifier, m->next_ms * 1000, m->interval_ms * 1000, clock_.wall_us());
+  received_.inc();
+}
+
+}  // namespace smockron::proxy

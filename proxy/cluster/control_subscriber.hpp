@@ -1,0 +1,67 @@
+// The proxy's control side: one thread owning the libzmq SUB socket,
+// connected to every master and subscribed to the routes' domains, feeding
+// DELAY_UNTIL and POLICY into the gate.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proxy/cluster/domain_registry.hpp"
+#include "proxy/gate/gate.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/log.hpp"
+#include "smockron/metrics.hpp"
+#include "smockron/string_hash.hpp"
+#include "smockron/wire.hpp"
+#include "smockron/zmq_util.hpp"
+
+namespace smockron::proxy {
+
+class control_subscriber {
+public:
+  control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g, domain_registry& domains,
+                     const clock& clk, metrics::registry& reg);
+  ~control_subscriber();
+
+  /// Subscribes to exactly these domains (called at start and on reload; thread-safe).
+  void set_domains(const std::vector<std::string>& domains);
+  /// Number of masters currently connected.
+  int connected() const { return connected_.load(); }
+  int endpoints() const { return static_cast<int>(endpoints_.size()); }
+
+private:
+  void run();
+  /// Applies the domains set_domains() asked for, if it did.
+  void sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed);
+  /// Applies one control message (DELAY_UNTIL or POLICY) to the gate, or counts why not.
+  void apply(const zmq_util::multipart& in);
+
+  zmq::context_t& ctx_;
+  std::vector<std::string> endpoints_;
+  gate& gate_;
+  domain_registry& domains_;
+  const clock& clock_;
+  metrics::counter& received_;
+  metrics::counter* errors_[wire::decode_error_count] = {};
+  metrics::counter& unknown_domain_;
+  metrics::counter& policies_;
+  metrics::counter& policies_ignored_;
+  std::shared_ptr<spdlog::logger> log_;
+  log::rate_limiter bad_log_;
+  std::atomic<int> connected_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex pending_mutex_;
+  std::optional<std::vector<std::string>> pending_domains_;
+  std::thread thread_;
+};
+
+}  // namespace smockron::proxy

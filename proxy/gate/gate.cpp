@@ -1,0 +1,286 @@
+// Control memory and per-request decisions (see gate.hpp).
+#include "proxy/gate/gate.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+namespace smockron::proxy {
+
+std::size_t gate::key_hash::operator()(const key_view& k) const {
+  return std::hash<std::string_view>{}(k.id) ^ (static_cast<std::size_t>(k.domain) * 0x9E3779B97F4A7C15ULL);
+}
+
+gate::gate(std::size_t max_entries, double horizon)
+    : max_per_shard_(std::max<std::size_t>(1, max_entries / k_shards)),
+      horizon_cut_(std::clamp(horizon, 0.0, 1.0) * k_horizon_spread) {}
+
+gate::shard& gate::shard_for(const key_view& k) { return shards_[(key_hash{}(k) >> 7) % k_shards]; }
+
+std::int64_t gate::entry::expires_us() const {
+  return std::max({next_us, local_next_us, spare_us, *std::max_element(tat.begin(), tat.end())});
+}
+
+bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
+  policy_slot& p = policies_[domain];
+  const std::size_t n = std::min(rules.size(), k_guard_rules);
+  bool same = p.count.load(std::memory_order_relaxed) == n;
+  for (std::size_t i = 0; same && i < n; ++i) {
+    same = p.interval[i].load(std::memory_order_relaxed) == rules[i].interval_us &&
+           p.burst[i].load(std::memory_order_relaxed) == rules[i].burst;
+  }
+  if (!same) {
+    // Odd while writing: a reader that sees it, or sees it change, reads again.
+    p.seq.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < n; ++i) {
+      p.interval[i].store(rules[i].interval_us, std::memory_order_relaxed);
+      p.burst[i].store(rules[i].burst, std::memory_order_relaxed);
+    }
+    p.count.store(n, std::memory_order_relaxed);
+    p.seq.fetch_add(1, std::memory_order_release);
+  }
+  p.updated_us.store(now_us, std::memory_order_relaxed);
+  return true;
+}
+
+bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::span<const guard_rule> rules,
+                        std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  {
+    std::lock_guard lock(s.mutex);
+    auto it = s.overrides.find(k);
+    if (it == s.overrides.end()) {
+      if (override_count_.load(std::memory_order_relaxed) >= k_max_overrides) return false;
+      it = s.overrides.emplace(key{domain, std::string(identifier)}, override_policy{}).first;
+      override_count_.fetch_add(1, std::memory_order_relaxed);
+    }
+    policy& p = it->second.rules;
+    const std::size_t n = std::min(rules.size(), k_guard_rules);
+    bool same = p.seq != 0 && p.count == n;
+    for (std::size_t i = 0; same && i < n; ++i) {
+      same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
+    }
+    if (!same) {
+      std::copy_n(rules.begin(), n, p.rules.begin());
+      p.count = n;
+      p.seq = override_seq_ += 2;  // changed rules: the client's guard state starts afresh
+    }
+    it->second.updated_us = now_us;
+  }
+  policies_[domain].override_updated_us.store(now_us, std::memory_order_relaxed);
+  return true;
+}
+
+gate::policy gate::policy_for(const shard& s, const key_view& k, const policy& domain_policy,
+                              std::int64_t now_us) const {
+  if (k.domain >= k_policy_domains) return domain_policy;
+  const std::int64_t fresh_us = wire::policy_fresh_ms * 1000;
+  // Most domains have no overrides: one relaxed load, no lookup.
+  const std::int64_t any = policies_[k.domain].override_updated_us.load(std::memory_order_relaxed);
+  if (any == 0 || now_us - any > fresh_us) return domain_policy;
+  const auto it = s.overrides.find(k);
+  if (it == s.overrides.end() || now_us - it->second.updated_us > fresh_us) return domain_policy;
+  return it->second.rules;
+}
+
+bool gate::covered(std::uint32_t domain, std::int64_t now_us) const {
+  if (domain >= k_policy_domains) return false;
+  const std::int64_t updated = policies_[domain].updated_us.load(std::memory_order_relaxed);
+  return updated != 0 && now_us - updated <= wire::policy_fresh_ms * 1000;
+}
+
+gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us) const {
+  policy out;
+  if (!covered(domain, now_us)) return out;
+  const policy_slot& p = policies_[domain];
+  while (true) {
+    const std::uint32_t before = p.seq.load(std::memory_order_acquire);
+    if (before & 1) continue;
+    out.count = p.count.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < out.count; ++i) {
+      out.rules[i] = {p.interval[i].load(std::memory_order_relaxed), p.burst[i].load(std::memory_order_relaxed)};
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    out.seq = before;
+    if (p.seq.load(std::memory_order_relaxed) == before) return out;
+  }
+}
+
+void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
+                  std::int64_t now_us) {
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(k);
+  if (it == s.map.end()) {
+    if (next_us <= now_us) return;  // already in the past: nothing to remember
+    if (s.map.size() >= max_per_shard_) {
+      // Make room from expired entries; if none, fail open for this key.
+      entries_.fetch_sub(std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; }),
+                         std::memory_order_relaxed);
+      if (s.map.size() >= max_per_shard_) {
+        dropped_updates_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    it = s.map.emplace(key{domain, std::string(identifier)}, entry{}).first;
+    entries_.fetch_add(1, std::memory_order_relaxed);
+  }
+  entry& e = it->second;
+  e.next_us = std::max(e.next_us, next_us);  // delays only move forward
+  e.updated_us = now_us;
+  if (interval_us > 0) e.interval_us = interval_us;
+}
+
+quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us) {
+  quota_state q;
+  policy guard = read_policy(domain, now_us);
+  std::array<std::int64_t, k_guard_rules> tat{};
+  {
+    const key_view k{domain, identifier};
+    shard& s = shard_for(k);
+    std::lock_guard lock(s.mutex);
+    guard = policy_for(s, k, guard, now_us);
+    if (const auto it = s.map.find(k); it != s.map.end() && it->second.policy_seq == guard.seq) tat = it->second.tat;
+  }
+  if (guard.count == 0) return q;
+  q.count = guard.count;
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t ahead = std::max<std::int64_t>(0, tat[i] - now_us);  // GCRA: how far the TAT runs ahead
+    auto& it = q.items[i];
+    it.quota = r.burst;
+    it.window_s = std::max<std::int64_t>(1, (r.burst * r.interval_us + 999'999) / 1'000'000);
+    it.remaining = std::clamp<std::int64_t>((r.burst * r.interval_us - ahead) / r.interval_us, 0, r.burst);
+    it.reset_s = (ahead + 999'999) / 1'000'000;
+  }
+  return q;
+}
+
+bool gate::take_held(const gate_limits& limits) {
+  if (held_.fetch_add(1, std::memory_order_relaxed) >= limits.max_held) {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (limits.route_held != nullptr &&
+      limits.route_held->fetch_add(1, std::memory_order_relaxed) >= limits.route_max_held) {
+    limits.route_held->fetch_sub(1, std::memory_order_relaxed);
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
+                           const gate_limits& limits) {
+  policy guard = read_policy(domain, now_us);
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  guard = policy_for(s, k, guard, now_us);
+  auto it = s.map.find(k);
+  if (it == s.map.end()) {
+    if (guard.count == 0) return {};
+    // Half the control memory stays for the master's DELAY_UNTIL: identifiers
+    // the guard cannot track pass (fail-open) and are counted.
+    if (s.map.size() >= max_per_shard_ / 2) {
+      unguarded_.fetch_add(1, std::memory_order_relaxed);
+      return {};
+    }
+    it = s.map.emplace(key{domain, std::string(identifier)}, entry{}).first;
+    entries_.fetch_add(1, std::memory_order_relaxed);
+  }
+  entry& e = it->second;
+  if (guard.count != 0 && e.policy_seq != guard.seq) {
+    e.tat.fill(0);  // computed under other rules: start afresh
+    e.policy_seq = guard.seq;
+  }
+  const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
+  std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  std::int64_t pace = e.interval_us;
+  std::int64_t max_delay =
+      limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
+  // The guard: the earliest time every rule's GCRA conforms.
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t conform = e.tat[i] - (r.burst - 1) * r.interval_us;
+    if (conform > release) {
+      release = conform;
+      pace = r.interval_us;
+      // Until the master has spoken about this client, the gate holds it only
+      // a little on its own authority: every gatekeeper would fill its own
+      // queue of paced slots up to max_delay within the first round trip, and
+      // those G queues released together are G times the rate.
+      if (!master_fresh) max_delay = std::min(max_delay, k_guard_hold_intervals * pace);
+    }
+  }
+  // A use at `at` advances every rule's arrival time by its interval.
+  const auto charge = [&](std::int64_t at) {
+    for (std::size_t i = 0; i < guard.count; ++i) e.tat[i] = std::max(e.tat[i], at) + guard.rules[i].interval_us;
+  };
+  if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
+  if (release <= now_us) {
+    charge(now_us);
+    return {};
+  }
+  if (e.spare_us != 0 && e.spare_us < release) {
+    if (take_held(limits)) {
+      gate_decision d;
+      d.v = verdict::delay;
+      d.release_us = std::exchange(e.spare_us, 0);
+      d.retry_after_s = std::max<std::int64_t>(1, (d.release_us - now_us + 999'999) / 1'000'000);
+      d.interval_us = e.interval_us;
+      d.prepaid = true;
+      return d;
+    }
+  }
+  gate_decision d;
+  d.release_us = release;
+  d.retry_after_s = std::max<std::int64_t>(1, (release - now_us + 999'999) / 1'000'000);
+  if (release - now_us > max_delay) {
+    d.v = verdict::reject;
+    d.reason = reject_reason::delay_too_long;
+    return d;
+  }
+  if (!take_held(limits)) {
+    d.v = verdict::reject;
+    d.reason = reject_reason::held_full;
+    return d;
+  }
+  d.v = verdict::delay;
+  d.interval_us = pace;
+  charge(release);
+  // Pace: the next held request of this identifier leaves one interval later.
+  e.local_next_us = release + pace;
+  return d;
+}
+
+void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {
+  if (d.v != verdict::delay || d.release_us <= now_us) return;
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  auto it = s.map.find(k);
+  if (it == s.map.end()) return;
+  entry& e = it->second;
+  if (e.spare_us == 0 || e.spare_us <= now_us || d.release_us < e.spare_us) e.spare_us = d.release_us;
+}
+
+std::size_t gate::sweep(std::int64_t now_us) {
+  shard& s = shards_[sweep_cursor_.fetch_add(1, std::memory_order_relaxed) % k_shards];
+  std::lock_guard lock(s.mutex);
+  const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; });
+  entries_.fetch_sub(removed, std::memory_order_relaxed);
+  // An override no master refreshes any more (removed from its configuration, or the master is gone).
+  override_count_.fetch_sub(
+      std::erase_if(s.overrides,
+                    [&](const auto& kv) { return now_us - kv.second.updated_us > wire::policy_fresh_ms * 1000; }),
+      std::memory_order_relaxed);
+  return removed;
+}
+
+}  // namespace smockron::proxy

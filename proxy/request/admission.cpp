@@ -1,0 +1,125 @@
+// Admission (see admission.hpp).
+#include "proxy/request/admission.hpp"
+
+#include <algorithm>
+
+namespace smockron::proxy {
+namespace {
+
+void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
+             std::int64_t now_us, std::int64_t delayed_ms) {
+  wire::accounting m;
+  m.domain = r.domain;
+  m.state = st;
+  m.identifier = id;
+  m.received_ms = now_us / 1000;
+  m.delayed_ms = delayed_ms;
+  env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
+}
+
+}  // namespace
+
+admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us) {
+  admission a;
+  if (r.domain.empty()) {
+    a.outcome = decision::exempt;
+    env.metrics.exempt_no_domain.inc();
+    return a;
+  }
+  const auto domain = rt.gate_domain[r.domain_index];
+  const auto& count = rt.decisions[r.domain_index];
+  if (!r.exempt.empty()) {
+    const ip_address client = client_address(req.headers, peer, rt.cfg.trusted_proxies, rt.cfg.real_ip_header);
+    if (std::any_of(r.exempt.begin(), r.exempt.end(), [&](const cidr& c) { return c.contains(client); })) {
+      a.outcome = decision::exempt;
+      count[static_cast<int>(decision::exempt)]->inc();
+      return a;
+    }
+  }
+  const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000,
+                              static_cast<int>(rt.cfg.ipv6_prefix), rt.cfg.real_ip_header};
+  identification found = identify(r.identify, req.headers, req.target, peer, ictx);
+  if (found.ambiguous != nullptr) {
+    // Two values for one identifier: whichever the gate chose, the backend may use the other.
+    a.outcome = decision::rejected;
+    a.ambiguous = true;
+    count[static_cast<int>(decision::rejected)]->inc();
+    env.metrics.reject_ambiguous.inc();
+    return a;
+  }
+  a.who = std::move(found.who);
+  // fail_closed: no master has published this domain's policy lately (none
+  // reachable, or none owns the domain): refuse rather than pass.
+  if (rt.cfg.fail_closed && !env.g.covered(domain, now_us)) {
+    a.outcome = decision::rejected;
+    a.no_master = true;
+    count[static_cast<int>(decision::rejected)]->inc();
+    env.metrics.reject_no_master.inc();
+    return a;
+  }
+  if (!a.who) {
+    using action = config::route_config::unidentified_action;
+    switch (r.unidentified) {
+      case action::allow:
+        env.metrics.unidentified_allow.inc();
+        count[static_cast<int>(decision::unidentified)]->inc();
+        return a;
+      case action::reject:
+        env.metrics.unidentified_reject.inc();
+        env.metrics.reject_unidentified.inc();
+        count[static_cast<int>(decision::rejected)]->inc();
+        a.outcome = decision::rejected;
+        a.unidentified = true;
+        return a;
+      case action::shared:
+        env.metrics.unidentified_shared.inc();
+        a.who = identity{std::string(k_shared_identifier), nullptr};
+        break;
+    }
+  }
+  const std::string_view id = a.who->value;
+  const gate_limits& limits = rt.route_limits[r.index];
+  a.gate = env.g.decide(domain, id, now_us, limits);
+  if (r.shadow) {
+    // What would have happened is counted; what happens is a request forwarded now.
+    const decision would = a.gate.v == verdict::reject  ? decision::rejected
+                           : a.gate.v == verdict::delay ? decision::delayed
+                                                        : decision::accepted;
+    rt.shadow_decisions[r.domain_index][static_cast<int>(would)]->inc();
+    if (would == decision::delayed) {
+      env.metrics.shadow_delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+      env.g.release_held(limits);  // it is not held
+    }
+    a.shadow = would;
+    a.outcome = decision::accepted;
+    account(env, rt, r, wire::status::accepted, id, now_us, 0);
+    count[static_cast<int>(decision::accepted)]->inc();
+    return a;
+  }
+  switch (a.gate.v) {
+    case verdict::reject:
+      a.outcome = decision::rejected;
+      (a.gate.reason == reject_reason::delay_too_long ? env.metrics.reject_too_long : env.metrics.reject_held_full)
+          .inc();
+      account(env, rt, r, wire::status::rejected, id, now_us, 0);
+      break;
+    case verdict::delay:
+      a.outcome = decision::delayed;
+      // Reported when the hold starts, with the time it will be forwarded:
+      // the master then knows every gatekeeper's reservations within a round
+      // trip, which is what holds one limit across gatekeepers. A prepaid
+      // slot (given back by a held client that left) was reported already.
+      if (!a.gate.prepaid) account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000);
+      env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+      break;
+    case verdict::accept:
+      a.outcome = decision::accepted;
+      account(env, rt, r, wire::status::accepted, id, now_us, 0);
+      break;
+  }
+  count[static_cast<int>(a.outcome)]->inc();
+  return a;
+}
+
+}  // namespace smockron::proxy

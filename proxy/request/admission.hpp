@@ -1,0 +1,53 @@
+// Admission: what the gate decides for one request, with no I/O. Identifies
+// the client, applies fail_closed, asks the gate, counts the decision and
+// accounts the request to the masters. The session then answers, holds or
+// forwards (session.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "proxy/cluster/accounting_sender.hpp"
+#include "proxy/codec/http1.hpp"
+#include "proxy/gate/gate.hpp"
+#include "proxy/identify/identify.hpp"
+#include "proxy/request/proxy_metrics.hpp"
+#include "proxy/request/routes.hpp"
+#include "proxy/request/runtime.hpp"
+
+namespace smockron::proxy {
+
+struct admission {
+  decision outcome = decision::unidentified;
+  std::optional<identity> who;  ///< nothing: no identifier source yielded a value (the request passes)
+  gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
+  bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
+  bool unidentified = false;    ///< refused: no source identified it and the route rejects such requests
+  bool ambiguous = false;       ///< refused (400): an identifier source found more than one value
+  /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
+  std::optional<decision> shadow;
+};
+
+/// The identifier every unidentified request of a route shares (action
+/// "shared"). A client that sends "-" as its key shares that budget too: no
+/// way around the limit, only into the crowd.
+inline constexpr std::string_view k_shared_identifier = "-";
+
+/// What admission uses beyond the request (the worker's sender; shared rest).
+struct admission_env {
+  gate& g;
+  proxy_metrics& metrics;
+  accounting_sender& accounting;
+};
+
+/// Decides request `req` on route `r` from `peer` at wall time `now_us`. A
+/// delayed request holds a place among the held: the caller calls
+/// gate::release_held(rt.route_limits[r.index]) when the hold ends (and
+/// gate::cancel() when the client left). A route without a domain, and a
+/// client in the route's `exempt`, pass unlimited and unaccounted (exempt).
+/// A shadow route decides and counts the would-be decision, then passes the
+/// request and accounts it as accepted: the master sees the real usage.
+admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us);
+
+}  // namespace smockron::proxy

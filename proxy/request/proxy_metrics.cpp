@@ -1,0 +1,101 @@
+// The proxy's request counters (see proxy_metrics.hpp).
+#include "proxy/request/proxy_metrics.hpp"
+
+namespace smockron::proxy {
+namespace {
+
+constexpr std::array<std::string_view, decision_count> k_decision_names = {"accepted", "delayed", "rejected",
+                                                                           "unidentified", "exempt"};
+std::vector<double> delay_buckets() { return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}; }
+
+metrics::counter& reject(metrics::registry& r, std::string_view reason) {
+  return r.add_counter(
+      "smockron_proxy_rejects_total",
+      "Requests the gate refused, by reason (503 or the route's status; 403 unidentified; 400 ambiguous_identifier)",
+      metrics::labels({{"reason", reason}}));
+}
+
+metrics::counter& unidentified(metrics::registry& r, std::string_view action) {
+  return r.add_counter("smockron_proxy_unidentified_total",
+                       "Requests no identifier source identified, by the route's action (shared: limited together)",
+                       metrics::labels({{"action", action}}));
+}
+
+metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
+  return r.add_counter("smockron_proxy_upstream_errors_total", "Upstream failures by kind",
+                       metrics::labels({{"kind", kind}}));
+}
+
+}  // namespace
+
+std::string_view to_string(decision d) { return k_decision_names[static_cast<std::size_t>(d)]; }
+
+proxy_metrics::proxy_metrics(metrics::registry& r)
+    : reg(r),
+      no_route(r.add_counter("smockron_proxy_no_route_total", "Requests that matched no route (404)")),
+      bad_request(r.add_counter("smockron_proxy_bad_requests_total",
+                                "Requests refused as malformed (400) or with a body over max_body_bytes (413)")),
+      header_too_large(r.add_counter("smockron_proxy_header_too_large_total", "Requests refused with 414 or 431")),
+      header_timeout(r.add_counter("smockron_proxy_header_timeouts_total",
+                                   "Clients that did not send a request head in time (408)")),
+      client_gone_held(r.add_counter("smockron_proxy_held_client_disconnects_total",
+                                     "Clients that disconnected while held (dropped, never forwarded)")),
+      proxy_protocol_error(r.add_counter("smockron_proxy_proxy_protocol_errors_total",
+                                         "Connections closed for a missing, invalid or late PROXY protocol header")),
+      tls_handshake_error(r.add_counter("smockron_proxy_tls_handshake_errors_total",
+                                        "Client connections closed because their TLS handshake failed or timed out")),
+      reject_too_long(reject(r, "delay_too_long")),
+      reject_held_full(reject(r, "held_full")),
+      reject_no_master(reject(r, "no_master")),
+      reject_unidentified(reject(r, "unidentified")),
+      reject_ambiguous(reject(r, "ambiguous_identifier")),
+      unidentified_shared(unidentified(r, "shared")),
+      unidentified_reject(unidentified(r, "reject")),
+      unidentified_allow(unidentified(r, "allow")),
+      upstream_connect(upstream_error(r, "connect")),
+      upstream_timeout(upstream_error(r, "timeout")),
+      upstream_reset(upstream_error(r, "reset")),
+      upstream_no_server(upstream_error(r, "no_server")),
+      upstream_tls(upstream_error(r, "tls")),
+      exempt_no_domain(r.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                                     metrics::labels({{"domain", ""}, {"decision", "exempt"}}))),
+      delay_seconds(
+          r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
+      shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",
+                                           "How long shadow routes would have held requests (they were not)",
+                                           delay_buckets())) {}
+
+std::array<metrics::counter*, decision_count> proxy_metrics::decisions(const std::string& domain) {
+  std::array<metrics::counter*, decision_count> row{};
+  for (std::size_t i = 0; i < decision_count; ++i) {
+    row[i] = &reg.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+  }
+  return row;
+}
+
+proxy_metrics::upstream_series proxy_metrics::upstream(const std::string& name) {
+  static constexpr std::array<std::string_view, 5> classes = {"1xx", "2xx", "3xx", "4xx", "5xx"};
+  upstream_series u;
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    u.by_class[i] = &reg.add_counter("smockron_proxy_upstream_responses_total",
+                                     "Responses from upstreams, by upstream and status class",
+                                     metrics::labels({{"upstream", name}, {"code", classes[i]}}));
+  }
+  u.seconds = &reg.add_histogram("smockron_proxy_upstream_response_seconds",
+                                 "Upstream response time: request sent to response head received",
+                                 metrics::exponential_buckets(0.0005, 2, 16), metrics::labels({{"upstream", name}}));
+  return u;
+}
+
+std::array<metrics::counter*, shadow_decision_count> proxy_metrics::shadow_decisions(const std::string& domain) {
+  std::array<metrics::counter*, shadow_decision_count> row{};
+  for (std::size_t i = 0; i < shadow_decision_count; ++i) {
+    row[i] = &reg.add_counter("smockron_proxy_shadow_decisions_total",
+                              "What the gate would have decided on shadow routes (the requests were forwarded)",
+                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+  }
+  return row;
+}
+
+}  // namespace smockron::proxy

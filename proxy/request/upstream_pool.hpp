@@ -1,0 +1,60 @@
+// One worker's upstream connections: per upstream, per server, the idle
+// keep-alive connections and passive health (a server that failed to
+// connect is skipped for its upstream's fail_timeout). Servers are taken
+// round-robin. A pooled connection goes back only after a complete
+// keep-alive response; a new configuration generation empties the pool.
+#pragma once
+
+#include <atomic>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "proxy/io/asio_types.hpp"
+#include "proxy/io/conn_io.hpp"
+#include "proxy/request/proxy_metrics.hpp"
+#include "proxy/request/runtime.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/log.hpp"
+
+namespace smockron::proxy {
+
+class upstream_pool {
+public:
+  /// `resolve_soon` is set when a connect fails: the names may point elsewhere now.
+  upstream_pool(const clock& clk, proxy_metrics& m, std::atomic<bool>& resolve_soon)
+      : clock_(clk), metrics_(m), resolve_soon_(resolve_soon) {}
+
+  /// The fast path: the next server in the rotation is up and has an idle
+  /// connection; it goes into `c.up`. `check_idle`: make sure it is still
+  /// open first. False when acquire() is needed.
+  bool take_pooled(const runtime& rt, connection& c, std::size_t upstream, bool check_idle);
+  /// Puts a connection into `c.up`: reused from the pool (when
+  /// `allow_reuse`) or newly connected within connect_timeout. `check_idle`:
+  /// make sure a pooled connection is still open before using it (worth a
+  /// system call only when the request could not be resent). False when no
+  /// server answered.
+  awaitable<bool> acquire(const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse, bool check_idle);
+  /// Returns `c.up` to the pool (up to the upstream's keepalive) or closes it.
+  void give_back(const runtime& rt, connection& c, std::size_t upstream);
+
+private:
+  /// The TLS handshake on a new connection to server `s` of `upstream` (a TLS upstream). False: failed.
+  awaitable<bool> start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s);
+  struct server_slot {
+    std::vector<link> idle;
+    steady::time_point down_until{};
+  };
+  void adopt(const runtime& rt);
+
+  const clock& clock_;
+  proxy_metrics& metrics_;
+  std::atomic<bool>& resolve_soon_;
+  std::vector<std::vector<server_slot>> slots_;  ///< per upstream, per server
+  std::vector<std::size_t> round_robin_;         ///< per upstream
+  std::uint64_t generation_ = ~0ULL;
+  log::rate_limiter tls_log_;
+};
+
+}  // namespace smockron::proxy

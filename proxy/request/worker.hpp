@@ -1,0 +1,97 @@
+// What the proxy's workers share and what each owns. Shared (owned by the
+// server, thread-safe): the clock, counters, the gate, domain ids, the
+// current configuration generation and the draining flag. Per worker (one
+// thread, one io_context, nothing locked): its acceptor, sessions, upstream
+// pool and accounting sender.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "proxy/cluster/accounting_sender.hpp"
+#include "proxy/cluster/domain_registry.hpp"
+#include "proxy/gate/gate.hpp"
+#include "proxy/io/asio_types.hpp"
+#include "proxy/io/conn_io.hpp"
+#include "proxy/request/access_log.hpp"
+#include "proxy/request/proxy_metrics.hpp"
+#include "proxy/request/runtime.hpp"
+#include "proxy/request/upstream_pool.hpp"
+#include "smockron/clock.hpp"
+#include "smockron/log.hpp"
+#include "smockron/metrics.hpp"
+
+namespace smockron::proxy {
+
+inline access_log::format log_format(const config::proxy_config& cfg) {
+  return cfg.access_log_format == config::proxy_config::access_log_format_kind::json ? access_log::format::json
+                                                                                     : access_log::format::text;
+}
+
+struct shared_state {
+  /// `spread` in [0, 1): this proxy's place in the gate's horizon spread (see gate.hpp).
+  shared_state(const config::proxy_config& cfg, const clock& c, double spread)
+      : clk(c),
+        metrics(registry),
+        accounting_counters(registry),
+        gate(static_cast<std::size_t>(cfg.max_control_entries), spread),
+        access(std::make_unique<access_log>(cfg.access_log_path, log_format(cfg))) {}
+
+  /// The configuration generation in force.
+  std::shared_ptr<const runtime> current() const {
+    std::lock_guard lock(runtime_mutex_);
+    return runtime_;
+  }
+  void install(std::shared_ptr<const runtime> rt) {
+    const auto gen = rt->generation;
+    {
+      std::lock_guard lock(runtime_mutex_);
+      runtime_ = std::move(rt);
+    }
+    generation_.store(gen, std::memory_order_release);
+  }
+  /// Cheap check before current(): has a newer generation been installed?
+  bool newer_than(const runtime& rt) const { return rt.generation != generation_.load(std::memory_order_acquire); }
+
+  const clock& clk;
+  smockron::metrics::registry registry;
+  proxy_metrics metrics;
+  accounting_sender::counters accounting_counters;
+  proxy::gate gate;
+  domain_registry domains;
+  std::unique_ptr<access_log> access;  ///< lines are written only while the configuration says access_log
+  std::atomic<bool> draining{false};
+  std::atomic<bool> resolve_soon{false};  ///< an upstream connect failed: resolve the names again now
+  std::atomic<int> connections{0};
+
+private:
+  mutable std::mutex runtime_mutex_;
+  std::shared_ptr<const runtime> runtime_;
+  std::atomic<std::uint64_t> generation_{0};
+};
+
+struct worker {
+  worker(shared_state& s, std::shared_ptr<const runtime> first)
+      : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
+                   s.accounting_counters, first->cfg.shards),
+        rt(std::move(first)),
+        pool(s.clk, s.metrics, s.resolve_soon) {}
+
+  // Declared before ioc, so destroyed after it: sessions still suspended at
+  // shutdown are destroyed with the io_context and unregister themselves.
+  std::set<connection*> sessions;
+  // Sockets are only touched from this worker's thread: the reactor needs no locking.
+  asio::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  std::optional<tcp_acceptor> acceptor;
+  accounting_sender accounting;
+  std::shared_ptr<const runtime> rt;  ///< the generation this worker's requests use
+  upstream_pool pool;
+  std::thread thread;
+};
+
+}  // namespace smockron::proxy

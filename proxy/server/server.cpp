@@ -1,0 +1,336 @@
+// smockron-proxy's server: the workers and their listeners, the control
+// subscriber, the admin endpoint, graceful shutdown and reload. What one
+// connection does is session.cpp.
+#include <nlohmann/json.hpp>
+
+#include "proxy/server/server.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+
+#include <condition_variable>
+#include <random>
+#include <thread>
+
+#include "proxy/cluster/control_subscriber.hpp"
+#include "proxy/request/session.hpp"
+#include "proxy/request/worker.hpp"
+#include "smockron/admin_server.hpp"
+#include "smockron/log.hpp"
+
+namespace smockron::proxy {
+
+namespace {
+
+double random_spread() { return std::random_device{}() / (std::random_device::max() + 1.0); }
+
+// One acceptor per worker on the same port (SO_REUSEPORT): the kernel spreads connections.
+// Errors name the address and say why, without Asio's source locations.
+void listen(worker& w, const tcp::endpoint& ep) {
+  boost::system::error_code ec;
+  w.acceptor.emplace(w.ioc.get_executor());
+  w.acceptor->open(ep.protocol(), ec);
+  if (!ec) w.acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  int one = 1;
+  if (!ec) ::setsockopt(w.acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  if (!ec) w.acceptor->bind(ep, ec);
+  if (!ec) w.acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw std::runtime_error("cannot listen on " + to_string(ep) + ": " + ec.message());
+  }
+}
+
+bool same_shards(const std::vector<config::proxy_config::shard_config>& a,
+                 const std::vector<config::proxy_config::shard_config>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.domain == y.domain && x.shares == y.shares; });
+}
+
+awaitable<void> accept_loop(shared_state& s, worker& w) {
+  for (;;) {
+    auto [ec, socket] = co_await w.acceptor->async_accept(nothrow);
+    if (ec == asio::error::operation_aborted || !w.acceptor->is_open()) co_return;
+    if (ec) {
+      // EMFILE and friends: back off briefly instead of spinning.
+      steady_timer t(w.ioc.get_executor(), std::chrono::milliseconds(50));
+      co_await t.async_wait(nothrow);
+      continue;
+    }
+    asio::co_spawn(w.ioc.get_executor(), serve_connection(s, w, std::move(socket)), asio::detached);
+  }
+}
+
+}  // namespace
+
+struct server::impl {
+  impl(const config::proxy_config& cfg, const clock& clk)
+      : shared_(cfg, clk, random_spread()), log_(log::get("proxy")) {
+    auto first = std::make_shared<const runtime>(cfg, shared_.domains, shared_.metrics, 0);
+    shared_.install(first);
+    add_gauges();
+    const std::size_t threads =
+        cfg.threads > 0 ? static_cast<std::size_t>(cfg.threads) : std::max(1u, std::thread::hardware_concurrency());
+    const auto address = asio::ip::make_address(cfg.listen.host);
+    port_ = cfg.listen.port;
+    for (std::size_t i = 0; i < threads; ++i) {
+      auto w = std::make_unique<worker>(shared_, first);
+      listen(*w, tcp::endpoint(address, port_));  // the first binds the port (maybe 0: chosen), the rest share it
+      port_ = w->acceptor->local_endpoint().port();
+      workers_.push_back(std::move(w));
+    }
+    control_ = std::make_unique<control_subscriber>(control_ctx_, cfg.control, shared_.gate, shared_.domains,
+                                                    shared_.clk, shared_.registry);
+    control_->set_domains(first->routes.domains());
+    admin_ = std::make_unique<admin_server>(
+        admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); },
+        admin_server::access{cfg.admin_allow,
+                             &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
+                                                           "Connections refused by an endpoint's allow list",
+                                                           metrics::labels({{"endpoint", "admin"}}))});
+  }
+
+  void add_gauges() {
+    auto& r = shared_.registry;
+    gate& g = shared_.gate;
+    r.add_callback("smockron_proxy_held_requests", "Requests currently held", "",
+                   [&g] { return static_cast<double>(g.held()); });
+    r.add_callback("smockron_proxy_control_entries", "Entries in the control memory", "",
+                   [&g] { return static_cast<double>(g.entries()); });
+    r.add_counter_callback("smockron_proxy_control_dropped_updates_total",
+                           "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)",
+                           [&g] { return static_cast<double>(g.dropped_updates()); });
+    metrics::add_build_info(r, "proxy");
+    r.add_callback("smockron_proxy_open_connections", "Open client connections", "",
+                   [this] { return static_cast<double>(shared_.connections.load()); });
+  }
+
+  admin_server::response admin(std::string_view path) {
+    if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", shared_.registry.render()};
+    if (path == "/livez") return {200, "text/plain", "ok\n"};
+    if (path == "/readyz") {
+      if (shared_.draining) return {503, "text/plain", "draining\n"};
+      const int up = control_->connected(), all = control_->endpoints();
+      std::string body = "ready\nmasters connected: " + std::to_string(up) + "/" + std::to_string(all) + "\n";
+      if (up == 0) {
+        body += shared_.current()->cfg.fail_closed
+                    ? "no master reachable: requests are refused with 503 (fail_closed)\n"
+                    : "no master reachable: every request passes (fail-open)\n";
+      }
+      return {200, "text/plain", body};
+    }
+    if (path == "/status") return {200, "application/json", status_json() + "\n"};
+    return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+  }
+
+  // /status: what this gatekeeper is configured with and what it knows now.
+  std::string status_json() {
+    const auto rt = shared_.current();
+    const std::int64_t now = shared_.clk.wall_us();
+    nlohmann::ordered_json doc;
+    doc["masters"] = {{"connected", control_->connected()}, {"endpoints", control_->endpoints()}};
+    doc["held_requests"] = shared_.gate.held();
+    doc["control_entries"] = shared_.gate.entries();
+    doc["max_control_entries"] = rt->cfg.max_control_entries;
+    doc["identifier_overrides"] = shared_.gate.overrides();  // identifiers with rules of their own, from the masters
+    doc["domains"] = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < rt->routes.domains().size(); ++i) {
+      const auto q = shared_.gate.quota(rt->gate_domain[i], {}, now);  // the rules, as a fresh client sees them
+      nlohmann::ordered_json rules = nlohmann::ordered_json::array();
+      for (std::size_t k = 0; k < q.count; ++k)
+        rules.push_back({{"burst", q.items[k].quota}, {"window_s", q.items[k].window_s}});
+      doc["domains"].push_back({{"name", rt->routes.domains()[i]},
+                                {"covered_by_a_master", shared_.gate.covered(rt->gate_domain[i], now)},
+                                {"rules", std::move(rules)}});
+    }
+    doc["routes"] = nlohmann::ordered_json::array();
+    for (const auto& r : rt->cfg.routes) {
+      nlohmann::ordered_json route{{"host", r.host}, {"path", r.path}, {"domain", r.domain}, {"upstream", r.upstream}};
+      if (!r.domain.empty()) {
+        route["mode"] = r.mode == config::route_config::route_mode::shadow ? "shadow" : "enforce";
+        route["status"] = r.status;
+        nlohmann::ordered_json ids = nlohmann::ordered_json::array();
+        for (const auto& src : r.identify) ids.push_back(config::to_string(src));
+        route["identify"] = std::move(ids);
+      }
+      doc["routes"].push_back(std::move(route));
+    }
+    return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  }
+
+  void run() {
+    for (auto& w : workers_) {
+      asio::co_spawn(w->ioc.get_executor(), accept_loop(shared_, *w), asio::detached);
+      w->thread = std::thread([&ioc = w->ioc] {
+        auto guard = asio::make_work_guard(ioc);
+        ioc.run();
+      });
+    }
+    std::thread admin_thread([this] {
+      auto guard = asio::make_work_guard(admin_ioc_);
+      admin_ioc_.run();
+    });
+    const auto& cfg = shared_.current()->cfg;
+    log_->info("smockron-proxy listening on {} ({} worker threads), admin {}",
+               cfg.listen.host + ":" + std::to_string(port_), workers_.size(), cfg.admin.to_string());
+    {
+      std::unique_lock lock(stop_mutex_);
+      while (!stop_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_requested_; })) {
+        lock.unlock();
+        maybe_resolve();
+        lock.lock();
+      }
+    }
+    drain_connections();
+    drain_accounting();
+    for (auto& w : workers_) w->ioc.stop();
+    for (auto& w : workers_) w->thread.join();
+    admin_->stop();
+    admin_ioc_.stop();
+    admin_thread.join();
+    control_.reset();
+    log_->info("stopped");
+  }
+
+  // Stop accepting, close idle keep-alive connections, let in-flight and
+  // held requests finish within the grace period.
+  void drain_connections() {
+    shared_.draining = true;
+    for (auto& w : workers_) {
+      asio::post(w->ioc, [&w = *w] {
+        boost::system::error_code ignored;
+        w.acceptor->close(ignored);
+        for (auto* c : w.sessions) {
+          if (c->idle) c->client.socket().cancel(ignored);
+        }
+      });
+    }
+    const auto deadline = steady::now() + shared_.current()->cfg.grace_period;
+    while (shared_.connections.load() > 0 && steady::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (shared_.connections.load() > 0)
+      log_->warn("grace period over: closing {} connection(s)", shared_.connections.load());
+  }
+
+  // Nothing accepted is lost: the last batches are written before the
+  // workers stop (at most 1 s; a master that does not read gets less).
+  void drain_accounting() {
+    const auto until = steady::now() + std::chrono::seconds(1);
+    for (;;) {
+      struct pass {
+        std::atomic<std::size_t> answered{0}, busy{0};
+      };
+      auto p = std::make_shared<pass>();  // outlives a pass cut short by the deadline
+      for (auto& w : workers_) {
+        asio::post(w->ioc, [&w = *w, p] {
+          w.accounting.flush();
+          if (!w.accounting.idle()) ++p->busy;
+          ++p->answered;
+        });
+      }
+      while (p->answered.load() < workers_.size() && steady::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if ((p->answered.load() == workers_.size() && p->busy.load() == 0) || steady::now() >= until) return;
+    }
+  }
+
+  void stop() {
+    std::lock_guard lock(stop_mutex_);
+    stop_requested_ = true;
+    stop_cv_.notify_all();
+  }
+
+  // Upstream names are resolved again every resolve_interval, and at most
+  // every 5 s after a connect failed (the name may point elsewhere now). New
+  // addresses make a new generation; the same ones change nothing.
+  void maybe_resolve() {
+    const auto rt = shared_.current();
+    const auto interval = rt->cfg.resolve_interval;
+    if (interval.count() == 0) return;
+    const auto now = steady::now();
+    const bool failed =
+        shared_.resolve_soon.load(std::memory_order_relaxed) && now - last_resolve_ >= std::chrono::seconds(5);
+    if (now - last_resolve_ < interval && !failed) return;
+    shared_.resolve_soon = false;
+    last_resolve_ = now;
+    const bool named = std::any_of(rt->cfg.upstreams.begin(), rt->cfg.upstreams.end(), [](const auto& u) {
+      return std::any_of(u.servers.begin(), u.servers.end(), [](const auto& s) { return !parse_ip(s.host); });
+    });
+    if (!named) return;
+    std::lock_guard lock(install_mutex_);
+    const auto current = shared_.current();  // a reload may have come meanwhile
+    std::shared_ptr<const runtime> fresh;
+    try {
+      fresh = std::make_shared<const runtime>(current->cfg, shared_.domains, shared_.metrics, current->generation + 1,
+                                              current.get());
+    } catch (const std::exception& e) {
+      log_->warn("upstream names not resolved again ({}); the addresses in use stay", e.what());
+      return;
+    }
+    if (fresh->servers == current->servers) return;
+    shared_.install(fresh);
+    log_->info("upstream addresses changed: a new generation uses them");
+  }
+
+  void reload(const config::proxy_config& next) {
+    std::lock_guard install_lock(install_mutex_);
+    const auto old = shared_.current();
+    if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
+        next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
+        next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm ||
+        next.admin_allow != old->cfg.admin_allow || next.log_level != old->cfg.log_level ||
+        !same_shards(next.shards, old->cfg.shards)) {
+      log_->warn(
+          "reload: listen, admin, admin_allow, threads, master endpoints, shards, accounting_hwm, max_control_entries "
+          "and log_level change only after a restart");
+    }
+    std::shared_ptr<const runtime> fresh;
+    try {
+      fresh = std::make_shared<const runtime>(next, shared_.domains, shared_.metrics, old->generation + 1);
+    } catch (const std::exception& e) {
+      log_->error("reload rejected: {}", e.what());
+      return;
+    }
+    std::string error;
+    if (!shared_.access->configure(next.access_log_path, log_format(next), error)) {
+      log_->error("reload rejected: {}", error);
+      return;
+    }
+    control_->set_domains(fresh->routes.domains());
+    shared_.install(fresh);
+    log_->info("configuration reloaded: {} route(s), {} upstream(s)", fresh->routes.routes().size(),
+               next.upstreams.size());
+  }
+
+  shared_state shared_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::vector<std::unique_ptr<worker>> workers_;
+  zmq::context_t control_ctx_{1};
+  std::unique_ptr<control_subscriber> control_;
+  asio::io_context admin_ioc_{1};
+  std::unique_ptr<admin_server> admin_;
+  std::uint16_t port_ = 0;
+  std::mutex install_mutex_;  // a reload and a new resolution do not install over each other
+  steady::time_point last_resolve_ = steady::now();
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+  bool stop_requested_ = false;
+};
+
+server::server(const config::proxy_config& cfg, const clock& clk) : impl_(std::make_unique<impl>(cfg, clk)) {}
+server::~server() = default;
+void server::run() { impl_->run(); }
+void server::stop() { impl_->stop(); }
+void server::reload(const config::proxy_config& next) { impl_->reload(next); }
+void server::reopen_logs() {
+  std::string error;
+  if (!impl_->shared_.access->reopen(error)) impl_->log_->error("SIGUSR1: {}", error);
+}
+std::uint16_t server::port() const { return impl_->port_; }
+std::uint16_t server::admin_port() const { return impl_->admin_->port(); }
+
+}  // namespace smockron::proxy
