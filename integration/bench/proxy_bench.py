@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """smockron-proxy vs nginx, side by side in one run, same backend, same load.
 
-Method (see README "Performance"):
+Method (see docs/benchmarks.md):
 - backend: nginx (1 worker) answering `return 200`; wrk (1 thread, 50
   keep-alive connections) and the backend share cpu 0; the proxy under test
   has cpu 1 alone (the smockron master also sits on cpu 0: its CPU per

@@ -1,4 +1,4 @@
-// Configuration of both daemons: one TOML schema (README.md, "Configuration"),
+// Configuration of both daemons: one TOML schema (docs/configuration.md),
 // parsed once into immutable structs and validated whole. Every
 // error carries file:line:column and the key path; unknown keys are errors.
 #pragma once

@@ -1,4 +1,4 @@
-// The Smockron wire protocol (README.md, "Wire protocol"): accounting messages
+// The Smockron wire protocol (docs/architecture.md, "The wire"): accounting messages
 // (gatekeeper -> master) and control messages (master -> gatekeepers).
 // Pure functions over frames; decoding is strict and total, never throws and
 // never allocates; encoding writes into caller-owned scratch space.

@@ -32,7 +32,7 @@ namespace {
 // ---- the allow-list -----------------------------------------------------------
 //
 // Categories of disagreement that are accepted, each with its reason (the
-// README's list). Only two kinds belong here: Smockron refuses what Beast
+// docs/security.md list). Only two kinds belong here: Smockron refuses what Beast
 // takes ("smockron_stricter: <Smockron's reason>"), on purpose; or Beast
 // refuses what Smockron forwards, and what Smockron forwards Beast parses to
 // the same message ("forwarded_same: <why Beast refused>"). Anything else
@@ -970,7 +970,7 @@ TEST(Http1BeastDiff, GeneratedAndMutatedRequests) {
     EXPECT_TRUE(listed) << "disagreement not in the allow-list: " << category << " (" << t.count << " cases), e.g. "
                         << t.example << (t.detail.empty() ? "" : "; " + t.detail);
   }
-  // The list stays the README's truth: an entry nothing hits any more goes.
+  // The list stays docs/security.md's truth: an entry nothing hits any more goes.
   for (const auto& a : k_allowed) EXPECT_TRUE(seen.contains(std::string(a.category))) << "stale entry: " << a.category;
   // The generator reaches past the first checks: many messages both accept, of each framing.
   EXPECT_GT(seen["agree: both accept, no body"].count, 2000u);
