@@ -17,10 +17,6 @@ gate::gate(std::size_t max_entries, double horizon)
 
 gate::shard& gate::shard_for(const key_view& k) { return shards_[(key_hash{}(k) >> 7) % k_shards]; }
 
-std::int64_t gate::entry::expires_us() const {
-  return std::max({next_us, local_next_us, spare_us, *std::max_element(tat.begin(), tat.end())});
-}
-
 bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, std::int64_t now_us) {
   if (domain >= k_policy_domains) return false;
   policy_slot& p = policies_[domain];
@@ -195,53 +191,27 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
   entry& e = it->second;
-  if (guard.count != 0 && e.policy_seq != guard.seq) {
-    e.tat.fill(0);  // computed under other rules: start afresh
-    e.policy_seq = guard.seq;
-  }
-  const bool master_fresh = now_us - e.updated_us <= limits.pacing_fresh_us;
-  std::int64_t release = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
-  std::int64_t pace = e.interval_us;
-  std::int64_t max_delay =
+  refresh(e, guard, now_us);
+  const std::int64_t max_delay =
       limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
-  // The guard: the earliest time every rule's GCRA conforms.
-  for (std::size_t i = 0; i < guard.count; ++i) {
-    const guard_rule& r = guard.rules[i];
-    const std::int64_t conform = e.tat[i] - (r.burst - 1) * r.interval_us;
-    if (conform > release) {
-      release = conform;
-      pace = r.interval_us;
-      // Until the master has spoken about this client, the gate holds it only
-      // a little on its own authority: every gatekeeper would fill its own
-      // queue of paced slots up to max_delay within the first round trip, and
-      // those G queues released together are G times the rate.
-      if (!master_fresh) max_delay = std::min(max_delay, k_guard_hold_intervals * pace);
-    }
-  }
-  // A use at `at` advances every rule's arrival time by its interval.
-  const auto charge = [&](std::int64_t at) {
-    for (std::size_t i = 0; i < guard.count; ++i) e.tat[i] = std::max(e.tat[i], at) + guard.rules[i].interval_us;
-  };
-  if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
-  if (release <= now_us) {
-    charge(now_us);
+  const request_plan p = plan_request(e, guard, max_delay, limits.pacing_fresh_us, now_us);
+  if (p.accept) {
+    record_accept(e, guard, now_us);
     return {};
   }
-  if (e.spare_us != 0 && e.spare_us < release) {
-    if (take_held(limits)) {
-      gate_decision d;
-      d.v = verdict::delay;
-      d.release_us = std::exchange(e.spare_us, 0);
-      d.retry_after_s = std::max<std::int64_t>(1, (d.release_us - now_us + 999'999) / 1'000'000);
-      d.interval_us = e.interval_us;
-      d.prepaid = true;
-      return d;
-    }
-  }
   gate_decision d;
-  d.release_us = release;
-  d.retry_after_s = std::max<std::int64_t>(1, (release - now_us + 999'999) / 1'000'000);
-  if (release - now_us > max_delay) {
+  if (p.spare_us != 0 && take_held(limits)) {
+    record_spare(e);
+    d.v = verdict::delay;
+    d.release_us = p.spare_us;
+    d.retry_after_s = retry_after_s(p.spare_us, now_us);
+    d.interval_us = e.interval_us;
+    d.prepaid = true;
+    return d;
+  }
+  d.release_us = p.release_us;
+  d.retry_after_s = retry_after_s(p.release_us, now_us);
+  if (p.too_long) {
     d.v = verdict::reject;
     d.reason = reject_reason::delay_too_long;
     return d;
@@ -252,10 +222,8 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     return d;
   }
   d.v = verdict::delay;
-  d.interval_us = pace;
-  charge(release);
-  // Pace: the next held request of this identifier leaves one interval later.
-  e.local_next_us = release + pace;
+  d.interval_us = p.pace_us;
+  record_hold(e, guard, p);
   return d;
 }
 
@@ -266,8 +234,7 @@ void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_
   std::lock_guard lock(s.mutex);
   auto it = s.map.find(k);
   if (it == s.map.end()) return;
-  entry& e = it->second;
-  if (e.spare_us == 0 || e.spare_us <= now_us || d.release_us < e.spare_us) e.spare_us = d.release_us;
+  give_back(it->second, d.release_us, now_us);
 }
 
 std::size_t gate::sweep(std::int64_t now_us) {

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "proxy/gate/decision.hpp"
 #include "smockron/wire.hpp"
 
 namespace smockron::proxy {
@@ -59,10 +60,6 @@ struct gate_limits {
   std::int64_t route_max_held = 0;
 };
 
-/// One rule of a domain's policy: `burst` uses, then one per `interval_us`
-/// (as POLICY carries it).
-using guard_rule = wire::policy::rule;
-
 /// A client's standing under each rule of its domain, as this gatekeeper
 /// knows it (the RateLimit-Policy and RateLimit response fields).
 struct quota_state {
@@ -77,12 +74,10 @@ struct quota_state {
 };
 
 class gate {
-  static constexpr std::size_t k_guard_rules = wire::max_policy_rules;
-
 public:
   /// Before the master's first word about a client, the guard holds it at most
   /// this many of its rule's intervals (longer waits are refused with 503).
-  static constexpr std::int64_t k_guard_hold_intervals = 2;
+  static constexpr std::int64_t k_guard_hold_intervals = proxy::k_guard_hold_intervals;
   /// Domains (ids) whose policy can be kept; ids beyond it are not guarded.
   static constexpr std::size_t k_policy_domains = 4096;
 
@@ -176,23 +171,8 @@ private:
       return a.domain == b.domain && std::string_view(a.id) == std::string_view(b.id);
     }
   };
-  struct entry {
-    std::int64_t next_us = 0;        ///< from the master: not before this
-    std::int64_t local_next_us = 0;  ///< this gatekeeper's next free paced slot
-    std::int64_t interval_us = 0;
-    std::int64_t updated_us = 0;                    ///< when the master last spoke about this key
-    std::int64_t spare_us = 0;                      ///< a reported slot given back by a client that left (0 = none)
-    std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
-    std::uint32_t policy_seq = 0;                   ///< the policy `tat` was computed under (another one resets it)
-    /// When keeping this entry no longer changes any decision.
-    std::int64_t expires_us() const;
-  };
-  /// A copy of a domain's policy (count 0: no guard).
-  struct policy {
-    std::array<guard_rule, k_guard_rules> rules{};
-    std::size_t count = 0;
-    std::uint32_t seq = 0;
-  };
+  using entry = client_entry;
+  using policy = guard_policy;
   // Written by one thread, read by every worker: a sequence lock over atomics.
   struct policy_slot {
     std::atomic<std::uint32_t> seq{0};

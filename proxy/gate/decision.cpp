@@ -1,0 +1,71 @@
+// The gate's decision arithmetic (see decision.hpp).
+#include "proxy/gate/decision.hpp"
+
+#include <algorithm>
+
+namespace smockron::proxy {
+
+std::int64_t client_entry::expires_us() const {
+  return std::max({next_us, local_next_us, spare_us, *std::max_element(tat.begin(), tat.end())});
+}
+
+void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us) {
+  if (guard.count != 0 && e.policy_seq != guard.seq) {
+    e.tat.fill(0);  // computed under other rules: start afresh
+    e.policy_seq = guard.seq;
+  }
+  if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
+}
+
+request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
+                          std::int64_t pacing_fresh_us, std::int64_t now_us) {
+  request_plan p;
+  const bool master_fresh = now_us - e.updated_us <= pacing_fresh_us;
+  p.release_us = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  p.pace_us = e.interval_us;
+  std::int64_t max_delay = max_delay_us;
+  // The guard: the earliest time every rule's GCRA conforms.
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t conform = e.tat[i] - (r.burst - 1) * r.interval_us;
+    if (conform > p.release_us) {
+      p.release_us = conform;
+      p.pace_us = r.interval_us;
+      // Until the master has spoken about this client, the gate holds it only
+      // a little on its own authority: every gatekeeper would fill its own
+      // queue of paced slots up to max_delay within the first round trip, and
+      // those G queues released together are G times the rate.
+      if (!master_fresh) max_delay = std::min(max_delay, k_guard_hold_intervals * p.pace_us);
+    }
+  }
+  if (p.release_us <= now_us) {
+    p.accept = true;
+    return p;
+  }
+  if (e.spare_us != 0 && e.spare_us < p.release_us) p.spare_us = e.spare_us;
+  p.too_long = p.release_us - now_us > max_delay;
+  return p;
+}
+
+namespace {
+// A use at `at` advances every rule's arrival time by its interval.
+void charge(client_entry& e, const guard_policy& guard, std::int64_t at) {
+  for (std::size_t i = 0; i < guard.count; ++i) e.tat[i] = std::max(e.tat[i], at) + guard.rules[i].interval_us;
+}
+}  // namespace
+
+void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us) { charge(e, guard, now_us); }
+
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p) {
+  charge(e, guard, p.release_us);
+  // Pace: the next held request of this identifier leaves one interval later.
+  e.local_next_us = p.release_us + p.pace_us;
+}
+
+void record_spare(client_entry& e) { e.spare_us = 0; }
+
+void give_back(client_entry& e, std::int64_t release_us, std::int64_t now_us) {
+  if (e.spare_us == 0 || e.spare_us <= now_us || release_us < e.spare_us) e.spare_us = release_us;
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,84 @@
+// The gate's decision arithmetic, without the concurrent map: what one
+// client's entry, the guard's policy and the limits say about a request at
+// `now`, and how the entry records it. Pure functions over plain values,
+// table-tested (decision_test.cpp) like the master's rules; gate.cpp keeps
+// the sharded map, its locks and the held counters around them.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "smockron/wire.hpp"
+
+namespace smockron::proxy {
+
+/// One rule of a domain's policy: `burst` uses, then one per `interval_us`
+/// (as POLICY carries it).
+using guard_rule = wire::policy::rule;
+inline constexpr std::size_t k_guard_rules = wire::max_policy_rules;
+
+/// A domain's (or one identifier's) policy as the guard applies it (count 0: no guard).
+struct guard_policy {
+  std::array<guard_rule, k_guard_rules> rules{};
+  std::size_t count = 0;
+  std::uint32_t seq = 0;  ///< changes when the rules change
+};
+
+/// What the gate remembers of one client (domain, identifier).
+struct client_entry {
+  std::int64_t next_us = 0;        ///< from the master: not before this
+  std::int64_t local_next_us = 0;  ///< this gatekeeper's next free paced slot
+  std::int64_t interval_us = 0;
+  std::int64_t updated_us = 0;                    ///< when the master last spoke about this client
+  std::int64_t spare_us = 0;                      ///< a reported slot given back by a client that left (0 = none)
+  std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
+  std::uint32_t policy_seq = 0;                   ///< the policy `tat` was computed under (another one resets it)
+
+  /// When keeping this entry no longer changes any decision.
+  std::int64_t expires_us() const;
+};
+
+/// Before the master's first word about a client, the guard holds it at most
+/// this many of its rule's intervals (longer waits are refused).
+inline constexpr std::int64_t k_guard_hold_intervals = 2;
+
+/// What a request may do, before the held places are counted.
+struct request_plan {
+  bool accept = false;          ///< nothing stops it: forward now
+  std::int64_t release_us = 0;  ///< otherwise: when it may go
+  std::int64_t pace_us = 0;     ///< the interval the next held request of the client goes after it
+  bool too_long = false;        ///< the wait is longer than this request may be held: refuse
+  /// A slot a held client gave back, earlier than release_us, this request may take (0: none).
+  std::int64_t spare_us = 0;
+};
+
+/// Brings `e` to `guard` and `now_us`: guard state computed under other rules
+/// starts afresh; a spare slot not taken by its time lapses.
+void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us);
+
+/// The plan for a request of the client at `now_us` (reads `e` only).
+/// `max_delay_us`: how far ahead this request may be held. `pacing_fresh_us`:
+/// local pacing counts only while the master spoke about the client this
+/// recently (fail-open when it is gone).
+request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
+                          std::int64_t pacing_fresh_us, std::int64_t now_us);
+
+/// The request was forwarded now: the guard charges a use at `now_us`.
+void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us);
+/// The request is held until `p.release_us`: charged then, and the next held
+/// request of the client goes one pace later.
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p);
+/// The request takes the spare slot (already reported to the master).
+void record_spare(client_entry& e);
+/// A request held until `release_us` left before its time: its slot becomes
+/// the client's spare, the earliest one kept.
+void give_back(client_entry& e, std::int64_t release_us, std::int64_t now_us);
+
+/// Whole seconds until `release_us`, rounded up, at least 1 (Retry-After).
+inline std::int64_t retry_after_s(std::int64_t release_us, std::int64_t now_us) {
+  const std::int64_t s = (release_us - now_us + 999'999) / 1'000'000;
+  return s < 1 ? 1 : s;
+}
+
+}  // namespace smockron::proxy

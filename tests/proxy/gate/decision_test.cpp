@@ -1,0 +1,149 @@
+// The gate's decision arithmetic as a table: a client's entry, the guard's
+// policy and the limits in, the plan out; then what recording it does to the
+// entry. No map, no locks, no clock (times in ms below).
+#include "proxy/gate/decision.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using namespace smockron::proxy;
+
+namespace {
+constexpr std::int64_t ms = 1000;
+constexpr std::int64_t now = 1'000'000 * ms;
+constexpr std::int64_t max_delay = 5'000 * ms;
+constexpr std::int64_t fresh = 2'000 * ms;
+
+guard_policy no_guard() { return {}; }
+guard_policy one_rule(std::int64_t interval_ms, std::int64_t burst) {
+  guard_policy g;
+  g.rules[0] = {interval_ms * ms, burst};
+  g.count = 1;
+  g.seq = 2;
+  return g;
+}
+
+struct row {
+  std::string name;
+  client_entry e;
+  guard_policy guard;
+  // expected
+  bool accept;
+  std::int64_t release;  ///< ms after now (when not accepted)
+  bool too_long;
+  std::int64_t spare;  ///< ms after now, 0: none
+};
+
+client_entry master_says(std::int64_t next_after_ms, std::int64_t spoke_ago_ms = 0, std::int64_t interval_ms = 100) {
+  client_entry e;
+  e.next_us = now + next_after_ms * ms;
+  e.updated_us = now - spoke_ago_ms * ms;
+  e.interval_us = interval_ms * ms;
+  e.policy_seq = 2;
+  return e;
+}
+
+}  // namespace
+
+TEST(GateDecision, Table) {
+  client_entry paced = master_says(100);
+  paced.local_next_us = now + 700 * ms;  // two requests already held on this gatekeeper
+  client_entry stale_paced = paced;
+  stale_paced.updated_us = now - 3'000 * ms;  // the master went quiet: only its own time counts
+  client_entry guarded;                       // the guard alone: 1 per 500 ms, burst 1, a use 100 ms ago
+  guarded.tat[0] = now + 400 * ms;
+  guarded.policy_seq = 2;
+  client_entry guarded_far = guarded;  // the guard's own wait is bounded before the master spoke
+  guarded_far.tat[0] = now + 1'500 * ms;
+  client_entry guarded_heard = guarded_far;  // ... and not once it did
+  guarded_heard.updated_us = now - 10 * ms;
+  client_entry with_spare = master_says(300);
+  with_spare.spare_us = now + 200 * ms;
+  client_entry late_spare = master_says(300);
+  late_spare.spare_us = now + 400 * ms;
+  const row rows[] = {
+      {"nothing known", client_entry{}, no_guard(), true, 0, false, 0},
+      {"the master's time has passed", master_says(-5), no_guard(), true, 0, false, 0},
+      {"held until the master's time", master_says(300), no_guard(), false, 300, false, 0},
+      {"exactly max_delay is held", master_says(5'000), no_guard(), false, 5'000, false, 0},
+      {"beyond max_delay is refused", master_says(5'001), no_guard(), false, 5'001, true, 0},
+      {"paced behind the held ones", paced, no_guard(), false, 700, false, 0},
+      {"stale pacing does not count", stale_paced, no_guard(), false, 100, false, 0},
+      {"the guard holds a hot client", guarded, one_rule(500, 1), false, 400, false, 0},
+      {"burst 2 admits the second", guarded, one_rule(500, 2), true, 0, false, 0},
+      {"the guard alone holds 2 intervals", guarded_far, one_rule(500, 1), false, 1'500, true, 0},
+      {"with the master's word, max_delay", guarded_heard, one_rule(500, 1), false, 1'500, false, 0},
+      {"an earlier spare is offered", with_spare, no_guard(), false, 300, false, 200},
+      {"a later spare is not", late_spare, no_guard(), false, 300, false, 0},
+  };
+  for (const row& r : rows) {
+    const request_plan p = plan_request(r.e, r.guard, max_delay, fresh, now);
+    EXPECT_EQ(p.accept, r.accept) << r.name;
+    if (r.accept) continue;
+    EXPECT_EQ(p.release_us, now + r.release * ms) << r.name;
+    EXPECT_EQ(p.too_long, r.too_long) << r.name;
+    EXPECT_EQ(p.spare_us, r.spare == 0 ? 0 : now + r.spare * ms) << r.name;
+  }
+}
+
+TEST(GateDecision, RecordingAHoldChargesAtTheReleaseAndPaces) {
+  const guard_policy g = one_rule(500, 1);
+  client_entry e = master_says(300, 0, 100);
+  const request_plan p = plan_request(e, g, max_delay, fresh, now);
+  ASSERT_FALSE(p.accept);
+  record_hold(e, g, p);
+  EXPECT_EQ(e.tat[0], now + 300 * ms + 500 * ms) << "the guard's use is at the release time";
+  EXPECT_EQ(e.local_next_us, now + 300 * ms + 100 * ms) << "the next held one goes one interval later";
+  const request_plan next = plan_request(e, g, max_delay, fresh, now);
+  EXPECT_EQ(next.release_us, now + 300 * ms + 500 * ms) << "the guard's rule is the slower one: it paces";
+  EXPECT_EQ(next.pace_us, 500 * ms);
+}
+
+TEST(GateDecision, RecordingAnAcceptChargesTheGuardNow) {
+  const guard_policy g = one_rule(500, 2);
+  client_entry e;
+  e.policy_seq = g.seq;
+  record_accept(e, g, now);
+  EXPECT_EQ(e.tat[0], now + 500 * ms);
+  EXPECT_TRUE(plan_request(e, g, max_delay, fresh, now).accept) << "burst 2: the second passes";
+  record_accept(e, g, now);
+  const request_plan third = plan_request(e, g, max_delay, fresh, now);
+  EXPECT_FALSE(third.accept);
+  EXPECT_EQ(third.release_us, now + 500 * ms);
+}
+
+TEST(GateDecision, RefreshStartsAfreshUnderNewRulesAndLapsesSpares) {
+  client_entry e;
+  e.tat[0] = now + 9'000 * ms;
+  e.policy_seq = 1;
+  e.spare_us = now - 1;
+  refresh(e, one_rule(500, 1), now);
+  EXPECT_EQ(e.tat[0], 0);
+  EXPECT_EQ(e.policy_seq, 2u);
+  EXPECT_EQ(e.spare_us, 0) << "a spare not taken by its time lapses";
+  e.tat[0] = now + 100;
+  refresh(e, no_guard(), now);
+  EXPECT_EQ(e.tat[0], now + 100) << "no policy: nothing to reset";
+}
+
+TEST(GateDecision, AGivenBackSlotKeepsTheEarliestSpare) {
+  client_entry e;
+  give_back(e, now + 500 * ms, now);
+  EXPECT_EQ(e.spare_us, now + 500 * ms);
+  give_back(e, now + 800 * ms, now);
+  EXPECT_EQ(e.spare_us, now + 500 * ms) << "the earlier stays";
+  give_back(e, now + 300 * ms, now);
+  EXPECT_EQ(e.spare_us, now + 300 * ms);
+  give_back(e, now + 900 * ms, now + 400 * ms);
+  EXPECT_EQ(e.spare_us, now + 900 * ms) << "a lapsed spare is replaced";
+  record_spare(e);
+  EXPECT_EQ(e.spare_us, 0);
+}
+
+TEST(GateDecision, RetryAfterIsWholeSecondsRoundedUpAtLeastOne) {
+  EXPECT_EQ(retry_after_s(now + 1, now), 1);
+  EXPECT_EQ(retry_after_s(now + 1'000'000, now), 1);
+  EXPECT_EQ(retry_after_s(now + 1'000'001, now), 2);
+  EXPECT_EQ(retry_after_s(now - 5, now), 1);
+}
