@@ -19,32 +19,27 @@ namespace {
 std::string topic(std::string_view domain) { return std::string(domain) + std::string(1, '\0'); }
 
 // Settings that need a restart keep their running values in `next`; returns
-// the names of those that differed (for the log).
-std::vector<std::string_view> keep_restart_only(const config::master_config& running, config::master_config& next) {
-  std::vector<std::string_view> changed;
-  const auto keep = [&](auto member, std::string_view name) {
-    if (next.*member == running.*member) return;
-    changed.push_back(name);
-    next.*member = running.*member;
-  };
+// the keys that differed (for the log).
+std::string keep_restart_only(const config::master_config& running, config::master_config& next) {
   using c = config::master_config;
-  keep(&c::accounting, "accounting");
-  keep(&c::control, "control");
-  keep(&c::admin, "admin");
-  keep(&c::query, "query");
-  keep(&c::query_allow, "query_allow");
-  keep(&c::max_accounting_peers, "max_accounting_peers");
-  keep(&c::control_hwm, "control_hwm");
-  keep(&c::accounting_allow, "accounting_allow");
-  keep(&c::admin_allow, "admin_allow");
-  keep(&c::control_allow, "control_allow");
-  keep(&c::startup_backlog, "startup_backlog");
-  keep(&c::store, "store");
-  keep(&c::redis, "redis");
-  keep(&c::redis_target, "redis");
-  keep(&c::redis_timeout, "redis_timeout");
-  keep(&c::log_level, "log_level");
-  return changed;
+  return config::restart_only<c>(running, next)
+      .keep(&c::accounting, "accounting")
+      .keep(&c::control, "control")
+      .keep(&c::admin, "admin")
+      .keep(&c::query, "query")
+      .keep(&c::query_allow, "query_allow")
+      .keep(&c::max_accounting_peers, "max_accounting_peers")
+      .keep(&c::control_hwm, "control_hwm")
+      .keep(&c::accounting_allow, "accounting_allow")
+      .keep(&c::admin_allow, "admin_allow")
+      .keep(&c::control_allow, "control_allow")
+      .keep(&c::startup_backlog, "startup_backlog")
+      .keep(&c::store, "store")
+      .keep(&c::redis, "redis")
+      .keep(&c::redis_target, "redis")
+      .keep(&c::redis_timeout, "redis_timeout")
+      .keep(&c::log_level, "log_level")
+      .changed();
 }
 
 }  // namespace
@@ -245,9 +240,8 @@ void service::finish(std::chrono::milliseconds deadline) {
 }
 
 void service::reconfigure(config::master_config next) {
-  std::string ignored;
-  for (const auto name : keep_restart_only(cfg_, next)) ignored += (ignored.empty() ? "" : ", ") + std::string(name);
-  if (!ignored.empty()) log_->warn("reload: {} change(s) take effect only after a restart", ignored);
+  if (const std::string waiting = keep_restart_only(cfg_, next); !waiting.empty())
+    log_->warn("reload: {} change(s) take effect only after a restart", waiting);
   const auto changes = ingest_.reconfigure(next);
   for (const auto& name : changes.removed) accounting_.unsubscribe(topic(name));
   for (const auto& name : changes.added) accounting_.subscribe(topic(name));

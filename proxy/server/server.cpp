@@ -18,6 +18,7 @@
 #include "proxy/cluster/control_subscriber.hpp"
 #include "proxy/request/session.hpp"
 #include "proxy/request/worker.hpp"
+#include "proxy/server/admin.hpp"
 #include "smockron/admin_server.hpp"
 #include "smockron/log.hpp"
 
@@ -43,10 +44,22 @@ void listen(worker& w, const tcp::endpoint& ep) {
   }
 }
 
-bool same_shards(const std::vector<config::proxy_config::shard_config>& a,
-                 const std::vector<config::proxy_config::shard_config>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](const auto& x, const auto& y) { return x.domain == y.domain && x.shares == y.shares; });
+// Settings that need a restart keep their running values in `next`; returns
+// the keys that differed (for the log).
+std::string keep_restart_only(const config::proxy_config& running, config::proxy_config& next) {
+  using c = config::proxy_config;
+  return config::restart_only<c>(running, next)
+      .keep(&c::listen, "listen")
+      .keep(&c::admin, "admin")
+      .keep(&c::admin_allow, "admin_allow")
+      .keep(&c::threads, "threads")
+      .keep(&c::accounting, "accounting")
+      .keep(&c::control, "control")
+      .keep(&c::shards, "shards")
+      .keep(&c::accounting_hwm, "accounting_hwm")
+      .keep(&c::max_control_entries, "max_control_entries")
+      .keep(&c::log_level, "log_level")
+      .changed();
 }
 
 awaitable<void> accept_loop(shared_state& s, worker& w) {
@@ -85,7 +98,7 @@ struct server::impl {
                                                     shared_.clk, shared_.registry);
     control_->set_domains(first->routes.domains());
     admin_ = std::make_unique<admin_server>(
-        admin_ioc_, cfg.admin, [this](std::string_view path) { return admin(path); },
+        admin_ioc_, cfg.admin, [this](std::string_view path) { return admin_response(shared_, *control_, path); },
         admin_server::access{cfg.admin_allow,
                              &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
                                                            "Connections refused by an endpoint's allow list",
@@ -105,59 +118,6 @@ struct server::impl {
     metrics::add_build_info(r, "proxy");
     r.add_callback("smockron_proxy_open_connections", "Open client connections", "",
                    [this] { return static_cast<double>(shared_.connections.load()); });
-  }
-
-  admin_server::response admin(std::string_view path) {
-    if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", shared_.registry.render()};
-    if (path == "/livez") return {200, "text/plain", "ok\n"};
-    if (path == "/readyz") {
-      if (shared_.draining) return {503, "text/plain", "draining\n"};
-      const int up = control_->connected(), all = control_->endpoints();
-      std::string body = "ready\nmasters connected: " + std::to_string(up) + "/" + std::to_string(all) + "\n";
-      if (up == 0) {
-        body += shared_.current()->cfg.fail_closed
-                    ? "no master reachable: requests are refused with 503 (fail_closed)\n"
-                    : "no master reachable: every request passes (fail-open)\n";
-      }
-      return {200, "text/plain", body};
-    }
-    if (path == "/status") return {200, "application/json", status_json() + "\n"};
-    return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
-  }
-
-  // /status: what this gatekeeper is configured with and what it knows now.
-  std::string status_json() {
-    const auto rt = shared_.current();
-    const std::int64_t now = shared_.clk.wall_us();
-    nlohmann::ordered_json doc;
-    doc["masters"] = {{"connected", control_->connected()}, {"endpoints", control_->endpoints()}};
-    doc["held_requests"] = shared_.gate.held();
-    doc["control_entries"] = shared_.gate.entries();
-    doc["max_control_entries"] = rt->cfg.max_control_entries;
-    doc["identifier_overrides"] = shared_.gate.overrides();  // identifiers with rules of their own, from the masters
-    doc["domains"] = nlohmann::ordered_json::array();
-    for (std::size_t i = 0; i < rt->routes.domains().size(); ++i) {
-      const auto q = shared_.gate.quota(rt->gate_domain[i], {}, now);  // the rules, as a fresh client sees them
-      nlohmann::ordered_json rules = nlohmann::ordered_json::array();
-      for (std::size_t k = 0; k < q.count; ++k)
-        rules.push_back({{"burst", q.items[k].quota}, {"window_s", q.items[k].window_s}});
-      doc["domains"].push_back({{"name", rt->routes.domains()[i]},
-                                {"covered_by_a_master", shared_.gate.covered(rt->gate_domain[i], now)},
-                                {"rules", std::move(rules)}});
-    }
-    doc["routes"] = nlohmann::ordered_json::array();
-    for (const auto& r : rt->cfg.routes) {
-      nlohmann::ordered_json route{{"host", r.host}, {"path", r.path}, {"domain", r.domain}, {"upstream", r.upstream}};
-      if (!r.domain.empty()) {
-        route["mode"] = r.mode == config::route_config::route_mode::shadow ? "shadow" : "enforce";
-        route["status"] = r.status;
-        nlohmann::ordered_json ids = nlohmann::ordered_json::array();
-        for (const auto& src : r.identify) ids.push_back(config::to_string(src));
-        route["identify"] = std::move(ids);
-      }
-      doc["routes"].push_back(std::move(route));
-    }
-    return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   }
 
   void run() {
@@ -279,18 +239,12 @@ struct server::impl {
   void reload(const config::proxy_config& next) {
     std::lock_guard install_lock(install_mutex_);
     const auto old = shared_.current();
-    if (next.listen != old->cfg.listen || next.admin != old->cfg.admin || next.threads != old->cfg.threads ||
-        next.accounting != old->cfg.accounting || next.control != old->cfg.control ||
-        next.max_control_entries != old->cfg.max_control_entries || next.accounting_hwm != old->cfg.accounting_hwm ||
-        next.admin_allow != old->cfg.admin_allow || next.log_level != old->cfg.log_level ||
-        !same_shards(next.shards, old->cfg.shards)) {
-      log_->warn(
-          "reload: listen, admin, admin_allow, threads, master endpoints, shards, accounting_hwm, max_control_entries "
-          "and log_level change only after a restart");
-    }
+    config::proxy_config cfg = next;
+    if (const std::string waiting = keep_restart_only(old->cfg, cfg); !waiting.empty())
+      log_->warn("reload: {} change(s) take effect only after a restart", waiting);
     std::shared_ptr<const runtime> fresh;
     try {
-      fresh = std::make_shared<const runtime>(next, shared_.domains, shared_.metrics, old->generation + 1);
+      fresh = std::make_shared<const runtime>(cfg, shared_.domains, shared_.metrics, old->generation + 1);
     } catch (const std::exception& e) {
       log_->error("reload rejected: {}", e.what());
       return;

@@ -1,4 +1,4 @@
-// Reading TOML into configuration structs, for config.cpp only: a `sink`
+// Reading TOML into configuration structs, for the config readers only: a `sink`
 // that collects every error with its file:line:column and key path, and a
 // `reader` per table that reads typed keys and reports unknown ones.
 #pragma once
@@ -226,5 +226,46 @@ private:
   sink& sink_;
   std::set<std::string, std::less<>> known_;
 };
+
+// Checks both daemons' schemas use (config_reader.cpp).
+
+/// log_level is one both daemons accept (checked here so that --check finds a bad one).
+void check_log_level(reader& r, const std::string& level);
+/// An error message for a ZeroMQ endpoint that is not one (empty: fine).
+std::string check_zmq_endpoint(std::string_view e);
+/// The same for an accounting endpoint: tcp:// or ipc:// (our own ZMTP code speaks it).
+std::string check_accounting_endpoint(std::string_view e);
+/// The same for a domain name.
+std::string check_domain_name(std::string_view name);
+/// Two keys that go together (a certificate and its key): both or neither.
+void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value);
+/// Files the keys name exist and can be read (whether they parse is checked
+/// where they are used: the proxy's --check loads them).
+void check_readable(reader& r, std::initializer_list<const char*> keys);
+
+// An array of tables at `key` (the node `n`), each read by `each(item, its
+// reader)`; anything else is an error naming `shape`, the form of one item.
+template <class F>
+void each_table(const toml::node& n, const std::string& key, sink& s, const std::string& shape, F each) {
+  const auto* arr = n.as_array();
+  if (!arr) {
+    s.add(n, key, "expected an array of " + shape + ", got " + std::string(type_name(n)));
+    return;
+  }
+  for (std::size_t i = 0; i < arr->size(); ++i) {
+    const toml::node& item = (*arr)[i];
+    const std::string path = key + "[" + std::to_string(i) + "]";
+    if (const auto* t = item.as_table()) {
+      reader items(*t, path, s);
+      each(item, items);
+    } else {
+      s.add(item, path, "expected a table " + shape + ", got " + std::string(type_name(item)));
+    }
+  }
+}
+
+/// Each daemon's table (config_master.cpp, config_proxy.cpp).
+master_config read_master(const toml::table& t, sink& s);
+proxy_config read_proxy(const toml::table& t, sink& s);
 
 }  // namespace smockron::config::detail

@@ -3,6 +3,8 @@
 // error carries file:line:column and the key path; unknown keys are errors.
 #pragma once
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -241,6 +243,7 @@ struct proxy_config {
   struct shard_config {
     std::string domain;
     std::vector<std::vector<std::string>> shares;
+    bool operator==(const shard_config&) const = default;
   };
   std::vector<shard_config> shards;
 
@@ -262,5 +265,32 @@ struct load_result {
 load_result load_file(const std::string& path);
 /// Parses and validates TOML text; `source_name` is used in error locations.
 load_result load_string(std::string_view text, const std::string& source_name);
+
+/// Settings a reload cannot change (sockets, threads, stores): both daemons
+/// keep their running values in the new configuration and name the keys
+/// that differed, for the log. `keep(&Config::member, "key")` for each.
+template <class Config>
+class restart_only {
+public:
+  restart_only(const Config& running, Config& next) : running_(running), next_(next) {}
+  template <class Member>
+  restart_only& keep(Member Config::*member, std::string_view key) {
+    if (next_.*member == running_.*member) return *this;
+    next_.*member = running_.*member;
+    if (std::find(changed_.begin(), changed_.end(), key) == changed_.end()) changed_.push_back(key);
+    return *this;
+  }
+  /// The keys whose new values wait for a restart ("listen, threads"); empty: none.
+  std::string changed() const {
+    std::string out;
+    for (const auto key : changed_) out.append(out.empty() ? "" : ", ").append(key);
+    return out;
+  }
+
+private:
+  const Config& running_;
+  Config& next_;
+  std::vector<std::string_view> changed_;
+};
 
 }  // namespace smockron::config
