@@ -10,15 +10,17 @@ Run: cd integration && python3 -m unittest -v test_shards
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, fetch, metric, wait_until  # noqa: E402
+from harness import DaemonTestCase, WaitTimeout, fetch, metric, wait_until  # noqa: E402
 
 MASK = (1 << 64) - 1
 
@@ -56,24 +58,56 @@ class ShardedMastersTest(DaemonTestCase):
         self.wait_connected(proxy, "3/3")
         proxy.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v >= 3, timeout=10)
 
+        def received(m) -> float:
+            return metric(m.metrics(), "smockron_master_accounting_messages_total",
+                          {"domain": "api", "status": "ACCEPTED"}) or 0
+
+        def counted() -> float:
+            """Accounting messages the proxy has dealt with: each once, as published, dropped or unsent."""
+            text = proxy.metrics()
+            return sum(metric(text, f"smockron_proxy_accounting_{k}_total") or 0
+                       for k in ("messages", "dropped", "unsent"))
+
+        # The control links are up (above); so must the accounting links be, to each master,
+        # or a message is "unsent" and never arrives. Warm-up identifiers owned by each master
+        # in turn, fresh ones, until that master counts one.
+        warm = (f"warm-{n}" for n in itertools.count())
+        sent = 0
+        for i, m in enumerate(masters):
+            deadline = time.monotonic() + 10
+            while True:
+                self.assertLess(time.monotonic(), deadline, f"no accounting reached master {i}")
+                before = received(m)
+                k = next(w for w in warm if owner(accounting, w) == i)
+                self.assertEqual(fetch(proxy.port, f"/warm/{k}", key=k)[0].status, 200)
+                sent += 1
+                try:
+                    wait_until(lambda: received(m) > before, 0.5)
+                    break
+                except WaitTimeout:
+                    continue
+        # Every warm-up message has been published (and then delivered) or dropped unsent:
+        # none is still on its way to be counted among the shares below.
+        wait_until(lambda: counted() == sent
+                   and sum(received(m) for m in masters) == proxy.metric("smockron_proxy_accounting_messages_total"),
+                   10, message="the warm-up's accounting settled")
+        base = [received(m) for m in masters]
+
         # 90 identifiers, one request each: every master gets about a third, and only its own.
         ids = [f"user-{i}" for i in range(90)]
         owners = {k: owner(accounting, k) for k in ids}
         for k in ids:
             self.assertEqual(fetch(proxy.port, f"/one/{k}", key=k)[0].status, 200)
 
-        def received(m) -> float:
-            return metric(m.metrics(), "smockron_master_accounting_messages_total",
-                          {"domain": "api", "status": "ACCEPTED"}) or 0
-
-        expected = [sum(1 for k in ids if owners[k] == i) for i in range(3)]
+        share = [sum(1 for k in ids if owners[k] == i) for i in range(3)]
+        expected = [b + n for b, n in zip(base, share)]
         wait_until(lambda: [received(m) for m in masters] == expected, 10,
-                   message=f"each master receives exactly its share {expected}")
+                   message=f"each master receives exactly its share {share} (after the warm-up's {base})")
         for k in ids[:15]:
             for i, m in enumerate(masters):
                 tracked = json.loads(m.get(f"/status/api/{k}").body)["tracked"]
                 self.assertEqual(tracked, i == owners[k], f"{k}: master {i}")
-        print(f"\nshares of 90 identifiers over 3 masters: {expected}", file=sys.stderr)
+        print(f"\nshares of 90 identifiers over 3 masters: {share}", file=sys.stderr)
 
         # The limit per identifier holds (burst 2 per minute): the owner's DELAY_UNTIL reaches the proxy.
         hot = "hot-0"

@@ -60,9 +60,11 @@ from harness import (  # noqa: E402
     FakeMaster,
     ProxyProcess,
     WaitTimeout,
+    access_log_keys,
     fetch,
     metric_sum,
     now_ms,
+    read_access_log,
     wait_until,
 )
 
@@ -177,17 +179,26 @@ class SystemCase(DaemonTestCase):
 
 
 class MasterFailureTest(SystemCase):
-    INTERVAL = 0.5          # rule 2/s, burst 1
+    # Rule 1/s, burst 1. One interval is the room for the steps between the first hold
+    # and the kill (several polled waits): ample on a busy machine, where half a second was not.
+    INTERVAL = 1.0
     N_HELD = 4
-    ENFORCE_BOUND = 2.5     # s from "master ready again" to "a client over its limit is limited again"
+    # The proxy holds at most 0.75..1 x max_delay ahead: 4.5 s or more reaches the N_HELD
+    # slots (up to 4 s ahead) and the late request's slot behind them.
+    MAX_DELAY = 6.0
+    # s from "master ready again" to "a client over its limit is limited again": a recovery
+    # time of the whole system (reconnects, resubscription, a round trip), printed as measured;
+    # the bound only tells "recovers" from "stays fail-open", with room for a busy machine.
+    ENFORCE_BOUND = 5.0
 
     def decisions(self, proxy: ProxyProcess) -> dict:
         m = proxy.metrics()
         return {d: metric_sum(m, REQUESTS, domain="api", decision=d) for d in ("accepted", "delayed", "rejected")}
 
     def test_master_killed_while_requests_held_then_restarted(self):
-        master, backend, (proxy,), tap = self.system({"api": {"rules": [("2/s", 1)]}}, [API_ROUTE], tap=True,
-                                                     max_delay="3s")
+        access_log = os.path.join(self.tmp, "access.log")
+        master, backend, (proxy,), tap = self.system({"api": {"rules": [("1/s", 1)]}}, [API_ROUTE], tap=True,
+                                                     max_delay=f"{self.MAX_DELAY:g}s", **access_log_keys(access_log))
         # hot uses its burst; the master's DELAY_UNTIL reaches the proxy; N requests are held.
         ctl0 = proxy.ctl()
         self.assertEqual(fetch(proxy.port, "/burst", key="hot")[0].status, 200)
@@ -201,6 +212,7 @@ class MasterFailureTest(SystemCase):
         t_kill = time.time()
         self.assertLess(t_kill, reserved[1], "master killed before (most of) the held requests were due")
         wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
+        noticed = time.time() - t_kill
         self.assertIn("fail-open", proxy.readyz())
 
         # Master gone: other identifiers pass, unheld, while hot's requests are held.
@@ -217,7 +229,7 @@ class MasterFailureTest(SystemCase):
         box = {}
 
         def late_hot():
-            box["late"] = fetch(proxy.port, "/late-hot", key="hot", timeout=8)
+            box["late"] = fetch(proxy.port, "/late-hot", key="hot", timeout=self.MAX_DELAY + 4)
 
         late = threading.Thread(target=late_hot)
         late.start()
@@ -225,12 +237,18 @@ class MasterFailureTest(SystemCase):
         # Held requests are answered, each forwarded at (about) its reserved time.
         results = [c.read_response(timeout=self.N_HELD * self.INTERVAL + 5) for c in conns]
         self.assertEqual([r.status for r in results], [200] * self.N_HELD, results)
-        arrivals = sorted(e["t"] for e in backend.requests(key="hot", target_prefix="/held/"))
-        self.assertEqual(len(arrivals), self.N_HELD)
-        offsets = [round(a - r, 3) for a, r in zip(arrivals, reserved)]
+        self.assertEqual(len(backend.requests(key="hot", target_prefix="/held/")), self.N_HELD)
+        # When the proxy let each go (its access log: head time + held_ms), matched in order
+        # with the reserved times; only those due after the kill tell how the proxy keeps
+        # its memory without a master (one due before it was released with the master alive).
+        held = wait_until(lambda: len(h := [e for e in read_access_log(access_log)
+                                            if e["target"].startswith("/held/") and e["forwarded"]])
+                          == self.N_HELD and h, 5, message="the held requests' access log lines")
+        released = sorted(e["t_out"] for e in held)
+        offsets = [round(a - r, 3) for a, r in zip(released, reserved) if r > t_kill]
         gaps = [round(b - a, 3) for a, b in zip(reserved, reserved[1:])]
-        measured(f"held requests reserved {gaps} s apart, left at reserved time + {offsets} s "
-                 f"(master killed {reserved[0] - t_kill:.3f}s before the first was due)")
+        measured(f"held requests reserved {gaps} s apart, released at reserved time + {offsets} s "
+                 f"(those due after the kill; master killed {reserved[0] - t_kill:.3f}s before the first was due)")
         for g in gaps:
             self.assertGreaterEqual(g, self.INTERVAL - 0.01, f"reserved times not paced: {gaps}")
         # Never early; on time, not an interval late (the median: one arrival delayed by
@@ -240,19 +258,21 @@ class MasterFailureTest(SystemCase):
                         f"arrival - reserved time: {offsets}")
         self.assertLess(max(offsets), 2 * self.INTERVAL, f"arrival - reserved time: {offsets}")
 
-        late.join(10)
+        late.join(self.MAX_DELAY + 5)
         self.assertFalse(late.is_alive(), "a request of hot sent while the master was gone hangs")
         r, elapsed = box["late"]
+        r_late = r
         self.assertIn(r.status, (200, 503), r)
-        self.assertLess(elapsed, 3.0 + 1.5, "answered within max_delay (3 s)")
+        self.assertLess(elapsed, self.MAX_DELAY + 1.5, f"answered within max_delay ({self.MAX_DELAY:g} s)")
         if r.status == 200:
             t_late = backend.requests(target_prefix="/late-hot")[0]["t"]
             self.assertGreaterEqual(t_late, reserved[-1] - 0.03, "the late request did not jump the queue")
 
         # The master comes back on the same ports (memory store: it starts empty).
+        t_restart = time.monotonic()
         self.restart(master)
         t_back = time.monotonic()
-        # A client far over its limit (2/s, burst 1), sending back to back: limited again
+        # A client far over its limit (1/s, burst 1), sending back to back: limited again
         # (its request held or refused, as the proxy's decision counters tell)?
         def limited() -> float:
             d = self.decisions(proxy)
@@ -264,16 +284,21 @@ class MasterFailureTest(SystemCase):
         deadline = t_back + self.ENFORCE_BOUND + 3.0  # measure beyond the bound, assert below
         while time.monotonic() < deadline:
             t_sent = time.monotonic()
-            r, _ = fetch(proxy.port, "/over", key="over", timeout=5)
-            self.assertIn(r.status, (200, 503), r)
+            try:
+                r, _ = fetch(proxy.port, "/over", key="over", timeout=1.0)
+                self.assertIn(r.status, (200, 503), r)
+            except OSError:
+                pass  # held (for seconds, perhaps): counted as delayed when the hold began
             if limited() > limited0:
                 t_enforced = t_sent - t_back
                 break
             passed += 1
             time.sleep(0.01)
         figure = f"{t_enforced:.3f}s" if t_enforced is not None else f"not within {deadline - t_back:.1f}s"
-        measured(f"limit enforced again {figure} after the restarted master was ready "
-                 f"(master down {time.time() - t_kill:.1f}s in all; {passed} requests of 'over' passed meanwhile)")
+        measured(f"limit enforced again {figure} after the restarted master was ready (master down "
+                 f"{time.time() - t_kill:.1f}s in all: noticed by the proxy after {noticed:.2f}s, restarted in "
+                 f"{t_back - t_restart:.1f}s; the late request "
+                 f"{r_late.status} after {elapsed:.2f}s; {passed} requests of 'over' passed meanwhile)")
         self.assertIsNotNone(t_enforced, "limits never enforced again after the master restart")
         self.assertLessEqual(t_enforced, self.ENFORCE_BOUND)
         self.assertIn("masters connected: 1/1", proxy.readyz())
@@ -282,16 +307,23 @@ class MasterFailureTest(SystemCase):
         # Regression: local pacing (local_next_us = release + interval) used to chain
         # forever without a master, limiting a busy identifier at the master's last
         # rate indefinitely while /readyz said "fail-open".
-        master, _, (proxy,), _ = self.system({"api": {"rules": [("1/2s", 1)]}}, [API_ROUTE], max_delay="500ms")
+        master, _, (proxy,), _ = self.system({"api": {"rules": [("1/3s", 1)]}}, [API_ROUTE], max_delay="500ms")
         ctl0 = proxy.ctl()
         self.assertEqual(fetch(proxy.port, "/a", key="carol")[0].status, 200)
         self.wait_ctl(proxy, ctl0)
-        self.assertEqual(fetch(proxy.port, "/b", key="carol")[0].status, 503, "the master limits while alive")
+        # The master limits while alive: /b is refused (503) or, if it came more than
+        # 2.5 s after /a on a slow machine, held - either way not accepted as free.
+        d0 = self.decisions(proxy)
+        r, _ = fetch(proxy.port, "/b", key="carol")
+        d1 = self.decisions(proxy)
+        self.assertIn(r.status, (200, 503), r)
+        self.assertEqual(d1["delayed"] + d1["rejected"] - d0["delayed"] - d0["rejected"], 1,
+                         f"the master limits while alive: /b answered {r.status}, decisions {d0} -> {d1}")
         master.kill()
         wait_until(lambda: "masters connected: 0/1" in proxy.readyz(), 5, message="proxy notices the master is gone")
         self.assertIn("fail-open", proxy.readyz())
-        # carol keeps sending; once the master's last word (next 2 s after /a) has
-        # passed, her requests pass freely: accepted, neither held nor refused.
+        # carol keeps sending; once the master's last word (next 3 s after /a, or 6 s if
+        # /b was held) has passed, her requests pass freely: accepted, neither held nor refused.
         passed = 0
         tried = []
         deadline = time.monotonic() + 10.0
@@ -315,24 +347,27 @@ class GatekeeperRestartTest(SystemCase):
     WARMUP = 1.0
 
     def test_gatekeeper_restarted_under_load_limit_holds_globally(self):
+        # One access log for both gatekeepers (a line is one append: they never interleave).
+        access_log = os.path.join(self.tmp, "access.log")
         master, backend, (a, b), _ = self.system({"api": {"rules": [(f"{self.RATE}/s", self.BURST)]}}, [API_ROUTE],
-                                                 proxies=2, max_delay="1s")
+                                                 proxies=2, max_delay="1s", **access_log_keys(access_log))
         stop = threading.Event()
         lock = threading.Lock()
-        outcomes = []  # (wall time answered, proxy name, status or exception name)
+        outcomes = []  # (wall time answered, proxy name, status or exception name, target)
         proxies = {"a": a, "b": b}
 
         def client(name: str, idx: int):
             n = 0
             while not stop.is_set():
                 n += 1
+                target = f"/via-{name}/{idx}/{n}"
                 try:
-                    r, _ = fetch(proxies[name].port, f"/via-{name}/{idx}/{n}", key="hot", timeout=3)
+                    r, _ = fetch(proxies[name].port, target, key="hot", timeout=3)
                     res = r.status
                 except OSError as e:  # the gatekeeper is down: reconnect (after a short pause)
                     res = type(e).__name__
                 with lock:
-                    outcomes.append((time.time(), name, res))
+                    outcomes.append((time.time(), name, res, target))
                 if res != 200:
                     time.sleep(0.02)
 
@@ -347,11 +382,22 @@ class GatekeeperRestartTest(SystemCase):
             wait_until(lambda: time.time() > t_start + self.WARMUP, 3)
             t_w0 = time.time()
             wait_until(lambda: time.time() > t_w0 + 0.5, 3)
+            # What b holds when it dies never leaves, yet the master charged those slots.
+            lost = b.metric(HELD) or 0
             b.kill()
             t_killed = time.time()
             self.restart(b)
             t_restarted = time.time()
-            wait_until(lambda: time.time() > t_restarted + 2.0, 4)
+            # Until its links to the master are up, the restarted gatekeeper is fail-open by
+            # design (no master: admit): its clients pass freely, as many as they can send.
+            # Linked: the master's POLICY (its own guard) and DELAY_UNTIL have reached it, and
+            # its accounting reaches the master. How long that takes is the machine's business.
+            wait_until(lambda: "masters connected: 1/1" in b.readyz()
+                       and (b.metric("smockron_proxy_control_policies_total") or 0) > 0
+                       and b.ctl() > 0 and (b.metric("smockron_proxy_accounting_messages_total") or 0) > 0,
+                       10, message="the restarted gatekeeper's links to the master")
+            t_linked = time.time()
+            wait_until(lambda: time.time() > t_linked + 2.0, 4)
         finally:
             t_end = time.time()
             stop.set()
@@ -362,36 +408,49 @@ class GatekeeperRestartTest(SystemCase):
         hot = sorted((e for e in backend.requests(key="hot") if t_w0 <= e["t"] <= t_end), key=lambda e: e["t"])
         window = t_end - t_w0
         allowed = self.RATE * window + self.BURST
-        # Slack: the restarted gatekeeper starts with an empty memory and admits its
-        # clients' requests until the master's first DELAY_UNTIL for hot reaches it (the
-        # ZeroMQ links are a few ms old) - a couple per client; and two gatekeepers may
-        # release together at one DELAY_UNTIL instant (the master charges that, but the
-        # window may end before it is paid back).
+        # Slack: once linked, the restarted gatekeeper starts with an empty memory and admits
+        # its clients' requests until the master's first DELAY_UNTIL for hot reaches it - a
+        # couple per client; and two gatekeepers may release together at one DELAY_UNTIL
+        # instant (the master charges that, but the window may end before it is paid back).
         slack = 2 * self.CLIENTS_PER_PROXY + 2
         via_b_after = [e["t"] for e in hot if e["target"].startswith("/via-b/") and e["t"] > t_killed]
-        rush = [t for t in via_b_after if t <= via_b_after[0] + 0.15] if via_b_after else []
-        rush_ms = 1000 * (rush[-1] - rush[0]) if rush else 0
+        # What b admitted before it was linked: fail-open, unaccounted, allowed on top.
+        unlinked = [t for t in via_b_after if t <= t_linked]
+        bound = allowed + slack + len(unlinked)
         measured(f"hot admitted {len(hot)} in {window:.2f}s (rate x time + burst = {allowed:.1f}, bound "
-                 f"{allowed + slack:.1f}); the restarted gatekeeper (down {t_restarted - t_killed:.2f}s) "
-                 f"admitted {len(rush)} in {rush_ms:.0f} ms before the master's control reached it, "
-                 f"{len(via_b_after)} in all")
-        self.assertLessEqual(len(hot), allowed + slack,
-                             f"the limit did not hold across the gatekeeper restart ({len(rush)} admitted by the "
-                             f"restarted gatekeeper in its first {rush_ms:.0f} ms); arrivals a/b + s after the "
+                 f"{bound:.1f}; {lost:g} held by b when it was killed); the restarted gatekeeper (down "
+                 f"{t_restarted - t_killed:.2f}s, linked {t_linked - t_restarted:.2f}s after it was ready) "
+                 f"admitted {len(unlinked)} before it was linked, {len(via_b_after)} in all")
+        self.assertLessEqual(len(hot), bound,
+                             f"the limit did not hold across the gatekeeper restart ({len(unlinked)} admitted by the "
+                             f"restarted gatekeeper before it was linked); arrivals a/b + s after the "
                              f"window start, b killed at {t_killed - t_w0:.3f}: "
                              + " ".join(f"{e['target'][5]}{e['t'] - t_w0:.3f}" for e in hot))
         # Demand is far above the limit: the configured rate is still delivered (no
-        # gatekeeper stuck on stale delays after the restart).
-        self.assertGreaterEqual(len(hot), 0.8 * self.RATE * window)
+        # gatekeeper stuck on stale delays after the restart), but for the slots of the
+        # requests b held when it was killed (charged, never used).
+        self.assertGreaterEqual(len(hot), 0.8 * (self.RATE * window - lost), f"{lost:g} held by b when killed")
         # The restarted gatekeeper's clients reconnected and were served again.
-        b_after = [s for t, name, s in outcomes if name == "b" and t > t_restarted]
+        b_after = [s for t, name, s, _ in outcomes if name == "b" and t > t_restarted]
         self.assertIn(200, b_after, f"no client of the restarted gatekeeper was served: {b_after[:20]}")
         self.assertTrue(via_b_after, "nothing reached the backend through the restarted gatekeeper")
         self.assertTrue(a.alive() and b.alive())
-        # The restarted gatekeeper limits again: from 0.5 s after its restart, both
-        # gatekeepers together stay at the rate.
-        late = [e["t"] for e in hot if e["t"] > t_restarted + 0.5]
-        self.assertLessEqual(len(late), self.RATE * (t_end - t_restarted - 0.5) + 3)
+        # The restarted gatekeeper limits again: from 0.5 s after it was linked, both
+        # gatekeepers together stay at the rate. Their own release times (access logs),
+        # not a busy backend's, so the window's edge does not move arrivals into it.
+        answered = {target for t, _, s, target in outcomes if t > t_linked and s in (200, 503)}
+
+        def logged():
+            lg = read_access_log(access_log)
+            return answered <= {e["target"] for e in lg} and lg
+
+        log = wait_until(logged, 5, message="a log line for every request answered after the restarted gatekeeper "
+                                            "was linked")
+        late = [e["t_out"] for e in log if e["target"].startswith("/via-") and e["forwarded"]
+                and t_linked + 0.5 < e["t_out"] <= t_end]
+        measured(f"from 0.5 s after the restarted gatekeeper was linked: {len(late)} admitted in "
+                 f"{t_end - t_linked - 0.5:.2f}s (rate x time {self.RATE * (t_end - t_linked - 0.5):.1f}, bound + 3)")
+        self.assertLessEqual(len(late), self.RATE * (t_end - t_linked - 0.5) + 3)
 
 
 # =============================================================================== 3: backend killed, restarted

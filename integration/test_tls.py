@@ -166,18 +166,21 @@ class TlsListenerTest(DaemonTestCase):
         self.assertIn(["X-Forwarded-For", "203.0.113.8"], [[k, v] for k, v in seen["headers"]])
 
     def test_a_request_held_on_a_tls_connection(self):
-        # The gate's own guard (POLICY: burst 1 per 500 ms) holds the second request
-        # of one TLS keep-alive connection; held, the client is watched through the TLS
-        # session (conn_io.cpp hold()), and the request then goes on.
-        master = self.start_master({"api": {"rules": [("2/s", 1)]}})
+        # The master's rule (1 per 3 s, burst 1; the gate's own guard from its POLICY
+        # too) holds the second request of one TLS keep-alive connection for about 3 s;
+        # held, the client is watched through the TLS session (conn_io.cpp hold()), and
+        # the request then goes on. The hold is long on purpose: sending /second, seeing
+        # it held and sending /third all fit in it many times over on a slow machine.
+        master = self.start_master({"api": {"rules": [("1/3s", 1)]}})
         backend = self.start_backend()
         proxy = self.start_proxy({"app": {"servers": [f"127.0.0.1:{backend.port}"]}},
                                  [{"path": "/", "domain": "api", "upstream": "app",
                                    "identify": ["header:X-API-Key"], "explain": True}],
                                  accounting=[master.accounting], control=[master.control],
-                                 tls_cert=self.cert, tls_key=self.key)
+                                 tls_cert=self.cert, tls_key=self.key, max_delay="10s")
         proxy.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v > 0, timeout=10)
         conn = tls_connection(proxy.port, self.ca.cert)
+        conn.sock.settimeout(20)  # the answers below come after the hold
         status, headers, _ = get(conn, "/first", {"X-API-Key": "tina"})
         self.assertEqual((status, headers.get("smockron-decision")), (200, "accepted"))
         # Pipelined: the third request arrives while the second is held, and is read
@@ -185,6 +188,8 @@ class TlsListenerTest(DaemonTestCase):
         conn.sock.sendall(b"GET /second HTTP/1.1\r\nHost: x\r\nX-API-Key: tina\r\n\r\n")
         proxy.wait_metric("smockron_proxy_held_requests", predicate=lambda v: v == 1, timeout=5)
         conn.sock.sendall(b"GET /third HTTP/1.1\r\nHost: x\r\nX-API-Key: tom\r\n\r\n")
+        # The premise: /third was sent while /second was still held (else hold() had nothing to read).
+        self.assertEqual(proxy.metric("smockron_proxy_held_requests"), 1, "the hold ended before /third was sent")
         answers = []
         for _ in range(2):
             r = http.client.HTTPResponse(conn.sock)
@@ -194,7 +199,8 @@ class TlsListenerTest(DaemonTestCase):
         conn.close()
         self.assertEqual(answers[0][0], 200)
         self.assertRegex(answers[0][1], r"^delayed;held_ms=\d+$")
-        self.assertGreater(int(answers[0][1].split("=")[1]), 100)
+        # Really held (for most of the 3 s interval), not passed after a scheduling tick.
+        self.assertGreater(int(answers[0][1].split("=")[1]), 1000)
         self.assertEqual(answers[1], (200, "accepted"), "the pipelined request, after the hold")
         self.assertEqual([e["target"] for e in backend.requests(target_prefix="/")], ["/first", "/second", "/third"])
 
