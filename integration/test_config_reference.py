@@ -2,8 +2,8 @@
 parser accepts, each in the section of its table, and no key it does not
 accept. Needs no binary and no service: it reads source text only.
 
-The parser's keys come from shared/src/config.cpp. Every key is read through
-a `reader` (shared/src/config_reader.hpp), one per TOML table, with its name
+The parser's keys come from shared/config/config*.cpp. Every key is read through
+a `reader` (shared/config/config_reader.hpp), one per TOML table, with its name
 as a string literal: `r.duration("max_delay", ...)`,
 `rr.typed<toml::value<std::string>>("path", ...)`, `rr.get("identify")`.
 READERS says which table each reader variable of each function reads; a
@@ -27,8 +27,10 @@ import re
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_CPP = os.path.join(ROOT, "shared", "src", "config.cpp")
-CONFIG_READER = os.path.join(ROOT, "shared", "src", "config_reader.hpp")
+# The parser: the load, the checks both schemas use, and each daemon's table.
+CONFIG_SOURCES = [os.path.join(ROOT, "shared", "config", f)
+                  for f in ("config.cpp", "config_reader.cpp", "config_master.cpp", "config_proxy.cpp")]
+CONFIG_READER = os.path.join(ROOT, "shared", "config", "config_reader.hpp")
 REFERENCE = os.path.join(ROOT, "docs", "configuration.md")
 
 # Table -> the heading (without its #s) of its section in the reference.
@@ -249,7 +251,7 @@ def check(source: str, reader_source: str, doc: str,
 class ConfigReferenceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.source = read(CONFIG_CPP)
+        cls.source = "\n".join(read(p) for p in CONFIG_SOURCES)
         cls.reader_source = read(CONFIG_READER)
         cls.doc = read(REFERENCE)
 

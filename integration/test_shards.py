@@ -26,7 +26,7 @@ MASK = (1 << 64) - 1
 
 
 def stable_hash(s: str) -> int:
-    """smockron::stable_hash (shared/src/hash_ring.cpp): FNV-1a 64, then splitmix64's finalizer."""
+    """smockron::stable_hash (shared/protocol/hash_ring.cpp): FNV-1a 64, then splitmix64's finalizer."""
     h = 14695981039346656037
     for b in s.encode():
         h = ((h ^ b) * 1099511628211) & MASK

@@ -4,7 +4,7 @@
 #include <array>
 #include <utility>
 
-#include "smockron/zmq_util.hpp"
+#include "shared/daemon/zmq_util.hpp"
 
 namespace smockron::master {
 

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "master/ingest.hpp"
-#include "smockron/config.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/net.hpp"
-#include "smockron/wire.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/net.hpp"
+#include "shared/config/config.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::master {
 

@@ -6,11 +6,11 @@
 namespace smockron::master {
 namespace {
 
-std::vector<domain_limits> compile(const config::master_config& cfg) {
+std::vector<domain_limits> compile_all(const config::master_config& cfg) {
   std::vector<domain_limits> out;
   for (const auto& d : cfg.domains) {
-    domain_limits& l = out.emplace_back(d.compile(cfg.max_clock_skew));
-    for (const auto& o : d.overrides) l.overrides.emplace(o.identifier, d.compile(o, cfg.max_clock_skew));
+    domain_limits& l = out.emplace_back(compile(d, cfg.max_clock_skew));
+    for (const auto& o : d.overrides) l.overrides.emplace(o.identifier, compile(d, o, cfg.max_clock_skew));
   }
   return out;
 }
@@ -25,7 +25,7 @@ constexpr std::uint64_t k_state_overhead = 160;
 ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg)
     : clock_(clk),
       metrics_(reg),
-      limiter_(compile(cfg), cfg.max_identifiers),
+      limiter_(compile_all(cfg), cfg.max_identifiers),
       unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
                                       "Accounting messages for a domain this master does not own")),
       query_unknown_domain_(reg.add_counter("smockron_master_query_ignored_total",
@@ -61,7 +61,7 @@ void ingest::install(const config::master_config& cfg) {
   for (const auto& d : cfg.domains) {
     domain s;
     s.name = d.name;
-    s.limits = d.compile(cfg.max_clock_skew);
+    s.limits = compile(d, cfg.max_clock_skew);
     for (auto st : {wire::status::accepted, wire::status::delayed, wire::status::rejected}) {
       s.messages[static_cast<int>(st)] = &metrics_.add_counter(
           "smockron_master_accounting_messages_total", "Accounting messages processed by domain and status",
@@ -94,7 +94,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
     d.tracked->set(0);
     changes.removed.push_back(d.name);
   }
-  limiter_.reconfigure(compile(next), old_index);
+  limiter_.reconfigure(compile_all(next), old_index);
   limiter_.set_max_identifiers(next.max_identifiers);
   install(next);
   return changes;

@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "master/limiter.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/config.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/query.hpp"
-#include "smockron/rules.hpp"
-#include "smockron/string_hash.hpp"
-#include "smockron/wire.hpp"
+#include "master/query.hpp"
+#include "master/rules.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/string_hash.hpp"
+#include "shared/config/config.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::master {
 

@@ -5,6 +5,26 @@
 
 namespace smockron::master {
 
+namespace {
+rules::limits compile_rules(config::algorithm_kind algo, const std::vector<config::rule_config>& rules,
+                            std::chrono::microseconds max_clock_skew) {
+  rules::limits l;
+  l.algo = algo == config::algorithm_kind::gcra ? rules::algorithm::gcra : rules::algorithm::sliding_log;
+  l.max_future_us = max_clock_skew.count();
+  for (const auto& r : rules) l.rules.push_back({r.r.interval_us(), r.burst});
+  return l;
+}
+}  // namespace
+
+rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
+  return compile_rules(d.algorithm, d.rules, max_clock_skew);
+}
+
+rules::limits compile(const config::domain_config& d, const config::override_config& o,
+                      std::chrono::microseconds max_clock_skew) {
+  return compile_rules(d.algorithm, o.rules, max_clock_skew);
+}
+
 limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)
     : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {
   for (auto& m : maps_) m.reserve(std::min<std::size_t>(max_identifiers_, 1 << 16));

@@ -3,6 +3,7 @@
 // sweeps of expired state. One atomic operation: apply(). Single-threaded.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -10,10 +11,17 @@
 #include <unordered_map>
 #include <vector>
 
-#include "smockron/rules.hpp"
-#include "smockron/string_hash.hpp"
+#include "master/rules.hpp"
+#include "shared/base/string_hash.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::master {
+
+/// The engine's form of a domain's rules (its algorithm, the allowed clock skew).
+rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew);
+/// The engine's form of one override's rules (the domain's algorithm).
+rules::limits compile(const config::domain_config& d, const config::override_config& o,
+                      std::chrono::microseconds max_clock_skew);
 
 /// A domain's limits, and the identifiers that have limits of their own
 /// (the configuration's per-identifier overrides; same algorithm).

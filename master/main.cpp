@@ -10,10 +10,10 @@
 #include <zmq.hpp>
 
 #include "master/service.hpp"
-#include "smockron/admin_server.hpp"
-#include "smockron/daemon.hpp"
-#include "smockron/signals.hpp"
-#include "smockron/text.hpp"
+#include "shared/base/text.hpp"
+#include "shared/daemon/admin_server.hpp"
+#include "shared/daemon/daemon.hpp"
+#include "shared/daemon/signals.hpp"
 #include "smockron/version.hpp"
 
 namespace asio = boost::asio;

@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cstdio>
 
-#include "smockron/log.hpp"
+#include "shared/base/log.hpp"
 
 namespace smockron::master {
 namespace {

@@ -33,9 +33,9 @@
 #include <utility>
 #include <vector>
 
-#include "smockron/metrics.hpp"
-#include "smockron/net.hpp"
-#include "smockron/rules.hpp"
+#include "master/rules.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/net.hpp"
 
 namespace smockron::master {
 

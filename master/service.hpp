@@ -19,10 +19,10 @@
 
 #include "master/ingest.hpp"
 #include "master/zmtp_subscriber.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/config.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/config/config.hpp"
 
 namespace zmq {
 class context_t;

@@ -28,7 +28,7 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
     const auto& tracked = reg.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                         metrics::labels({{"domain", d.name}}));
     doc["domains"].push_back({{"name", d.name},
-                              {"algorithm", d.algorithm == rules::algorithm::gcra ? "gcra" : "sliding-log"},
+                              {"algorithm", d.algorithm == config::algorithm_kind::gcra ? "gcra" : "sliding-log"},
                               {"rules", rules_json(d.rules)},
                               {"overrides", std::move(overrides)},
                               {"tracked_identifiers", static_cast<std::uint64_t>(tracked.value())}});

@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
-#include "smockron/config.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/rules.hpp"
+#include "master/rules.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::master {
 

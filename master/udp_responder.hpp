@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "smockron/net.hpp"
-#include "smockron/query.hpp"
+#include "master/query.hpp"
+#include "shared/base/net.hpp"
 
 namespace smockron::master {
 

@@ -1,8 +1,8 @@
 // The master's accounting receiver (see zmtp_subscriber.hpp).
 #include "master/zmtp_subscriber.hpp"
 
-#include "smockron/net.hpp"
-#include "smockron/zmtp.hpp"
+#include "shared/base/net.hpp"
+#include "shared/protocol/zmtp.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>

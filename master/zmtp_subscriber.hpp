@@ -34,11 +34,11 @@
 #include <string_view>
 #include <vector>
 
-#include "smockron/clock.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/net.hpp"
-#include "smockron/zmtp_session.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/net.hpp"
+#include "shared/protocol/zmtp_session.hpp"
 
 namespace smockron::master {
 

@@ -6,7 +6,7 @@
 #include "proxy/gate/gate.hpp"
 #include "proxy/identify/identify.hpp"
 #include "proxy/request/routes.hpp"
-#include "smockron/wire.hpp"
+#include "shared/protocol/wire.hpp"
 
 using namespace smockron;
 using namespace smockron::proxy;

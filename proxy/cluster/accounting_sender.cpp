@@ -13,9 +13,9 @@
 #include <array>
 #include <cstring>
 
-#include "smockron/net.hpp"
-#include "smockron/zmtp.hpp"
-#include "smockron/zmtp_session.hpp"
+#include "shared/base/net.hpp"
+#include "shared/protocol/zmtp.hpp"
+#include "shared/protocol/zmtp_session.hpp"
 
 namespace smockron::proxy {
 

@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
-#include "smockron/config.hpp"
-#include "smockron/hash_ring.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/string_hash.hpp"
-#include "smockron/wire.hpp"
-#include "smockron/zmtp_session.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/string_hash.hpp"
+#include "shared/config/config.hpp"
+#include "shared/protocol/hash_ring.hpp"
+#include "shared/protocol/wire.hpp"
+#include "shared/protocol/zmtp_session.hpp"
 
 namespace smockron::proxy {
 

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <set>
 
-#include "smockron/log.hpp"
-#include "smockron/zmq_util.hpp"
+#include "shared/base/log.hpp"
+#include "shared/daemon/zmq_util.hpp"
 
 namespace smockron::proxy {
 

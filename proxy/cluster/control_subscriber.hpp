@@ -17,12 +17,12 @@
 
 #include "proxy/cluster/domain_registry.hpp"
 #include "proxy/gate/gate.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
-#include "smockron/string_hash.hpp"
-#include "smockron/wire.hpp"
-#include "smockron/zmq_util.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/string_hash.hpp"
+#include "shared/daemon/zmq_util.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string_view>
 
-#include "smockron/string_hash.hpp"
+#include "shared/base/string_hash.hpp"
 
 namespace smockron::proxy {
 

@@ -1,6 +1,6 @@
 // Request path normalization (see path.hpp).
 #include "proxy/codec/path.hpp"
-#include "smockron/text.hpp"
+#include "shared/base/text.hpp"
 
 namespace smockron::proxy::path {
 namespace {

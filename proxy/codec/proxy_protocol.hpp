@@ -8,7 +8,7 @@
 #include <optional>
 #include <string_view>
 
-#include "smockron/net.hpp"
+#include "shared/base/net.hpp"
 
 namespace smockron::proxy::proxy_protocol {
 

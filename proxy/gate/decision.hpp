@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "smockron/wire.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {
 

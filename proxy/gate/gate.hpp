@@ -29,7 +29,7 @@
 #include <unordered_map>
 
 #include "proxy/gate/decision.hpp"
-#include "smockron/wire.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {
 

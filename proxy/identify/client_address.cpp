@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <array>
 
-#include "smockron/text.hpp"
+#include "shared/base/text.hpp"
 
 namespace smockron::proxy {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "proxy/codec/http1.hpp"
-#include "smockron/config.hpp"
-#include "smockron/net.hpp"
+#include "shared/base/net.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

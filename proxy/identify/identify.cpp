@@ -8,8 +8,8 @@
 
 #include <algorithm>
 
-#include "smockron/text.hpp"
-#include "smockron/wire.hpp"
+#include "shared/base/text.hpp"
+#include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {
 

@@ -16,8 +16,8 @@
 #include "proxy/codec/http1.hpp"
 #include "proxy/identify/client_address.hpp"
 #include "proxy/identify/jwt.hpp"
-#include "smockron/config.hpp"
-#include "smockron/net.hpp"
+#include "shared/base/net.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

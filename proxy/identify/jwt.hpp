@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "smockron/config.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

@@ -29,7 +29,7 @@
 #include "proxy/io/asio_types.hpp"
 #include "proxy/io/drain_read.hpp"
 #include "proxy/io/link.hpp"
-#include "smockron/clock.hpp"
+#include "shared/base/clock.hpp"
 
 namespace smockron::proxy {
 

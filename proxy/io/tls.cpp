@@ -9,7 +9,7 @@
 
 #include <stdexcept>
 
-#include "smockron/net.hpp"
+#include "shared/base/net.hpp"
 
 namespace smockron::proxy {
 namespace {

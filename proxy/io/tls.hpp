@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "proxy/io/link.hpp"
-#include "smockron/config.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

@@ -12,7 +12,7 @@
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
 #include "proxy/request/upstream_pool.hpp"
-#include "smockron/clock.hpp"
+#include "shared/base/clock.hpp"
 
 namespace smockron::proxy {
 

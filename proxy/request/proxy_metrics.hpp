@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "smockron/metrics.hpp"
+#include "shared/base/metrics.hpp"
 
 namespace smockron::proxy {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "smockron/config.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

@@ -20,7 +20,7 @@
 #include "proxy/io/tls.hpp"
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
-#include "smockron/config.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

@@ -5,7 +5,7 @@
 
 #include <cerrno>
 
-#include "smockron/log.hpp"
+#include "shared/base/log.hpp"
 
 namespace smockron::proxy {
 namespace {

@@ -15,8 +15,8 @@
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/runtime.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/log.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
 
 namespace smockron::proxy {
 

@@ -22,9 +22,9 @@
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/runtime.hpp"
 #include "proxy/request/upstream_pool.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/log.hpp"
-#include "smockron/metrics.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
 
 namespace smockron::proxy {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "proxy/request/worker.hpp"
-#include "smockron/admin_server.hpp"
+#include "shared/daemon/admin_server.hpp"
 
 namespace smockron::proxy {
 

@@ -12,9 +12,9 @@
 #include "proxy/identify/identify.hpp"
 #include "proxy/io/tls.hpp"
 #include "proxy/server/server.hpp"
-#include "smockron/daemon.hpp"
-#include "smockron/log.hpp"
-#include "smockron/signals.hpp"
+#include "shared/base/log.hpp"
+#include "shared/daemon/daemon.hpp"
+#include "shared/daemon/signals.hpp"
 
 namespace asio = boost::asio;
 using namespace smockron;

@@ -19,8 +19,8 @@
 #include "proxy/request/session.hpp"
 #include "proxy/request/worker.hpp"
 #include "proxy/server/admin.hpp"
-#include "smockron/admin_server.hpp"
-#include "smockron/log.hpp"
+#include "shared/base/log.hpp"
+#include "shared/daemon/admin_server.hpp"
 
 namespace smockron::proxy {
 

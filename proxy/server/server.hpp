@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "smockron/clock.hpp"
-#include "smockron/config.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/config/config.hpp"
 
 namespace smockron::proxy {
 

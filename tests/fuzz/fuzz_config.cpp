@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "smockron/config.hpp"
+#include "shared/config/config.hpp"
 
 using namespace smockron;
 

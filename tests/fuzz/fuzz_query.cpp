@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "smockron/query.hpp"
+#include "master/query.hpp"
 
 using namespace smockron;
 

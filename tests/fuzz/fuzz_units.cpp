@@ -5,7 +5,7 @@
 #include <variant>
 
 #include "fuzz_frames.hpp"
-#include "smockron/units.hpp"
+#include "shared/base/units.hpp"
 
 using namespace smockron;
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "fuzz_frames.hpp"
-#include "smockron/wire.hpp"
+#include "shared/protocol/wire.hpp"
 
 using namespace smockron;
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "smockron/zmtp.hpp"
+#include "shared/protocol/zmtp.hpp"
 
 using namespace smockron;
 

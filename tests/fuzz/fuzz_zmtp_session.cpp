@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fuzz_frames.hpp"
-#include "smockron/zmtp_session.hpp"
+#include "shared/protocol/zmtp_session.hpp"
 
 using namespace smockron;
 

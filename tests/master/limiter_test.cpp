@@ -195,3 +195,25 @@ TEST(Limiter, RestoreFoldsStoredStateWithoutEvictingLiveState) {
   EXPECT_EQ(l.find(0, "b")->times.size(), 3u);
   EXPECT_EQ(l.dirty(), 1u);
 }
+
+TEST(Limiter, CompilesADomainAndItsOverridesWithTheDomainsAlgorithm) {
+  auto r = smockron::config::load_string(R"(
+[master.domains.api]
+algorithm = "gcra"
+rules = [ { rate = "10/s", burst = 20 } ]
+overrides = [ { identifier = "vip", rules = [ { rate = "100/s", burst = 200 }, { rate = "1000/h" } ] } ]
+)",
+                                         "test.toml");
+  ASSERT_TRUE(r.cfg);
+  const auto& d = *r.cfg->master->find_domain("api");
+  const auto base = smockron::master::compile(d, std::chrono::seconds(60));
+  EXPECT_EQ(base.algo, smockron::rules::algorithm::gcra);
+  EXPECT_EQ(base.max_future_us, 60'000'000);
+  ASSERT_EQ(base.rules.size(), 1u);
+  EXPECT_EQ(base.rules[0].interval_us, 100'000);
+  const auto vip = smockron::master::compile(d, d.overrides[0], std::chrono::seconds(60));
+  EXPECT_EQ(vip.algo, smockron::rules::algorithm::gcra);  // the domain's algorithm
+  ASSERT_EQ(vip.rules.size(), 2u);
+  EXPECT_EQ(vip.rules[0].interval_us, 10'000);
+  EXPECT_EQ(vip.rules[1].burst, 1);
+}

@@ -10,8 +10,8 @@
 
 #include "master/control_publisher.hpp"
 #include "master/service.hpp"
-#include "smockron/wire.hpp"
-#include "smockron/zmq_util.hpp"
+#include "shared/daemon/zmq_util.hpp"
+#include "shared/protocol/wire.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "master/zmtp_subscriber.hpp"
-#include "smockron/zmq_util.hpp"
+#include "shared/daemon/zmq_util.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;

@@ -18,8 +18,8 @@
 
 #include "master/zmtp_subscriber.hpp"
 #include "proxy/cluster/accounting_sender.hpp"
-#include "smockron/clock.hpp"
-#include "smockron/hash_ring.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/protocol/hash_ring.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;

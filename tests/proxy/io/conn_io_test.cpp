@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "proxy/io/conn_io.hpp"
-#include "smockron/clock.hpp"
+#include "shared/base/clock.hpp"
 
 using namespace smockron;
 using namespace smockron::proxy;

@@ -5,7 +5,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "proxy/request/admission.hpp"
-#include "smockron/clock.hpp"
+#include "shared/base/clock.hpp"
 
 using namespace smockron;
 using namespace smockron::proxy;

@@ -1,0 +1,293 @@
+// Configuration of both daemons: one TOML schema (docs/configuration.md),
+// parsed once into immutable structs and validated whole. Every
+// error carries file:line:column and the key path; unknown keys are errors.
+#pragma once
+
+#include <algorithm>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/base/net.hpp"
+#include "shared/base/units.hpp"
+
+namespace smockron::config {
+
+using std::chrono::microseconds;
+
+/// One configuration problem, located in the source.
+struct error {
+  std::string file;
+  std::uint32_t line = 0;  ///< 0 when the problem has no single location
+  std::uint32_t column = 0;
+  std::string key;  ///< dotted key path, e.g. "master.domains.api.rules[0].rate"
+  std::string message;
+};
+/// "file:line:col: key: message".
+std::string format(const error& e);
+
+struct rule_config {
+  rate r;
+  std::int64_t burst = 1;
+};
+
+/// Rules of their own for one identifier of a domain (a customer's API key
+/// with a higher limit, an internal client with none).
+struct override_config {
+  std::string identifier;  ///< as the gatekeepers send it (a hashed source: "sha256:" + 32 hex digits)
+  std::vector<rule_config> rules;
+};
+
+/// A domain's algorithm: the spec's sliding log, or GCRA (master/rules.hpp runs them).
+enum class algorithm_kind : std::uint8_t { sliding_log, gcra };
+
+struct domain_config {
+  std::string name;
+  algorithm_kind algorithm = algorithm_kind::sliding_log;
+  std::vector<rule_config> rules;
+  std::vector<override_config> overrides;
+};
+
+/// Overrides one master may list, all domains together: each is published to
+/// every gatekeeper every second, as the domains' POLICY is.
+inline constexpr std::size_t max_overrides = 10'000;
+
+enum class store_kind : std::uint8_t { memory, redis };
+
+struct master_config {
+  std::string accounting = "tcp://127.0.0.1:10004";  ///< SUB bind
+  std::string control = "tcp://127.0.0.1:10005";     ///< PUB bind
+  host_port admin{"127.0.0.1", 9105};
+  store_kind store = store_kind::memory;
+  std::string redis = "redis://127.0.0.1:6379/0";        ///< as written (for logs)
+  redis_url redis_target;                                ///< parsed `redis`
+  microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
+  std::uint64_t max_identifiers = 1'000'000;
+  microseconds max_clock_skew = std::chrono::seconds(60);
+  /// Accounting messages held while the Redis store loads at start-up (more
+  /// are dropped, counted). In normal running nothing queues in the master:
+  /// it reads straight off its connections (master/zmtp_subscriber.hpp).
+  std::int64_t startup_backlog = 1'000'000;
+  std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
+  /// Who may connect (TCP; empty: anyone): a publisher on the accounting
+  /// endpoint can get any client throttled, so list the gatekeepers' networks.
+  std::vector<cidr> accounting_allow;
+  std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
+  std::vector<cidr> control_allow;
+  /// The UDP query endpoint (the UDP rate limiter's protocol); none: off.
+  std::optional<host_port> query;
+  /// Who may send queries (empty: anyone): an over_limit records a use, so list the clients' networks.
+  std::vector<cidr> query_allow;
+  std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
+  microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
+  std::string log_level;                                        ///< empty = CLI / default
+  std::vector<domain_config> domains;                           ///< sorted by name
+
+  const domain_config* find_domain(std::string_view name) const;
+};
+
+struct identifier_source {
+  enum class kind : std::uint8_t { ip, header, cookie, query, token, jwt };
+  kind type = kind::ip;
+  std::string name;  ///< header/cookie/query name or JWT claim
+  /// The value is used, logged and sent only as "sha256:" + 32 hex digits:
+  /// credentials (API keys, session cookies) never appear in clear in logs,
+  /// accounting, Redis or /status. On by default for `token`.
+  bool hash = false;
+  friend bool operator==(const identifier_source&, const identifier_source&) = default;
+};
+/// "ip", "header:X-API-Key", "cookie:session", "query:key", "token", "jwt:sub"
+/// (`hash` as the kind's default).
+std::optional<identifier_source> parse_identifier_source(std::string_view text);
+std::string to_string(const identifier_source& s);
+
+struct upstream_config {
+  std::string name;
+  std::vector<host_port> servers;
+  microseconds fail_timeout = std::chrono::seconds(10);  ///< how long a failing server is marked down
+  std::int64_t keepalive = 64;                           ///< idle pooled connections per server address per worker
+  bool tls = false;                                      ///< HTTPS to the servers
+  std::string tls_ca;                                    ///< PEM CA bundle; empty: the system's trust store
+  bool tls_verify = true;                                ///< the server's certificate chain and name are checked
+  /// SNI and the name checked; empty: each server's own host (a name is sent
+  /// as SNI; an IP literal is checked against the certificate's IP addresses).
+  std::string tls_server_name;
+  std::string tls_client_cert, tls_client_key;  ///< PEM: a client certificate, when the servers ask for one
+};
+
+struct route_config {
+  std::string host = "*";  ///< exact, "*", or "*.suffix"
+  std::string path = "/";  ///< prefix
+  /// Empty: the route is not limited (forwarded with no gate and no accounting, counted as exempt).
+  std::string domain;
+  std::string upstream;
+  /// Status of a limit rejection (delay over max_delay): the spec's 503, or 429 as
+  /// Envoy, Traefik and Kong answer. A full queue of held requests is 503 whatever this says.
+  std::int64_t status = 503;
+  std::optional<microseconds> max_delay;  ///< overrides [proxy] max_delay for this route
+  std::optional<std::int64_t> max_held;   ///< this route's held requests at most (the global max_held still holds)
+  /// shadow: the gate decides and the would-be decision is counted, but nothing is held or rejected.
+  enum class route_mode : std::uint8_t { enforce, shadow };
+  route_mode mode = route_mode::enforce;
+  std::vector<cidr> exempt;  ///< clients (as the `ip` identifier resolves them) forwarded unlimited
+  /// RateLimit-Policy and RateLimit fields on every response of the route, not
+  /// only on rejections and delayed responses (where they always are).
+  bool ratelimit_headers = false;
+  bool explain = false;  ///< a Smockron-Decision field on responses (debugging)
+  std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
+  /// A request no source identifies: limited with every other such request of
+  /// the domain under one shared identifier ("-"; routes of one domain share it),
+  /// refused (403), or passed unlimited.
+  enum class unidentified_action : std::uint8_t { shared, reject, allow };
+  unidentified_action unidentified = unidentified_action::shared;
+};
+
+struct jwt_config {
+  std::string hs256_secret;     ///< HMAC secret; empty = none
+  std::string public_key_file;  ///< PEM RSA or EC public key (RS256 / ES256); empty = none
+  /// JSON Web Key Set (RFC 7517): RSA, EC P-256 and oct keys, chosen by `kid`;
+  /// read again on reload (SIGHUP), as the identity provider rotates keys.
+  std::string jwks_file;
+  std::string issuer;    ///< non-empty: the `iss` claim must equal it
+  std::string audience;  ///< non-empty: the `aud` claim must be or contain it
+  microseconds leeway = std::chrono::seconds(30);
+  bool verify() const { return !hs256_secret.empty() || !public_key_file.empty() || !jwks_file.empty(); }
+};
+
+struct proxy_config {
+  host_port listen{"0.0.0.0", 8080};
+  host_port admin{"127.0.0.1", 9106};
+  std::int64_t threads = 0;  ///< 0 = one per core
+  std::vector<std::string> accounting{"tcp://127.0.0.1:10004"};
+  std::vector<std::string> control{"tcp://127.0.0.1:10005"};
+  microseconds max_delay = std::chrono::seconds(5);
+  std::int64_t max_held = 10'000;
+  std::vector<cidr> trusted_proxies;
+  /// The header trusted proxies name the client in: X-Forwarded-For, or RFC 7239
+  /// Forwarded (`for=`; a Forwarded element for this hop is then added too).
+  /// Only one is believed: a client could add the other itself.
+  enum class real_ip_header_kind : std::uint8_t { x_forwarded_for, forwarded };
+  real_ip_header_kind real_ip_header = real_ip_header_kind::x_forwarded_for;
+  std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// Every client connection starts with a PROXY protocol header (v1 or v2,
+  /// as AWS NLB or HAProxy send it): the client it names is the peer.
+  bool proxy_protocol = false;
+  microseconds header_timeout = std::chrono::seconds(10);
+  microseconds body_timeout = std::chrono::seconds(60);
+  microseconds idle_timeout = std::chrono::seconds(60);
+  microseconds connect_timeout = std::chrono::seconds(2);
+  /// Upstream names are resolved again this often, and soon after a connect
+  /// fails; 0: resolved once (start-up and reload).
+  microseconds resolve_interval = std::chrono::seconds(30);
+  microseconds upstream_timeout = std::chrono::seconds(60);
+  microseconds grace_period = std::chrono::seconds(10);
+  std::uint64_t max_header_bytes = 16 * 1024;
+  std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
+  double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
+  bool access_log = false;
+  enum class access_log_format_kind : std::uint8_t { text, json };
+  access_log_format_kind access_log_format = access_log_format_kind::text;
+  std::string access_log_path;  ///< empty: stdout; a file is reopened on SIGUSR1 (log rotation)
+  /// `ip` identifiers of IPv6 clients: the /N network (one client commonly owns a /64).
+  std::int64_t ipv6_prefix = 64;
+  /// Paths are normalized before route matching (RFC 3986 6.2.2: unreserved
+  /// escapes decoded, dot-segments removed) and forwarded normalized.
+  bool normalize_path = true;
+  bool merge_slashes = true;  ///< "//" counts as "/" (with normalize_path)
+  /// %2F and %5C in a path (with normalize_path): refused with 400, kept encoded, or decoded.
+  enum class escaped_slashes_action : std::uint8_t { reject, keep, unescape };
+  escaped_slashes_action escaped_slashes = escaped_slashes_action::reject;
+  /// Segment parameters (";x" in "/api;x/a"): routes always match the path
+  /// without them; this chooses what is forwarded: the path as sent, the
+  /// path without them, or nothing (400).
+  enum class path_parameters_action : std::uint8_t { keep, strip, reject };
+  path_parameters_action path_parameters = path_parameters_action::keep;
+  /// Refuse (503, Retry-After 1) requests of a route whose domain no master
+  /// covers (no POLICY for it within wire::policy_fresh_ms) instead of passing them.
+  bool fail_closed = false;
+  std::int64_t accounting_hwm = 100'000;  ///< accounting messages queued per master per worker at most (0 = unbounded)
+  /// ACCEPTED and REJECTED accounting is sent in batches at most this old
+  /// (or of 256 messages); DELAYED goes at once. Longer = fewer wake-ups of
+  /// the master, later reaction to a new client's burst.
+  microseconds accounting_flush = std::chrono::milliseconds(2);
+  std::int64_t max_control_entries = 1'000'000;  ///< control memory bound; beyond it updates are dropped (fail-open)
+  microseconds control_fresh = std::chrono::seconds(2);  ///< local pacing needs a master update this recent
+  jwt_config jwt;
+  /// TLS on the listener when both are set: the certificate chain and its key (PEM).
+  std::string tls_cert, tls_key;
+  /// More certificates: each is chosen when a client's SNI names one of its
+  /// names (subject alternative names, wildcards included); tls_cert otherwise.
+  struct tls_certificate {
+    std::string cert, key;
+  };
+  std::vector<tls_certificate> tls_sni;
+  /// Clients may resume a TLS session (tickets, and a session cache for
+  /// TLS 1.2 session ids) instead of a full handshake.
+  bool tls_session_resumption = true;
+  bool tls() const { return !tls_cert.empty(); }
+  std::string log_level;
+  std::vector<upstream_config> upstreams;
+  std::vector<route_config> routes;
+  /// A domain split across masters by identifier: each accounting message of
+  /// `domain` goes only to the share that owns its identifier (consistent
+  /// hashing); a share is one master, or several redundant ones. Every
+  /// endpoint is one of `accounting`.
+  struct shard_config {
+    std::string domain;
+    std::vector<std::vector<std::string>> shares;
+    bool operator==(const shard_config&) const = default;
+  };
+  std::vector<shard_config> shards;
+
+  const upstream_config* find_upstream(std::string_view name) const;
+};
+
+struct config {
+  std::string source;  ///< file the config came from ("<defaults>" when none)
+  std::optional<master_config> master;
+  std::optional<proxy_config> proxy;
+};
+
+struct load_result {
+  std::optional<config> cfg;  ///< set only when there are no errors
+  std::vector<error> errors;
+};
+
+/// Parses and validates a file.
+load_result load_file(const std::string& path);
+/// Parses and validates TOML text; `source_name` is used in error locations.
+load_result load_string(std::string_view text, const std::string& source_name);
+
+/// Settings a reload cannot change (sockets, threads, stores): both daemons
+/// keep their running values in the new configuration and name the keys
+/// that differed, for the log. `keep(&Config::member, "key")` for each.
+template <class Config>
+class restart_only {
+public:
+  restart_only(const Config& running, Config& next) : running_(running), next_(next) {}
+  template <class Member>
+  restart_only& keep(Member Config::*member, std::string_view key) {
+    if (next_.*member == running_.*member) return *this;
+    next_.*member = running_.*member;
+    if (std::find(changed_.begin(), changed_.end(), key) == changed_.end()) changed_.push_back(key);
+    return *this;
+  }
+  /// The keys whose new values wait for a restart ("listen, threads"); empty: none.
+  std::string changed() const {
+    std::string out;
+    for (const auto key : changed_) out.append(out.empty() ? "" : ", ").append(key);
+    return out;
+  }
+
+private:
+  const Config& running_;
+  Config& next_;
+  std::vector<std::string_view> changed_;
+};
+
+}  // namespace smockron::config

@@ -1,0 +1,180 @@
+// The [master] table: endpoints, store, domains with their rules and
+// per-identifier overrides, and what the rules compile to.
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "shared/config/config.hpp"
+#include "shared/config/config_reader.hpp"
+#include "shared/protocol/wire.hpp"
+
+namespace smockron::config {
+namespace {
+
+using detail::check_accounting_endpoint;
+using detail::check_domain_name;
+using detail::check_log_level;
+using detail::check_zmq_endpoint;
+using detail::each_table;
+using detail::reader;
+using detail::sink;
+using detail::type_name;
+
+void read_rule(const toml::node& n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+  const auto* t = n.as_table();
+  if (!t) {
+    s.add(n, path, "expected a table { rate = \"10/s\", burst = 20 }, got " + std::string(type_name(n)));
+    return;
+  }
+  reader r(*t, path, s);
+  rule_config rule;
+  if (auto* rate_node = r.typed<toml::value<std::string>>("rate", "a rate string such as \"10/s\"")) {
+    auto parsed = parse_rate(rate_node->get());
+    if (auto* err = std::get_if<std::string>(&parsed)) s.add(*rate_node, r.key("rate"), *err);
+    else rule.r = std::get<rate>(parsed);
+  } else if (!t->contains("rate")) {
+    s.add(n, r.key("rate"), "missing (every rule needs a rate)");
+  }
+  r.integer("burst", rule.burst, 1, 1'000'000);
+  if (rule.r.count > 0) out.push_back(rule);
+}
+
+// A `rules` array (a domain's, or an override's): `n` is the node, if any.
+void read_rules(const toml::node* n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+  if (!n) return;
+  if (const auto* arr = n->as_array()) {
+    for (std::size_t i = 0; i < arr->size(); ++i) read_rule((*arr)[i], path + "[" + std::to_string(i) + "]", s, out);
+  } else {
+    s.add(*n, path, "expected an array of rules, got " + std::string(type_name(*n)));
+  }
+}
+
+void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
+  const toml::node* n = r.get("overrides");
+  if (!n) return;
+  std::set<std::string, std::less<>> seen;
+  each_table(*n, r.key("overrides"), s, "{ identifier = \"...\", rules = [...] }",
+             [&](const toml::node& item, reader& orr) {
+               override_config oc;
+               if (auto* id = orr.typed<toml::value<std::string>>("identifier", "a string")) {
+                 oc.identifier = id->get();
+                 if (oc.identifier.empty()) s.add(*id, orr.key("identifier"), "must not be empty");
+                 else if (oc.identifier.size() > wire::max_identifier_bytes) {
+                   s.add(*id, orr.key("identifier"), "longer than 1024 bytes (no gatekeeper sends such an identifier)");
+                 } else if (!seen.insert(oc.identifier).second) {
+                   s.add(*id, orr.key("identifier"), "\"" + oc.identifier + "\" has another override in this domain");
+                 }
+               } else if (!orr.table().contains("identifier")) {
+                 s.add(item, orr.key("identifier"), "missing (every override names the identifier it is for)");
+               }
+               if (const toml::node* rules = orr.get("rules")) read_rules(rules, orr.key("rules"), s, oc.rules);
+               else s.add(item, orr.key("rules"), "missing (rules = [] for no limit)");
+               out.push_back(std::move(oc));
+             });
+}
+
+void read_domain(std::string_view name, const toml::node& n, const std::string& path, sink& s,
+                 std::vector<domain_config>& out) {
+  domain_config d;
+  d.name = std::string(name);
+  if (auto msg = check_domain_name(name); !msg.empty()) s.add(n, path, msg);
+  const auto* t = n.as_table();
+  if (!t) {
+    s.add(n, path, "expected a table, got " + std::string(type_name(n)));
+    return;
+  }
+  reader r(*t, path, s);
+  std::string algo = "sliding-log";
+  if (auto* a = r.typed<toml::value<std::string>>("algorithm", "a string")) {
+    algo = a->get();
+    if (algo == "sliding-log") d.algorithm = algorithm_kind::sliding_log;
+    else if (algo == "gcra") d.algorithm = algorithm_kind::gcra;
+    else s.add(*a, r.key("algorithm"), "unknown algorithm \"" + algo + "\" (use \"sliding-log\" or \"gcra\")");
+  }
+  read_rules(r.get("rules"), r.key("rules"), s, d.rules);
+  read_overrides(r, s, d.overrides);
+  out.push_back(std::move(d));
+}
+
+}  // namespace
+
+master_config detail::read_master(const toml::table& t, sink& s) {
+  master_config m;
+  reader r(t, "master", s);
+  if (auto* e = r.typed<toml::value<std::string>>("accounting", "a ZeroMQ endpoint string")) {
+    if (auto msg = check_accounting_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
+    else m.accounting = e->get();
+  }
+  if (auto* e = r.typed<toml::value<std::string>>("control", "a ZeroMQ endpoint string")) {
+    if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.control", msg);
+    else m.control = e->get();
+  }
+  r.bind_address("admin", m.admin);
+  if (r.table().contains("query")) {
+    host_port q{"127.0.0.1", 10006};
+    r.bind_address("query", q);
+    m.query = q;
+  }
+  r.cidr_list("query_allow", m.query_allow);
+  if (!m.query && !m.query_allow.empty()) {
+    s.add(*r.table().get("query_allow"), "master.query_allow", "has no effect without query");
+  }
+  r.cidr_list("accounting_allow", m.accounting_allow);
+  r.cidr_list("admin_allow", m.admin_allow);
+  r.cidr_list("control_allow", m.control_allow);
+  r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
+  if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
+    if (auto u = parse_redis_url(rd->get())) {
+      m.redis = rd->get();
+      m.redis_target = std::move(*u);
+    } else {
+      s.add(*rd, "master.redis",
+            "expected redis://[:password@]host[:port][/db] or "
+            "redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db], got \"" +
+                rd->get() + "\"");
+    }
+  }
+  r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));
+  r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
+  r.duration("max_clock_skew", m.max_clock_skew);
+  r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);
+  r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);
+  r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
+  r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));
+  r.string("log_level", m.log_level);
+  check_log_level(r, m.log_level);
+  if (const toml::node* domains = r.get("domains")) {
+    if (const auto* dt = domains->as_table()) {
+      for (auto&& [k, v] : *dt) read_domain(k.str(), v, "master.domains." + std::string(k.str()), s, m.domains);
+    } else {
+      s.add(*domains, "master.domains", "expected a table of domains, got " + std::string(type_name(*domains)));
+    }
+  }
+  std::sort(m.domains.begin(), m.domains.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (m.store != store_kind::redis) {
+    for (const char* k : {"redis", "redis_timeout", "startup_backlog"}) {
+      if (const toml::node* n = r.table().get(k))
+        s.add(*n, std::string("master.") + k, "has no effect unless store = \"redis\"");
+    }
+  }
+  std::size_t overrides = 0;
+  for (const auto& d : m.domains) overrides += d.overrides.size();
+  if (overrides > max_overrides) {
+    s.add(t, "master.domains",
+          std::to_string(overrides) + " overrides; at most " + std::to_string(max_overrides) +
+              " (each is published to every gatekeeper every second)");
+  }
+  return m;
+}
+
+const domain_config* master_config::find_domain(std::string_view name) const {
+  auto it = std::lower_bound(domains.begin(), domains.end(), name,
+                             [](const domain_config& d, std::string_view n) { return d.name < n; });
+  return it != domains.end() && it->name == name ? &*it : nullptr;
+}
+
+}  // namespace smockron::config

@@ -1,0 +1,68 @@
+// Checks both daemons' configuration schemas use (config_reader.hpp).
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "shared/config/config.hpp"
+#include "shared/config/config_reader.hpp"
+#include "shared/protocol/wire.hpp"
+
+namespace smockron::config::detail {
+
+// The level both daemons accept (checked here so that --check finds a bad one).
+void check_log_level(reader& r, const std::string& level) {
+  static constexpr std::array<std::string_view, 7> levels{"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (level.empty() || std::find(levels.begin(), levels.end(), level) != levels.end()) return;
+  r.errors().add(*r.table().get("log_level"), r.key("log_level"),
+                 "unknown level \"" + level + "\" (use trace, debug, info, warn, error, critical or off)");
+}
+
+std::string check_zmq_endpoint(std::string_view e) {
+  for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {
+    if (e.starts_with(scheme) && e.size() > scheme.size()) return {};
+  }
+  return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port, ipc://path or inproc://name)";
+}
+
+// Accounting travels on the project's own ZMTP code (shared/zmtp_session):
+// a stream socket, so in-process ZeroMQ endpoints cannot carry it.
+std::string check_accounting_endpoint(std::string_view e) {
+  if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
+  if (parse_stream_endpoint(e)) return {};
+  if (e.starts_with("ipc://") && e.size() - 6 > 107)
+    return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";
+  return "invalid endpoint \"" + std::string(e) + "\" (expected tcp://host:port or ipc://path)";
+}
+
+std::string check_domain_name(std::string_view name) {
+  if (name.empty()) return "domain name must not be empty";
+  if (name.size() > 255) return "domain name longer than 255 bytes";
+  if (name.find('\0') != std::string_view::npos) return "domain name must not contain \\0";
+  return {};
+}
+
+// Two keys that go together (a certificate and its key): both or neither.
+void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value) {
+  if (a_value.empty() == b_value.empty()) return;
+  const char* set = a_value.empty() ? b : a;
+  const char* missing = a_value.empty() ? a : b;
+  r.errors().add(*r.table().get(set), r.key(set), std::string("needs ") + missing + " too");
+}
+
+// Files the keys name exist and can be read (whether they parse is checked
+// where they are used: the proxy's --check loads them).
+void check_readable(reader& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    const toml::node* n = r.table().get(key);
+    const auto* v = n ? n->as_string() : nullptr;
+    if (v && !v->get().empty() && !std::ifstream(v->get())) {
+      r.errors().add(*n, r.key(key), "cannot read \"" + v->get() + "\"");
+    }
+  }
+}
+
+}  // namespace smockron::config::detail

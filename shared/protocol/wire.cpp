@@ -1,0 +1,241 @@
+// Wire codec (see wire.hpp): strict decoding and allocation-free encoding.
+#include "shared/protocol/wire.hpp"
+
+#include <charconv>
+
+namespace smockron::wire {
+namespace {
+
+constexpr std::string_view k_accepted = "ACCEPTED";
+constexpr std::string_view k_delayed = "DELAYED";
+constexpr std::string_view k_rejected = "REJECTED";
+constexpr std::string_view k_delay_until = "DELAY_UNTIL";
+
+// Domain frame: name followed by exactly one trailing "\0".
+result<std::string_view> decode_domain(std::string_view frame) {
+  if (frame.size() > max_domain_bytes + 1) return decode_error::frame_too_large;
+  if (frame.empty() || frame.back() != '\0') return decode_error::domain_not_terminated;
+  const std::string_view name = frame.substr(0, frame.size() - 1);
+  if (name.empty()) return decode_error::domain_empty;
+  if (name.find('\0') != std::string_view::npos) return decode_error::domain_contains_null;
+  return name;
+}
+
+result<std::string_view> decode_identifier(std::string_view frame) {
+  if (frame.size() > max_identifier_bytes) return decode_error::frame_too_large;
+  if (frame.empty()) return decode_error::identifier_empty;
+  return frame;
+}
+
+std::string_view write_number(std::int64_t v, std::array<char, 20>& out) {
+  auto [ptr, ec] = std::to_chars(out.data(), out.data() + out.size(), v);
+  (void)ec;  // 20 chars always hold an int64
+  return {out.data(), static_cast<std::size_t>(ptr - out.data())};
+}
+
+std::optional<std::string_view> write_domain(std::string_view domain, scratch& s) {
+  if (domain.empty() || domain.size() > max_domain_bytes || domain.find('\0') != std::string_view::npos) {
+    return std::nullopt;
+  }
+  domain.copy(s.domain.data(), domain.size());
+  s.domain[domain.size()] = '\0';
+  return std::string_view(s.domain.data(), domain.size() + 1);
+}
+
+bool valid_timestamp(std::int64_t v) { return v >= 0 && v <= max_timestamp_ms; }
+
+}  // namespace
+
+std::string_view to_string(status s) {
+  switch (s) {
+    case status::accepted: return k_accepted;
+    case status::delayed: return k_delayed;
+    case status::rejected: return k_rejected;
+  }
+  return "UNKNOWN";
+}
+
+std::string_view to_string(decode_error e) {
+  switch (e) {
+    case decode_error::frame_count: return "frame_count";
+    case decode_error::frame_too_large: return "frame_too_large";
+    case decode_error::domain_not_terminated: return "domain_not_terminated";
+    case decode_error::domain_empty: return "domain_empty";
+    case decode_error::domain_contains_null: return "domain_contains_null";
+    case decode_error::identifier_empty: return "identifier_empty";
+    case decode_error::unknown_status: return "unknown_status";
+    case decode_error::unknown_command: return "unknown_command";
+    case decode_error::timestamp_empty: return "timestamp_empty";
+    case decode_error::timestamp_not_numeric: return "timestamp_not_numeric";
+    case decode_error::timestamp_out_of_range: return "timestamp_out_of_range";
+    case decode_error::delayed_missing: return "delayed_missing";
+    case decode_error::delayed_unexpected: return "delayed_unexpected";
+    case decode_error::interval_invalid: return "interval_invalid";
+    case decode_error::policy_invalid: return "policy_invalid";
+  }
+  return "unknown";
+}
+
+result<std::int64_t> parse_timestamp(std::string_view frame) {
+  if (frame.empty()) return decode_error::timestamp_empty;
+  for (char c : frame) {
+    if (c < '0' || c > '9') return decode_error::timestamp_not_numeric;
+  }
+  if (frame.size() > max_number_digits) return decode_error::timestamp_out_of_range;
+  std::int64_t v = 0;
+  std::from_chars(frame.data(), frame.data() + frame.size(), v);  // digits only, fits: checked above
+  if (!valid_timestamp(v)) return decode_error::timestamp_out_of_range;
+  return v;
+}
+
+result<accounting> decode_accounting(frames f) {
+  if (f.size() != 5 && f.size() != 6) return decode_error::frame_count;
+  accounting m;
+  auto domain = decode_domain(f[0]);
+  if (!domain) return domain.error();
+  m.domain = domain.value();
+
+  if (f[1] == k_accepted) m.state = status::accepted;
+  else if (f[1] == k_delayed) m.state = status::delayed;
+  else if (f[1] == k_rejected) m.state = status::rejected;
+  else return decode_error::unknown_status;
+
+  auto id = decode_identifier(f[2]);
+  if (!id) return id.error();
+  m.identifier = id.value();
+
+  auto received = parse_timestamp(f[3]);
+  if (!received) return received.error();
+  m.received_ms = received.value();
+
+  if (m.state == status::delayed) {
+    if (f[4].empty()) return decode_error::delayed_missing;
+    auto delayed = parse_timestamp(f[4]);
+    if (!delayed) return delayed.error();
+    m.delayed_ms = delayed.value();
+  } else if (!f[4].empty()) {
+    return decode_error::delayed_unexpected;
+  }
+
+  if (f.size() == 6) {
+    if (f[5].size() > max_loginfo_bytes) return decode_error::frame_too_large;
+    m.loginfo = f[5];
+  }
+  return m;
+}
+
+result<delay_until> decode_delay_until(frames f) {
+  if (f.size() < 3) return decode_error::frame_count;
+  delay_until m;
+  auto domain = decode_domain(f[0]);
+  if (!domain) return domain.error();
+  m.domain = domain.value();
+  if (f[1] != k_delay_until) return decode_error::unknown_command;
+  if (f.size() != 4 && f.size() != 5) return decode_error::frame_count;
+  auto id = decode_identifier(f[2]);
+  if (!id) return id.error();
+  m.identifier = id.value();
+  auto next = parse_timestamp(f[3]);
+  if (!next) return next.error();
+  m.next_ms = next.value();
+  if (f.size() == 5) {
+    auto interval = parse_timestamp(f[4]);
+    if (!interval || interval.value() <= 0) return decode_error::interval_invalid;
+    m.interval_ms = interval.value();
+  }
+  return m;
+}
+
+result<policy> decode_policy(frames f) {
+  if (f.size() < 2) return decode_error::frame_count;
+  policy m;
+  auto domain = decode_domain(f[0]);
+  if (!domain) return domain.error();
+  m.domain = domain.value();
+  if (f[1] != policy_command) return decode_error::unknown_command;
+  if (f.size() != 4) return decode_error::frame_count;
+  if (f[2].size() > max_identifier_bytes) return decode_error::frame_too_large;
+  m.identifier = f[2];
+  std::string_view rest = f[3];
+  if (rest.empty()) return m;  // the domain is owned and has no rules
+  while (true) {
+    const std::size_t end = rest.find(' ');
+    const std::string_view token = rest.substr(0, end);
+    const std::size_t slash = token.find('/');
+    if (m.count == max_policy_rules || slash == std::string_view::npos) return decode_error::policy_invalid;
+    auto interval = parse_timestamp(token.substr(0, slash));
+    auto burst = parse_timestamp(token.substr(slash + 1));
+    if (!interval || !burst || interval.value() < 1 || burst.value() < 1 || burst.value() > max_policy_burst ||
+        interval.value() > max_policy_span_us / burst.value()) {
+      return decode_error::policy_invalid;
+    }
+    m.rules[m.count++] = {interval.value(), burst.value()};
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return m;
+}
+
+std::optional<encoded> encode(const accounting& m, scratch& s) {
+  auto domain = write_domain(m.domain, s);
+  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes ||
+      m.loginfo.size() > max_loginfo_bytes || !valid_timestamp(m.received_ms)) {
+    return std::nullopt;
+  }
+  encoded e;
+  e.frame[0] = *domain;
+  e.frame[1] = to_string(m.state);
+  e.frame[2] = m.identifier;
+  e.frame[3] = write_number(m.received_ms, s.number_a);
+  if (m.state == status::delayed) {
+    if (!valid_timestamp(m.delayed_ms)) return std::nullopt;
+    e.frame[4] = write_number(m.delayed_ms, s.number_b);
+  } else {
+    e.frame[4] = std::string_view{};
+  }
+  e.count = 5;
+  if (!m.loginfo.empty()) e.frame[e.count++] = m.loginfo;
+  return e;
+}
+
+std::optional<encoded> encode(const delay_until& m, scratch& s) {
+  auto domain = write_domain(m.domain, s);
+  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || !valid_timestamp(m.next_ms) ||
+      m.interval_ms < 0 || m.interval_ms > max_timestamp_ms) {
+    return std::nullopt;
+  }
+  encoded e;
+  e.frame[0] = *domain;
+  e.frame[1] = k_delay_until;
+  e.frame[2] = m.identifier;
+  e.frame[3] = write_number(m.next_ms, s.number_a);
+  e.count = 4;
+  if (m.interval_ms > 0) e.frame[e.count++] = write_number(m.interval_ms, s.number_b);
+  return e;
+}
+
+std::optional<encoded> encode(const policy& m, scratch& s) {
+  auto domain = write_domain(m.domain, s);
+  if (!domain || m.count > max_policy_rules || m.identifier.size() > max_identifier_bytes) return std::nullopt;
+  char* out = s.text.data();
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const policy::rule& r = m.rules[i];
+    if (r.interval_us < 1 || r.burst < 1 || r.burst > max_policy_burst ||
+        r.interval_us > max_policy_span_us / r.burst) {
+      return std::nullopt;
+    }
+    if (i) *out++ = ' ';
+    out = std::to_chars(out, s.text.data() + s.text.size(), r.interval_us).ptr;
+    *out++ = '/';
+    out = std::to_chars(out, s.text.data() + s.text.size(), r.burst).ptr;  // 4 x (19 + 1 + 7 + 1) fits
+  }
+  encoded e;
+  e.frame[0] = *domain;
+  e.frame[1] = policy_command;
+  e.frame[2] = m.identifier;
+  e.frame[3] = std::string_view(s.text.data(), static_cast<std::size_t>(out - s.text.data()));
+  e.count = 4;
+  return e;
+}
+
+}  // namespace smockron::wire

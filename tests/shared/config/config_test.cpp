@@ -1,0 +1,677 @@
+// Configuration: the full schema, defaults, and every error path with its
+// key path and line:column.
+#include "shared/config/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "smockron/embedded_config.hpp"
+
+using namespace smockron;
+using namespace smockron::config;
+using namespace std::chrono;
+
+namespace {
+load_result load(const std::string& text) { return load_string(text, "test.toml"); }
+
+// The single error of a config, formatted.
+std::string one_error(const std::string& text) {
+  auto r = load(text);
+  EXPECT_FALSE(r.cfg);
+  EXPECT_EQ(r.errors.size(), 1u);
+  std::string all;
+  for (const auto& e : r.errors) all += format(e) + "\n";
+  return r.errors.size() == 1 ? format(r.errors[0]) : all;
+}
+}  // namespace
+
+TEST(Config, FullSchemaParses) {
+  auto r = load(R"(
+[master]
+accounting = "tcp://127.0.0.1:20004"
+control    = "tcp://127.0.0.1:20005"
+admin      = "127.0.0.1:9205"
+store      = "redis"
+redis      = "redis://127.0.0.1:6380/1"
+redis_timeout = "250ms"
+max_identifiers = 5000
+max_clock_skew = "10s"
+startup_backlog = 0
+max_accounting_peers = 64
+sweep_interval = "50ms"
+log_level = "debug"
+
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 20 }, { rate = "1000/h", burst = 100 } ]
+algorithm = "gcra"
+
+[master.domains.login]
+rules = [ { rate = "5/min" } ]
+
+[proxy]
+listen = "0.0.0.0:8081"
+admin = "127.0.0.1:9206"
+threads = 2
+accounting = ["tcp://10.0.0.1:10004", "tcp://10.0.0.2:10004"]
+control = "tcp://10.0.0.1:10005"
+max_delay = "2s"
+max_held = 50
+trusted_proxies = ["10.0.0.0/8", "::1"]
+header_timeout = "5s"
+body_timeout = "30s"
+idle_timeout = "30s"
+connect_timeout = "1s"
+upstream_timeout = "20s"
+grace_period = "3s"
+max_header_bytes = "8KiB"
+max_body_bytes = "1GiB"
+rejected_sample = 0.25
+accounting_flush = "5ms"
+access_log = true
+fail_closed = false
+ipv6_prefix = 56
+normalize_path = true
+merge_slashes = false
+escaped_slashes = "unescape"
+path_parameters = "strip"
+real_ip_header = "Forwarded"
+proxy_protocol = true
+max_control_entries = 5000
+control_fresh = "750ms"
+
+[proxy.jwt]
+hs256_secret = "s3cret"
+issuer = "https://idp.example"
+audience = "orders"
+leeway = "5s"
+
+[proxy.upstreams.app]
+servers = ["127.0.0.1:9000", "127.0.0.1:9001"]
+fail_timeout = "5s"
+keepalive = 16
+
+[[proxy.routes]]
+host = "*.example.com"
+path = "/api/"
+domain = "api"
+upstream = "app"
+identify = ["header:X-API-Key", "jwt:sub", "ip"]
+unidentified = "reject"
+
+[[proxy.routes]]
+domain = "login"
+upstream = "app"
+)");
+  for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+  ASSERT_TRUE(r.cfg);
+  const auto& m = *r.cfg->master;
+  EXPECT_EQ(m.accounting, "tcp://127.0.0.1:20004");
+  EXPECT_EQ(m.admin, (host_port{"127.0.0.1", 9205}));
+  EXPECT_EQ(m.store, store_kind::redis);
+  EXPECT_EQ(m.redis_target.address, (host_port{"127.0.0.1", 6380}));
+  EXPECT_EQ(m.redis_target.db, 1);
+  EXPECT_EQ(m.redis_timeout, milliseconds(250));
+  EXPECT_EQ(m.max_identifiers, 5000u);
+  EXPECT_EQ(m.max_clock_skew, seconds(10));
+  EXPECT_EQ(m.startup_backlog, 0);
+  EXPECT_EQ(m.max_accounting_peers, 64u);
+  EXPECT_EQ(m.sweep_interval, milliseconds(50));
+  ASSERT_EQ(m.domains.size(), 2u);
+  const auto* api = m.find_domain("api");
+  ASSERT_TRUE(api);
+  EXPECT_EQ(api->algorithm, config::algorithm_kind::gcra);
+  ASSERT_EQ(api->rules.size(), 2u);
+  EXPECT_EQ(api->rules[0].r, (rate{10, seconds(1)}));
+  EXPECT_EQ(api->rules[0].burst, 20);
+  EXPECT_EQ(api->rules[1].r, (rate{1000, hours(1)}));
+  EXPECT_EQ(m.find_domain("login")->rules[0].burst, 1);  // default burst
+  EXPECT_EQ(m.find_domain("login")->algorithm, config::algorithm_kind::sliding_log);
+  EXPECT_EQ(api->rules[0].r.interval_us(), 100'000);
+  EXPECT_EQ(m.max_clock_skew, seconds(10));
+
+  const auto& p = *r.cfg->proxy;
+  EXPECT_EQ(p.listen, (host_port{"0.0.0.0", 8081}));
+  EXPECT_EQ(p.threads, 2);
+  EXPECT_EQ(p.accounting.size(), 2u);
+  ASSERT_EQ(p.control.size(), 1u);  // a single string is a one-element list
+  EXPECT_EQ(p.max_delay, seconds(2));
+  EXPECT_EQ(p.max_held, 50);
+  ASSERT_EQ(p.trusted_proxies.size(), 2u);
+  EXPECT_TRUE(p.trusted_proxies[0].contains(*parse_ip("10.1.2.3")));
+  EXPECT_EQ(p.header_timeout, seconds(5));
+  EXPECT_EQ(p.body_timeout, seconds(30));
+  EXPECT_EQ(p.grace_period, seconds(3));
+  EXPECT_EQ(p.max_header_bytes, 8u * 1024);
+  EXPECT_EQ(p.max_body_bytes, 1024ull * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(p.rejected_sample, 0.25);
+  EXPECT_EQ(p.accounting_flush, milliseconds(5));
+  EXPECT_TRUE(p.access_log);
+  EXPECT_EQ(p.ipv6_prefix, 56);
+  EXPECT_TRUE(p.normalize_path);
+  EXPECT_FALSE(p.merge_slashes);
+  EXPECT_EQ(p.escaped_slashes, config::proxy_config::escaped_slashes_action::unescape);
+  EXPECT_EQ(p.path_parameters, config::proxy_config::path_parameters_action::strip);
+  EXPECT_EQ(p.real_ip_header, config::proxy_config::real_ip_header_kind::forwarded);
+  EXPECT_TRUE(p.proxy_protocol);
+  EXPECT_EQ(p.max_control_entries, 5000);
+  EXPECT_EQ(p.control_fresh, milliseconds(750));
+  EXPECT_EQ(p.jwt.hs256_secret, "s3cret");
+  EXPECT_TRUE(p.jwt.verify());
+  EXPECT_EQ(p.jwt.leeway, seconds(5));
+  EXPECT_EQ(p.jwt.issuer, "https://idp.example");
+  EXPECT_EQ(p.jwt.audience, "orders");
+  ASSERT_EQ(p.upstreams.size(), 1u);
+  EXPECT_EQ(p.upstreams[0].servers.size(), 2u);
+  EXPECT_EQ(p.upstreams[0].fail_timeout, seconds(5));
+  EXPECT_EQ(p.upstreams[0].keepalive, 16);
+  ASSERT_EQ(p.routes.size(), 2u);
+  EXPECT_EQ(p.routes[0].host, "*.example.com");
+  EXPECT_EQ(p.routes[0].path, "/api/");
+  ASSERT_EQ(p.routes[0].identify.size(), 3u);
+  EXPECT_EQ(p.routes[0].unidentified, config::route_config::unidentified_action::reject);
+  EXPECT_EQ(p.routes[0].identify[0], (identifier_source{identifier_source::kind::header, "X-API-Key"}));
+  EXPECT_EQ(p.routes[0].identify[1], (identifier_source{identifier_source::kind::jwt, "sub"}));
+  EXPECT_EQ(p.routes[1].host, "*");
+  EXPECT_EQ(p.routes[1].path, "/");
+  ASSERT_EQ(p.routes[1].identify.size(), 1u);  // default: ip
+  EXPECT_EQ(p.routes[1].identify[0].type, identifier_source::kind::ip);
+}
+
+TEST(Config, DefaultsWhenTablesAreEmpty) {
+  auto r = load("[master]\n[proxy]\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->master->accounting, "tcp://127.0.0.1:10004");
+  EXPECT_EQ(r.cfg->master->control, "tcp://127.0.0.1:10005");
+  EXPECT_EQ(r.cfg->master->admin, (host_port{"127.0.0.1", 9105}));
+  EXPECT_EQ(r.cfg->master->store, store_kind::memory);
+  EXPECT_EQ(r.cfg->master->max_identifiers, 1'000'000u);
+  EXPECT_EQ(r.cfg->proxy->listen, (host_port{"0.0.0.0", 8080}));
+  EXPECT_EQ(r.cfg->proxy->max_delay, seconds(5));
+  EXPECT_EQ(r.cfg->proxy->max_held, 10'000);
+  EXPECT_EQ(r.cfg->proxy->header_timeout, seconds(10));
+  EXPECT_EQ(r.cfg->proxy->idle_timeout, seconds(60));
+  EXPECT_EQ(r.cfg->proxy->connect_timeout, seconds(2));
+  EXPECT_EQ(r.cfg->proxy->upstream_timeout, seconds(60));
+  EXPECT_EQ(r.cfg->proxy->max_header_bytes, 16u * 1024);
+  EXPECT_FALSE(load("").cfg->master);
+}
+
+TEST(Config, EmbeddedDefaultsAndShippedConfigAreValid) {
+  auto r = load_string(embedded_config, "<embedded>");
+  for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_TRUE(r.cfg->master);
+  EXPECT_TRUE(r.cfg->proxy);
+}
+
+TEST(Config, SyntaxErrorHasLineAndColumn) {
+  const auto e = one_error("[master]\nstore = \n");
+  EXPECT_EQ(e.rfind("test.toml:2:", 0), 0u) << e;
+}
+
+TEST(Config, UnknownKeysAreErrorsEverywhere) {
+  EXPECT_EQ(one_error("[mastr]\n"), "test.toml:1:2: mastr: unknown key (check the spelling; unknown keys are errors)");
+  EXPECT_EQ(one_error("[master]\nadmn = \"x\"\n"),
+            "test.toml:2:1: master.admn: unknown key (check the spelling; unknown keys are errors)");
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", brust = 2 }]\n")
+                .find("master.domains.a.rules[0].brust: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrule = []\n").find("master.domains.a.rule: unknown key"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlisten_port = 1\n").find("proxy.listen_port: unknown key"), std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\nsecret = \"x\"\n").find("proxy.jwt.secret: unknown key"), std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy.upstreams.u]\nservers=[\"h:1\"]\nweight=2\n").find("proxy.upstreams.u.weight: unknown key"),
+      std::string::npos);
+  EXPECT_NE(
+      one_error(
+          "[proxy.upstreams.u]\nservers=[\"h:1\"]\n[[proxy.routes]]\ndomain=\"d\"\nupstream=\"u\"\nprefix=\"/\"\n")
+          .find("proxy.routes[0].prefix: unknown key"),
+      std::string::npos);
+}
+
+TEST(Config, MasterValueErrors) {
+  EXPECT_EQ(one_error("[master]\nstore = \"disk\"\n"),
+            "test.toml:2:9: master.store: unknown store \"disk\" (use \"memory\" or \"redis\")");
+  EXPECT_NE(one_error("[master]\naccounting = \"10004\"\n").find("master.accounting: invalid endpoint"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\nescaped_slashes = \"decode\"\n").find("proxy.escaped_slashes: unknown action \"decode\""),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\npath_parameters = \"drop\"\n")
+                .find("proxy.path_parameters: unknown action \"drop\" (use \"keep\", \"strip\" or \"reject\")"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/8\"]\nreal_ip_header = \"X-Real-IP\"\n")
+                .find("proxy.real_ip_header: unknown header \"X-Real-IP\" (use \"X-Forwarded-For\" or \"Forwarded\")"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n")
+                .find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[master]\nmax_accounting_peers = 0\n").find("master.max_accounting_peers: must be between 1 and"),
+      std::string::npos);
+  EXPECT_NE(one_error("[master]\ncontrol = 10005\n")
+                .find("master.control: expected a ZeroMQ endpoint string, got an integer"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nadmin = \"localhost\"\n").find("master.admin: invalid address"), std::string::npos);
+  EXPECT_NE(
+      one_error("[master]\nstore = \"redis\"\nredis = \"127.0.0.1:6379\"\n").find("master.redis: expected redis://"),
+      std::string::npos);
+  EXPECT_NE(one_error("[master]\nstore = \"redis\"\nredis = \"redis://host:6379/db\"\n")
+                .find("master.redis: expected redis://"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nstore = \"redis\"\nredis_timeout = \"0s\"\n").find("master.redis_timeout"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_identifiers = 0\n").find("master.max_identifiers: must be between 1 and"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nmax_clock_skew = \"soon\"\n").find("master.max_clock_skew: invalid duration"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nsweep_interval = \"0ms\"\n").find("master.sweep_interval: must be at least 1ms"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\ndomains = 3\n").find("master.domains: expected a table of domains"),
+            std::string::npos);
+  EXPECT_NE(one_error("master = 1\n").find("master: expected a table, got an integer"), std::string::npos);
+}
+
+TEST(Config, DomainAndRuleErrors) {
+  EXPECT_NE(one_error("[master.domains.a]\nalgorithm = \"leaky\"\n")
+                .find("master.domains.a.algorithm: unknown algorithm \"leaky\""),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[master.domains.a]\nrules = \"10/s\"\n").find("master.domains.a.rules: expected an array of rules"),
+      std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [\"10/s\"]\n").find("master.domains.a.rules[0]: expected a table"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ burst = 2 }]\n").find("master.domains.a.rules[0].rate: missing"),
+            std::string::npos);
+  EXPECT_EQ(one_error("[master.domains.a]\nrules = [{ rate = \"10/q\" }]\n"),
+            "test.toml:2:19: master.domains.a.rules[0].rate: invalid rate \"10/q\" (expected N/s, N/min, N/h, N/d or "
+            "N/<duration>): unknown duration unit \"q\" in \"1q\" (use us, ms, s, min, h, d)");
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = 0 }]\n")
+                .find("rules[0].burst: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ rate = \"1/s\", burst = \"2\" }]\n")
+                .find("expected an integer, got a string"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains]\na = 1\n").find("master.domains.a: expected a table"), std::string::npos);
+  EXPECT_NE(one_error("[master.domains.\"\"]\n").find("domain name must not be empty"), std::string::npos);
+}
+
+TEST(Config, PerIdentifierOverrides) {
+  auto r = load(R"(
+[master.domains.api]
+algorithm = "gcra"
+rules = [ { rate = "10/s", burst = 20 } ]
+overrides = [
+  { identifier = "sha256:0123456789abcdef0123456789abcdef", rules = [ { rate = "100/s", burst = 200 }, { rate = "1000/h" } ] },
+  { identifier = "10.0.0.7", rules = [] },
+]
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("api");
+  ASSERT_EQ(d.overrides.size(), 2u);
+  EXPECT_EQ(d.overrides[0].identifier, "sha256:0123456789abcdef0123456789abcdef");
+  ASSERT_EQ(d.overrides[0].rules.size(), 2u);
+  EXPECT_EQ(d.overrides[0].rules[0].burst, 200);
+  EXPECT_EQ(d.overrides[1].identifier, "10.0.0.7");
+  EXPECT_TRUE(d.overrides[1].rules.empty());    // no limit for that client
+  EXPECT_EQ(d.overrides[0].rules[1].burst, 1);  // what the master compiles is tested in limiter_test.cpp
+
+  const std::string head = "[master.domains.a]\n";
+  EXPECT_NE(
+      one_error(head + "overrides = { identifier = \"x\" }\n").find("master.domains.a.overrides: expected an array"),
+      std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [\"x\"]\n").find("master.domains.a.overrides[0]: expected a table"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ rules = [] }]\n").find("overrides[0].identifier: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\" }]\n").find("overrides[0].rules: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"\", rules = [] }]\n").find("must not be empty"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"" + std::string(1025, 'k') + "\", rules = [] }]\n")
+                .find("longer than 1024 bytes"),
+            std::string::npos);
+  EXPECT_EQ(one_error(head + "overrides = [{ identifier = \"x\", rules = [] }, { identifier = \"x\", rules = [] }]\n"),
+            "test.toml:2:63: master.domains.a.overrides[1].identifier: \"x\" has another override in this domain");
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\", rules = [{ rate = \"1/s\", burst = 0 }] }]\n")
+                .find("overrides[0].rules[0].burst: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "overrides = [{ identifier = \"x\", rules = [], limit = 3 }]\n")
+                .find("overrides[0].limit: unknown key"),
+            std::string::npos);
+  // The total is bounded: every override is published every second.
+  std::string many = head + "overrides = [\n";
+  for (std::size_t i = 0; i <= max_overrides; ++i)
+    many += "{ identifier = \"c" + std::to_string(i) + "\", rules = [] },\n";
+  EXPECT_NE(one_error(many + "]\n").find("10001 overrides; at most 10000"), std::string::npos);
+}
+
+TEST(Config, ProxyValueErrors) {
+  EXPECT_NE(one_error("[proxy]\nlisten = \"8080\"\n").find("proxy.listen: invalid address"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nthreads = -1\n").find("proxy.threads: must be between 0 and 1024"), std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\naccounting = [\"inproc://a\"]\n").find("proxy.accounting[0]: accounting travels on tcp://"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master\"]\n").find("expected tcp://host:port"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"tcp://master:70000\"]\n").find("expected tcp://host:port"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"ipc:///" + std::string(120, 'p') + "\"]\n").find("longer than 107"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\naccounting = [\"tcp://a:1\", \"udp://b:2\"]\n").find("proxy.accounting[1]: invalid endpoint"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = [1]\n").find("proxy.control[0]: expected a string"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = {}\n").find("proxy.control: expected an array of strings"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_delay = 5\n").find("proxy.max_delay: expected a duration string"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_held = -1\n").find("proxy.max_held: must be between"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntrusted_proxies = [\"10.0.0.0/40\"]\n").find("proxy.trusted_proxies[0]: invalid CIDR"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nheader_timeout = \"0s\"\n").find("proxy.header_timeout: must be at least 1ms"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = \"16XB\"\n").find("proxy.max_header_bytes: unknown size unit"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_header_bytes = 10\n").find("proxy.max_header_bytes: must be between 256"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccounting_flush = \"2s\"\n").find("proxy.accounting_flush: must be at most 1s"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = 1.5\n").find("proxy.rejected_sample: must be between"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nrejected_sample = \"all\"\n").find("proxy.rejected_sample: expected a number"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\naccess_log = \"yes\"\n").find("proxy.access_log: expected a boolean"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nmax_control_entries = 10\n").find("proxy.max_control_entries: must be between 64"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol_fresh = \"0s\"\n").find("proxy.control_fresh: must be at least 1ms"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\npublic_key_file = \"/nonexistent/key.pem\"\n")
+                .find("proxy.jwt.public_key_file: cannot read"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\njwks_file = \"/nonexistent/keys.json\"\n").find("proxy.jwt.jwks_file: cannot read"),
+            std::string::npos);
+}
+
+TEST(Config, UpstreamAndRouteErrors) {
+  EXPECT_NE(one_error("[proxy.upstreams.u]\nservers = []\n")
+                .find("proxy.upstreams.u.servers: an upstream needs at least one server"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy.upstreams.u]\nservers = [\"nohost\"]\n").find("proxy.upstreams.u.servers[0]: invalid server"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy.upstreams]\nu = 1\n").find("proxy.upstreams.u: expected a table"), std::string::npos);
+  const std::string up = "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n";
+  // A route without a domain is not limited: keys that shape limiting would do nothing there.
+  EXPECT_TRUE(load(up + "[[proxy.routes]]\npath = \"/healthz\"\nupstream = \"u\"\n").cfg);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\nidentify = [\"ip\"]\n")
+                .find("proxy.routes[0].identify: has no effect on a route without a domain"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\nmode = \"shadow\"\n")
+                .find("proxy.routes[0].mode: has no effect on a route without a domain"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\n").find("proxy.routes[0].upstream: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"v\"\n")
+                .find("proxy.routes[0].upstream: unknown upstream \"v\""),
+            std::string::npos);
+  EXPECT_NE(
+      one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\npath = \"api\"\n").find("must start with /"),
+      std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"mac\"]\n")
+                .find("proxy.routes[0].identify[0]: invalid identifier source \"mac\""),
+            std::string::npos);
+  EXPECT_NE(
+      one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = [\"jwt:sub\", \"ip\"]\n")
+          .find("proxy.routes[0].identify: a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file"),
+      std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nunidentified = \"drop\"\n")
+                .find("proxy.routes[0].unidentified: unknown action \"drop\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\nidentify = []\n")
+                .find("needs at least one source"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nroutes = 1\n").find("proxy.routes: expected an array of tables"), std::string::npos);
+}
+
+// --check finds what would otherwise fail only at start.
+TEST(Config, WhatWouldFailAtStartIsAnError) {
+  EXPECT_NE(
+      one_error("[proxy]\nlisten = \"localhost:8080\"\n").find("proxy.listen: \"localhost\" is not an IP address"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nadmin = \"admin.internal:9106\"\n").find("proxy.admin: \"admin.internal\" is not"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nadmin = \"example.com:9105\"\n").find("master.admin: \"example.com\" is not"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlisten = \"127.0.0.1:70000\"\n").find("proxy.listen: invalid address"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nlog_level = \"verbose\"\n").find("proxy.log_level: unknown level \"verbose\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nlog_level = \"loud\"\n").find("master.log_level: unknown level"), std::string::npos);
+  EXPECT_TRUE(load("[proxy]\nlisten = \"[::]:8080\"\nadmin = \"[::1]:9106\"\nlog_level = \"debug\"\n").cfg);
+  const auto r = load("[proxy]\nresolve_interval = \"0s\"\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->resolve_interval.count(), 0) << "0: names resolved once";
+}
+
+TEST(Config, PerRoutePolicy) {
+  const std::string up =
+      "[proxy]\nmax_delay = \"5s\"\n[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n"
+      "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\n";
+  auto r = load(up +
+                "status = 429\nmax_delay = \"250ms\"\nmax_held = 7\nmode = \"shadow\"\n"
+                "exempt = [\"10.0.0.0/8\", \"::1\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& route = r.cfg->proxy->routes[0];
+  EXPECT_EQ(route.status, 429);
+  EXPECT_EQ(route.max_delay, std::chrono::milliseconds(250));
+  EXPECT_EQ(route.max_held, 7);
+  EXPECT_EQ(route.mode, route_config::route_mode::shadow);
+  ASSERT_EQ(route.exempt.size(), 2u);
+  EXPECT_TRUE(route.exempt[0].contains(*parse_ip("10.1.2.3")));
+  // Defaults: the spec's 503, the [proxy] limits, enforced, nobody exempt.
+  r = load(up);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->routes[0].status, 503);
+  EXPECT_FALSE(r.cfg->proxy->routes[0].max_delay);
+  EXPECT_FALSE(r.cfg->proxy->routes[0].max_held);
+  EXPECT_EQ(r.cfg->proxy->routes[0].mode, route_config::route_mode::enforce);
+
+  EXPECT_NE(one_error(up + "status = 200\n").find("proxy.routes[0].status: must be between 400 and 599"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "mode = \"dry-run\"\n").find("proxy.routes[0].mode: unknown mode \"dry-run\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "exempt = [\"10.0.0.0/33\"]\n").find("proxy.routes[0].exempt[0]: invalid CIDR"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "max_held = -1\n").find("proxy.routes[0].max_held: must be between 0"), std::string::npos);
+}
+
+TEST(Config, AllErrorsAreReportedAtOnceInSourceOrder) {
+  auto r = load("[master]\nstore = \"disk\"\nmax_identifiers = 0\n[proxy]\nthreads = -1\nbogus = 1\n");
+  ASSERT_EQ(r.errors.size(), 4u);
+  EXPECT_EQ(r.errors[0].line, 2u);
+  EXPECT_EQ(r.errors[1].line, 3u);
+  EXPECT_EQ(r.errors[2].line, 5u);
+  EXPECT_EQ(r.errors[3].line, 6u);
+  EXPECT_EQ(r.errors[3].key, "proxy.bogus");
+}
+
+TEST(Config, IdentifierSources) {
+  using k = identifier_source::kind;
+  EXPECT_EQ(parse_identifier_source("ip")->type, k::ip);
+  EXPECT_EQ(parse_identifier_source("token")->type, k::token);
+  EXPECT_EQ(*parse_identifier_source("cookie:sid"), (identifier_source{k::cookie, "sid"}));
+  EXPECT_EQ(*parse_identifier_source("query:key"), (identifier_source{k::query, "key"}));
+  EXPECT_FALSE(parse_identifier_source("header:"));
+  EXPECT_FALSE(parse_identifier_source("ip:x"));
+  EXPECT_FALSE(parse_identifier_source(""));
+  EXPECT_EQ(to_string(identifier_source{k::jwt, "sub"}), "jwt:sub");
+  EXPECT_TRUE(parse_identifier_source("token")->hash) << "bearer tokens are credentials";
+  EXPECT_FALSE(parse_identifier_source("header:X-API-Key")->hash);
+}
+
+TEST(Config, IdentifierSourcesWithOptions) {
+  using k = identifier_source::kind;
+  const std::string up =
+      "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\ndomain = \"d\"\n"
+      "upstream = \"u\"\n";
+  auto r = load(up +
+                "identify = [{ source = \"header:X-API-Key\", hash = true }, { source = \"token\", hash = false }, "
+                "{ source = \"cookie:sid\" }, \"ip\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& ids = r.cfg->proxy->routes[0].identify;
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[0], (identifier_source{k::header, "X-API-Key", true}));
+  EXPECT_EQ(ids[1], (identifier_source{k::token, {}, false}));
+  EXPECT_EQ(ids[2], (identifier_source{k::cookie, "sid", false}));
+  EXPECT_EQ(ids[3], (identifier_source{k::ip, {}, false}));
+  // A single source, string or table, is a one-element list.
+  r = load(up + "identify = { source = \"query:key\", hash = true }\n");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->proxy->routes[0].identify, (std::vector<identifier_source>{{k::query, "key", true}}));
+
+  EXPECT_NE(one_error(up + "identify = [{ hash = true }]\n").find("proxy.routes[0].identify[0].source: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"mac\" }]\n")
+                .find("proxy.routes[0].identify[0].source: invalid identifier source"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"ip\", hash = \"yes\" }]\n")
+                .find("proxy.routes[0].identify[0].hash: expected a boolean"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [{ source = \"ip\", salt = \"x\" }]\n")
+                .find("proxy.routes[0].identify[0].salt: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "identify = [7]\n")
+                .find("proxy.routes[0].identify[0]: expected a source string or a { source, hash } table"),
+            std::string::npos);
+}
+
+TEST(Config, KeysWithNoEffectAreErrors) {
+  EXPECT_NE(
+      one_error("[master]\nredis = \"redis://h/0\"\n").find("master.redis: has no effect unless store = \"redis\""),
+      std::string::npos);
+  EXPECT_NE(
+      one_error("[master]\nstore = \"memory\"\nstartup_backlog = 5\n").find("master.startup_backlog: has no effect"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nnormalize_path = false\nmerge_slashes = true\n")
+                .find("proxy.merge_slashes: has no effect with normalize_path = false"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error("[proxy]\nnormalize_path = false\nescaped_slashes = \"keep\"\n").find("escaped_slashes: has no effect"),
+      std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nreal_ip_header = \"Forwarded\"\n")
+                .find("proxy.real_ip_header: has no effect without trusted_proxies"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy.jwt]\nissuer = \"https://idp\"\n").find("proxy.jwt.issuer: has no effect without a key"),
+            std::string::npos);
+  EXPECT_TRUE(load("[proxy]\ntrusted_proxies = [\"10.0.0.0/8\"]\nreal_ip_header = \"Forwarded\"\n").cfg);
+}
+
+TEST(Config, TlsKeys) {
+  // The files must exist (what they hold is checked where they are loaded: tls_test, --check).
+  const std::string dir = ::testing::TempDir();
+  for (const char* f : {"/c.pem", "/k.pem", "/ca.pem"}) std::ofstream(dir + f) << "x";
+  const std::string cert = dir + "/c.pem", key = dir + "/k.pem", ca = dir + "/ca.pem";
+  auto r = load("[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\n" + "tls_sni = [ { cert = \"" + cert +
+                "\", key = \"" + key + "\" } ]\n" +
+                "[proxy.upstreams.app]\nservers = [\"api.internal:443\"]\ntls = true\ntls_ca = \"" + ca +
+                "\"\ntls_server_name = \"api.example.com\"\ntls_client_cert = \"" + cert + "\"\ntls_client_key = \"" +
+                key + "\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& p = *r.cfg->proxy;
+  EXPECT_TRUE(p.tls());
+  EXPECT_EQ(p.tls_key, key);
+  ASSERT_EQ(p.tls_sni.size(), 1u);
+  EXPECT_EQ(p.tls_sni[0].cert, cert);
+  const auto& u = p.upstreams[0];
+  EXPECT_TRUE(u.tls);
+  EXPECT_TRUE(u.tls_verify);
+  EXPECT_EQ(u.tls_ca, ca);
+  EXPECT_EQ(u.tls_server_name, "api.example.com");
+  EXPECT_EQ(u.tls_client_key, key);
+  EXPECT_FALSE(load("[proxy]\n").cfg->proxy->tls());
+  EXPECT_TRUE(p.tls_session_resumption);
+  EXPECT_NE(one_error("[proxy]\ntls_session_resumption = false\n")
+                .find("proxy.tls_session_resumption: has no effect without tls_cert and tls_key"),
+            std::string::npos);
+
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\n").find("proxy.tls_cert: needs tls_key too"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_key = \"" + key + "\"\n").find("proxy.tls_key: needs tls_cert too"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"/nonexistent/c.pem\"\ntls_key = \"" + key + "\"\n")
+                .find("proxy.tls_cert: cannot read \"/nonexistent/c.pem\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_sni = []\n").find("proxy.tls_sni: has no effect without tls_cert and tls_key"),
+            std::string::npos);
+  const std::string tls = "[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\n";
+  EXPECT_NE(one_error(tls + "tls_sni = \"x\"\n").find("proxy.tls_sni: expected an array of { cert"), std::string::npos);
+  EXPECT_NE(one_error(tls + "tls_sni = [\"x\"]\n").find("proxy.tls_sni[0]: expected a table { cert"),
+            std::string::npos);
+  EXPECT_NE(one_error(tls + "tls_sni = [ { cert = \"" + cert + "\", key = \"" + key + "\", pem = 1 } ]\n")
+                .find("tls_sni[0].pem: unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntls_cert = \"" + cert + "\"\ntls_key = \"" + key + "\"\ntls_sni = [ { cert = \"" +
+                      cert + "\" } ]\n")
+                .find("proxy.tls_sni[0]: needs both cert and key"),
+            std::string::npos);
+  const std::string up = "[proxy.upstreams.app]\nservers = [\"127.0.0.1:443\"]\n";
+  EXPECT_NE(
+      one_error(up + "tls_ca = \"" + ca + "\"\n").find("proxy.upstreams.app.tls_ca: has no effect unless tls = true"),
+      std::string::npos);
+  EXPECT_NE(one_error(up + "tls_verify = false\n").find("tls_verify: has no effect unless tls = true"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "tls = true\ntls_verify = false\ntls_ca = \"" + ca + "\"\n")
+                .find("tls_ca: has no effect with tls_verify = false"),
+            std::string::npos);
+  EXPECT_NE(one_error(up + "tls = true\ntls_client_cert = \"" + cert + "\"\n")
+                .find("tls_client_cert: needs tls_client_key too"),
+            std::string::npos);
+}
+
+TEST(Config, Shards) {
+  auto r = load(R"([proxy]
+accounting = ["tcp://a:10004", "tcp://b1:10004", "tcp://b2:10004"]
+[[proxy.shards]]
+domain = "api"
+masters = ["tcp://a:10004", ["tcp://b1:10004", "tcp://b2:10004"]]
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& sh = r.cfg->proxy->shards;
+  ASSERT_EQ(sh.size(), 1u);
+  EXPECT_EQ(sh[0].domain, "api");
+  EXPECT_EQ(sh[0].shares,
+            (std::vector<std::vector<std::string>>{{"tcp://a:10004"}, {"tcp://b1:10004", "tcp://b2:10004"}}));
+  const std::string head = "[proxy]\naccounting = [\"tcp://a:1\", \"tcp://b:1\"]\n";
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://c:1\"]\n")
+                .find("proxy.shards[0].masters[0]: \"tcp://c:1\" is not one of accounting"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://a:1\", [\"tcp://a:1\"]]\n")
+                .find("is in two shares"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "shards = 3\n").find("proxy.shards: expected an array of { domain"), std::string::npos);
+  EXPECT_NE(one_error(head + "shards = [1]\n").find("proxy.shards[0]: expected a table { domain"), std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\nmasters = [\"tcp://a:1\"]\n").find("proxy.shards[0].domain: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\n").find("proxy.shards[0].masters: expected an array"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"tcp://a:1\"]\n[[proxy.shards]]\n"
+                             "domain = \"api\"\nmasters = [\"tcp://b:1\"]\n")
+                .find("\"api\" is split twice"),
+            std::string::npos);
+}
+
+TEST(Config, LoadFile) {
+  const std::string path = ::testing::TempDir() + "/smockron_config_test.toml";
+  std::ofstream(path) << "[master]\nstore = \"memory\"\n";
+  auto r = load_file(path);
+  ASSERT_TRUE(r.cfg);
+  EXPECT_EQ(r.cfg->source, path);
+  auto missing = load_file("/nonexistent/smockron.toml");
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_EQ(format(missing.errors[0]), "/nonexistent/smockron.toml: cannot open file");
+}

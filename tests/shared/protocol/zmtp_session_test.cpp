@@ -1,0 +1,357 @@
+// The ZMTP session both ends of the accounting stream use: end against end
+// in every split of the bytes, against libzmq PUB and SUB sockets on
+// loopback, and every protocol fault with its label.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+
+#include <chrono>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shared/protocol/zmtp.hpp"
+#include "shared/protocol/zmtp_session.hpp"
+
+using namespace smockron;
+using namespace std::string_literals;
+using zmtp::session;
+
+namespace {
+
+// Records what a session reports.
+struct recorder final : zmtp::session_events {
+  int ready = 0;
+  std::vector<std::vector<std::string>> messages;
+  std::vector<bool> truncated;
+  std::vector<std::uint64_t> oversized;
+  std::vector<std::pair<bool, std::string>> subscriptions;
+  void on_ready() override { ++ready; }
+  void on_message(std::span<const std::string_view> f, bool t) override {
+    messages.emplace_back(f.begin(), f.end());
+    truncated.push_back(t);
+  }
+  void on_oversized(std::uint64_t bytes) override { oversized.push_back(bytes); }
+  void on_subscription(bool sub, std::string_view topic) override {
+    subscriptions.emplace_back(sub, std::string(topic));
+  }
+};
+
+// A session and the bytes it has received but not consumed.
+struct end {
+  session s;
+  recorder ev;
+  std::string in, out;
+  end(session::role r, session::limits l = {}) : s(r, l) {}
+  void receive(std::string_view bytes) {
+    in += bytes;
+    in.erase(0, s.feed(in, ev, out));
+  }
+};
+
+std::string message(std::initializer_list<std::string> frames) {
+  std::string out;
+  std::size_t i = 0;
+  for (const auto& f : frames) zmtp::append_frame(out, ++i < frames.size() ? zmtp::flag_more : 0, f);
+  return out;
+}
+
+std::string command(std::string_view name, std::string_view rest = "") {
+  std::string body(1, static_cast<char>(name.size()));
+  body.append(name).append(rest);
+  std::string out;
+  zmtp::append_frame(out, zmtp::flag_command, body);
+  return out;
+}
+
+// Feeds `bytes` to `e` in pieces cut at random.
+void feed_split(end& e, const std::string& bytes, std::minstd_rand& rng) {
+  for (std::size_t at = 0; at < bytes.size();) {
+    const std::size_t n = std::min<std::size_t>(bytes.size() - at, 1 + rng() % 7);
+    e.receive(std::string_view(bytes).substr(at, n));
+    at += n;
+  }
+}
+
+TEST(ZmtpSession, EndAgainstEndInEverySplit) {
+  std::minstd_rand rng(7);
+  for (int round = 0; round < 200; ++round) {
+    end pub(session::role::pub), sub(session::role::sub);
+    feed_split(sub, std::string(session::hello(session::role::pub)), rng);
+    feed_split(pub, std::string(session::hello(session::role::sub)), rng);
+    ASSERT_TRUE(pub.s.ready() && sub.s.ready());
+    EXPECT_EQ(pub.ev.ready, 1);
+    EXPECT_EQ(sub.ev.ready, 1);
+    // The subscriber's subscriptions (3.0 form and 3.1 commands), a PING among them.
+    feed_split(pub,
+               message({"\x01"s + "api\0"s}) + command("SUBSCRIBE", "web\0"s) +
+                   command("PING",
+                           "\0\x10"
+                           "ctx"s) +
+                   message({"\x00"s + "api\0"s}) + command("CANCEL", "web\0"s),
+               rng);
+    ASSERT_EQ(pub.ev.subscriptions.size(), 4u);
+    EXPECT_EQ(pub.ev.subscriptions[0], std::pair(true, "api\0"s));
+    EXPECT_EQ(pub.ev.subscriptions[1], std::pair(true, "web\0"s));
+    EXPECT_EQ(pub.ev.subscriptions[2], std::pair(false, "api\0"s));
+    EXPECT_EQ(pub.ev.subscriptions[3], std::pair(false, "web\0"s));
+    EXPECT_EQ(pub.out, command("PONG", "ctx")) << "PING's context is echoed";
+    // Messages the other way, with a PING between two frames of one.
+    const std::string two = message({"api\0"s, "ACCEPTED", "id", "1700000000000", ""});
+    feed_split(
+        sub, message({"a"}) + two.substr(0, 6) + command("PING", "\0\x01"s) + two.substr(6) + message({"b", "c"}), rng);
+    ASSERT_EQ(sub.ev.messages.size(), 3u) << round;
+    EXPECT_EQ(sub.ev.messages[0], std::vector<std::string>{"a"});
+    EXPECT_EQ(sub.ev.messages[1], (std::vector<std::string>{"api\0"s, "ACCEPTED", "id", "1700000000000", ""}));
+    EXPECT_EQ(sub.ev.messages[2], (std::vector<std::string>{"b", "c"}));
+    EXPECT_EQ(sub.out, command("PONG")) << "the PING between frames is answered once, however the bytes were cut";
+    EXPECT_FALSE(pub.s.failed() || sub.s.failed());
+  }
+}
+
+TEST(ZmtpSession, ACommandBetweenFramesIsServedOnce) {
+  // Found by fuzz_zmtp_session: the bytes of a command inside an unfinished
+  // message are parsed again with the rest of it; a SUBSCRIBE there was
+  // counted twice (and could never be cancelled).
+  const std::string bytes =
+      std::string(session::hello(session::role::sub)) + "\x01\x01x"s + command("SUBSCRIBE", "api\0"s) + "\x00\x01y"s;
+  for (std::size_t cut = 0; cut <= bytes.size(); ++cut) {
+    end pub(session::role::pub);
+    pub.receive(std::string_view(bytes).substr(0, cut));
+    pub.receive(std::string_view(bytes).substr(cut));
+    ASSERT_EQ(pub.ev.subscriptions.size(), 1u) << "cut at " << cut;
+    EXPECT_EQ(pub.ev.subscriptions[0], std::pair(true, "api\0"s));
+  }
+}
+
+TEST(ZmtpSession, HelloIsGreetingAndReady) {
+  EXPECT_EQ(session::hello(session::role::pub), std::string(zmtp::greeting()) + zmtp::ready("PUB"));
+  EXPECT_EQ(session::hello(session::role::sub), std::string(zmtp::greeting()) + zmtp::ready("SUB"));
+}
+
+TEST(ZmtpSession, OversizedMessagesAreSkippedOnTheirOwnWhenAllowed) {
+  end sub(session::role::sub, {.max_message = 100, .max_skip = 10'000});
+  sub.receive(std::string(session::hello(session::role::pub)));
+  sub.receive(message({std::string(60, 'x'), std::string(60, 'y')}) + message({"after"}));
+  EXPECT_EQ(sub.ev.oversized.size(), 1u);
+  ASSERT_EQ(sub.ev.messages.size(), 1u);
+  EXPECT_EQ(sub.ev.messages[0][0], "after");
+  sub.receive(message({std::string(20'000, 'z')}));
+  ASSERT_TRUE(sub.s.failed());
+  EXPECT_EQ(*sub.s.failed(), zmtp::fault::framing);
+  // Without max_skip, an oversized message is a fault at once.
+  end strict(session::role::pub, {.max_message = 100});
+  strict.receive(std::string(session::hello(session::role::sub)) + message({"\x01" + std::string(200, 't')}));
+  ASSERT_TRUE(strict.s.failed());
+  EXPECT_EQ(*strict.s.failed(), zmtp::fault::framing);
+}
+
+TEST(ZmtpSession, FramesBeyondTheBoundMarkTheMessageTruncated) {
+  end sub(session::role::sub, {.max_frames = 2});
+  sub.receive(std::string(session::hello(session::role::pub)) + message({"1", "2", "3"}));
+  ASSERT_EQ(sub.ev.messages.size(), 1u);
+  EXPECT_EQ(sub.ev.messages[0].size(), 2u);
+  EXPECT_TRUE(sub.ev.truncated[0]);
+}
+
+TEST(ZmtpSession, PongsStopWhenThePeerDoesNotRead) {
+  end pub(session::role::pub, {.max_pong_backlog = 10});
+  pub.receive(std::string(session::hello(session::role::sub)));
+  pub.receive(command("PING", "\0\x01"s) + command("PING", "\0\x01"s) + command("PING", "\0\x01"s));
+  EXPECT_EQ(pub.out, command("PONG") + command("PONG")) << "the third finds 14 bytes waiting";
+}
+
+TEST(ZmtpSession, EveryFaultHasItsLabel) {
+  const std::string sub_hello(session::hello(session::role::sub));
+  const std::string greeting(zmtp::greeting());
+  std::string curve = greeting;
+  curve.replace(12, 5, "CURVE");
+  struct row {
+    session::role role;
+    std::string bytes;
+    zmtp::fault fault;
+    std::string_view label;
+  };
+  const std::vector<row> table = {
+      {session::role::pub, "GET / HTTP/1.1\r\n", zmtp::fault::greeting, "greeting"},
+      {session::role::pub, curve, zmtp::fault::mechanism, "mechanism"},
+      {session::role::pub, greeting + zmtp::ready("PUB"), zmtp::fault::handshake, "handshake"},
+      {session::role::sub, greeting + zmtp::ready("SUB"), zmtp::fault::handshake, "handshake"},
+      {session::role::pub, greeting + message({"early"}), zmtp::fault::handshake, "handshake"},
+      {session::role::pub, greeting + command("PING"), zmtp::fault::handshake, "handshake"},
+      {session::role::pub, sub_hello + zmtp::ready("SUB"), zmtp::fault::handshake, "handshake"},
+      {session::role::pub, sub_hello + "\x08\x00"s, zmtp::fault::framing, "framing"},
+      {session::role::pub, sub_hello + "\x05\x01x"s, zmtp::fault::framing, "framing"},
+      {session::role::pub, sub_hello + "\x04\x00"s, zmtp::fault::framing, "framing"},
+      {session::role::pub, sub_hello + command("ERROR", "\x04nope"), zmtp::fault::peer_error, "peer_error"},
+  };
+  for (const auto& r : table) {
+    std::minstd_rand rng(1);
+    end e(r.role);
+    feed_split(e, r.bytes, rng);
+    ASSERT_TRUE(e.s.failed()) << r.label << ": " << zmtp::printable(r.bytes);
+    EXPECT_EQ(*e.s.failed(), r.fault) << e.s.detail();
+    EXPECT_EQ(zmtp::to_string(*e.s.failed()), r.label);
+    EXPECT_FALSE(e.s.detail().empty());
+    const auto used = e.s.feed(sub_hello, e.ev, e.out);
+    EXPECT_EQ(used, 0u) << "nothing is parsed after a fault";
+  }
+  EXPECT_EQ(zmtp::to_string(zmtp::fault::io), "io");
+  EXPECT_EQ(zmtp::to_string(zmtp::fault::subscriptions), "subscriptions");
+}
+
+TEST(ZmtpSubscriptionSet, CountsLikeZeroMqAndMatchesByPrefix) {
+  zmtp::subscription_set s(2);
+  EXPECT_FALSE(s.matches("api\0"s));
+  EXPECT_TRUE(s.apply(true, "api\0"s));
+  EXPECT_TRUE(s.apply(true, "api\0"s));
+  EXPECT_TRUE(s.matches("api\0"s));
+  EXPECT_FALSE(s.matches("apix\0"s)) << "a topic ending in \\0 matches only itself";
+  EXPECT_TRUE(s.apply(false, "api\0"s));
+  EXPECT_TRUE(s.matches("api\0"s)) << "subscribed twice: one cancel leaves one";
+  EXPECT_TRUE(s.apply(true, "we"));
+  EXPECT_TRUE(s.matches("web\0"s)) << "an open prefix";
+  EXPECT_FALSE(s.apply(true, "third")) << "full";
+  EXPECT_TRUE(s.apply(false, "api\0"s));
+  EXPECT_FALSE(s.matches("api\0"s));
+  EXPECT_TRUE(s.apply(true, ""));
+  EXPECT_TRUE(s.matches("anything\0"s)) << "the empty prefix matches everything";
+}
+
+// ---- against libzmq --------------------------------------------------------
+
+int listen_loopback(int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 1) != 0) return -1;
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// A libzmq socket connected to a plain loopback listener; `fd` is our end.
+struct libzmq_peer {
+  zmq::context_t ctx{1};
+  zmq::socket_t sock;
+  int lfd = -1, fd = -1;
+  libzmq_peer(zmq::socket_type type, const std::function<void(zmq::socket_t&)>& setup) : sock(ctx, type) {
+    int port = 0;
+    lfd = listen_loopback(port);
+    setup(sock);
+    sock.connect("tcp://127.0.0.1:" + std::to_string(port));
+    if (lfd >= 0) fd = ::accept(lfd, nullptr, nullptr);
+  }
+  ~libzmq_peer() {
+    ::close(fd);
+    ::close(lfd);
+  }
+};
+
+// Moves bytes between a socket and a session until `done` (at most 5 s).
+template <class Done>
+bool converse(int fd, end& e, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  char buf[65536];
+  while (!done() && !e.s.failed() && std::chrono::steady_clock::now() < until) {
+    if (!e.out.empty()) {
+      const auto n = ::send(fd, e.out.data(), e.out.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      e.out.erase(0, static_cast<std::size_t>(n));
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10) > 0) {
+      const auto n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      e.receive(std::string_view(buf, static_cast<std::size_t>(n)));
+    }
+  }
+  return done();
+}
+
+TEST(ZmtpSession, PublishesToALibzmqSub) {
+  libzmq_peer peer(zmq::socket_type::sub, [](zmq::socket_t& s) {
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.set(zmq::sockopt::subscribe, "api\0"s);
+  });
+  ASSERT_GE(peer.fd, 0);
+  zmq::socket_t& sub = peer.sock;
+  const int fd = peer.fd;
+  end pub(session::role::pub);
+  pub.out = std::string(session::hello(session::role::pub));
+  ASSERT_TRUE(converse(fd, pub, [&] { return !pub.ev.subscriptions.empty(); })) << pub.s.detail();
+  EXPECT_EQ(pub.ev.subscriptions[0], std::pair(true, "api\0"s));
+  // Messages of every size class, in order.
+  std::minstd_rand rng(3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    ids.push_back(std::string(rng() % (i % 10 == 0 ? 5000 : 300), static_cast<char>('a' + i % 26)));
+    pub.out += message({"api\0"s, "ACCEPTED", ids.back(), std::to_string(i), ""});
+  }
+  ASSERT_TRUE(converse(fd, pub, [&] { return pub.out.empty(); }));
+  for (int i = 0; i < 200; ++i) {
+    std::vector<zmq::message_t> parts;
+    for (bool more = true; more;) {
+      zmq::message_t m;
+      ASSERT_TRUE(sub.recv(m)) << "message " << i;
+      more = m.more();
+      parts.push_back(std::move(m));
+    }
+    ASSERT_EQ(parts.size(), 5u);
+    EXPECT_EQ(parts[2].to_string(), ids[static_cast<std::size_t>(i)]);
+    EXPECT_EQ(parts[3].to_string(), std::to_string(i));
+  }
+  // A subscription changed at runtime reaches the session.
+  sub.set(zmq::sockopt::unsubscribe, "api\0"s);
+  ASSERT_TRUE(converse(fd, pub, [&] { return pub.ev.subscriptions.size() == 2; }));
+  EXPECT_EQ(pub.ev.subscriptions[1], std::pair(false, "api\0"s));
+}
+
+TEST(ZmtpSession, ReceivesFromALibzmqPub) {
+  libzmq_peer peer(zmq::socket_type::pub, [](zmq::socket_t& s) { s.set(zmq::sockopt::linger, 0); });
+  ASSERT_GE(peer.fd, 0);
+  zmq::socket_t& pub = peer.sock;
+  const int fd = peer.fd;
+  end sub(session::role::sub);
+  sub.out = std::string(session::hello(session::role::sub));
+  ASSERT_TRUE(converse(fd, sub, [&] { return sub.s.ready(); })) << sub.s.detail();
+  zmtp::append_frame(sub.out, 0, "\x01"s + "api\0"s);
+  // libzmq applies the subscription asynchronously: publish probes until one arrives.
+  ASSERT_TRUE(converse(fd, sub, [&] {
+    pub.send(zmq::buffer("api\0"s), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer("probe"s));
+    return !sub.ev.messages.empty();
+  }));
+  const std::size_t probes = sub.ev.messages.size();
+  std::minstd_rand rng(5);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 300; ++i) {
+    ids.push_back(std::string(rng() % (i % 10 == 0 ? 3000 : 200), static_cast<char>('A' + i % 26)));
+    pub.send(zmq::buffer("api\0"s), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer("DELAYED"s), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(ids.back()));
+  }
+  // Until the last one sent arrives (late probes may come first: counting would stop early).
+  ASSERT_TRUE(converse(fd, sub, [&] {
+    return !sub.ev.messages.empty() && sub.ev.messages.back().size() == 3 && sub.ev.messages.back()[2] == ids.back();
+  }));
+  // Probes may still arrive after the first one; the rest is exactly what was sent, in order.
+  std::size_t at = probes;
+  while (at < sub.ev.messages.size() && sub.ev.messages[at].size() == 2) ++at;
+  ASSERT_EQ(sub.ev.messages.size() - at, 300u);
+  for (int i = 0; i < 300; ++i) {
+    const auto& m = sub.ev.messages[at + static_cast<std::size_t>(i)];
+    ASSERT_EQ(m.size(), 3u);
+    EXPECT_EQ(m[2], ids[static_cast<std::size_t>(i)]);
+  }
+}
+
+}  // namespace
