@@ -1,6 +1,7 @@
-// smockron-master: receives accounting messages from gatekeepers, applies the
-// rules and publishes DELAY_UNTIL. Admin endpoint and signals run on a second
-// thread; the accounting loop owns the main thread.
+// smockron-master: start-up and signals. The service (service.hpp) receives
+// accounting messages from gatekeepers, applies the rules and publishes
+// DELAY_UNTIL on the main thread; the admin endpoint (admin.hpp) and signals
+// run on a second thread.
 #include <boost/asio/io_context.hpp>
 
 #include <csignal>
@@ -9,8 +10,8 @@
 
 #include <zmq.hpp>
 
+#include "master/admin.hpp"
 #include "master/service.hpp"
-#include "shared/base/text.hpp"
 #include "shared/daemon/admin_server.hpp"
 #include "shared/daemon/daemon.hpp"
 #include "shared/daemon/signals.hpp"
@@ -18,34 +19,6 @@
 
 namespace asio = boost::asio;
 using namespace smockron;
-
-namespace {
-
-// GET /status/DOMAIN/IDENTIFIER: the identifier percent-encoded as needed
-// (identifiers may hold '/', ':' and any byte).
-admin_server::response identifier_status(master::service& svc, std::string_view rest) {
-  const auto slash = rest.find('/');
-  if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) {
-    return {400, "text/plain", "use /status/DOMAIN/IDENTIFIER (the identifier percent-encoded)\n"};
-  }
-  std::string identifier;
-  for (std::size_t i = slash + 1; i < rest.size(); ++i) {
-    if (rest[i] == '%' && i + 2 < rest.size() && hex_digit(rest[i + 1]) >= 0 && hex_digit(rest[i + 2]) >= 0) {
-      identifier.push_back(static_cast<char>(hex_digit(rest[i + 1]) * 16 + hex_digit(rest[i + 2])));
-      i += 2;
-    } else if (rest[i] == '%') {
-      return {400, "text/plain", "invalid percent-encoding in the identifier\n"};
-    } else {
-      identifier.push_back(rest[i]);
-    }
-  }
-  const auto json = svc.identifier_status(rest.substr(0, slash), identifier, std::chrono::seconds(2));
-  if (!json) return {503, "text/plain", "the accounting loop did not answer in time\n"};
-  if (json->empty()) return {404, "text/plain", "unknown domain\n"};
-  return {200, "application/json", *json + "\n"};
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   int exit_code = 0;
@@ -72,19 +45,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<admin_server> admin;
   try {
     admin = std::make_unique<admin_server>(
-        ioc, cfg.admin,
-        [&](std::string_view path) -> admin_server::response {
-          if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
-          if (path == "/livez") {
-            return svc->alive(std::chrono::seconds(5))
-                       ? admin_server::response{200, "text/plain", "ok\n"}
-                       : admin_server::response{503, "text/plain", "accounting loop stalled\n"};
-          }
-          if (path == "/readyz") return {200, "text/plain", svc->readiness()};
-          if (path == "/status") return {200, "application/json", svc->status_json() + "\n"};
-          if (path.starts_with("/status/")) return identifier_status(*svc, path.substr(8));
-          return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status, /status/DOMAIN/IDENTIFIER)\n"};
-        },
+        ioc, cfg.admin, [&](std::string_view path) { return master::admin_response(*svc, registry, path); },
         admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
                                                                     "Connections refused by an endpoint's allow list",
                                                                     metrics::labels({{"endpoint", "admin"}}))});

@@ -1,6 +1,8 @@
 // The master's loop (see service.hpp).
 #include "master/service.hpp"
 
+#include <sys/epoll.h>
+
 #include <zmq.hpp>
 
 #include <algorithm>
@@ -48,7 +50,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     : cfg_(cfg),
       clock_(clk),
       metrics_(reg),
-      accounting_(cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk, reg),
+      accounting_(loop_, cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk,
+                  reg),
       ingest_(cfg, clk, reg),
       control_(std::make_unique<control_publisher>(ctx, cfg, reg)),
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
@@ -64,6 +67,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
   for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
   if (cfg.store == config::store_kind::redis) {
     redis_store::options o;
     o.url = cfg.redis_target;
@@ -83,7 +88,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
     };
     query_ignored_ = query_counters{ignored("malformed"), ignored("unknown_command"), ignored("too_large"),
                                     ignored("refused"), ignored("send_failed")};
-    accounting_.watch(query_->fd(), [this] { serve_queries(); });
+    if (!loop_.add(query_->fd(), EPOLLIN, queries_ready_))  // level-triggered: what one call leaves is seen again
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl (query endpoint)");
   }
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
@@ -120,8 +126,10 @@ void service::handle(std::span<const std::string_view> frames, bool truncated) {
 }
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {
-  const std::size_t n = accounting_.poll(
-      timeout, [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
+  const std::size_t before = accounting_.delivered();
+  loop_.run_once(timeout);
+  accounting_.after_turn();
+  const std::size_t n = accounting_.delivered() - before;
   const auto now = clock_.steady_now();
   heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   if (store_) pump_store(now, false);
@@ -176,19 +184,23 @@ void service::run(const std::atomic<bool>& stop) {
 void service::restore_from_store(const std::atomic<bool>& stop) {
   const auto since = clock_.steady_now();
   std::vector<std::vector<std::string>> held;
+  accounting_.on_message([&](std::span<const std::string_view> frames, bool truncated) {
+    if (held.size() >= static_cast<std::size_t>(cfg_.startup_backlog)) {
+      held_dropped_.inc();
+    } else if (truncated) {
+      handle(frames, true);  // counted as malformed now; needs no state
+    } else {
+      held.emplace_back(frames.begin(), frames.end());
+    }
+  });
   while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
     pump_store(clock_.steady_now(), false);
     heartbeat_ns_.store(clock_.steady_now().time_since_epoch().count(), std::memory_order_relaxed);
-    accounting_.poll(std::chrono::milliseconds(2), [&](std::span<const std::string_view> frames, bool truncated) {
-      if (held.size() >= static_cast<std::size_t>(cfg_.startup_backlog)) {
-        held_dropped_.inc();
-      } else if (truncated) {
-        handle(frames, true);  // counted as malformed now; needs no state
-      } else {
-        held.emplace_back(frames.begin(), frames.end());
-      }
-    });
+    loop_.run_once(std::chrono::milliseconds(2));
+    accounting_.after_turn();
   }
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
   pump_store(clock_.steady_now(), false);
   log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
              store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),

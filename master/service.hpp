@@ -93,12 +93,19 @@ private:
   config::master_config cfg_;  ///< guarded by status_mutex_ for readers on other threads
   const clock& clock_;
   metrics::registry& metrics_;
+  event_loop loop_;  ///< accounting and the UDP query endpoint; turned by poll_once()
   zmtp_subscriber accounting_;
   ingest ingest_;
   std::unique_ptr<control_publisher> control_;
   std::unique_ptr<redis_store> store_;
-  // The UDP query endpoint (cfg.query), served from the same loop as accounting.
+  // The UDP query endpoint (cfg.query), a source of the same loop as accounting.
   void serve_queries();
+  struct queries_ready final : event_loop::source {
+    service& self;
+    explicit queries_ready(service& s) : self(s) {}
+    void on_ready(std::uint32_t) override { self.serve_queries(); }
+  };
+  queries_ready queries_ready_{*this};
   std::unique_ptr<udp_responder> query_;
   struct query_counters {
     metrics::counter *malformed, *unknown_command, *too_large, *refused, *send_failed;

@@ -120,7 +120,10 @@ bound_socket bind_endpoint(const std::string& endpoint, int rcvbuf) {
 
 }  // namespace
 
-struct zmtp_subscriber::peer {
+struct zmtp_subscriber::peer final : event_loop::source {
+  explicit peer(zmtp_subscriber& s) : owner(s) {}
+  void on_ready(std::uint32_t events) override { owner.peer_ready(*this, events); }
+  zmtp_subscriber& owner;
   int fd = -1;
   zmtp::session session{zmtp::session::role::sub,
                         {.max_message = k_max_message, .max_skip = k_max_skip, .max_frames = k_max_frames}};
@@ -139,8 +142,10 @@ constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mecha
                                      zmtp::fault::peer_limit, zmtp::fault::stalled};
 }  // namespace
 
-zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const clock& clk, metrics::registry& reg)
-    : clock_(clk),
+zmtp_subscriber::zmtp_subscriber(event_loop& loop, const std::string& endpoint, options o, const clock& clk,
+                                 metrics::registry& reg)
+    : loop_(loop),
+      clock_(clk),
       opt_(o),
       connections_(reg.add_counter("smockron_master_accounting_connections_total",
                                    "Gatekeeper connections accepted on the accounting endpoint")),
@@ -160,27 +165,20 @@ zmtp_subscriber::zmtp_subscriber(const std::string& endpoint, options o, const c
   listen_fd_ = b.fd;
   endpoint_ = std::move(b.endpoint);
   unlink_path_ = std::move(b.unlink_path);
-  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd_ < 0) {
+  if (!loop_.add(listen_fd_, EPOLLIN, listener_)) {
     const int e = errno;
     ::close(listen_fd_);
     if (!unlink_path_.empty()) ::unlink(unlink_path_.c_str());
-    throw std::system_error(e, std::generic_category(), "epoll_create1");
+    throw std::system_error(e, std::generic_category(), "epoll_ctl");
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = nullptr;  // the listener
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
   // Last: a constructor that threw must not leave a callback to a dead object.
   reg.add_callback("smockron_master_accounting_peers", "Gatekeepers connected to the accounting endpoint", "",
                    [this] { return static_cast<double>(ready_peers_.load(std::memory_order_relaxed)); });
 }
 
 zmtp_subscriber::~zmtp_subscriber() {
-  for (auto& p : peers_) {
-    if (!p->closed) ::close(p->fd);
-  }
-  ::close(epoll_fd_);
+  for (auto& p : peers_) close(*p);
+  loop_.remove(listen_fd_);
   ::close(listen_fd_);
   if (!unlink_path_.empty()) ::unlink(unlink_path_.c_str());
 }
@@ -213,52 +211,31 @@ void zmtp_subscriber::send_subscription(bool subscribe, std::string_view topic) 
 
 std::size_t zmtp_subscriber::peers() const { return ready_peers_.load(std::memory_order_relaxed); }
 
-std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, const message_fn& on_message) {
-  std::array<epoll_event, 64> events;
-  const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
-                             static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 0, 60'000)));
-  if (n < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "epoll_wait");
-  std::size_t delivered = 0;
-  for (int i = 0; i < n; ++i) {
-    void* ptr = events[i].data.ptr;
-    if (!ptr) {
-      accept_all();
-      continue;
-    }
-    if (const auto w = std::find_if(watched_.begin(), watched_.end(), [&](const auto& x) { return x.get() == ptr; });
-        w != watched_.end()) {
-      (*w)->on_readable();
-      continue;
-    }
-    auto* p = static_cast<peer*>(ptr);
-    if (!p->closed && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(*p, on_message, delivered);
-    if (!p->closed && (events[i].events & EPOLLOUT)) flush(*p);
-  }
+void zmtp_subscriber::peer_ready(peer& p, std::uint32_t events) {
+  if (!p.closed && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(p);
+  if (!p.closed && (events & EPOLLOUT)) flush(p);
+}
+
+void zmtp_subscriber::after_turn() {
   const auto now = clock_.steady_now();
   if (accept_paused_ && now >= accept_paused_until_) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+    loop_.modify(listen_fd_, EPOLLIN, listener_);
     accept_paused_ = false;
   }
   if (now >= next_expiry_check_) {
     expire_handshakes();
     next_expiry_check_ = now + std::chrono::milliseconds(100);
   }
+  // Closed in a call of the loop's turn; freed only now, when no ready event can name them.
   std::erase_if(peers_, [](const auto& p) { return p->closed; });
-  return delivered;
 }
 
-void zmtp_subscriber::watch(int fd, std::function<void()> on_readable) {
-  auto w = std::make_unique<watched>(watched{fd, std::move(on_readable)});
-  epoll_event ev{};
-  ev.events = EPOLLIN;  // level-triggered: what one call leaves is seen again
-  ev.data.ptr = w.get();
-  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-    throw std::system_error(errno, std::generic_category(), "epoll_ctl");
-  }
-  watched_.push_back(std::move(w));
+std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, message_fn f) {
+  on_message(std::move(f));
+  const std::size_t before = delivered_;
+  loop_.run_once(timeout);
+  after_turn();
+  return delivered_ - before;
 }
 
 void zmtp_subscriber::accept_all() {
@@ -272,9 +249,7 @@ void zmtp_subscriber::accept_all() {
       // than spin on a listener that stays readable.
       std::uint64_t suppressed = 0;
       if (fault_log_.allow(clock_.steady_now(), suppressed)) log_->error("accept: {}", std::strerror(errno));
-      epoll_event ev{};
-      ev.data.ptr = nullptr;
-      ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+      loop_.modify(listen_fd_, 0, listener_);
       accept_paused_ = true;
       accept_paused_until_ = clock_.steady_now() + std::chrono::milliseconds(100);
       return;
@@ -301,13 +276,10 @@ void zmtp_subscriber::accept_all() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
     ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
     if (opt_.sndbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt_.sndbuf, sizeof opt_.sndbuf);
-    auto p = std::make_unique<peer>();
+    auto p = std::make_unique<peer>(*this);
     p->fd = fd;
     p->since = clock_.steady_now();
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = p.get();
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (!loop_.add(fd, EPOLLIN, *p)) {
       ::close(fd);
       continue;
     }
@@ -336,7 +308,7 @@ bool zmtp_subscriber::admitted(const sockaddr_storage& from) {
   return false;
 }
 
-void zmtp_subscriber::on_readable(peer& p, const message_fn& on_message, std::size_t& delivered) {
+void zmtp_subscriber::on_readable(peer& p) {
   const ssize_t n = ::recv(p.fd, p.in.get() + p.len, k_buffer - p.len, 0);
   if (n == 0) {
     close(p);
@@ -347,24 +319,21 @@ void zmtp_subscriber::on_readable(peer& p, const message_fn& on_message, std::si
     return;
   }
   p.len += static_cast<std::size_t>(n);
-  parse(p, on_message, delivered);
+  parse(p);
 }
 
-void zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& delivered) {
+void zmtp_subscriber::parse(peer& p) {
   struct events final : zmtp::session_events {
     zmtp_subscriber& self;
-    const message_fn& deliver;
-    std::size_t& delivered;
     std::string& replies;
-    events(zmtp_subscriber& s, const message_fn& m, std::size_t& d, std::string& r)
-        : self(s), deliver(m), delivered(d), replies(r) {}
+    events(zmtp_subscriber& s, std::string& r) : self(s), replies(r) {}
     void on_ready() override {
       self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
       for (const auto& t : self.topics_) zmtp::append_frame(replies, 0, "\x01" + t);
     }
     void on_message(std::span<const std::string_view> frames, bool truncated) override {
-      deliver(frames, truncated);
-      ++delivered;
+      if (self.on_message_) self.on_message_(frames, truncated);
+      ++self.delivered_;
     }
     void on_oversized(std::uint64_t bytes) override {
       self.oversized_.inc();
@@ -376,7 +345,7 @@ void zmtp_subscriber::parse(peer& p, const message_fn& on_message, std::size_t& 
     }
   };
   std::string replies;  // subscriptions after READY, PONGs
-  events ev(*this, on_message, delivered, replies);
+  events ev(*this, replies);
   const std::size_t used = p.session.feed({p.in.get(), p.len}, ev, replies);
   if (!replies.empty()) send(p, replies);
   if (const auto f = p.session.failed()) return drop(p, *f, p.session.detail());
@@ -417,12 +386,7 @@ void zmtp_subscriber::flush(peer& p) {
   update_interest(p);
 }
 
-void zmtp_subscriber::update_interest(peer& p) {
-  epoll_event ev{};
-  ev.events = EPOLLIN | (p.want_output ? EPOLLOUT : 0u);
-  ev.data.ptr = &p;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p.fd, &ev);
-}
+void zmtp_subscriber::update_interest(peer& p) { loop_.modify(p.fd, EPOLLIN | (p.want_output ? EPOLLOUT : 0u), p); }
 
 void zmtp_subscriber::drop(peer& p, zmtp::fault why, std::string_view detail) {
   if (auto* c = faults_[static_cast<int>(why)]) c->inc();
@@ -437,7 +401,7 @@ void zmtp_subscriber::drop(peer& p, zmtp::fault why, std::string_view detail) {
 void zmtp_subscriber::close(peer& p) {
   if (p.closed) return;
   if (p.session.ready()) ready_peers_.fetch_sub(1, std::memory_order_relaxed);
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.fd, nullptr);
+  loop_.remove(p.fd);
   ::close(p.fd);
   p.closed = true;
 }

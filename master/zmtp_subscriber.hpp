@@ -1,6 +1,7 @@
 // The master's accounting receiver: the SUB end of ZeroMQ PUB/SUB, spoken
-// on the wire (ZMTP 3.0 through shared/zmtp_session.hpp) over TCP or IPC,
-// on the master's own thread with epoll.
+// on the wire (ZMTP 3.0 through shared/protocol/zmtp_session.hpp) over TCP or
+// IPC, on the master's own thread: its listener and connections are sources
+// of the master's event_loop.
 //
 // Why not a libzmq SUB socket: at gatekeeper rates libzmq's receive path (an
 // I/O thread that decodes every frame into a message object and hands it over
@@ -34,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "master/event_loop.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
@@ -67,9 +69,10 @@ public:
   using message_fn = std::function<void(std::span<const std::string_view> frames, bool truncated)>;
 
   /// Binds and listens on `endpoint` ("tcp://host:port", port may be "*" or
-  /// 0; "ipc:///path" or "ipc://@abstract"). Throws std::runtime_error with a
-  /// clear message when the endpoint is invalid or cannot be bound.
-  zmtp_subscriber(const std::string& endpoint, options o, const clock& clk, metrics::registry& reg);
+  /// 0; "ipc:///path" or "ipc://@abstract"), watched by `loop`. Throws
+  /// std::runtime_error with a clear message when the endpoint is invalid or
+  /// cannot be bound.
+  zmtp_subscriber(event_loop& loop, const std::string& endpoint, options o, const clock& clk, metrics::registry& reg);
   ~zmtp_subscriber();
   zmtp_subscriber(const zmtp_subscriber&) = delete;
   zmtp_subscriber& operator=(const zmtp_subscriber&) = delete;
@@ -81,24 +84,34 @@ public:
   void subscribe(std::string_view topic);
   void unsubscribe(std::string_view topic);
 
-  /// Waits up to `timeout` for input, then hands every complete message that
-  /// arrived to `on_message` (frames point into an internal buffer, valid
-  /// during the call). Returns the number of messages delivered.
-  std::size_t poll(std::chrono::milliseconds timeout, const message_fn& on_message);
+  /// Who gets every complete message that arrives while the loop turns
+  /// (frames point into an internal buffer, valid during the call).
+  void on_message(message_fn f) { on_message_ = std::move(f); }
+  /// Messages handed over so far.
+  std::size_t delivered() const { return delivered_; }
+  /// After each turn of the loop: accepting resumes after a pause, handshakes
+  /// that took too long end, closed connections are freed.
+  void after_turn();
 
-  /// Another descriptor for the same wait: poll() calls `on_readable` when it
-  /// is readable (the master's UDP query endpoint shares its loop).
-  void watch(int fd, std::function<void()> on_readable);
+  /// One turn of the loop and after_turn(), with `f` for the messages
+  /// (tests, and whoever has nothing else on the loop). Returns how many.
+  std::size_t poll(std::chrono::milliseconds timeout, message_fn f);
 
   /// Peers that finished the handshake.
   std::size_t peers() const;
 
 private:
   struct peer;
+  struct listener final : event_loop::source {
+    zmtp_subscriber& self;
+    explicit listener(zmtp_subscriber& s) : self(s) {}
+    void on_ready(std::uint32_t) override { self.accept_all(); }
+  };
+  void peer_ready(peer& p, std::uint32_t events);
   void accept_all();
   bool admitted(const sockaddr_storage& from);
-  void on_readable(peer& p, const message_fn& on_message, std::size_t& delivered);
-  void parse(peer& p, const message_fn& on_message, std::size_t& delivered);
+  void on_readable(peer& p);
+  void parse(peer& p);
   void send_subscription(bool subscribe, std::string_view topic);
   void send(peer& p, std::string_view bytes);
   void flush(peer& p);
@@ -107,18 +120,16 @@ private:
   void expire_handshakes();
   void update_interest(peer& p);
 
+  event_loop& loop_;
+  listener listener_{*this};
+  message_fn on_message_;
+  std::size_t delivered_ = 0;
   const clock& clock_;
   options opt_;
   std::string endpoint_;
   std::string unlink_path_;  ///< ipc socket file removed on destruction
   int listen_fd_ = -1;
-  int epoll_fd_ = -1;
   std::vector<std::unique_ptr<peer>> peers_;
-  struct watched {
-    int fd;
-    std::function<void()> on_readable;
-  };
-  std::vector<std::unique_ptr<watched>> watched_;
   std::vector<std::string> topics_;
   std::size_t subscription_bytes_ = 0;  ///< all subscription frames, as sent to a new peer
   std::chrono::steady_clock::time_point next_expiry_check_{};

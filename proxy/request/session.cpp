@@ -48,7 +48,9 @@ public:
       if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
       c_.response_fields.clear();  // the last request's fields are not this one's
       if (!co_await read_head(*rt)) co_return;
-      if (!co_await serve_request(*rt)) co_return;
+      const bool goes_on = co_await serve_request(*rt);
+      write_entry();  // the request's one access-log record, whichever way it ended
+      if (!goes_on) co_return;
     }
   }
 
@@ -145,19 +147,19 @@ private:
     if (rt.cfg.access_log) begin_entry(rt);
     if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
       s_.metrics.bad_request.inc();
-      log_own(413);
+      answered(413);
       co_return co_await refuse(c_, version, 413, "request body too large\n");
     }
     std::string_view why;
     const route* r = route_for(rt, why);
     if (!why.empty()) {
       s_.metrics.bad_request.inc();
-      log_own(400);
+      answered(400);
       co_return co_await refuse_bad_request(version, why);
     }
     if (!r) {
       s_.metrics.no_route.inc();
-      log_own(404);
+      answered(404);
       co_return co_await answer(404, "no route\n", 0);
     }
     const std::int64_t now_us = s_.clk.wall_us();
@@ -174,7 +176,7 @@ private:
       // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
       const bool full = a.gate.reason == reject_reason::held_full;
       const unsigned status = a.ambiguous ? 400 : a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
-      log_own(status);
+      answered(status);
       if (a.ambiguous)
         co_return co_await answer(400, "bad request: more than one value for the client identifier\n", 0);
       if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
@@ -196,7 +198,7 @@ private:
       held(rt, *r, a, stayed);
       if (entry_) entry_->held_ms = ms_since(held_from);
       if (!stayed) {
-        log_own(0);  // the client left while held
+        answered(0);  // the client left while held
         co_return false;
       }
     }
@@ -213,7 +215,7 @@ private:
       entry_->bytes_in = o.bytes_in;
       entry_->bytes_out = o.bytes_out;
       if (o.server) entry_->upstream = to_string(rt.servers[r->upstream_index][*o.server]);
-      log_own(o.status);
+      answered(o.status);
     }
     co_return keep;
   }
@@ -254,11 +256,19 @@ private:
     return std::chrono::duration<double, std::milli>(s_.clk.steady_now() - from).count();
   }
 
-  // Writes the request's access log line (when there is one) with `status`.
-  void log_own(unsigned status) {
+  // The request's outcome for its access-log record: the status sent (0:
+  // none, the client or upstream went away) and the time until it was known
+  // (a refused client's lingering close is not the request's time).
+  void answered(unsigned status) {
     if (!entry_) return;
     entry_->status = status;
     entry_->duration_ms = ms_since(started_);
+  }
+
+  // Writes the request's record, once, when the request is done (as h2o logs
+  // at request disposal); the stages only fill it in.
+  void write_entry() {
+    if (!entry_) return;
     if (auto* log = s_.access.get()) log->write(*entry_);
     entry_.reset();
   }

@@ -29,7 +29,7 @@ struct received {
 
 class Zmtp : public ::testing::Test {
 protected:
-  explicit Zmtp(zmtp_subscriber::options o = {}) : sub_("tcp://127.0.0.1:*", o, clock_, registry_) {}
+  explicit Zmtp(zmtp_subscriber::options o = {}) : sub_(loop_, "tcp://127.0.0.1:*", o, clock_, registry_) {}
 
   // Polls until `done` or 3,000 rounds of at most 1 ms.
   template <class F>
@@ -138,6 +138,7 @@ protected:
 
   manual_clock clock_;
   metrics::registry registry_;
+  master::event_loop loop_;
   zmtp_subscriber sub_;
   std::vector<received> got_;
   std::vector<int> fds_;
@@ -278,7 +279,7 @@ TEST_F(Zmtp, SubscriptionChangesReachConnectedPublishers) {
 TEST_F(Zmtp, IpcEndpoint) {
   const std::string path = "/tmp/smockron-zmtp-test-" + std::to_string(::getpid()) + ".sock";
   {
-    zmtp_subscriber ipc("ipc://" + path, {}, clock_, registry_);
+    zmtp_subscriber ipc(loop_, "ipc://" + path, {}, clock_, registry_);
     ipc.subscribe("d\0"s);
     zmq::context_t ctx;
     zmq::socket_t pub(ctx, zmq::socket_type::pub);
@@ -299,14 +300,14 @@ TEST_F(Zmtp, IpcEndpoint) {
 TEST_F(Zmtp, BadEndpointsAreClearErrors) {
   for (const std::string e : {"tcp://127.0.0.1", "tcp://127.0.0.1:99999", "inproc://x", "udp://1:2"}) {
     try {
-      zmtp_subscriber bad(e, {}, clock_, registry_);
+      zmtp_subscriber bad(loop_, e, {}, clock_, registry_);
       ADD_FAILURE() << e << " was accepted";
     } catch (const std::runtime_error& err) {
       EXPECT_NE(std::string(err.what()).find(e), std::string::npos) << err.what();
     }
   }
   // A port already bound.
-  EXPECT_THROW(zmtp_subscriber(sub_.endpoint(), {}, clock_, registry_), std::runtime_error);
+  EXPECT_THROW(zmtp_subscriber(loop_, sub_.endpoint(), {}, clock_, registry_), std::runtime_error);
 }
 
 TEST_F(Zmtp, HandshakeThenSubscriptionsAfterPeersReady) {
