@@ -46,9 +46,8 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
   for (const auto& [cmd, name] :
        {std::pair{query::command::over_limit, "over_limit"}, std::pair{query::command::get_stats, "get_stats"},
         std::pair{query::command::get_size, "get_size"}}) {
-    queries_[static_cast<int>(cmd)] =
-        &reg.add_counter("smockron_master_queries_total", "Query protocol requests answered, by command",
-                         metrics::labels({{"command", name}}));
+    queries_[cmd] = &reg.add_counter("smockron_master_queries_total", "Query protocol requests answered, by command",
+                                     metrics::labels({{"command", name}}));
   }
   reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
                    [this] { return static_cast<double>(limiter_.tracked()); });
@@ -63,9 +62,9 @@ void ingest::install(const config::master_config& cfg) {
     s.name = d.name;
     s.limits = compile(d, cfg.max_clock_skew);
     for (auto st : {wire::status::accepted, wire::status::delayed, wire::status::rejected}) {
-      s.messages[static_cast<int>(st)] = &metrics_.add_counter(
-          "smockron_master_accounting_messages_total", "Accounting messages processed by domain and status",
-          metrics::labels({{"domain", d.name}, {"status", wire::to_string(st)}}));
+      s.messages[st] = &metrics_.add_counter("smockron_master_accounting_messages_total",
+                                             "Accounting messages processed by domain and status",
+                                             metrics::labels({{"domain", d.name}, {"status", wire::to_string(st)}}));
     }
     s.tracked = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                     metrics::labels({{"domain", d.name}}));
@@ -128,7 +127,7 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     return std::nullopt;
   }
   domain& d = domains_[it->second];
-  d.messages[static_cast<int>(msg->state)]->inc();
+  d.messages[msg->state]->inc();
   rules::event e;
   switch (msg->state) {
     case wire::status::accepted: e = {rules::event_kind::accepted, msg->received_ms * 1000}; break;
@@ -160,7 +159,7 @@ ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us
       bytes += limiter_.tracked(d) * (k_state_overhead + times * sizeof(std::int64_t));
     }
     query::append_size(out, r.id, bytes, limiter_.tracked());
-    queries_[static_cast<int>(r.cmd)]->inc();
+    queries_[r.cmd]->inc();
     result.answered = true;
     return result;
   }
@@ -170,7 +169,7 @@ ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us
     return result;
   }
   const std::size_t d = it->second;
-  queries_[static_cast<int>(r.cmd)]->inc();
+  queries_[r.cmd]->inc();
   result.answered = true;
   if (r.cmd == query::command::get_stats) {
     const auto st = limiter_.find_stats(d, r.identifier);

@@ -17,6 +17,7 @@
 #include "master/query.hpp"
 #include "master/rules.hpp"
 #include "shared/base/clock.hpp"
+#include "shared/base/enum_array.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/base/string_hash.hpp"
@@ -36,7 +37,7 @@ public:
   struct domain {
     std::string name;
     rules::limits limits;
-    metrics::counter* messages[3] = {};  ///< by wire::status
+    enum_array<wire::status, metrics::counter*, wire::status_count> messages;  ///< by status
     metrics::gauge* tracked = nullptr;
   };
 
@@ -86,7 +87,7 @@ private:
   string_map<std::size_t> index_;
   metrics::counter* decode_errors_[wire::decode_error_count] = {};
   metrics::counter& unknown_domain_;
-  metrics::counter* queries_[3] = {};  ///< by query::command
+  enum_array<query::command, metrics::counter*, query::command_count> queries_;  ///< by command
   metrics::counter& query_unknown_domain_;
   metrics::counter& evictions_;
   metrics::counter& expirations_;

@@ -21,6 +21,7 @@ namespace smockron::query {
 inline constexpr std::size_t max_datagram = 2048;
 
 enum class command : std::uint8_t { over_limit, get_stats, get_size };
+inline constexpr std::size_t command_count = 3;
 
 struct request {
   std::optional<std::uint64_t> id;  ///< echoed before the response

@@ -28,7 +28,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "proxy/gate/decision.hpp"
+#include "proxy/gate/plan.hpp"
 #include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {

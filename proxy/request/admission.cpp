@@ -33,7 +33,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     const ip_address client = client_address(req.headers, peer, rt.cfg.trusted_proxies, rt.cfg.real_ip_header);
     if (std::any_of(r.exempt.begin(), r.exempt.end(), [&](const cidr& c) { return c.contains(client); })) {
       a.outcome = decision::exempt;
-      count[static_cast<int>(decision::exempt)]->inc();
+      count[decision::exempt]->inc();
       return a;
     }
   }
@@ -44,7 +44,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     // Two values for one identifier: whichever the gate chose, the backend may use the other.
     a.outcome = decision::rejected;
     a.ambiguous = true;
-    count[static_cast<int>(decision::rejected)]->inc();
+    count[decision::rejected]->inc();
     env.metrics.reject_ambiguous.inc();
     return a;
   }
@@ -54,7 +54,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   if (rt.cfg.fail_closed && !env.g.covered(domain, now_us)) {
     a.outcome = decision::rejected;
     a.no_master = true;
-    count[static_cast<int>(decision::rejected)]->inc();
+    count[decision::rejected]->inc();
     env.metrics.reject_no_master.inc();
     return a;
   }
@@ -63,12 +63,12 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     switch (r.unidentified) {
       case action::allow:
         env.metrics.unidentified_allow.inc();
-        count[static_cast<int>(decision::unidentified)]->inc();
+        count[decision::unidentified]->inc();
         return a;
       case action::reject:
         env.metrics.unidentified_reject.inc();
         env.metrics.reject_unidentified.inc();
-        count[static_cast<int>(decision::rejected)]->inc();
+        count[decision::rejected]->inc();
         a.outcome = decision::rejected;
         a.unidentified = true;
         return a;
@@ -86,7 +86,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     const decision would = a.gate.v == verdict::reject  ? decision::rejected
                            : a.gate.v == verdict::delay ? decision::delayed
                                                         : decision::accepted;
-    rt.shadow_decisions[r.domain_index][static_cast<int>(would)]->inc();
+    rt.shadow_decisions[r.domain_index][would]->inc();
     if (would == decision::delayed) {
       env.metrics.shadow_delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
       env.g.release_held(limits);  // it is not held
@@ -94,7 +94,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     a.shadow = would;
     a.outcome = decision::accepted;
     account(env, rt, r, wire::status::accepted, id, now_us, 0);
-    count[static_cast<int>(decision::accepted)]->inc();
+    count[decision::accepted]->inc();
     return a;
   }
   switch (a.gate.v) {
@@ -118,7 +118,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       account(env, rt, r, wire::status::accepted, id, now_us, 0);
       break;
   }
-  count[static_cast<int>(a.outcome)]->inc();
+  count[a.outcome]->inc();
   return a;
 }
 

@@ -4,8 +4,6 @@
 namespace smockron::proxy {
 namespace {
 
-constexpr std::array<std::string_view, decision_count> k_decision_names = {"accepted", "delayed", "rejected",
-                                                                           "unidentified", "exempt"};
 std::vector<double> delay_buckets() { return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}; }
 
 metrics::counter& reject(metrics::registry& r, std::string_view reason) {
@@ -27,8 +25,6 @@ metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
 }
 
 }  // namespace
-
-std::string_view to_string(decision d) { return k_decision_names[static_cast<std::size_t>(d)]; }
 
 proxy_metrics::proxy_metrics(metrics::registry& r)
     : reg(r),
@@ -65,11 +61,12 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
                                            "How long shadow routes would have held requests (they were not)",
                                            delay_buckets())) {}
 
-std::array<metrics::counter*, decision_count> proxy_metrics::decisions(const std::string& domain) {
-  std::array<metrics::counter*, decision_count> row{};
+decision_counters proxy_metrics::decisions(const std::string& domain) {
+  decision_counters row;
   for (std::size_t i = 0; i < decision_count; ++i) {
-    row[i] = &reg.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
-                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+    row[static_cast<decision>(i)] =
+        &reg.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
+                         metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
   }
   return row;
 }
@@ -88,12 +85,13 @@ proxy_metrics::upstream_series proxy_metrics::upstream(const std::string& name) 
   return u;
 }
 
-std::array<metrics::counter*, shadow_decision_count> proxy_metrics::shadow_decisions(const std::string& domain) {
-  std::array<metrics::counter*, shadow_decision_count> row{};
+shadow_decision_counters proxy_metrics::shadow_decisions(const std::string& domain) {
+  shadow_decision_counters row;
   for (std::size_t i = 0; i < shadow_decision_count; ++i) {
-    row[i] = &reg.add_counter("smockron_proxy_shadow_decisions_total",
-                              "What the gate would have decided on shadow routes (the requests were forwarded)",
-                              metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
+    row[static_cast<decision>(i)] =
+        &reg.add_counter("smockron_proxy_shadow_decisions_total",
+                         "What the gate would have decided on shadow routes (the requests were forwarded)",
+                         metrics::labels({{"domain", domain}, {"decision", k_decision_names[i]}}));
   }
   return row;
 }

@@ -9,24 +9,22 @@
 #include <string>
 #include <string_view>
 
+#include "proxy/request/decision.hpp"
+#include "shared/base/enum_array.hpp"
 #include "shared/base/metrics.hpp"
 
 namespace smockron::proxy {
 
-/// What became of a request at the gate: the `decision` label of
-/// smockron_proxy_requests_total and of the access log.
-/// exempt: not limited (a route without a domain, or a client in the route's `exempt`).
-enum class decision : std::uint8_t { accepted, delayed, rejected, unidentified, exempt };
-inline constexpr std::size_t decision_count = 5;
-/// The gate's verdicts a shadow route counts (accepted, delayed, rejected).
-inline constexpr std::size_t shadow_decision_count = 3;
-std::string_view to_string(decision d);
+/// smockron_proxy_requests_total{domain, decision}, one per decision.
+using decision_counters = enum_array<decision, metrics::counter*, decision_count>;
+/// The gate's verdicts a shadow route counts (accepted, delayed, rejected: the first three).
+using shadow_decision_counters = enum_array<decision, metrics::counter*, shadow_decision_count>;
 
 struct proxy_metrics {
   explicit proxy_metrics(metrics::registry& r);
 
   /// smockron_proxy_requests_total{domain, decision}, one per decision.
-  std::array<metrics::counter*, decision_count> decisions(const std::string& domain);
+  decision_counters decisions(const std::string& domain);
   /// An upstream's responses by status class (1xx..5xx) and its response time
   /// (request sent to response head; smockron_proxy_upstream_response_seconds).
   struct upstream_series {
@@ -35,7 +33,7 @@ struct proxy_metrics {
   };
   upstream_series upstream(const std::string& name);
   /// smockron_proxy_shadow_decisions_total{domain, decision}: what the gate would have done on a shadow route.
-  std::array<metrics::counter*, shadow_decision_count> shadow_decisions(const std::string& domain);
+  shadow_decision_counters shadow_decisions(const std::string& domain);
 
   metrics::registry& reg;
   metrics::counter &no_route, &bad_request, &header_too_large, &header_timeout, &client_gone_held;

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "proxy/gate/gate.hpp"
-#include "proxy/request/proxy_metrics.hpp"
+#include "proxy/request/decision.hpp"
 
 namespace smockron::proxy {
 

@@ -34,9 +34,9 @@ struct runtime {
 
   config::proxy_config cfg;
   route_table routes;
-  std::vector<std::uint32_t> gate_domain;                                ///< per routes.domains() index
-  std::vector<std::array<metrics::counter*, decision_count>> decisions;  ///< per domain index, by decision
-  std::vector<std::array<metrics::counter*, shadow_decision_count>> shadow_decisions;  ///< per domain index
+  std::vector<std::uint32_t> gate_domain;                  ///< per routes.domains() index
+  std::vector<decision_counters> decisions;                ///< per domain index, by decision
+  std::vector<shadow_decision_counters> shadow_decisions;  ///< per domain index
   /// Per upstream, its servers' addresses (a name: every address it resolves to).
   std::vector<std::vector<tcp::endpoint>> servers;
   /// Per upstream, per server address: the host it was configured as (TLS: SNI and the name checked).

@@ -23,6 +23,7 @@ inline constexpr std::int64_t max_timestamp_ms = 253'402'300'799'999;
 inline constexpr std::size_t max_number_digits = 15;
 
 enum class status : std::uint8_t { accepted, delayed, rejected };
+inline constexpr std::size_t status_count = 3;
 
 /// "ACCEPTED", "DELAYED", "REJECTED".
 std::string_view to_string(status s);

@@ -1,7 +1,7 @@
 // The gate's decision arithmetic, without the concurrent map: what one
 // client's entry, the guard's policy and the limits say about a request at
 // `now`, and how the entry records it. Pure functions over plain values,
-// table-tested (decision_test.cpp) like the master's rules; gate.cpp keeps
+// table-tested (plan_test.cpp) like the master's rules; gate.cpp keeps
 // the sharded map, its locks and the held counters around them.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The gate's decision arithmetic as a table: a client's entry, the guard's
 // policy and the limits in, the plan out; then what recording it does to the
 // entry. No map, no locks, no clock (times in ms below).
-#include "proxy/gate/decision.hpp"
+#include "proxy/gate/plan.hpp"
 
 #include <gtest/gtest.h>
 
@@ -46,7 +46,7 @@ client_entry master_says(std::int64_t next_after_ms, std::int64_t spoke_ago_ms =
 
 }  // namespace
 
-TEST(GateDecision, Table) {
+TEST(GatePlan, Table) {
   client_entry paced = master_says(100);
   paced.local_next_us = now + 700 * ms;  // two requests already held on this gatekeeper
   client_entry stale_paced = paced;
@@ -87,7 +87,7 @@ TEST(GateDecision, Table) {
   }
 }
 
-TEST(GateDecision, RecordingAHoldChargesAtTheReleaseAndPaces) {
+TEST(GatePlan, RecordingAHoldChargesAtTheReleaseAndPaces) {
   const guard_policy g = one_rule(500, 1);
   client_entry e = master_says(300, 0, 100);
   const request_plan p = plan_request(e, g, max_delay, fresh, now);
@@ -100,7 +100,7 @@ TEST(GateDecision, RecordingAHoldChargesAtTheReleaseAndPaces) {
   EXPECT_EQ(next.pace_us, 500 * ms);
 }
 
-TEST(GateDecision, RecordingAnAcceptChargesTheGuardNow) {
+TEST(GatePlan, RecordingAnAcceptChargesTheGuardNow) {
   const guard_policy g = one_rule(500, 2);
   client_entry e;
   e.policy_seq = g.seq;
@@ -113,7 +113,7 @@ TEST(GateDecision, RecordingAnAcceptChargesTheGuardNow) {
   EXPECT_EQ(third.release_us, now + 500 * ms);
 }
 
-TEST(GateDecision, RefreshStartsAfreshUnderNewRulesAndLapsesSpares) {
+TEST(GatePlan, RefreshStartsAfreshUnderNewRulesAndLapsesSpares) {
   client_entry e;
   e.tat[0] = now + 9'000 * ms;
   e.policy_seq = 1;
@@ -127,7 +127,7 @@ TEST(GateDecision, RefreshStartsAfreshUnderNewRulesAndLapsesSpares) {
   EXPECT_EQ(e.tat[0], now + 100) << "no policy: nothing to reset";
 }
 
-TEST(GateDecision, AGivenBackSlotKeepsTheEarliestSpare) {
+TEST(GatePlan, AGivenBackSlotKeepsTheEarliestSpare) {
   client_entry e;
   give_back(e, now + 500 * ms, now);
   EXPECT_EQ(e.spare_us, now + 500 * ms);
@@ -141,7 +141,7 @@ TEST(GateDecision, AGivenBackSlotKeepsTheEarliestSpare) {
   EXPECT_EQ(e.spare_us, 0);
 }
 
-TEST(GateDecision, RetryAfterIsWholeSecondsRoundedUpAtLeastOne) {
+TEST(GatePlan, RetryAfterIsWholeSecondsRoundedUpAtLeastOne) {
   EXPECT_EQ(retry_after_s(now + 1, now), 1);
   EXPECT_EQ(retry_after_s(now + 1'000'000, now), 1);
   EXPECT_EQ(retry_after_s(now + 1'000'001, now), 2);

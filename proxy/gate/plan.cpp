@@ -1,5 +1,5 @@
-// The gate's decision arithmetic (see decision.hpp).
-#include "proxy/gate/decision.hpp"
+// The gate's decision arithmetic (see plan.hpp).
+#include "proxy/gate/plan.hpp"
 
 #include <algorithm>
 
