@@ -112,21 +112,21 @@ awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connecti
   }
 }
 
-awaitable<bool> respond(connection& c, unsigned version, unsigned status, std::string_view body, bool keep_alive,
-                        std::int64_t retry_after_s) {
+awaitable<connection_next> respond(connection& c, unsigned version, unsigned status, std::string_view body,
+                                   bool keep_alive, std::int64_t retry_after_s) {
   c.out.clear();
   http1::write_simple_response(c.out, version, status, body, keep_alive, retry_after_s, c.response_fields);
   buffer_list b;
   b.add(c.out.data(), c.out.size());
   boost::system::error_code ec;
   if (!send_now(c.client, b, ec)) ec = std::get<0>(co_await write(c, c.client, b, k_respond_timeout));
-  co_return !ec && keep_alive;
+  co_return goes_on_if(!ec && keep_alive);
 }
 
 // Closing with unread bytes would reset the connection, and a reset can
 // destroy the answer before the client reads it. So: end our side, then read
 // and discard what comes for at most k_linger (as nginx's lingering close).
-awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::string_view body) {
+awaitable<connection_next> refuse(connection& c, unsigned version, unsigned status, std::string_view body) {
   co_await respond(c, version, status, body, false);
   boost::system::error_code ignored;
   c.client.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -139,7 +139,7 @@ awaitable<bool> refuse(connection& c, unsigned version, unsigned status, std::st
     if (ec) break;
     total += n;
   }
-  co_return false;
+  co_return connection_next::ends;
 }
 
 namespace {
@@ -158,22 +158,22 @@ namespace {
 // Past k_hold_buffer nothing more is read while held: looks for the client
 // leaving every k_hold_poll until the hold ends (a rare case: its own frame
 // and timer are made only then).
-awaitable<bool> watch_for_leaving(connection& c) {
+awaitable<hold_end> watch_for_leaving(connection& c) {
   steady_timer tick(c.client.get_executor());
   while (!c.released && steady::now() < c.hold_until) {
     tick.expires_at(std::min(steady::now() + k_hold_poll, c.hold_until));
     co_await tick.async_wait(nothrow);
-    if (client_gone(c)) co_return false;
+    if (client_gone(c)) co_return hold_end::client_left;
   }
-  co_return true;
+  co_return hold_end::released;
 }
 
 }  // namespace
 
 // What is read while held goes to the tail of `early`, which is grown only
 // for the read (a 4 KiB buffer in this frame cost every held request 4 KiB).
-awaitable<bool> hold(connection& c, steady::duration wait) {
-  if (wait <= steady::duration::zero()) co_return true;
+awaitable<hold_end> hold(connection& c, steady::duration wait) {
+  if (wait <= steady::duration::zero()) co_return hold_end::released;
   c.released = false;
   c.hold_until = steady::now() + wait;
   c.rewatch();
@@ -185,7 +185,7 @@ awaitable<bool> hold(connection& c, steady::duration wait) {
     }
   } guard{c};
   for (;;) {
-    if (c.released) co_return true;
+    if (c.released) co_return hold_end::released;
     if (c.early.size() >= k_hold_buffer) co_return co_await watch_for_leaving(c);
     const std::size_t at = c.early.size();
     const std::size_t room = std::min(k_hold_read, k_hold_buffer - at);
@@ -194,20 +194,20 @@ awaitable<bool> hold(connection& c, steady::duration wait) {
       c.early.resize(at + room);
       const auto [ec, n] = co_await tls->async_read_some(asio::buffer(c.early.data() + at, room), nothrow);
       c.early.resize(at + n);
-      if (c.released) co_return true;
-      if (ec) co_return false;
+      if (c.released) co_return hold_end::released;
+      if (ec) co_return hold_end::client_left;
       continue;
     }
     const auto [ec] = co_await c.client.socket().async_wait(tcp::socket::wait_read, nothrow);
-    if (c.released) co_return true;
-    if (ec) co_return false;
+    if (c.released) co_return hold_end::released;
+    if (ec) co_return hold_end::client_left;
     // Readable: the client left, or sent more (a body, a pipelined request):
     // kept in `early` for forwarding, so that a FIN behind it shows.
-    if (client_gone(c)) co_return false;
+    if (client_gone(c)) co_return hold_end::client_left;
     c.early.resize(at + room);
     const auto n = sys::recv(c.client.socket().native_handle(), c.early.data() + at, room, MSG_DONTWAIT);
     c.early.resize(at + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return false;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) co_return hold_end::client_left;
   }
 }
 

@@ -66,7 +66,7 @@ awaitable<relay_end> relay_body(connection& c, const relay_leg& leg, body_relay&
 }
 
 // One request's exchange with its upstream. Each step either goes on or
-// answers the client itself (then `keep` says whether the connection goes on).
+// answers the client itself (then `next` says whether the connection goes on).
 struct exchange {
   forward_env& env;
   const runtime& rt;
@@ -78,19 +78,19 @@ struct exchange {
   // A request that may have reached a pooled connection's server is resent
   // only when that is harmless: no body (nothing consumed) and an idempotent method.
   bool retryable = req.body == http1::framing::none && idempotent(req.method);
-  bool keep = false;
+  connection_next next = connection_next::ends;
 
   enum class step : std::uint8_t { next, retry, answered };
 
   awaitable<step> send_request(int attempt);
   awaitable<step> read_response_head(int attempt);
-  awaitable<bool> relay_response();
+  awaitable<connection_next> relay_response();
   awaitable<void> tunnel();
   awaitable<void> pump(link& from, link& to, boost::beast::flat_buffer& pending);
 
   awaitable<step> answer(unsigned status, std::string_view body) {
     c.outcome.status = status;
-    keep = co_await respond(c, version, status, body, false);
+    next = co_await respond(c, version, status, body, false);
     co_return step::answered;
   }
 };
@@ -120,12 +120,12 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
     case relay_end::kind::bad_framing:
       env.metrics.bad_request.inc();
       c.outcome.status = 400;
-      keep = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
+      next = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
       co_return step::answered;
     case relay_end::kind::too_large:
       env.metrics.bad_request.inc();
       c.outcome.status = 413;
-      keep = co_await refuse(c, version, 413, "request body too large\n");
+      next = co_await refuse(c, version, 413, "request body too large\n");
       co_return step::answered;
     case relay_end::kind::write_failed:
       if (c.fwd().up.reused && retryable && attempt == 0) co_return step::retry;
@@ -133,7 +133,7 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
       co_return co_await answer(502, "upstream write failed\n");
     case relay_end::kind::read_failed: break;
   }
-  keep = false;  // the client failed mid-body: nothing sensible to answer
+  next = connection_next::ends;  // the client failed mid-body: nothing sensible to answer
   co_return step::answered;
 }
 
@@ -154,7 +154,7 @@ awaitable<exchange::step> exchange::read_response_head(int attempt) {
         http1::write_response_head(c.out, res, 11, http1::framing::none, true, false);
         auto [wec, wn] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout);
         if (wec) {
-          keep = false;
+          next = connection_next::ends;
           co_return step::answered;
         }
       }
@@ -196,7 +196,7 @@ awaitable<exchange::step> exchange::read_response_head(int attempt) {
 // The response head and body to the client, re-framed for its version:
 // HTTP/1.0 knows no chunks, and an HTTP/1.1 client keeps its connection when
 // a body that ends by closing is sent chunked.
-awaitable<bool> exchange::relay_response() {
+awaitable<connection_next> exchange::relay_response() {
   using http1::framing;
   framing out = res.body;
   if (res.body == framing::until_close && version >= 11) out = framing::chunked;
@@ -213,14 +213,14 @@ awaitable<bool> exchange::relay_response() {
   // Once the response has started, closing is the only honest signal left.
   switch (end.what) {
     case relay_end::kind::done: break;
-    case relay_end::kind::bad_framing: env.metrics.upstream_reset.inc(); co_return false;
+    case relay_end::kind::bad_framing: env.metrics.upstream_reset.inc(); co_return connection_next::ends;
     case relay_end::kind::read_failed:
       (end.ec == asio::error::timed_out ? env.metrics.upstream_timeout : env.metrics.upstream_reset).inc();
-      co_return false;
-    default: co_return false;  // the client failed
+      co_return connection_next::ends;
+    default: co_return connection_next::ends;  // the client failed
   }
   if (res.keep_alive && c.fwd().upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
-  co_return keep_client;
+  co_return goes_on_if(keep_client);
 }
 
 // After a 101 response: the response head to the client, then bytes both
@@ -256,8 +256,8 @@ awaitable<void> exchange::pump(link& from, link& to, boost::beast::flat_buffer& 
 
 }  // namespace
 
-awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
-                        const http1::forward_info& hop) {
+awaitable<connection_next> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
+                                   const http1::forward_info& hop) {
   exchange x{env, rt, r, c};
   c.outcome = {};
   const http1::request_head& req = c.request;
@@ -265,7 +265,7 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
     // The proxy answers 100-continue itself, once the gate has admitted the request.
     static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
     auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout);
-    if (ec) co_return false;
+    if (ec) co_return connection_next::ends;
   }
   c.out.clear();
   http1::forward_info info = hop;
@@ -289,7 +289,7 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
     if (attempt > 0) sent = env.clk.steady_now();
     auto st = co_await x.send_request(attempt);
     if (st == exchange::step::next) st = co_await x.read_response_head(attempt);
-    if (st == exchange::step::answered) co_return x.keep;
+    if (st == exchange::step::answered) co_return x.next;
     if (st == exchange::step::next) break;
   }
   const auto& counted = rt.upstream_metrics[r.upstream_index];
@@ -303,7 +303,7 @@ awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, con
       co_return co_await respond(c, x.version, 502, "upstream switched protocols unasked\n", false);
     }
     co_await x.tunnel();
-    co_return false;
+    co_return connection_next::ends;
   }
   co_return co_await x.relay_response();
 }

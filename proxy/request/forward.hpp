@@ -28,8 +28,8 @@ struct forward_env {
 /// Forwards `c.request` (whose head is at the front of `c.in`) to the
 /// route's upstream and relays the response. `hop`: the peer's address and
 /// whether it is a trusted proxy (X-Forwarded-* rules, http1.hpp). Returns
-/// whether the client connection may be kept alive.
-awaitable<bool> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
-                        const http1::forward_info& hop);
+/// whether the client connection goes on.
+awaitable<connection_next> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
+                                   const http1::forward_info& hop);
 
 }  // namespace smockron::proxy

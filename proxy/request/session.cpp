@@ -47,10 +47,10 @@ public:
       c_.tick = rt->tick;
       if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
       c_.response_fields.clear();  // the last request's fields are not this one's
-      if (!co_await read_head(*rt)) co_return;
-      const bool goes_on = co_await serve_request(*rt);
+      if (co_await read_head(*rt) == connection_next::ends) co_return;
+      const connection_next next = co_await serve_request(*rt);
       write_entry();  // the request's one access-log record, whichever way it ended
-      if (!goes_on) co_return;
+      if (next == connection_next::ends) co_return;
     }
   }
 
@@ -108,9 +108,8 @@ private:
   }
 
   // Reads the rest of a request head within max_header_bytes and the
-  // deadline running, or answers why not (408, 414, 431, 400). False: the
-  // connection ends.
-  awaitable<bool> read_head(const runtime& rt) {
+  // deadline running, or answers why not (408, 414, 431, 400).
+  awaitable<connection_next> read_head(const runtime& rt) {
     const auto limit = static_cast<std::size_t>(rt.cfg.max_header_bytes);
     http1::parse_result parsed;
     for (std::size_t scanned = 0;;) {
@@ -123,12 +122,12 @@ private:
           s_.metrics.header_timeout.inc();
           co_await respond(c_, 11, 408, "request head not received in time\n", false);
         }
-        co_return false;
+        co_return connection_next::ends;
       }
       c_.in.commit(n);
     }
     switch (parsed.status) {
-      case http1::parse_status::complete: co_return true;
+      case http1::parse_status::complete: co_return connection_next::goes_on;
       case http1::parse_status::line_too_long:
         s_.metrics.header_too_large.inc();
         co_return co_await refuse(c_, 11, 414, "request line too long\n");
@@ -139,8 +138,8 @@ private:
     }
   }
 
-  // One request whose head is in c_.request. False: the connection ends.
-  awaitable<bool> serve_request(const runtime& rt) {
+  // One request whose head is in c_.request.
+  awaitable<connection_next> serve_request(const runtime& rt) {
     http1::request_head& req = c_.request;
     const unsigned version = req.version;
     // The access log's line, begun now: the head's views do not outlive forwarding.
@@ -194,12 +193,12 @@ private:
       c_.expires_never();
       shrink_head();
       // The gate speaks wall time; the hold is that far from now.
-      const bool stayed = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
-      held(rt, *r, a, stayed);
+      const hold_end end = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
+      held(rt, *r, a, end);
       if (entry_) entry_->held_ms = ms_since(held_from);
-      if (!stayed) {
+      if (end == hold_end::client_left) {
         answered(0);  // the client left while held
-        co_return false;
+        co_return connection_next::ends;
       }
     }
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
@@ -209,7 +208,7 @@ private:
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
-    const bool keep = co_await forward(fenv, rt, *r, c_, hop);
+    const connection_next next = co_await forward(fenv, rt, *r, c_, hop);
     if (entry_) {
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;
@@ -217,7 +216,7 @@ private:
       if (o.server) entry_->upstream = to_string(rt.servers[r->upstream_index][*o.server]);
       answered(o.status);
     }
-    co_return keep;
+    co_return next;
   }
 
   // The rate-limit fields (always when limited, on every response with
@@ -315,18 +314,19 @@ private:
   // A response of the proxy's own to a request that has no body to skip
   // (else the connection closes after it: unread body bytes would be parsed
   // as the next request).
-  awaitable<bool> answer(unsigned status, std::string_view body, std::int64_t retry_after_s) {
+  awaitable<connection_next> answer(unsigned status, std::string_view body, std::int64_t retry_after_s) {
     const http1::request_head& req = c_.request;
     const bool go_on = req.keep_alive && req.body == http1::framing::none && !s_.draining;
-    if (!co_await respond(c_, req.version, status, body, go_on, retry_after_s)) co_return false;
+    if (co_await respond(c_, req.version, status, body, go_on, retry_after_s) == connection_next::ends)
+      co_return connection_next::ends;
     c_.in.consume(req.size);
-    co_return true;
+    co_return connection_next::goes_on;
   }
 
   // A hold ended: its place among the held is free; a client that left gives its slot back to the gate.
-  void held(const runtime& rt, const route& r, const admission& a, bool stayed) {
+  void held(const runtime& rt, const route& r, const admission& a, hold_end end) {
     s_.gate.release_held(rt.route_limits[r.index]);
-    if (stayed) return;
+    if (end == hold_end::released) return;
     s_.metrics.client_gone_held.inc();
     s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, s_.clk.wall_us());
   }
@@ -342,7 +342,7 @@ private:
   }
 
   // 400 with the reason (its text built in this frame, not in every request's).
-  awaitable<bool> refuse_bad_request(unsigned version, std::string_view why) {
+  awaitable<connection_next> refuse_bad_request(unsigned version, std::string_view why) {
     co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
   }
 

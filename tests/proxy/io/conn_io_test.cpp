@@ -87,7 +87,8 @@ TEST_F(ConnIo, DataIsProgressAndRestartsTheDeadline) {
 TEST_F(ConnIo, AHoldEndsEarlyWhenTheClientLeaves) {
   std::optional<bool> stayed;
   asio::co_spawn(
-      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)); },
+      ioc_.get_executor(),
+      [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)) == hold_end::released; },
       asio::detached);
   ioc_.run_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(stayed);
@@ -99,7 +100,8 @@ TEST_F(ConnIo, AHoldEndsEarlyWhenTheClientLeaves) {
 TEST_F(ConnIo, AHoldLastsItsTime) {
   std::optional<bool> stayed;
   asio::co_spawn(
-      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::milliseconds(30)); },
+      ioc_.get_executor(),
+      [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::milliseconds(30)) == hold_end::released; },
       asio::detached);
   ASSERT_TRUE(run_until([&] { return stayed.has_value(); }));
   EXPECT_TRUE(*stayed);
@@ -108,7 +110,8 @@ TEST_F(ConnIo, AHoldLastsItsTime) {
 TEST_F(ConnIo, AClientThatSendsThenLeavesIsSeenLeaving) {
   std::optional<bool> stayed;
   asio::co_spawn(
-      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)); },
+      ioc_.get_executor(),
+      [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)) == hold_end::released; },
       asio::detached);
   ioc_.run_for(std::chrono::milliseconds(10));
   asio::write(peer_, asio::buffer(std::string(3000, 'b')));  // a body, or a pipelined request
@@ -122,7 +125,8 @@ TEST_F(ConnIo, AClientThatSendsThenLeavesIsSeenLeaving) {
 TEST_F(ConnIo, WhatAHeldClientSendsIsKeptForForwarding) {
   std::optional<bool> stayed;
   asio::co_spawn(
-      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(2)); },
+      ioc_.get_executor(),
+      [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(2)) == hold_end::released; },
       asio::detached);
   ioc_.run_for(std::chrono::milliseconds(10));
   asio::write(peer_, asio::buffer(std::string("GET /next HTTP/1.1\r\n\r\n")));
@@ -136,7 +140,8 @@ TEST_F(ConnIo, WhatAHeldClientSendsIsKeptForForwarding) {
 TEST_F(ConnIo, PastTheHoldBufferALeavingClientIsStillSeen) {
   std::optional<bool> stayed;
   asio::co_spawn(
-      ioc_.get_executor(), [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)); },
+      ioc_.get_executor(),
+      [&]() -> awaitable<void> { stayed = co_await hold(*conn_, std::chrono::seconds(60)) == hold_end::released; },
       asio::detached);
   // More than the hold buffer, less than the socket buffers: a FIN behind a full
   // receive window could not arrive at all (TCP), whatever the proxy does.
