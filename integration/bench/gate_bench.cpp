@@ -31,6 +31,17 @@ identify = ["header:X-API-Key", "ip"]
   return *r.cfg->proxy;
 }
 
+// One request's gate path: route, identifier, decision, accounting message.
+std::pair<gate_decision, std::optional<wire::encoded>> one_request(
+    const route_table& routes, gate& g, const http1::header_list& headers, const ip_address& peer,
+    const std::vector<cidr>& trusted, const gate_limits& limits, std::int64_t now, wire::scratch& scratch) {
+  const route* r = routes.match(*headers.first("Host"), "/api/orders");
+  const auto found = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
+  const std::string_view who = found.who ? std::string_view(found.who->value) : std::string_view("-");
+  const auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who, now, limits);
+  return {d, wire::encode(wire::accounting{r->domain, wire::status::accepted, who, now / 1000, 0, {}}, scratch)};
+}
+
 // route + identifier + control lookup + accounting encode, against a control
 // memory of 100k throttled identifiers (the request's own key is not among them).
 void gate_path(benchmark::State& state, bool with_key) {
@@ -48,15 +59,7 @@ void gate_path(benchmark::State& state, bool with_key) {
   const gate_limits limits{5'000'000, 10'000};
   wire::scratch scratch;
   for (auto _ : state) {
-    const route* r = routes.match(*headers.first("Host"), "/api/orders");
-    const auto found = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
-    if (!found.who) {
-      state.SkipWithError("no identifier");
-      break;
-    }
-    const identity& who = *found.who;
-    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who.value, now, limits);
-    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who.value, now / 1000, 0, {}}, scratch);
+    const auto [d, enc] = one_request(routes, g, headers, peer, trusted, limits, now, scratch);
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
   }
@@ -91,15 +94,7 @@ void gate_path_guarded(benchmark::State& state, int clients) {
     const auto& headers = heads[i];
     if (++i == heads.size()) i = 0;
     if (++now % 1'000'000 == 0) g.set_policy(api, {&rule, 1}, now);  // the master's refresh
-    const route* r = routes.match(*headers.first("Host"), "/api/orders");
-    const auto found = identify(r->identify, headers, "/api/orders?page=2", peer, {&trusted, nullptr, now / 1'000'000});
-    if (!found.who) {
-      state.SkipWithError("no identifier");
-      break;
-    }
-    const identity& who = *found.who;
-    auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who.value, now, limits);
-    auto enc = wire::encode(wire::accounting{r->domain, wire::status::accepted, who.value, now / 1000, 0, {}}, scratch);
+    const auto [d, enc] = one_request(routes, g, headers, peer, trusted, limits, now, scratch);
     if (d.v != verdict::accept) state.SkipWithError("a client under its limit was held");
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
