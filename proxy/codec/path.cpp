@@ -136,6 +136,36 @@ std::string strip_parameters(std::string_view p) {
   return out;
 }
 
+namespace {
+// "." or ".." with each dot spelled "." or "%2e" (either case).
+bool is_dot_name(std::string_view s) {
+  int dots = 0;
+  while (!s.empty()) {
+    if (s.front() == '.') {
+      s.remove_prefix(1);
+    } else if (s.size() >= 3 && s[0] == '%' && s[1] == '2' && (s[2] == 'e' || s[2] == 'E')) {
+      s.remove_prefix(3);
+    } else {
+      return false;
+    }
+    ++dots;
+  }
+  return dots == 1 || dots == 2;
+}
+}  // namespace
+
+bool hides_dot_segment(std::string_view p) {
+  while (!p.empty()) {
+    const auto slash = p.find('/');
+    const std::string_view segment = p.substr(0, slash);
+    if (const auto semi = segment.find(';'); semi != std::string_view::npos && is_dot_name(segment.substr(0, semi)))
+      return true;
+    if (slash == std::string_view::npos) break;
+    p.remove_prefix(slash + 1);
+  }
+  return false;
+}
+
 bool under(std::string_view p, std::string_view prefix) {
   if (!p.starts_with(prefix)) return false;
   return prefix.empty() || prefix.back() == '/' || p.size() == prefix.size() || p[prefix.size()] == '/';

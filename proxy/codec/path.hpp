@@ -41,6 +41,13 @@ bool already_normal(std::string_view path, const options& o);
 /// inside "/api", "/api/..;/admin" is "/admin").
 std::string strip_parameters(std::string_view path);
 
+/// True when a segment with parameters is a dot-segment without them
+/// ("..;x", ".;", "%2e%2E;v=1"): the servers that strip parameters resolve
+/// it, the others serve it as a name, so the gate and the backend would see
+/// different paths (routes match the stripped form). Forwarded unchanged,
+/// such a path is refused.
+bool hides_dot_segment(std::string_view path);
+
 /// Whether `path` is under the route prefix `prefix` on a segment boundary:
 /// "/api" matches "/api" and "/api/x", not "/apiary"; "/api/" matches
 /// "/api/x"; "/" matches everything.

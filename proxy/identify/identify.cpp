@@ -92,23 +92,28 @@ std::string percent_decode(std::string_view s) {
   return out;
 }
 
-// Calls f(raw pair, raw value) for each parameter of the target's query whose
-// decoded key is exactly `name` until f returns true. The value is nothing
-// for a bare key ("?name").
+// Calls f(raw pair, raw value) for each parameter of `params` ("a=1&b=2")
+// whose decoded key is exactly `name` until f returns true. The value is
+// nothing for a bare key ("name").
 template <class F>
-void for_each_query_param(std::string_view target, std::string_view name, F&& f) {
-  target = target.substr(0, target.find('#'));  // clients should not send one; ignore it if they do
-  const auto q = target.find('?');
-  if (q == std::string_view::npos) return;
-  auto query = target.substr(q + 1);
-  while (!query.empty()) {
-    const auto amp = query.find('&');
-    const auto pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+void for_each_param(std::string_view params, std::string_view name, F&& f) {
+  while (!params.empty()) {
+    const auto amp = params.find('&');
+    const auto pair = params.substr(0, amp);
+    params = amp == std::string_view::npos ? std::string_view{} : params.substr(amp + 1);
     const auto eq = pair.find('=');
     if (percent_decode(pair.substr(0, eq)) != name) continue;
     if (f(pair, eq == std::string_view::npos ? std::optional<std::string_view>{} : pair.substr(eq + 1))) return;
   }
+}
+
+// The same over the target's query (a fragment, which clients should not send, is not part of it).
+template <class F>
+void for_each_query_param(std::string_view target, std::string_view name, F&& f) {
+  target = target.substr(0, target.find('#'));
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return;
+  for_each_param(target.substr(q + 1), name, std::forward<F>(f));
 }
 
 // Value of the query parameter whose decoded key is exactly `name` (ambiguous if repeated).
@@ -225,22 +230,30 @@ identification identify(const std::vector<config::identifier_source>& sources, c
 }
 
 std::string redact_query(std::string_view target, std::span<const std::string> names) {
-  std::string out;
-  if (names.empty() || target.find('?') == std::string_view::npos) return std::string(target);
-  // Each parameter whose decoded key is one of `names`: its value replaced by the hash the gate uses.
+  const auto q = target.find_first_of("?#");
+  if (names.empty() || q == std::string_view::npos) return std::string(target);
+  // Each parameter whose decoded key is one of `names`, in the query and in a
+  // fragment sent anyway: its value replaced by the hash the gate uses.
+  const auto hash_at = target.find('#');
   std::vector<std::pair<std::string_view, std::string>> replace;  // raw value, its hash
-  for (const std::string& name : names) {
-    for_each_query_param(target, name, [&](std::string_view, std::optional<std::string_view> raw) {
-      if (raw && !raw->empty()) replace.emplace_back(*raw, hash_secret(percent_decode(*raw)));
-      return false;
-    });
-  }
+  const auto collect = [&](std::string_view params) {
+    for (const std::string& name : names) {
+      for_each_param(params, name, [&](std::string_view, std::optional<std::string_view> raw) {
+        if (raw && !raw->empty()) replace.emplace_back(*raw, hash_secret(percent_decode(*raw)));
+        return false;
+      });
+    }
+  };
+  if (target[q] == '?') collect(target.substr(q + 1, hash_at == std::string_view::npos ? hash_at : hash_at - q - 1));
+  if (hash_at != std::string_view::npos) collect(target.substr(hash_at + 1));
   if (replace.empty()) return std::string(target);
   std::sort(replace.begin(), replace.end(),
             [](const auto& a, const auto& b) { return a.first.data() < b.first.data(); });
+  std::string out;
   out.reserve(target.size() + replace.size() * 48);
   const char* at = target.data();
   for (const auto& [raw, hashed] : replace) {
+    if (raw.data() < at) continue;  // the same value again (a name listed twice)
     out.append(at, static_cast<std::size_t>(raw.data() - at));
     out.append(hashed);
     at = raw.data() + raw.size();

@@ -19,9 +19,10 @@ constexpr auto k_linger =
     std::chrono::seconds(5);  // refuse(): reading what a refused client still sends (nginx's lingering_timeout)
 constexpr std::size_t k_linger_bytes = 1 << 20;  // ... at most this much
 constexpr auto k_respond_timeout = std::chrono::seconds(10);
-constexpr std::size_t k_hold_buffer = 64 * 1024;              // hold(): bytes read from a held client at most
-constexpr auto k_hold_poll = std::chrono::milliseconds(100);  // hold(): beyond them, how often it looks for a FIN
-constexpr std::size_t k_hold_read = 4096;                     // hold(): bytes per read
+constexpr std::size_t k_hold_buffer = 64 * 1024;                // hold(): bytes read from a held client at most
+constexpr auto k_hold_poll = std::chrono::milliseconds(100);    // hold(): beyond them, how often it looks for a FIN
+constexpr std::size_t k_hold_read = 4096;                       // hold(): bytes per read
+constexpr auto k_release_retry = std::chrono::milliseconds(1);  // a released hold not yet ended: cancel again
 }  // namespace
 
 void connection::expires_after(steady::duration d) {
@@ -41,13 +42,18 @@ void connection::watch(std::shared_ptr<connection> self) {
   }
   const auto real_now = steady::now();
   if (c.hold_until <= real_now) {
-    c.hold_until = steady::time_point::max();
+    // Released: what the hold waits on is cancelled, and again at each look
+    // until hold() has seen it and ended (hold_until back to max). One cancel
+    // can miss: a TLS read is several socket reads, and the next may start
+    // after it (a record cut across segments).
     c.released = true;
     c.client.socket().cancel(ignored);
   }
   // The timer runs on real steady time; the deadline is in the clock's time.
   steady::duration next = c.deadline - now < c.tick ? c.deadline - now : c.tick;
-  if (c.hold_until != steady::time_point::max()) next = std::min<steady::duration>(next, c.hold_until - real_now);
+  if (c.hold_until != steady::time_point::max()) {
+    next = std::min<steady::duration>(next, std::max<steady::duration>(c.hold_until - real_now, k_release_retry));
+  }
   c.timer.expires_after(next);
   c.timer.async_wait([self = std::move(self)](const boost::system::error_code&) mutable {
     if (!self->closed) watch(std::move(self));

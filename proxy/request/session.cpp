@@ -291,6 +291,11 @@ private:
         why = "parameters in path";
         return false;
       }
+      // "/api/..;/x": the routes see "/x", a backend that keeps parameters "/api/..;/x".
+      if (action == params::keep && path::hides_dot_segment(p)) {
+        why = "dot-segment with parameters in path";
+        return false;
+      }
       route_path = path::strip_parameters(p);
       if (rt.normalize_path) route_path = path::normalize(route_path, rt.path_options, why);
       if (!why.empty()) return false;

@@ -21,6 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(stripped.find(';') == std::string::npos);
     FUZZ_CHECK(std::count(stripped.begin(), stripped.end(), '/') == std::count(raw.begin(), raw.end(), '/'));
     FUZZ_CHECK(path::strip_parameters(stripped) == stripped);
+    FUZZ_CHECK(!path::hides_dot_segment(stripped));  // no parameters left to hide one
   }
   path::options o;
   o.merge_slashes = data[0] & 1;

@@ -110,6 +110,13 @@ TEST(Path, SegmentParametersAreStrippedForRouting) {
   for (const auto& [in, out] : table) EXPECT_EQ(path::strip_parameters(in), out) << in;
   std::string_view why;
   EXPECT_EQ(path::normalize(path::strip_parameters("/api/..;/admin"), {}, why), "/admin");
+  // Where the gate and a backend that keeps parameters would disagree:
+  for (std::string_view p : {"/api/..;/admin", "/api/.;x/../admin", "/a/%2e%2E;v=1/b", "/..;", "/a/.%2e;/b"}) {
+    EXPECT_TRUE(path::hides_dot_segment(p)) << p;
+  }
+  for (std::string_view p : {"/api;x/a", "/a/...;x", "/a/..x;y", "/a/../b", "/a;/b", "/%2e%2e%2e;x"}) {
+    EXPECT_FALSE(path::hides_dot_segment(p)) << p;
+  }
   EXPECT_TRUE(path::under(path::normalize(path::strip_parameters("/api;x/a"), {}, why), "/api"));
 }
 

@@ -307,6 +307,11 @@ TEST(RedactQuery, HashedParametersAreWrittenAsTheirHash) {
   EXPECT_EQ(redact_query("/p?api_keys=x&api_key=&api_key", names), "/p?api_keys=x&api_key=&api_key");
   EXPECT_EQ(redact_query("/p/api_key=x", names), "/p/api_key=x") << "no query";
   EXPECT_EQ(redact_query("/p?api_key=x", {}), "/p?api_key=x");
+  EXPECT_EQ(redact_query("/p?a=1#&api_key=s3cret", names), "/p?a=1#&api_key=" + hash_secret("s3cret"))
+      << "a fragment sent anyway is written redacted too";
+  EXPECT_EQ(redact_query("/p#api_key=s3cret", names), "/p#api_key=" + hash_secret("s3cret"));
+  const std::vector<std::string> twice{"api_key", "api_key"};
+  EXPECT_EQ(redact_query("/p?api_key=s3cret", twice), "/p?api_key=" + hash_secret("s3cret"));
 }
 
 TEST(Identify, EmptyOrMissingHeaderFallsBack) {
