@@ -32,19 +32,18 @@ template <class T>
 struct found {
   std::optional<T> value;
   bool ambiguous = false;
+  /// Takes the next value found; true (stop looking) when it is a second one.
+  bool take(T v) {
+    if (value) return ambiguous = true;
+    value = std::move(v);
+    return false;
+  }
 };
 
 // The value of the only field line called `name`.
 found<std::string_view> only_header(const http1::header_list& headers, std::string_view name) {
   found<std::string_view> f;
-  headers.for_each(name, [&](std::string_view v) {
-    if (f.value) {
-      f.ambiguous = true;
-      return true;
-    }
-    f.value = v;
-    return false;
-  });
+  headers.for_each(name, [&](std::string_view v) { return f.take(v); });
   return f;
 }
 
@@ -59,14 +58,10 @@ found<std::string_view> cookie_value(const http1::header_list& headers, std::str
       const auto eq = pair.find('=');
       if (eq == std::string_view::npos) continue;
       if (trim_ows(pair.substr(0, eq)) != name) continue;
-      if (f.value) {
-        f.ambiguous = true;
-        return true;
-      }
       auto value = trim_ows(pair.substr(eq + 1));
       // RFC 6265: cookie-value may be wrapped in double quotes.
       if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-      f.value = value;
+      if (f.take(value)) return true;
     }
     return false;
   });
@@ -92,7 +87,7 @@ std::string percent_decode(std::string_view s) {
   return out;
 }
 
-// Calls f(raw pair, raw value) for each parameter of `params` ("a=1&b=2")
+// Calls f(raw value) for each parameter of `params` ("a=1&b=2")
 // whose decoded key is exactly `name` until f returns true. The value is
 // nothing for a bare key ("name").
 template <class F>
@@ -103,7 +98,7 @@ void for_each_param(std::string_view params, std::string_view name, F&& f) {
     params = amp == std::string_view::npos ? std::string_view{} : params.substr(amp + 1);
     const auto eq = pair.find('=');
     if (percent_decode(pair.substr(0, eq)) != name) continue;
-    if (f(pair, eq == std::string_view::npos ? std::optional<std::string_view>{} : pair.substr(eq + 1))) return;
+    if (f(eq == std::string_view::npos ? std::optional<std::string_view>{} : pair.substr(eq + 1))) return;
   }
 }
 
@@ -119,13 +114,8 @@ void for_each_query_param(std::string_view target, std::string_view name, F&& f)
 // Value of the query parameter whose decoded key is exactly `name` (ambiguous if repeated).
 found<std::string> query_value(std::string_view target, std::string_view name) {
   found<std::string> f;
-  for_each_query_param(target, name, [&](std::string_view, std::optional<std::string_view> raw) {
-    if (f.value) {
-      f.ambiguous = true;
-      return true;
-    }
-    f.value = raw ? percent_decode(*raw) : std::string{};
-    return false;
+  for_each_query_param(target, name, [&](std::optional<std::string_view> raw) {
+    return f.take(raw ? percent_decode(*raw) : std::string{});
   });
   return f;
 }
@@ -238,7 +228,7 @@ std::string redact_query(std::string_view target, std::span<const std::string> n
   std::vector<std::pair<std::string_view, std::string>> replace;  // raw value, its hash
   const auto collect = [&](std::string_view params) {
     for (const std::string& name : names) {
-      for_each_param(params, name, [&](std::string_view, std::optional<std::string_view> raw) {
+      for_each_param(params, name, [&](std::optional<std::string_view> raw) {
         if (raw && !raw->empty()) replace.emplace_back(*raw, hash_secret(percent_decode(*raw)));
         return false;
       });

@@ -177,7 +177,8 @@ awaitable<hold_end> watch_for_leaving(connection& c) {
 }  // namespace
 
 // What is read while held goes to the tail of `early`, which is grown only
-// for the read (a 4 KiB buffer in this frame cost every held request 4 KiB).
+// for the read: a read buffer in this frame would cost every held request
+// its size for the whole hold.
 awaitable<hold_end> hold(connection& c, steady::duration wait) {
   if (wait <= steady::duration::zero()) co_return hold_end::released;
   c.released = false;

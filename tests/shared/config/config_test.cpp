@@ -675,3 +675,28 @@ TEST(Config, LoadFile) {
   ASSERT_EQ(missing.errors.size(), 1u);
   EXPECT_EQ(format(missing.errors[0]), "/nonexistent/smockron.toml: cannot open file");
 }
+
+// Settings a reload cannot change keep their running values, and are named for the log.
+TEST(Config, RestartOnlyKeysKeepTheirRunningValues) {
+  config::proxy_config running, next;
+  running.threads = 2;
+  running.listen = {"0.0.0.0", 8080};
+  next = running;
+  next.threads = 4;
+  next.listen = {"0.0.0.0", 9090};
+  next.max_delay = std::chrono::seconds(9);  // reloadable: taken as it is
+  const std::string changed = config::restart_only<config::proxy_config>(running, next)
+                                  .keep(&config::proxy_config::listen, "listen")
+                                  .keep(&config::proxy_config::threads, "threads")
+                                  .keep(&config::proxy_config::admin, "admin")
+                                  .changed();
+  EXPECT_EQ(changed, "listen, threads");
+  EXPECT_EQ(next.threads, 2);
+  EXPECT_EQ(next.listen, running.listen);
+  EXPECT_EQ(next.max_delay, std::chrono::seconds(9));
+  config::proxy_config same = running;
+  EXPECT_EQ(config::restart_only<config::proxy_config>(running, same)
+                .keep(&config::proxy_config::threads, "threads")
+                .changed(),
+            "");
+}
