@@ -16,6 +16,10 @@ namespace {
 
 // ALPN's wire form of the one protocol the proxy speaks.
 constexpr unsigned char k_http11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+// The listener's preference with http2 on: h2, then http/1.1.
+constexpr unsigned char k_h2_first[] = {2, 'h', '2', 8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+// An upstream with protocol = "h2".
+constexpr unsigned char k_h2[] = {2, 'h', '2'};
 
 // nginx's default ssl_ciphers, so that a comparison with nginx compares like with like (TLS 1.2; 1.3 has its own).
 constexpr const char* k_ciphers = "HIGH:!aNULL:!MD5";
@@ -65,6 +69,17 @@ int select_http11(SSL*, const unsigned char** out, unsigned char* outlen, const 
   return SSL_TLSEXT_ERR_OK;
 }
 
+// HTTP/2 first when the client offers it (RFC 9113 3.2), else HTTP/1.1.
+int select_h2(SSL* ssl, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned int inlen,
+              void* arg) {
+  unsigned char* selected = nullptr;
+  if (SSL_select_next_proto(&selected, outlen, k_h2_first, sizeof k_h2_first, in, inlen) == OPENSSL_NPN_NEGOTIATED) {
+    *out = selected;
+    return SSL_TLSEXT_ERR_OK;
+  }
+  return select_http11(ssl, out, outlen, in, inlen, arg);
+}
+
 }  // namespace
 
 tls_server::tls_server(const config::proxy_config& cfg) {
@@ -72,7 +87,7 @@ tls_server::tls_server(const config::proxy_config& cfg) {
     auto ctx = base_context(asio::ssl::context::tls_server);
     use_certificate(ctx->native_handle(), cert, key);
     SSL_CTX* c = ctx->native_handle();
-    SSL_CTX_set_alpn_select_cb(c, select_http11, nullptr);
+    SSL_CTX_set_alpn_select_cb(c, cfg.http2 ? select_h2 : select_http11, nullptr);
     if (!cfg.tls_session_resumption) {
       SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
       SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
@@ -118,7 +133,9 @@ std::shared_ptr<asio::ssl::context> make_upstream_tls(const config::upstream_con
     SSL_CTX_set_verify(c, SSL_VERIFY_NONE, nullptr);
   }
   if (!u.tls_client_cert.empty()) use_certificate(c, u.tls_client_cert, u.tls_client_key);
-  if (SSL_CTX_set_alpn_protos(c, k_http11, sizeof k_http11) != 0) fail("cannot set ALPN", "http/1.1");
+  const bool h2 = u.protocol == config::upstream_config::protocol_kind::h2;
+  if ((h2 ? SSL_CTX_set_alpn_protos(c, k_h2, sizeof k_h2) : SSL_CTX_set_alpn_protos(c, k_http11, sizeof k_http11)) != 0)
+    fail("cannot set ALPN", h2 ? "h2" : "http/1.1");
   return ctx;
 }
 

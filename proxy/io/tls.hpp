@@ -1,6 +1,6 @@
 // TLS contexts built from the configuration: the listener's (a default
 // certificate and more chosen by SNI) and one per upstream with tls = true.
-// Both speak TLS 1.2 and 1.3 and HTTP/1.1 over ALPN. Built with each
+// Both speak TLS 1.2 and 1.3 and HTTP/1.1 (and HTTP/2 where configured) over ALPN. Built with each
 // configuration generation (start-up, SIGHUP): new connections use the new
 // certificates, open ones keep theirs.
 #pragma once

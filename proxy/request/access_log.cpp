@@ -108,6 +108,7 @@ void fields(const access_entry& e, F&& field) {
   field("peer", e.peer, true);
   field("method", e.method, true);
   field("target", e.target, true);
+  field("protocol", e.protocol, true);
   field("status", std::to_string(e.status), false);
   field("bytes_in", std::to_string(e.bytes_in), false);
   field("bytes_out", std::to_string(e.bytes_out), false);

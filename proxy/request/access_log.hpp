@@ -17,15 +17,16 @@ struct access_entry {
   std::string client;        ///< resolved client (trusted proxies, PROXY protocol)
   std::string peer;          ///< the socket's (or PROXY header's) address
   std::string method, target;
-  unsigned status = 0;             ///< sent to the client; 0: none (the client or upstream went away first)
-  std::uint64_t bytes_in = 0;      ///< request body bytes relayed upstream
-  std::uint64_t bytes_out = 0;     ///< response body bytes relayed to the client
-  double duration_ms = 0;          ///< head complete to response done
-  double held_ms = 0;              ///< of which held by the gate
-  std::string_view decision;       ///< accepted, delayed, rejected, unidentified, exempt
-  std::string_view shadow;         ///< a shadow route's would-be decision (else empty)
-  std::string domain, identifier;  ///< identifier as the gate saw it (credentials hashed)
-  std::string upstream;            ///< server "host:port" (empty: not forwarded)
+  std::string_view protocol = "HTTP/1.1";  ///< HTTP/1.1 (1.0 included) or HTTP/2
+  unsigned status = 0;                     ///< sent to the client; 0: none (the client or upstream went away first)
+  std::uint64_t bytes_in = 0;              ///< request body bytes relayed upstream
+  std::uint64_t bytes_out = 0;             ///< response body bytes relayed to the client
+  double duration_ms = 0;                  ///< head complete to response done
+  double held_ms = 0;                      ///< of which held by the gate
+  std::string_view decision;               ///< accepted, delayed, rejected, unidentified, exempt
+  std::string_view shadow;                 ///< a shadow route's would-be decision (else empty)
+  std::string domain, identifier;          ///< identifier as the gate saw it (credentials hashed)
+  std::string upstream;                    ///< server "host:port" (empty: not forwarded)
 };
 
 /// `time=... client=... "GET /x" status=200 ...`: one line, no newline.

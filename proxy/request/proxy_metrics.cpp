@@ -24,6 +24,18 @@ metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
                        metrics::labels({{"kind", kind}}));
 }
 
+metrics::counter& protocol(metrics::registry& r, std::string_view name) {
+  return r.add_counter("smockron_proxy_http_requests_total", "Requests by the protocol they came in",
+                       metrics::labels({{"protocol", name}}));
+}
+
+metrics::counter& h2_abuse(metrics::registry& r, std::string_view kind) {
+  return r.add_counter(
+      "smockron_proxy_http2_abuse_total",
+      "HTTP/2 bounds a client crossed, by kind (the stream refused or reset, or the connection closed)",
+      metrics::labels({{"kind", kind}}));
+}
+
 }  // namespace
 
 proxy_metrics::proxy_metrics(metrics::registry& r)
@@ -55,6 +67,17 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       upstream_tls(upstream_error(r, "tls")),
       exempt_no_domain(r.add_counter("smockron_proxy_requests_total", "Requests by domain and gate decision",
                                      metrics::labels({{"domain", ""}, {"decision", "exempt"}}))),
+      http1_requests(protocol(r, "http/1.1")),
+      h2_requests(protocol(r, "h2")),
+      reject_grpc_deadline(reject(r, "grpc_deadline")),
+      h2_rapid_reset(h2_abuse(r, "rapid_reset")),
+      h2_control_flood(h2_abuse(r, "control_flood")),
+      h2_continuation_flood(h2_abuse(r, "continuation_flood")),
+      h2_header_list(h2_abuse(r, "header_list")),
+      h2_too_many_streams(h2_abuse(r, "too_many_streams")),
+      h2_stalled_window(h2_abuse(r, "stalled_window")),
+      h2_ack_flood(h2_abuse(r, "ack_flood")),
+      h2_protocol_error(h2_abuse(r, "protocol")),
       delay_seconds(
           r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
       shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",

@@ -44,6 +44,13 @@ struct proxy_metrics {
   metrics::counter &unidentified_shared, &unidentified_reject, &unidentified_allow;
   metrics::counter &upstream_connect, &upstream_timeout, &upstream_reset, &upstream_no_server, &upstream_tls;
   metrics::counter& exempt_no_domain;  ///< requests of routes without a domain
+  /// smockron_proxy_http_requests_total{protocol}: every request, by the protocol it came in.
+  metrics::counter &http1_requests, &h2_requests;
+  /// A gRPC call whose grpc-timeout would end before its hold: refused at once.
+  metrics::counter& reject_grpc_deadline;
+  /// smockron_proxy_http2_abuse_total{kind}: HTTP/2 bounds a client crossed.
+  metrics::counter &h2_rapid_reset, &h2_control_flood, &h2_continuation_flood, &h2_header_list, &h2_too_many_streams,
+      &h2_stalled_window, &h2_ack_flood, &h2_protocol_error;
   metrics::histogram& delay_seconds;
   metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };

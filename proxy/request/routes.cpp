@@ -66,6 +66,7 @@ route_table::route_table(const config::proxy_config& cfg) {
     r.exempt = rc.exempt;
     r.ratelimit_headers = rc.ratelimit_headers;
     r.explain = rc.explain;
+    r.grpc_status = static_cast<unsigned>(rc.grpc_status);
     routes_.push_back(std::move(r));
   }
 }

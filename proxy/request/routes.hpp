@@ -27,6 +27,7 @@ struct route {
   std::vector<cidr> exempt;        ///< clients forwarded unlimited
   bool ratelimit_headers = false;  ///< rate-limit fields on every response, not only limited ones
   bool explain = false;            ///< the Smockron-Decision field
+  unsigned grpc_status = 8;        ///< of a gRPC call refused for its limit
 };
 
 class route_table {

@@ -5,12 +5,11 @@
 #include <memory>
 #include <string>
 
-#include "proxy/codec/path.hpp"
 #include "proxy/codec/proxy_protocol.hpp"
-#include "proxy/request/access_log.hpp"
 #include "proxy/request/admission.hpp"
 #include "proxy/request/forward.hpp"
-#include "proxy/request/ratelimit_fields.hpp"
+#include "proxy/request/h2_session.hpp"
+#include "proxy/request/request_steps.hpp"
 
 namespace smockron::proxy {
 namespace {
@@ -32,8 +31,12 @@ public:
       const std::shared_ptr<const runtime> rt = w_.rt;
       if (rt->cfg.proxy_protocol && !co_await read_proxy_header(*rt)) co_return;
       if (rt->listener_tls && !co_await tls_handshake(*rt)) co_return;
+      peer_text_ = format_ip(peer_);
+      if (rt->listener_tls && rt->cfg.http2 && alpn_h2(*c_.client.tls())) {
+        co_await serve_h2(s_, w_, conn_, rt, peer_, peer_text_);
+        co_return;
+      }
     }
-    peer_text_ = format_ip(peer_);
     for (bool first = true;; first = false) {
       if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
       // Between requests the connection is idle: closed after idle_timeout,
@@ -43,6 +46,10 @@ public:
       if (c_.in.size() == 0 && !co_await wait_for_request(first)) co_return;
       // This request's generation, whatever other sessions of the worker pick up meanwhile.
       const std::shared_ptr<const runtime> rt = w_.rt;
+      if (first && rt->cfg.http2 && !c_.client.tls() && co_await h2_preface()) {
+        co_await serve_h2(s_, w_, conn_, rt, peer_, peer_text_);
+        co_return;
+      }
       c_.idle = false;
       c_.tick = rt->tick;
       if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
@@ -91,6 +98,29 @@ private:
       co_return false;
     }
     co_return true;
+  }
+
+  // Whether ALPN chose HTTP/2 during the handshake.
+  static bool alpn_h2(tls_stream& tls) {
+    const unsigned char* p = nullptr;
+    unsigned n = 0;
+    SSL_get0_alpn_selected(tls.native_handle(), &p, &n);
+    return std::string_view(reinterpret_cast<const char*>(p), n) == "h2";
+  }
+
+  // Whether the connection starts with HTTP/2's preface (prior knowledge),
+  // read within the head's deadline. False: an HTTP/1.1 request (or the
+  // client went quiet; the head's own read finds out).
+  awaitable<bool> h2_preface() {
+    for (;;) {
+      const std::string_view got = view(c_.in);
+      const std::size_t n = std::min(got.size(), k_h2_preface.size());
+      if (got.substr(0, n) != k_h2_preface.substr(0, n)) co_return false;
+      if (n == k_h2_preface.size()) co_return true;
+      auto [ec, r] = co_await read_more(c_, c_.client, c_.in.prepare(k_head_read), std::nullopt);
+      if (ec) co_return false;
+      c_.in.commit(r);
+    }
   }
 
   // Waits for the first bytes of a request on an idle connection. False:
@@ -142,15 +172,19 @@ private:
   awaitable<connection_next> serve_request(const runtime& rt) {
     http1::request_head& req = c_.request;
     const unsigned version = req.version;
+    s_.metrics.http1_requests.inc();
     // The access log's line, begun now: the head's views do not outlive forwarding.
-    if (rt.cfg.access_log) begin_entry(rt);
+    if (rt.cfg.access_log) {
+      entry_ = begin_entry(rt, req, peer_, peer_text_, s_.clk.wall_us());
+      started_ = s_.clk.steady_now();
+    }
     if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
       s_.metrics.bad_request.inc();
       answered(413);
       co_return co_await refuse(c_, version, 413, "request body too large\n");
     }
     std::string_view why;
-    const route* r = route_for(rt, why);
+    const route* r = route_request(rt, req, c_.target, why);
     if (!why.empty()) {
       s_.metrics.bad_request.inc();
       answered(400);
@@ -164,26 +198,12 @@ private:
     const std::int64_t now_us = s_.clk.wall_us();
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     const admission a = admit(env, rt, *r, req, peer_, now_us);
-    add_response_fields(rt, *r, a, now_us);
-    if (entry_) {
-      entry_->decision = to_string(a.outcome);
-      entry_->shadow = a.shadow ? to_string(*a.shadow) : std::string_view{};
-      entry_->domain = r->domain;
-      if (a.who) entry_->identifier = a.who->value;
-    }
+    append_limit_fields(c_.response_fields, s_.gate, rt, *r, a, now_us);
+    if (entry_) note_admission(*entry_, *r, a);
     if (a.outcome == decision::rejected) {
-      // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
-      const bool full = a.gate.reason == reject_reason::held_full;
-      const unsigned status = a.ambiguous ? 400 : a.unidentified ? 403 : a.no_master || full ? 503 : r->status;
-      answered(status);
-      if (a.ambiguous)
-        co_return co_await answer(400, "bad request: more than one value for the client identifier\n", 0);
-      if (a.no_master) co_return co_await answer(503, "no rate-limit master covers this route, retry later\n", 1);
-      if (a.unidentified)
-        co_return co_await answer(403, "this route needs an identifier the request does not carry\n", 0);
-      co_return co_await answer(status,
-                                full ? "too many requests held, retry later\n" : "rate limit exceeded, retry later\n",
-                                a.gate.retry_after_s);
+      const refusal no = refusal_for(*r, a);
+      answered(no.status);
+      co_return co_await answer(no.status, no.text, no.retry_after_s);
     }
     if (a.outcome == decision::delayed) {
       // Held until its release time, unless the client leaves first. (No
@@ -194,7 +214,7 @@ private:
       shrink_head();
       // The gate speaks wall time; the hold is that far from now.
       const hold_end end = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
-      held(rt, *r, a, end);
+      end_hold(s_.gate, s_.metrics, rt, *r, a, end, s_.clk.wall_us());
       if (entry_) entry_->held_ms = ms_since(held_from);
       if (end == hold_end::client_left) {
         answered(0);  // the client left while held
@@ -219,38 +239,6 @@ private:
     co_return next;
   }
 
-  // The rate-limit fields (always when limited, on every response with
-  // ratelimit_headers) and the decision (explain) for whatever answers.
-  void add_response_fields(const runtime& rt, const route& r, const admission& a, std::int64_t now_us) {
-    const bool limited =
-        a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject);
-    if (a.who && !r.domain.empty() && (limited || r.ratelimit_headers)) {
-      const auto q = s_.gate.quota(rt.gate_domain[r.domain_index], a.who->value, now_us);
-      const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
-      append_ratelimit_fields(c_.response_fields, r.domain, q, throttled_s);
-    }
-    if (r.explain) {
-      const std::string_view reason = a.no_master                                 ? "no_master"
-                                      : a.ambiguous                               ? "ambiguous_identifier"
-                                      : a.unidentified                            ? "unidentified"
-                                      : a.gate.reason == reject_reason::held_full ? "held_full"
-                                                                                  : "delay_too_long";
-      append_decision_field(c_.response_fields, a.outcome, a.shadow, reason,
-                            a.outcome == decision::delayed ? (a.gate.release_us - now_us + 999) / 1000 : 0);
-    }
-  }
-
-  void begin_entry(const runtime& rt) {
-    const http1::request_head& req = c_.request;
-    entry_ = std::make_unique<access_entry>();
-    entry_->time_us = s_.clk.wall_us();
-    entry_->client = format_ip(client_address(req.headers, peer_, rt.cfg.trusted_proxies, rt.cfg.real_ip_header));
-    entry_->peer = peer_text_;
-    entry_->method = req.method;
-    entry_->target = redact_query(req.target, rt.redacted_query);  // hashed credentials stay hashed
-    started_ = s_.clk.steady_now();
-  }
-
   double ms_since(steady::time_point from) const {
     return std::chrono::duration<double, std::milli>(s_.clk.steady_now() - from).count();
   }
@@ -272,50 +260,6 @@ private:
     entry_.reset();
   }
 
-  // Normalizes the path of the request target (with normalize_path; path.hpp)
-  // and works out what routes match: the path without segment parameters
-  // (`route_path`, set only when that differs from the target's path). The
-  // request then goes on with the normalized target, its parameters kept or
-  // stripped (path_parameters). False (`why` set) when the path cannot be
-  // normalized safely, or carries parameters the configuration refuses.
-  bool prepare_path(const runtime& rt, std::string& route_path, std::string_view& why) {
-    http1::request_head& req = c_.request;
-    const std::string_view target = req.target;
-    const std::string_view p = target.substr(0, target.find('?'));
-    if (!p.starts_with('/')) return true;  // "*" or absolute-form
-    using params = config::proxy_config::path_parameters_action;
-    const params action = rt.cfg.path_parameters;
-    const bool has_params = p.find(';') != std::string_view::npos;
-    if (has_params) {
-      if (action == params::reject) {
-        why = "parameters in path";
-        return false;
-      }
-      // "/api/..;/x": the routes see "/x", a backend that keeps parameters "/api/..;/x".
-      if (action == params::keep && path::hides_dot_segment(p)) {
-        why = "dot-segment with parameters in path";
-        return false;
-      }
-      route_path = path::strip_parameters(p);
-      if (rt.normalize_path) route_path = path::normalize(route_path, rt.path_options, why);
-      if (!why.empty()) return false;
-      if (action == params::strip) return retarget(std::string(route_path), p.size());
-    }
-    if (!rt.normalize_path || path::already_normal(p, rt.path_options)) return true;
-    std::string normal = path::normalize(p, rt.path_options, why);
-    if (!why.empty()) return false;
-    return retarget(std::move(normal), p.size());
-  }
-
-  // The request goes on with `path` and the query as sent (the target's part after its first `path_size` bytes).
-  bool retarget(std::string path, std::size_t path_size) {
-    http1::request_head& req = c_.request;
-    path.append(req.target.substr(path_size));
-    c_.target = std::move(path);
-    req.target = c_.target;
-    return true;
-  }
-
   // A response of the proxy's own to a request that has no body to skip
   // (else the connection closes after it: unread body bytes would be parsed
   // as the next request).
@@ -326,24 +270,6 @@ private:
       co_return connection_next::ends;
     c_.in.consume(req.size);
     co_return connection_next::goes_on;
-  }
-
-  // A hold ended: its place among the held is free; a client that left gives its slot back to the gate.
-  void held(const runtime& rt, const route& r, const admission& a, hold_end end) {
-    s_.gate.release_held(rt.route_limits[r.index]);
-    if (end == hold_end::released) return;
-    s_.metrics.client_gone_held.inc();
-    s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, s_.clk.wall_us());
-  }
-
-  // The route of the request, after its path was prepared (prepare_path):
-  // nullptr when none matches, or `why` set when the path is refused.
-  const route* route_for(const runtime& rt, std::string_view& why) {
-    std::string route_path;  // set when routes match another form of the path than the one forwarded
-    if (!prepare_path(rt, route_path, why)) return nullptr;
-    const std::string_view target = c_.request.target;
-    return rt.routes.match(c_.request.host,
-                           route_path.empty() ? target.substr(0, target.find('?')) : std::string_view(route_path));
   }
 
   // 400 with the reason (its text built in this frame, not in every request's).

@@ -19,6 +19,7 @@
 #include "proxy/io/asio_types.hpp"
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/access_log.hpp"
+#include "proxy/request/h2_upstream.hpp"
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/runtime.hpp"
 #include "proxy/request/upstream_pool.hpp"
@@ -80,7 +81,8 @@ struct worker {
       : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
                    s.accounting_counters, first->cfg.shards),
         rt(std::move(first)),
-        pool(s.clk, s.metrics, s.resolve_soon) {}
+        pool(s.clk, s.metrics, s.resolve_soon),
+        h2_pool(ioc.get_executor(), s.clk, s.metrics) {}
 
   // Declared before ioc, so destroyed after it: sessions still suspended at
   // shutdown are destroyed with the io_context and unregister themselves.
@@ -91,6 +93,7 @@ struct worker {
   accounting_sender accounting;
   std::shared_ptr<const runtime> rt;  ///< the generation this worker's requests use
   upstream_pool pool;
+  h2_upstream_pool h2_pool;  ///< HTTP/2 upstreams (h2c, h2)
   std::thread thread;
 };
 

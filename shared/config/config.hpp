@@ -118,6 +118,14 @@ struct upstream_config {
   /// as SNI; an IP literal is checked against the certificate's IP addresses).
   std::string tls_server_name;
   std::string tls_client_cert, tls_client_key;  ///< PEM: a client certificate, when the servers ask for one
+  /// What the servers speak: HTTP/1.1, HTTP/2 in the clear with prior
+  /// knowledge (h2c: gRPC servers), or HTTP/2 over TLS chosen by ALPN (h2; implies tls).
+  enum class protocol_kind : std::uint8_t { http1, h2c, h2 };
+  protocol_kind protocol = protocol_kind::http1;
+  /// HTTP/2: streams at once on one connection at most (the server's
+  /// SETTINGS_MAX_CONCURRENT_STREAMS may lower it); more open another connection.
+  std::int64_t max_streams = 100;
+  bool http2() const { return protocol != protocol_kind::http1; }
 };
 
 struct route_config {
@@ -139,6 +147,9 @@ struct route_config {
   /// only on rejections and delayed responses (where they always are).
   bool ratelimit_headers = false;
   bool explain = false;  ///< a Smockron-Decision field on responses (debugging)
+  /// The grpc-status of a gRPC call refused for its limit: 8 RESOURCE_EXHAUSTED
+  /// (as Envoy answers), or 14 UNAVAILABLE, which gRPC clients retry by default.
+  std::int64_t grpc_status = 8;
   std::vector<identifier_source> identify{{identifier_source::kind::ip, {}}};
   /// A request no source identifies: limited with every other such request of
   /// the domain under one shared identifier ("-"; routes of one domain share it),
@@ -229,6 +240,18 @@ struct proxy_config {
   /// Clients may resume a TLS session (tickets, and a session cache for
   /// TLS 1.2 session ids) instead of a full handshake.
   bool tls_session_resumption = true;
+  /// HTTP/2 (RFC 9113) on the listener: offered first in ALPN over TLS, and
+  /// recognized by its connection preface in the clear (prior knowledge).
+  bool http2 = true;
+  /// HTTP/2 bounds per client connection (defaults: nginx's stream limit, nghttp2's reset limit).
+  std::int64_t http2_max_concurrent_streams = 128;  ///< SETTINGS_MAX_CONCURRENT_STREAMS; more are refused
+  /// Streams the client resets (RST_STREAM): a token bucket of this burst,
+  /// refilled at this rate per second; past it GOAWAY (Rapid Reset, CVE-2023-44487).
+  std::int64_t http2_reset_burst = 1000, http2_reset_rate = 33;
+  /// Frames that carry no request (SETTINGS, PING, PRIORITY, empty DATA, and
+  /// WINDOW_UPDATE beyond what the proxy's DATA earned): the same kind of bucket.
+  std::int64_t http2_control_burst = 1000, http2_control_rate = 100;
+  std::int64_t http2_max_continuations = 8;  ///< CONTINUATION frames in one header block at most
   bool tls() const { return !tls_cert.empty(); }
   std::string log_level;
   std::vector<upstream_config> upstreams;

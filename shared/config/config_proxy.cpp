@@ -60,6 +60,20 @@ void read_upstreams(reader& r, proxy_config& p) {
     ur.string("tls_server_name", u.tls_server_name);
     ur.string("tls_client_cert", u.tls_client_cert);
     ur.string("tls_client_key", u.tls_client_key);
+    ur.choice("protocol", std::array<std::string_view, 3>{"http1", "h2c", "h2"}, "protocol", u.protocol);
+    ur.integer("max_streams", u.max_streams, 1, 100'000);
+    using proto = upstream_config::protocol_kind;
+    if (u.protocol == proto::h2) {
+      if (const toml::node* tn = ut->get("tls"); tn != nullptr && !u.tls)
+        r.errors().add(*tn, path + ".tls", "protocol = \"h2\" is HTTP/2 over TLS (use \"h2c\" in the clear)");
+      u.tls = true;
+    } else if (u.protocol == proto::h2c && u.tls) {
+      r.errors().add(*ut->get("tls"), path + ".tls", "protocol = \"h2c\" is HTTP/2 in the clear (use \"h2\" with TLS)");
+    }
+    if (!u.http2()) {
+      if (const toml::node* kn = ut->get("max_streams"))
+        r.errors().add(*kn, path + ".max_streams", "has no effect unless protocol is \"h2c\" or \"h2\"");
+    }
     if (!u.tls) {
       for (const char* key : {"tls_ca", "tls_verify", "tls_server_name", "tls_client_cert", "tls_client_key"}) {
         if (const toml::node* kn = ut->get(key))
@@ -152,7 +166,7 @@ void read_routes(reader& r, proxy_config& p) {
     } else if (!rt->contains("domain")) {
       // Not limited: every key that shapes limiting would do nothing, so none is accepted.
       for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt",
-                            "ratelimit_headers", "explain"}) {
+                            "ratelimit_headers", "explain", "grpc_status"}) {
         if (const toml::node* kn = rt->get(k)) {
           r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
         }
@@ -198,6 +212,11 @@ void read_routes(reader& r, proxy_config& p) {
     rr.cidr_list("exempt", route.exempt);
     rr.boolean("ratelimit_headers", route.ratelimit_headers);
     rr.boolean("explain", route.explain);
+    if (const toml::node* g = rr.get("grpc_status")) {
+      rr.integer("grpc_status", route.grpc_status, 1, 16);
+      if (route.grpc_status != 8 && route.grpc_status != 14)
+        r.errors().add(*g, path + ".grpc_status", "expected 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE)");
+    }
     p.routes.push_back(std::move(route));
   }
 }
@@ -290,6 +309,19 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
     }
   }
   r.boolean("fail_closed", p.fail_closed);
+  r.boolean("http2", p.http2);
+  r.integer("http2_max_concurrent_streams", p.http2_max_concurrent_streams, 1, 1'000'000);
+  r.integer("http2_reset_burst", p.http2_reset_burst, 1, 1'000'000'000);
+  r.integer("http2_reset_rate", p.http2_reset_rate, 1, 1'000'000'000);
+  r.integer("http2_control_burst", p.http2_control_burst, 1, 1'000'000'000);
+  r.integer("http2_control_rate", p.http2_control_rate, 1, 1'000'000'000);
+  r.integer("http2_max_continuations", p.http2_max_continuations, 0, 1'000'000);
+  if (!p.http2) {
+    for (const char* k : {"http2_max_concurrent_streams", "http2_reset_burst", "http2_reset_rate",
+                          "http2_control_burst", "http2_control_rate", "http2_max_continuations"}) {
+      if (const toml::node* n = t.get(k)) s.add(*n, std::string("proxy.") + k, "has no effect with http2 = false");
+    }
+  }
   r.boolean("proxy_protocol", p.proxy_protocol);
   r.choice("real_ip_header", std::array<std::string_view, 2>{"X-Forwarded-For", "Forwarded"}, "header",
            p.real_ip_header);

@@ -1,0 +1,954 @@
+// An HTTP/2 client connection (see h2_session.hpp).
+#include "proxy/request/h2_session.hpp"
+
+#include <nghttp2/nghttp2.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "proxy/codec/h2_fields.hpp"
+#include "proxy/request/h2_upstream.hpp"
+#include "proxy/request/request_steps.hpp"
+
+namespace smockron::proxy {
+
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr std::size_t k_read_size = 16384;
+constexpr std::size_t k_write_batch = 65536;  // frame bytes gathered into one write at most
+/// Response bytes a stream buffers before its upstream is read again.
+constexpr std::size_t k_stream_buffer = 65536;
+/// The connection's receive window: request bodies of many streams at once
+/// (each stream's own stays at the default 64 KiB, so a held stream buffers at most that).
+constexpr std::int32_t k_connection_window = 1 << 20;
+constexpr std::size_t k_max_response_head = 65536;
+
+// RFC 9110 9.2.2: a proxy must not resend a non-idempotent request (POST, PATCH, ...).
+bool idempotent(std::string_view m) {
+  return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
+}
+
+// A token bucket: `burst` at most, refilled at `rate` per second.
+struct bucket {
+  double tokens, burst, rate;
+  steady::time_point last;
+  bucket(std::int64_t b, std::int64_t r, steady::time_point now)
+      : tokens(static_cast<double>(b)), burst(static_cast<double>(b)), rate(static_cast<double>(r)), last(now) {}
+  bool take(steady::time_point now) {
+    tokens = std::min(burst, tokens + rate * std::chrono::duration<double>(now - last).count());
+    last = now;
+    if (tokens < 1) return false;
+    tokens -= 1;
+    return true;
+  }
+};
+
+std::vector<nghttp2_nv> to_nv(const std::vector<h2::field>& fields) {
+  std::vector<nghttp2_nv> nv;
+  nv.reserve(fields.size());
+  for (const auto& f : fields) {
+    nv.push_back({reinterpret_cast<uint8_t*>(const_cast<char*>(f.name.data())),
+                  reinterpret_cast<uint8_t*>(const_cast<char*>(f.value.data())), f.name.size(), f.value.size(),
+                  NGHTTP2_NV_FLAG_NONE});
+  }
+  return nv;
+}
+
+}  // namespace
+
+/// One stream: a request and what answers it.
+struct h2_stream {
+  h2_stream(std::int32_t i, std::size_t max_header) : id(i), fields(max_header) {}
+
+  std::int32_t id;
+  h2::request_fields fields;
+  http1::request_head req;
+  std::string target;  ///< a rewritten target (req.target points here then)
+  std::shared_ptr<const runtime> rt;
+  const route* r = nullptr;
+  admission adm;
+  std::unique_ptr<access_entry> entry;
+  steady::time_point started{}, held_from{};
+  /// The hold's timer, then the forwarder's wake-up (cancelled when something it waits for happens).
+  std::unique_ptr<steady_timer> timer;
+  bool dispatched = false;  ///< its head was complete and it was decided
+  bool grpc = false;
+  bool held = false;
+  bool closed = false;    ///< nghttp2 closed it: done, or reset by the client
+  bool body_end = false;  ///< the client's END_STREAM arrived
+  bool too_large = false;
+  std::string body_in;      ///< request body bytes not yet sent upstream
+  std::size_t body_at = 0;  ///< of which taken already (an HTTP/2 upstream takes them piecewise)
+  std::uint64_t body_bytes = 0;
+  std::string out;  ///< response body bytes nghttp2 has not taken yet
+  std::size_t out_at = 0;
+  bool out_end = false;   ///< no more response body bytes will come
+  bool deferred = false;  ///< nghttp2 waits for body bytes (resume when some come)
+  std::uint64_t bytes_out = 0;
+  unsigned status = 0;
+  std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
+  std::string fields_arena;           ///< bytes of the submitted response's fields
+  std::shared_ptr<connection> up;     ///< the HTTP/1.1 upstream side, while forwarding
+  h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
+  std::string trailers_arena;
+  std::vector<h2::field> trailers;  ///< response trailers (from an HTTP/2 upstream)
+
+  std::size_t pending_out() const { return out.size() - out_at; }
+  void wake() {
+    if (timer) timer->cancel();
+  }
+};
+
+class h2_connection : public std::enable_shared_from_this<h2_connection>, public h2_downstream {
+public:
+  h2_connection(shared_state& s, worker& w, std::shared_ptr<connection> conn, std::shared_ptr<const runtime> rt,
+                const ip_address& peer, std::string peer_text)
+      : s_(s),
+        w_(w),
+        conn_(std::move(conn)),
+        c_(*conn_),
+        rt_(std::move(rt)),
+        peer_(peer),
+        peer_text_(std::move(peer_text)),
+        exec_(c_.client.get_executor()),
+        write_wake_(exec_),
+        resets_(rt_->cfg.http2_reset_burst, rt_->cfg.http2_reset_rate, s.clk.steady_now()),
+        control_(rt_->cfg.http2_control_burst, rt_->cfg.http2_control_rate, s.clk.steady_now()) {}
+
+  ~h2_connection() override {
+    if (session_) nghttp2_session_del(session_);
+  }
+
+  awaitable<void> run() {
+    if (!start()) co_return;
+    auto self = shared_from_this();
+    co_await (read_loop() && write_loop());
+    teardown();
+  }
+
+  // h2_downstream: an HTTP/2 upstream stream reports to its client stream.
+  void on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) override;
+  void on_data(h2_stream& st, std::string_view data) override;
+  void on_trailers(h2_stream& st, const std::vector<h2::field>& fields) override;
+  void on_end(h2_stream& st) override;
+  void on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) override;
+  std::size_t take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) override;
+  void attach(h2_stream& st, h2_upstream_stream* up) override { st.up2 = up; }
+
+private:
+  bool start();
+  awaitable<void> read_loop();
+  awaitable<void> write_loop();
+  void flush() { write_wake_.cancel(); }
+  void teardown();
+  void update_deadline();
+  void abuse(metrics::counter& kind, nghttp2_error_code code);
+
+  // nghttp2 callbacks.
+  static int on_begin_headers(nghttp2_session*, const nghttp2_frame* f, void* ud);
+  static int on_header(nghttp2_session*, const nghttp2_frame* f, const uint8_t* name, size_t namelen,
+                       const uint8_t* value, size_t valuelen, uint8_t flags, void* ud);
+  static int on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void* ud);
+  static int on_data_chunk(nghttp2_session*, uint8_t flags, int32_t id, const uint8_t* data, size_t len, void* ud);
+  static int on_stream_close(nghttp2_session*, int32_t id, uint32_t error_code, void* ud);
+  static int on_frame_send(nghttp2_session*, const nghttp2_frame* f, void* ud);
+  static int on_invalid_frame(nghttp2_session*, const nghttp2_frame* f, int lib_error, void* ud);
+  static ssize_t read_body(nghttp2_session*, int32_t id, uint8_t* buf, size_t length, uint32_t* flags,
+                           nghttp2_data_source* source, void* ud);
+
+  std::shared_ptr<h2_stream> find(std::int32_t id) {
+    const auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+  void dispatch(const std::shared_ptr<h2_stream>& st, bool end_stream);
+  void release(const std::shared_ptr<h2_stream>& st);
+  void start_forward(const std::shared_ptr<h2_stream>& st);
+  awaitable<void> forward_h1(std::shared_ptr<h2_stream> st);
+  awaitable<bool> send_body_h1(h2_stream& st, connection& uc, bool chunked);
+  void close_stream(h2_stream& st, std::uint32_t error_code);
+
+  /// Submits a response: `fields`, then the body in st.out (`with_body`).
+  void submit(h2_stream& st, const std::vector<h2::field>& fields, bool with_body);
+  /// A response of the proxy's own (gRPC calls get a trailers-only one, with `grpc_status` when set).
+  void answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s = 0,
+              unsigned grpc_status = 0, std::int64_t pushback_ms = -1);
+  void push_out(h2_stream& st, std::string_view data);
+  void reset(h2_stream& st, nghttp2_error_code code) {
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, st.id, code);
+    flush();
+  }
+  void finished(h2_stream& st, unsigned status) {
+    st.status = status;
+    if (st.entry) st.entry->status = status;
+  }
+  http1::forward_info hop(const runtime& rt) const;
+
+  shared_state& s_;
+  worker& w_;
+  std::shared_ptr<connection> conn_;
+  connection& c_;
+  std::shared_ptr<const runtime> rt_;
+  ip_address peer_;
+  std::string peer_text_;
+  executor_t exec_;
+  nghttp2_session* session_ = nullptr;
+  std::unordered_map<std::int32_t, std::shared_ptr<h2_stream>> streams_;
+  steady_timer write_wake_;
+  std::string out_;
+  std::array<std::uint8_t, k_read_size> in_{};
+  bucket resets_, control_;
+  std::uint64_t window_credit_ = 0;  ///< WINDOW_UPDATEs the proxy's DATA frames earned
+  bool reading_done_ = false;
+  bool writing_ = false;
+  bool fatal_ = false;
+};
+
+bool h2_connection::start() {
+  nghttp2_session_callbacks* cb = nullptr;
+  nghttp2_session_callbacks_new(&cb);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data_chunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
+  nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(cb, on_invalid_frame);
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  // Windows open as bodies go upstream, not as they arrive: a held or slow stream buffers one window at most.
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_continuations(opt, static_cast<size_t>(rt_->cfg.http2_max_continuations));
+  // Our own reset bucket counts and answers Rapid Reset; nghttp2's would close without telling us.
+  nghttp2_option_set_stream_reset_rate_limit(opt, UINT64_MAX, UINT64_MAX);
+  const int rv = nghttp2_session_server_new2(&session_, cb, this, opt);
+  nghttp2_option_del(opt);
+  nghttp2_session_callbacks_del(cb);
+  if (rv != 0) return false;
+  const auto& cfg = rt_->cfg;
+  const std::array<nghttp2_settings_entry, 3> settings = {{
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, static_cast<uint32_t>(cfg.http2_max_concurrent_streams)},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, static_cast<uint32_t>(cfg.max_header_bytes)},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+  }};
+  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings.data(), settings.size());
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, k_connection_window);
+  c_.idle = true;
+  c_.expires_after(cfg.idle_timeout);
+  return true;
+}
+
+awaitable<void> h2_connection::read_loop() {
+  auto self = shared_from_this();
+  // What was read before the protocol was known (the preface, perhaps more).
+  if (c_.in.size() > 0) {
+    const auto pre = view(c_.in);
+    const auto rv = nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(pre.data()), pre.size());
+    c_.in.consume(c_.in.size());
+    if (rv < 0) {
+      abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR);
+    }
+    flush();
+  }
+  while (!fatal_ && nghttp2_session_want_read(session_)) {
+    auto [ec, n] = co_await c_.client.async_read_some(asio::buffer(in_), nothrow);
+    if (ec) break;
+    const auto rv = nghttp2_session_mem_recv(session_, in_.data(), n);
+    if (rv < 0) {
+      switch (rv) {
+        case NGHTTP2_ERR_TOO_MANY_CONTINUATIONS:
+          abuse(s_.metrics.h2_continuation_flood, NGHTTP2_ENHANCE_YOUR_CALM);
+          break;
+        case NGHTTP2_ERR_FLOODED: abuse(s_.metrics.h2_ack_flood, NGHTTP2_ENHANCE_YOUR_CALM); break;
+        default: abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR); break;
+      }
+    }
+    update_deadline();
+    flush();
+  }
+  reading_done_ = true;
+  flush();
+}
+
+awaitable<void> h2_connection::write_loop() {
+  auto self = shared_from_this();
+  for (;;) {
+    while (out_.size() < k_write_batch) {
+      const uint8_t* data = nullptr;
+      const auto n = nghttp2_session_mem_send(session_, &data);
+      if (n < 0) {
+        fatal_ = true;
+        break;
+      }
+      if (n == 0) break;
+      out_.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
+    }
+    if (out_.empty()) {
+      // Done when neither side has more to say (GOAWAY sent, or the client gone).
+      if (fatal_ || reading_done_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)))
+        break;
+      write_wake_.expires_at(steady::time_point::max());
+      co_await write_wake_.async_wait(nothrow);
+      continue;
+    }
+    writing_ = true;
+    c_.expires_after(rt_->cfg.body_timeout);  // a client that stops reading is a slow reader
+    auto [ec, n] = co_await asio::async_write(c_.client, asio::buffer(out_), nothrow);
+    writing_ = false;
+    out_.clear();
+    if (ec) {
+      fatal_ = true;
+      break;
+    }
+    update_deadline();
+  }
+  // The read loop may be waiting on the socket: it ends with it.
+  boost::system::error_code ignored;
+  c_.client.socket().cancel(ignored);
+  c_.client.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+void h2_connection::update_deadline() {
+  if (writing_) return;  // the write's own deadline stands
+  c_.idle = streams_.empty();
+  if (streams_.empty()) {
+    if (s_.draining && !fatal_) {
+      // Draining: an idle connection says GOAWAY and ends.
+      nghttp2_session_terminate_session(session_, NGHTTP2_NO_ERROR);
+      flush();
+    }
+    c_.expires_after(rt_->cfg.idle_timeout);
+  } else {
+    c_.expires_never();
+  }
+}
+
+void h2_connection::abuse(metrics::counter& kind, nghttp2_error_code code) {
+  kind.inc();
+  if (session_) nghttp2_session_terminate_session(session_, code);
+  flush();
+}
+
+void h2_connection::teardown() {
+  // The connection is gone: every stream still open ends as if the client reset it.
+  auto streams = std::move(streams_);
+  for (auto& [id, st] : streams) close_stream(*st, NGHTTP2_CANCEL);
+}
+
+// ---------------------------------------------------------------------------- callbacks
+
+int h2_connection::on_begin_headers(nghttp2_session*, const nghttp2_frame* f, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  if (static_cast<std::int64_t>(h.streams_.size()) >= h.rt_->cfg.http2_max_concurrent_streams) {
+    // Before the client has our SETTINGS it may open more: each is refused.
+    h.s_.metrics.h2_too_many_streams.inc();
+    nghttp2_submit_rst_stream(h.session_, NGHTTP2_FLAG_NONE, f->hd.stream_id, NGHTTP2_REFUSED_STREAM);
+    return 0;
+  }
+  h.streams_.emplace(f->hd.stream_id, std::make_shared<h2_stream>(
+                                          f->hd.stream_id, static_cast<std::size_t>(h.rt_->cfg.max_header_bytes)));
+  h.c_.idle = false;
+  return 0;
+}
+
+int h2_connection::on_header(nghttp2_session*, const nghttp2_frame* f, const uint8_t* name, size_t namelen,
+                             const uint8_t* value, size_t valuelen, uint8_t, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  if (f->hd.type != NGHTTP2_HEADERS) return 0;
+  const auto st = h.find(f->hd.stream_id);
+  if (!st || st->dispatched) return 0;  // refused, or request trailers (not forwarded)
+  st->fields.add({reinterpret_cast<const char*>(name), namelen}, {reinterpret_cast<const char*>(value), valuelen});
+  return 0;
+}
+
+int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  const auto now = h.s_.clk.steady_now();
+  const bool end_stream = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  switch (f->hd.type) {
+    case NGHTTP2_HEADERS: {
+      const auto st = h.find(f->hd.stream_id);
+      if (!st) break;
+      if (!st->dispatched) {
+        h.dispatch(st, end_stream);
+      } else if (end_stream) {  // trailers end the request body
+        st->body_end = true;
+        st->wake();
+      }
+      break;
+    }
+    case NGHTTP2_DATA: {
+      if (f->hd.length == 0 && !end_stream && !h.control_.take(now)) {
+        h.abuse(h.s_.metrics.h2_control_flood, NGHTTP2_ENHANCE_YOUR_CALM);
+        break;
+      }
+      if (!end_stream) break;
+      if (const auto st = h.find(f->hd.stream_id)) {
+        st->body_end = true;
+        st->wake();
+        if (st->up2) h2_upstream_body_ready(*st->up2);
+      }
+      break;
+    }
+    case NGHTTP2_RST_STREAM:
+      if (!h.resets_.take(now)) h.abuse(h.s_.metrics.h2_rapid_reset, NGHTTP2_ENHANCE_YOUR_CALM);
+      break;
+    case NGHTTP2_WINDOW_UPDATE:
+      if (h.window_credit_ > 0) {
+        --h.window_credit_;
+        break;
+      }
+      [[fallthrough]];
+    case NGHTTP2_SETTINGS:
+    case NGHTTP2_PING:
+    case NGHTTP2_PRIORITY:
+      if ((f->hd.flags & NGHTTP2_FLAG_ACK) != 0 && f->hd.type != NGHTTP2_WINDOW_UPDATE &&
+          f->hd.type != NGHTTP2_PRIORITY)
+        break;  // an acknowledgement of ours
+      if (!h.control_.take(now)) h.abuse(h.s_.metrics.h2_control_flood, NGHTTP2_ENHANCE_YOUR_CALM);
+      break;
+    default: break;
+  }
+  return 0;
+}
+
+int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, const uint8_t* data, size_t len,
+                                 void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  const auto st = h.find(id);
+  if (!st || st->too_large || st->status != 0) {
+    // Nobody will read it: the window opens again at once.
+    nghttp2_session_consume(session, id, len);
+    return 0;
+  }
+  st->body_bytes += len;
+  const auto max = h.rt_->cfg.max_body_bytes;
+  if (max > 0 && st->body_bytes > max) {
+    st->too_large = true;
+    nghttp2_session_consume(session, id, len);
+    if (st->status == 0 && !st->held) {
+      h.s_.metrics.bad_request.inc();
+      h.answer(*st, 413, "request body too large\n");
+    } else {
+      h.reset(*st, NGHTTP2_CANCEL);
+    }
+    return 0;
+  }
+  st->body_in.append(reinterpret_cast<const char*>(data), len);
+  st->wake();
+  if (st->up2) h2_upstream_body_ready(*st->up2);
+  return 0;
+}
+
+int h2_connection::on_stream_close(nghttp2_session*, int32_t id, uint32_t error_code, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  const auto it = h.streams_.find(id);
+  if (it == h.streams_.end()) return 0;
+  const auto st = it->second;
+  h.streams_.erase(it);
+  h.close_stream(*st, error_code);
+  h.update_deadline();
+  return 0;
+}
+
+int h2_connection::on_frame_send(nghttp2_session*, const nghttp2_frame* f, void* ud) {
+  // Each DATA frame sent earns the client a WINDOW_UPDATE for the stream and one for the connection.
+  if (f->hd.type == NGHTTP2_DATA) static_cast<h2_connection*>(ud)->window_credit_ += 2;
+  return 0;
+}
+
+int h2_connection::on_invalid_frame(nghttp2_session*, const nghttp2_frame*, int lib_error, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  if (lib_error == NGHTTP2_ERR_REFUSED_STREAM) h.s_.metrics.h2_too_many_streams.inc();
+  return 0;
+}
+
+ssize_t h2_connection::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
+                                 nghttp2_data_source* source, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
+  auto& st = *static_cast<h2_stream*>(source->ptr);
+  const std::size_t n = std::min(length, st.pending_out());
+  std::memcpy(buf, st.out.data() + st.out_at, n);
+  st.out_at += n;
+  st.bytes_out += n;
+  if (st.out_at == st.out.size()) {
+    st.out.clear();
+    st.out_at = 0;
+  }
+  if (n == 0 && !st.out_end) {
+    st.deferred = true;
+    return NGHTTP2_ERR_DEFERRED;
+  }
+  if (st.out_end && st.pending_out() == 0) {
+    *flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (!st.trailers.empty()) {
+      *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      const auto nv = to_nv(st.trailers);
+      nghttp2_submit_trailer(h.session_, st.id, nv.data(), nv.size());
+    }
+  }
+  if (n > 0) {
+    st.wake();  // room for more from the upstream
+    if (st.up2) h2_upstream_consumed(*st.up2, n);
+  }
+  return static_cast<ssize_t>(n);
+}
+
+// ---------------------------------------------------------------------------- streams
+
+void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stream) {
+  st->dispatched = true;
+  if (end_stream) st->body_end = true;
+  if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
+  st->rt = w_.rt;
+  const runtime& rt = *st->rt;
+  s_.metrics.h2_requests.inc();
+  const bool too_large = st->fields.too_large();
+  const std::string_view why = too_large ? std::string_view{} : st->fields.finish(end_stream, st->req);
+  st->grpc = h2::grpc::is_grpc(st->fields.content_type());
+  if (rt.cfg.access_log) {
+    st->entry = begin_entry(rt, st->req, peer_, peer_text_, s_.clk.wall_us());
+    st->entry->protocol = "HTTP/2";
+    st->started = s_.clk.steady_now();
+  }
+  if (too_large) {
+    s_.metrics.header_too_large.inc();
+    s_.metrics.h2_header_list.inc();
+    answer(*st, 431, "request headers too large\n");
+    return;
+  }
+  if (!why.empty()) {
+    s_.metrics.bad_request.inc();
+    answer(*st, 400, "bad request: " + std::string(why) + "\n");
+    return;
+  }
+  http1::request_head& req = st->req;
+  if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
+    s_.metrics.bad_request.inc();
+    answer(*st, 413, "request body too large\n");
+    return;
+  }
+  std::string_view bad_path;
+  st->r = route_request(rt, req, st->target, bad_path);
+  if (!bad_path.empty()) {
+    s_.metrics.bad_request.inc();
+    answer(*st, 400, "bad request: " + std::string(bad_path) + "\n");
+    return;
+  }
+  if (!st->r) {
+    s_.metrics.no_route.inc();
+    answer(*st, 404, "no route\n");
+    return;
+  }
+  const route& r = *st->r;
+  const std::int64_t now_us = s_.clk.wall_us();
+  admission_env env{s_.gate, s_.metrics, w_.accounting};
+  st->adm = admit(env, rt, r, req, peer_, now_us);
+  const admission& a = st->adm;
+  append_limit_fields(st->response_fields, s_.gate, rt, r, a, now_us);
+  if (st->entry) note_admission(*st->entry, r, a);
+  if (a.outcome == decision::rejected) {
+    const refusal no = refusal_for(r, a);
+    const bool limit = a.gate.v == verdict::reject && !a.ambiguous && !a.no_master && !a.unidentified;
+    answer(*st, no.status, no.text, no.retry_after_s, limit ? r.grpc_status : 0,
+           no.retry_after_s > 0 ? no.retry_after_s * 1000 : -1);
+    return;
+  }
+  if (a.outcome == decision::delayed) {
+    const std::int64_t wait_us = a.gate.release_us - now_us;
+    if (st->grpc) {
+      const auto deadline = h2::grpc::parse_timeout(st->fields.grpc_timeout());
+      if (deadline && deadline->count() < wait_us) {
+        // The call would die held: refused now, its slot given back.
+        s_.gate.release_held(rt.route_limits[r.index]);
+        s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
+        s_.metrics.reject_grpc_deadline.inc();
+        if (st->entry) st->entry->decision = to_string(decision::rejected);
+        answer(*st, r.status, "rate limit exceeded: the call's deadline ends before its turn\n", 0, r.grpc_status,
+               (wait_us + 999) / 1000);
+        return;
+      }
+    }
+    st->held = true;
+    st->held_from = s_.clk.steady_now();
+    st->timer = std::make_unique<steady_timer>(exec_);
+    st->timer->expires_after(std::chrono::microseconds(wait_us));
+    st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code& ec) {
+      if (!ec && !st->closed && st->held) self->release(st);
+    });
+    return;
+  }
+  start_forward(st);
+}
+
+void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
+  st->held = false;
+  end_hold(s_.gate, s_.metrics, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
+  if (st->entry)
+    st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
+  start_forward(st);
+}
+
+void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
+  st.closed = true;
+  if (st.held) {
+    st.held = false;
+    end_hold(s_.gate, s_.metrics, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
+    if (st.entry)
+      st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
+  }
+  if (st.timer) st.timer->cancel();
+  if (st.up && st.up->forwarding_ && st.up->forwarding_->up.sock) {
+    boost::system::error_code ignored;
+    st.up->forwarding_->up.sock->socket().cancel(ignored);
+  }
+  if (st.up2) {
+    h2_upstream_cancel(*st.up2);
+    st.up2 = nullptr;
+  }
+  if (st.entry) {
+    st.entry->bytes_in = st.body_bytes;
+    st.entry->bytes_out = st.bytes_out;
+    st.entry->duration_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.started).count();
+    if (auto* log = s_.access.get()) log->write(*st.entry);
+    st.entry.reset();
+  }
+}
+
+void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, bool with_body) {
+  const auto nv = to_nv(fields);
+  nghttp2_data_provider prd{};
+  prd.source.ptr = &st;
+  prd.read_callback = read_body;
+  nghttp2_submit_response(session_, st.id, nv.data(), nv.size(), with_body ? &prd : nullptr);
+  flush();
+}
+
+void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s,
+                           unsigned grpc_status, std::int64_t pushback_ms) {
+  finished(st, status);
+  std::vector<h2::field> fields;
+  if (st.grpc) {
+    // gRPC clients read a status from trailers, not an HTTP error: a trailers-only response.
+    std::string_view message = text;
+    while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
+    h2::grpc::refusal_fields(grpc_status != 0 ? grpc_status : h2::grpc::status_for_http(status), message, pushback_ms,
+                             st.response_fields, st.fields_arena, fields);
+    submit(st, fields, false);
+    return;
+  }
+  h2::simple_response_fields(status, retry_after_s, st.response_fields, st.fields_arena, fields);
+  st.out.assign(text);
+  st.out_end = true;
+  submit(st, fields, !st.req.head);
+}
+
+void h2_connection::push_out(h2_stream& st, std::string_view data) {
+  st.out.append(data);
+  if (st.deferred) {
+    st.deferred = false;
+    nghttp2_session_resume_data(session_, st.id);
+  }
+  flush();
+}
+
+http1::forward_info h2_connection::hop(const runtime& rt) const {
+  http1::forward_info info;
+  info.peer_ip = peer_text_;
+  info.proto = c_.client.tls() ? "https" : "http";
+  info.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
+  info.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
+                                  [&](const cidr& c) { return c.contains(peer_); });
+  return info;
+}
+
+void h2_connection::start_forward(const std::shared_ptr<h2_stream>& st) {
+  const runtime& rt = *st->rt;
+  if (rt.cfg.upstreams[st->r->upstream_index].http2()) {
+    w_.h2_pool.start(h2_upstream_request{*st, *this, st->req, hop(rt), st->rt, *st->r});
+    return;
+  }
+  st->timer = std::make_unique<steady_timer>(exec_);
+  asio::co_spawn(exec_, forward_h1(st), asio::detached);
+}
+
+// ---------------------------------------------------------------------------- HTTP/2 upstream events
+
+void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) {
+  if (st.closed) return;
+  unsigned status = 0;
+  for (const auto& f : fields) {
+    if (f.name == ":status") status = static_cast<unsigned>(std::atoi(std::string(f.value).c_str()));
+  }
+  finished(st, status);
+  // The proxy's own lines go after the upstream's fields.
+  std::vector<h2::field> all = fields;
+  h2::line_fields(st.response_fields, st.fields_arena, all);
+  st.out_end = end_stream;
+  submit(st, all, !end_stream);
+}
+
+void h2_connection::on_data(h2_stream& st, std::string_view data) {
+  if (!st.closed) push_out(st, data);
+}
+
+void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
+  if (st.closed) return;
+  st.trailers_arena.clear();
+  std::size_t total = 0;
+  for (const auto& f : fields) total += f.name.size() + f.value.size();
+  st.trailers_arena.reserve(total);
+  st.trailers.clear();
+  for (const auto& f : fields) {
+    const auto n = st.trailers_arena.size();
+    st.trailers_arena.append(f.name);
+    const auto v = st.trailers_arena.size();
+    st.trailers_arena.append(f.value);
+    st.trailers.push_back(
+        {{st.trailers_arena.data() + n, f.name.size()}, {st.trailers_arena.data() + v, f.value.size()}});
+  }
+}
+
+void h2_connection::on_end(h2_stream& st) {
+  st.up2 = nullptr;
+  if (st.closed) return;
+  st.out_end = true;
+  push_out(st, {});
+}
+
+void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) {
+  st.up2 = nullptr;
+  if (st.closed) return;
+  if (response_started) {
+    reset(st, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  answer(st, status, why);
+}
+
+std::size_t h2_connection::take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) {
+  const std::size_t taken = std::min(n, st.body_in.size() - st.body_at);
+  std::memcpy(buf, st.body_in.data() + st.body_at, taken);
+  st.body_at += taken;
+  if (st.body_at == st.body_in.size()) {
+    st.body_in.clear();
+    st.body_at = 0;
+  }
+  eof = st.body_end && st.body_in.empty();
+  if (taken > 0 && !st.closed) {
+    // The client may send as much again.
+    nghttp2_session_consume(session_, st.id, taken);
+    flush();
+  }
+  return taken;
+}
+
+// ---------------------------------------------------------------------------- HTTP/1.1 upstream
+
+// Sends the request body to an HTTP/1.1 server as it arrives: as is with a
+// content-length, chunked without one. The client's window opens as bytes go.
+awaitable<bool> h2_connection::send_body_h1(h2_stream& st, connection& uc, bool chunked) {
+  const runtime& rt = *st.rt;
+  link& up = *uc.fwd().up.sock;
+  std::string piece;
+  for (;;) {
+    if (st.closed) co_return false;
+    if (!st.body_in.empty()) {
+      piece.clear();
+      const std::size_t n = st.body_in.size();
+      if (chunked) {
+        char size_line[24];
+        const int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", n);
+        piece.append(size_line, static_cast<std::size_t>(len));
+      }
+      piece.append(st.body_in);
+      if (chunked) piece.append("\r\n");
+      st.body_in.clear();
+      auto [ec, wn] = co_await write(uc, up, asio::buffer(piece), rt.cfg.upstream_timeout);
+      if (ec) co_return false;
+      if (!st.closed) {
+        nghttp2_session_consume(session_, st.id, n);
+        flush();
+      }
+      continue;
+    }
+    if (st.body_end) {
+      if (chunked) {
+        auto [ec, wn] = co_await write(uc, up, asio::buffer(std::string_view("0\r\n\r\n")), rt.cfg.upstream_timeout);
+        if (ec) co_return false;
+      }
+      co_return true;
+    }
+    st.timer->expires_after(rt.cfg.body_timeout);
+    auto [ec] = co_await st.timer->async_wait(nothrow);
+    if (!ec && !st.closed && st.body_in.empty() && !st.body_end) {
+      // The client sent nothing for body_timeout.
+      reset(st, NGHTTP2_CANCEL);
+      co_return false;
+    }
+  }
+}
+
+// One stream's exchange with an HTTP/1.1 server: a connection from the
+// worker's pool (the same rules as an HTTP/1.1 client's), the head and body
+// out, the response head in, the body back within the stream's window.
+awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
+  auto self = shared_from_this();
+  const runtime& rt = *st->rt;
+  const route& r = *st->r;
+  auto uc = std::make_shared<connection>(tcp_socket(exec_), s_.clk, rt.tick);
+  st->up = uc;
+  connection::watch(uc);
+  struct closer {
+    connection& c;
+    ~closer() {
+      c.fwd().up.release();
+      c.close();
+    }
+  } guard{*uc};
+  std::string head;
+  http1::write_request_head(head, st->req, hop(rt));
+  const bool retryable = st->req.body == http1::framing::none && idempotent(st->req.method);
+  const auto fail = [&](metrics::counter& m, unsigned status, std::string_view why) {
+    m.inc();
+    if (!st->closed) answer(*st, status, why);
+  };
+  http1::response_head& res = uc->fwd().response;
+  auto& upstream_in = uc->fwd().upstream_in;
+  auto sent = s_.clk.steady_now();
+  for (int attempt = 0;; ++attempt) {
+    if (!(attempt == 0 && w_.pool.take_pooled(rt, *uc, r.upstream_index, !retryable)) &&
+        !co_await w_.pool.acquire(rt, *uc, r.upstream_index, attempt == 0, !retryable)) {
+      fail(s_.metrics.upstream_no_server, 502, "upstream unavailable\n");
+      co_return;
+    }
+    if (st->closed) co_return;
+    if (st->entry) st->entry->upstream = to_string(rt.servers[r.upstream_index][uc->fwd().up.server]);
+    link& up = *uc->fwd().up.sock;
+    sent = s_.clk.steady_now();
+    auto [wec, wn] = co_await write(*uc, up, asio::buffer(head), rt.cfg.upstream_timeout);
+    if (wec) {
+      if (uc->fwd().up.reused && retryable && attempt == 0) continue;
+      fail(s_.metrics.upstream_reset, 502, "upstream write failed\n");
+      co_return;
+    }
+    if (st->req.body != http1::framing::none &&
+        !co_await send_body_h1(*st, *uc, st->req.body == http1::framing::chunked)) {
+      if (!st->closed) fail(s_.metrics.upstream_reset, 502, "upstream write failed\n");
+      co_return;
+    }
+    // The response head; 1xx informational responses are not passed on.
+    upstream_in.clear();
+    boost::system::error_code ec;
+    bool bad = false;
+    for (std::size_t scanned = 0;;) {
+      const auto parsed = http1::parse_response(view(upstream_in), k_max_response_head, st->req.head, res, scanned);
+      if (parsed.status == http1::parse_status::complete) {
+        if (res.status >= 200 || res.status == 101) break;
+        upstream_in.consume(res.size);
+        scanned = 0;
+        continue;
+      }
+      if (parsed.status != http1::parse_status::incomplete) {
+        bad = true;
+        break;
+      }
+      auto [rec, n] = co_await read_more(*uc, up, upstream_in.prepare(k_head_read), rt.cfg.upstream_timeout);
+      if (rec) {
+        ec = uc->classify(rec);
+        break;
+      }
+      upstream_in.commit(n);
+    }
+    if (st->closed) co_return;
+    if (!ec && !bad) break;
+    if (upstream_in.size() == 0 && uc->fwd().up.reused && retryable && attempt == 0 &&
+        (ec == asio::error::eof || ec == asio::error::connection_reset)) {
+      continue;
+    }
+    if (ec == asio::error::timed_out) fail(s_.metrics.upstream_timeout, 504, "upstream timed out\n");
+    else fail(s_.metrics.upstream_reset, 502, bad ? "upstream sent a malformed response\n" : "upstream failed\n");
+    co_return;
+  }
+  const auto& counted = rt.upstream_metrics[r.upstream_index];
+  counted.by_class[std::clamp<unsigned>(res.status / 100, 1, 5) - 1]->inc();
+  counted.seconds->observe(std::chrono::duration<double>(s_.clk.steady_now() - sent).count());
+  upstream_in.consume(res.size);
+  if (res.status == 101) {
+    fail(s_.metrics.upstream_reset, 502, "upstream switched protocols unasked\n");
+    co_return;
+  }
+  finished(*st, res.status);
+  std::vector<h2::field> fields;
+  const bool has_body =
+      res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
+  h2::response_fields(res, st->response_fields, res.body == http1::framing::length, st->fields_arena, fields);
+  st->out_end = !has_body;
+  submit(*st, fields, has_body);
+  if (!has_body) {
+    if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
+    co_return;
+  }
+  const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
+  body_relay body(res.body, http1::framing::until_close, res.content_length, max_line);
+  buffer_list& bufs = uc->fwd().bufs;
+  link& up = *uc->fwd().up.sock;
+  for (;;) {
+    bufs.clear();
+    const auto used = body.step(view(upstream_in), bufs);
+    if (!used) {
+      s_.metrics.upstream_reset.inc();
+      if (!st->closed) reset(*st, NGHTTP2_INTERNAL_ERROR);
+      co_return;
+    }
+    for (const auto& b : bufs.span()) st->out.append(static_cast<const char*>(b.data()), b.size());
+    upstream_in.consume(*used);
+    if (body.done) break;
+    if (st->closed) co_return;
+    push_out(*st, {});
+    // A client that does not take what it asked for (its window shut, or not reading) stalls only its stream.
+    while (st->pending_out() >= k_stream_buffer) {
+      st->timer->expires_after(rt.cfg.body_timeout);
+      auto [tec] = co_await st->timer->async_wait(nothrow);
+      if (st->closed) co_return;
+      if (!tec && st->pending_out() >= k_stream_buffer) {
+        s_.metrics.h2_stalled_window.inc();
+        reset(*st, NGHTTP2_CANCEL);
+        co_return;
+      }
+    }
+    if (upstream_in.size() > 0) continue;
+    auto [rec, n] = co_await read_more(*uc, up, upstream_in.prepare(k_relay_chunk), rt.cfg.upstream_timeout);
+    if (st->closed) co_return;
+    if (rec == asio::error::eof && body.in_framing == http1::framing::until_close) {
+      body.eof = true;
+      continue;
+    }
+    if (rec) {
+      (uc->classify(rec) == asio::error::timed_out ? s_.metrics.upstream_timeout : s_.metrics.upstream_reset).inc();
+      reset(*st, NGHTTP2_INTERNAL_ERROR);
+      co_return;
+    }
+    upstream_in.commit(n);
+  }
+  st->out_end = true;
+  push_out(*st, {});
+  if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
+}
+
+awaitable<void> serve_h2(shared_state& s, worker& w, std::shared_ptr<connection> conn,
+                         std::shared_ptr<const runtime> rt, const ip_address& peer, std::string peer_text) {
+  auto h = std::make_shared<h2_connection>(s, w, std::move(conn), std::move(rt), peer, std::move(peer_text));
+  co_await h->run();
+}
+
+}  // namespace smockron::proxy

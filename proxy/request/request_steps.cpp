@@ -1,0 +1,120 @@
+// Protocol-independent request steps (see request_steps.hpp).
+#include "proxy/request/request_steps.hpp"
+
+#include <algorithm>
+
+#include "proxy/codec/path.hpp"
+#include "proxy/identify/client_address.hpp"
+#include "proxy/request/ratelimit_fields.hpp"
+
+namespace smockron::proxy {
+namespace {
+
+// The request goes on with `path` and the query as sent (the target's part after its first `path_size` bytes).
+bool retarget(http1::request_head& req, std::string& target, std::string path, std::size_t path_size) {
+  path.append(req.target.substr(path_size));
+  target = std::move(path);
+  req.target = target;
+  return true;
+}
+
+// Normalizes the path of the request target (with normalize_path; path.hpp)
+// and works out what routes match: the path without segment parameters
+// (`route_path`, set only when that differs from the target's path). The
+// request then goes on with the normalized target, its parameters kept or
+// stripped (path_parameters). False (`why` set) when the path cannot be
+// normalized safely, or carries parameters the configuration refuses.
+bool prepare_path(const runtime& rt, http1::request_head& req, std::string& target, std::string& route_path,
+                  std::string_view& why) {
+  const std::string_view p = req.target.substr(0, req.target.find('?'));
+  if (!p.starts_with('/')) return true;  // "*" or absolute-form
+  using params = config::proxy_config::path_parameters_action;
+  const params action = rt.cfg.path_parameters;
+  const bool has_params = p.find(';') != std::string_view::npos;
+  if (has_params) {
+    if (action == params::reject) {
+      why = "parameters in path";
+      return false;
+    }
+    // "/api/..;/x": the routes see "/x", a backend that keeps parameters "/api/..;/x".
+    if (action == params::keep && path::hides_dot_segment(p)) {
+      why = "dot-segment with parameters in path";
+      return false;
+    }
+    route_path = path::strip_parameters(p);
+    if (rt.normalize_path) route_path = path::normalize(route_path, rt.path_options, why);
+    if (!why.empty()) return false;
+    if (action == params::strip) return retarget(req, target, std::string(route_path), p.size());
+  }
+  if (!rt.normalize_path || path::already_normal(p, rt.path_options)) return true;
+  std::string normal = path::normalize(p, rt.path_options, why);
+  if (!why.empty()) return false;
+  return retarget(req, target, std::move(normal), p.size());
+}
+
+}  // namespace
+
+const route* route_request(const runtime& rt, http1::request_head& req, std::string& target, std::string_view& why) {
+  std::string route_path;  // set when routes match another form of the path than the one forwarded
+  if (!prepare_path(rt, req, target, route_path, why)) return nullptr;
+  const std::string_view t = req.target;
+  return rt.routes.match(req.host, route_path.empty() ? t.substr(0, t.find('?')) : std::string_view(route_path));
+}
+
+void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
+                         std::int64_t now_us) {
+  const bool limited =
+      a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject);
+  if (a.who && !r.domain.empty() && (limited || r.ratelimit_headers)) {
+    const auto q = g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us);
+    const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
+    append_ratelimit_fields(out, r.domain, q, throttled_s);
+  }
+  if (r.explain) {
+    const std::string_view reason = a.no_master                                 ? "no_master"
+                                    : a.ambiguous                               ? "ambiguous_identifier"
+                                    : a.unidentified                            ? "unidentified"
+                                    : a.gate.reason == reject_reason::held_full ? "held_full"
+                                                                                : "delay_too_long";
+    append_decision_field(out, a.outcome, a.shadow, reason,
+                          a.outcome == decision::delayed ? (a.gate.release_us - now_us + 999) / 1000 : 0);
+  }
+}
+
+refusal refusal_for(const route& r, const admission& a) {
+  if (a.ambiguous) return {400, "bad request: more than one value for the client identifier\n", 0};
+  if (a.no_master) return {503, "no rate-limit master covers this route, retry later\n", 1};
+  if (a.unidentified) return {403, "this route needs an identifier the request does not carry\n", 0};
+  // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
+  if (a.gate.reason == reject_reason::held_full)
+    return {503, "too many requests held, retry later\n", a.gate.retry_after_s};
+  return {r.status, "rate limit exceeded, retry later\n", a.gate.retry_after_s};
+}
+
+void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,
+              std::int64_t now_us) {
+  g.release_held(rt.route_limits[r.index]);
+  if (end == hold_end::released) return;
+  m.client_gone_held.inc();
+  g.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
+}
+
+std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,
+                                          std::string_view peer_text, std::int64_t now_us) {
+  auto e = std::make_unique<access_entry>();
+  e->time_us = now_us;
+  e->client = format_ip(client_address(req.headers, peer, rt.cfg.trusted_proxies, rt.cfg.real_ip_header));
+  e->peer = peer_text;
+  e->method = req.method;
+  e->target = redact_query(req.target, rt.redacted_query);  // hashed credentials stay hashed
+  return e;
+}
+
+void note_admission(access_entry& e, const route& r, const admission& a) {
+  e.decision = to_string(a.outcome);
+  e.shadow = a.shadow ? to_string(*a.shadow) : std::string_view{};
+  e.domain = r.domain;
+  if (a.who) e.identifier = a.who->value;
+}
+
+}  // namespace smockron::proxy

@@ -1,0 +1,51 @@
+// The steps of one request that do not depend on how it arrived: its route
+// (path prepared as the configuration says), the fields the proxy adds about
+// the limit, what a refusal answers, the end of a hold, and the access-log
+// record begun. An HTTP/1.1 connection (session.cpp) and an HTTP/2 stream
+// (h2_session.cpp) run the same steps, so both protocols are limited alike.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "proxy/codec/http1.hpp"
+#include "proxy/io/conn_io.hpp"
+#include "proxy/request/access_log.hpp"
+#include "proxy/request/admission.hpp"
+#include "proxy/request/runtime.hpp"
+
+namespace smockron::proxy {
+
+/// The route of `req`, its path prepared first: normalized (normalize_path)
+/// and its segment parameters kept, stripped or refused (path_parameters).
+/// A rewritten target goes into `target` and `req.target` points there.
+/// nullptr when no route matches, or `why` set when the path is refused.
+const route* route_request(const runtime& rt, http1::request_head& req, std::string& target, std::string_view& why);
+
+/// Appends the rate-limit fields (always when limited; on every response
+/// with ratelimit_headers) and the decision (explain) as header lines.
+void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
+                         std::int64_t now_us);
+
+/// What a refused admission answers: the status, a short text, Retry-After.
+struct refusal {
+  unsigned status = 503;
+  std::string_view text;
+  std::int64_t retry_after_s = 0;
+};
+refusal refusal_for(const route& r, const admission& a);
+
+/// A hold ended: its place among the held is free; a client that left gives
+/// its slot back to the gate (and is counted).
+void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,
+              std::int64_t now_us);
+
+/// The access-log record of `req`, begun when its head is complete.
+std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,
+                                          std::string_view peer_text, std::int64_t now_us);
+/// The record's admission part: decision, shadow, domain, identifier.
+void note_admission(access_entry& e, const route& r, const admission& a);
+
+}  // namespace smockron::proxy
