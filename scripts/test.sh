@@ -20,7 +20,7 @@ for t in smockron_tests smockron_identify_tests; do
 done
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
-# 13 targets x 10 s: about 2 minutes of fuzzing in all.
+# 14 targets x 10 s: about 2.5 minutes of fuzzing in all.
 echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-10}s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 echo "== all tests passed"

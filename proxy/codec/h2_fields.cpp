@@ -1,6 +1,7 @@
 // HTTP/2 field sections (see h2_fields.hpp).
 #include "proxy/codec/h2_fields.hpp"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
@@ -78,6 +79,11 @@ bool request_fields::add(std::string_view name, std::string_view value) {
     return false;
   }
   if (!error_.empty()) return true;  // malformed already: the rest does not matter
+  // RFC 9113 8.2.1 (nghttp2 checks it too; the codec does not lean on that).
+  if (std::any_of(name.begin(), name.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
+    error_ = "upper-case field name";
+    return true;
+  }
   const auto span_of = [&] {
     const auto n = put(arena_, name);
     const auto v = put(arena_, value);

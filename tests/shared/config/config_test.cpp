@@ -633,6 +633,67 @@ TEST(Config, TlsKeys) {
             std::string::npos);
 }
 
+TEST(Config, Http2Keys) {
+  const auto defaults = load("[proxy]\n");
+  const auto& d = *defaults.cfg->proxy;
+  EXPECT_TRUE(d.http2);
+  EXPECT_EQ(d.http2_max_concurrent_streams, 128);  // nginx's http2_max_concurrent_streams
+  EXPECT_EQ(d.http2_reset_burst, 1000);            // nghttp2's stream reset rate limit
+  EXPECT_EQ(d.http2_reset_rate, 33);
+  EXPECT_EQ(d.http2_max_continuations, 8);
+  auto r = load(R"([proxy]
+http2_max_concurrent_streams = 16
+http2_reset_burst = 10
+http2_reset_rate = 2
+http2_control_burst = 50
+http2_control_rate = 5
+http2_max_continuations = 2
+[proxy.upstreams.g]
+servers = ["127.0.0.1:50051"]
+protocol = "h2c"
+max_streams = 7
+[proxy.upstreams.s]
+servers = ["127.0.0.1:443"]
+protocol = "h2"
+[[proxy.routes]]
+path = "/"
+domain = "api"
+upstream = "g"
+grpc_status = 14
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& p = *r.cfg->proxy;
+  EXPECT_EQ(p.http2_max_concurrent_streams, 16);
+  EXPECT_EQ(p.http2_reset_burst, 10);
+  EXPECT_EQ(p.http2_reset_rate, 2);
+  EXPECT_EQ(p.http2_control_burst, 50);
+  EXPECT_EQ(p.http2_control_rate, 5);
+  EXPECT_EQ(p.http2_max_continuations, 2);
+  using proto = upstream_config::protocol_kind;
+  EXPECT_EQ(p.upstreams[0].protocol, proto::h2c);
+  EXPECT_EQ(p.upstreams[0].max_streams, 7);
+  EXPECT_FALSE(p.upstreams[0].tls);
+  EXPECT_EQ(p.upstreams[1].protocol, proto::h2);
+  EXPECT_TRUE(p.upstreams[1].tls);  // h2 is over TLS
+  EXPECT_EQ(p.routes[0].grpc_status, 14);
+
+  EXPECT_NE(one_error("[proxy]\nhttp2 = false\nhttp2_reset_rate = 5\n")
+                .find("proxy.http2_reset_rate: has no effect with http2 = false"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\nhttp2_max_concurrent_streams = 0\n").find("http2_max_concurrent_streams"),
+            std::string::npos);
+  const std::string up = "[proxy.upstreams.app]\nservers = [\"127.0.0.1:443\"]\n";
+  EXPECT_NE(one_error(up + "protocol = \"h3\"\n").find("proxy.upstreams.app.protocol"), std::string::npos);
+  EXPECT_NE(one_error(up + "max_streams = 5\n").find("max_streams: has no effect unless protocol"), std::string::npos);
+  EXPECT_NE(one_error(up + "protocol = \"h2\"\ntls = false\n").find("is HTTP/2 over TLS"), std::string::npos);
+  EXPECT_NE(one_error(up + "protocol = \"h2c\"\ntls = true\n").find("is HTTP/2 in the clear"), std::string::npos);
+  const std::string route = up + "[[proxy.routes]]\npath = \"/\"\nupstream = \"app\"\n";
+  EXPECT_NE(one_error(route + "domain = \"api\"\ngrpc_status = 3\n").find("expected 8 (RESOURCE_EXHAUSTED) or 14"),
+            std::string::npos);
+  EXPECT_NE(one_error(route + "grpc_status = 14\n").find("has no effect on a route without a domain"),
+            std::string::npos);
+}
+
 TEST(Config, Shards) {
   auto r = load(R"([proxy]
 accounting = ["tcp://a:10004", "tcp://b1:10004", "tcp://b2:10004"]
