@@ -34,6 +34,7 @@ access_entry sample() {
 TEST(AccessLog, TextLine) {
   EXPECT_EQ(format_text(sample()),
             "time=2026-11-18T11:06:40.123Z client=192.0.2.7 peer=10.0.0.5 method=POST target=/api/orders?page=2 "
+            "protocol=HTTP/1.1 "
             "status=429 bytes_in=512 bytes_out=31 duration_ms=1.500 held_ms=0.000 decision=rejected domain=api "
             "identifier=sha256:00112233445566778899aabbccddeeff upstream=-");
 }
@@ -60,6 +61,7 @@ TEST(AccessLog, JsonLineParsesWithEveryField) {
   EXPECT_EQ(j["peer"], "10.0.0.5");
   EXPECT_EQ(j["method"], "POST");
   EXPECT_EQ(j["target"], "/caf\xc3\xa9/\"q\"\n\x7f\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(j["protocol"], "HTTP/1.1");
   EXPECT_EQ(j["status"], 429);
   EXPECT_EQ(j["bytes_in"], 512);
   EXPECT_EQ(j["bytes_out"], 31);
