@@ -8,6 +8,11 @@ send that identifier's second request, which the proxy holds. RSS is read from
 /proc before and while they are held; then every client disconnects and the
 held gauge must drop to 0 (disconnected clients free their places).
 
+--h2: the held requests are HTTP/2 streams, --connections (default 100) of
+them sharing the held streams; the RSS before is taken with those
+connections open (SETTINGS exchanged), so the figure is what a held stream
+costs beyond its connection. Goal: <= 2 KiB.
+
 --max-kib-per-held X: exit 1 if the RSS growth per held request exceeds X KiB.
 --smoke: 300 held requests (unless --held says otherwise), and exit 1 unless
 every check saw what it checks: each first request answered 200, the master's
@@ -39,6 +44,30 @@ def rss_kib(pid):
     return 0
 
 
+class H2Client:
+    """An HTTP/2 connection with prior knowledge (python3-h2), its SETTINGS exchanged."""
+
+    def __init__(self, port):
+        dist = "/usr/lib/python3/dist-packages"
+        if dist not in sys.path:
+            sys.path.append(dist)
+        import h2.config
+        import h2.connection
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.sock.sendall(self.conn.data_to_send())
+        self.sock.settimeout(10)
+        self.conn.receive_data(self.sock.recv(65536))  # the proxy's SETTINGS
+        self.sock.sendall(self.conn.data_to_send())
+
+    def get(self, key):
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/"),
+                                     ("x-api-key", key)], end_stream=True)
+        self.sock.sendall(self.conn.data_to_send())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--held", type=int, default=None, help="held requests (default 10000; smoke 300)")
@@ -46,6 +75,8 @@ def main():
                     help="exit 1 if RSS growth per held request is above X KiB")
     ap.add_argument("--smoke", action="store_true",
                     help="a short run (300 held unless --held) that exits 1 unless every check saw what it checks")
+    ap.add_argument("--h2", action="store_true", help="hold HTTP/2 streams, --connections of them per run")
+    ap.add_argument("--connections", type=int, default=100, help="HTTP/2 connections the held streams share")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     args = ap.parse_args()
     if args.held is None:
@@ -113,9 +144,16 @@ def main():
             print("\n".join(l for l in text.splitlines() if not l.startswith("#") and ("accounting" in l or "control" in l or "tracked" in l)))
             raise
         time.sleep(0.5)
+        if args.h2:
+            h2conns = [H2Client(proxy_port) for _ in range(min(args.connections, args.held))]
+            socks.extend(c.sock for c in h2conns)
+            time.sleep(0.5)
         before = rss_kib(proxy_pid)
-        # Phase 2: N held requests, one connection each.
+        # Phase 2: N held requests, one connection each (or HTTP/2 streams over --connections).
         for i in range(args.held):
+            if args.h2:
+                h2conns[i % len(h2conns)].get(f"key-{i}")
+                continue
             s = socket.create_connection(("127.0.0.1", proxy_port))
             s.sendall(f"GET / HTTP/1.1\r\nHost: x\r\nX-API-Key: key-{i}\r\n\r\n".encode())
             socks.append(s)
@@ -123,7 +161,8 @@ def main():
                    message=f"{args.held} requests held")
         during = rss_kib(proxy_pid)
         per_held_kib = (during - before) / args.held
-        print(f"proxy RSS before: {before / 1024:.1f} MiB, with {args.held} held requests: {during / 1024:.1f} MiB, "
+        kind = f"HTTP/2 streams on {len(h2conns)} connections" if args.h2 else "requests"
+        print(f"proxy RSS before: {before / 1024:.1f} MiB, with {args.held} held {kind}: {during / 1024:.1f} MiB, "
               f"delta {(during - before) / 1024:.1f} MiB ({(during - before) * 1024 / args.held:.0f} bytes per held request)")
         if args.max_kib_per_held is not None:
             ok = per_held_kib <= args.max_kib_per_held
@@ -168,7 +207,7 @@ def main():
     if problems:
         return 1
     if args.smoke:
-        print(f"smoke: OK: {args.held} requests held and all dropped on disconnect")
+        print(f"smoke: OK: {args.held} {'HTTP/2 streams' if args.h2 else 'requests'} held and all dropped on disconnect")
     return 0
 
 

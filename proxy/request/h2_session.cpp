@@ -89,20 +89,29 @@ struct h2_stream {
   std::string body_in;      ///< request body bytes not yet sent upstream
   std::size_t body_at = 0;  ///< of which taken already (an HTTP/2 upstream takes them piecewise)
   std::uint64_t body_bytes = 0;
-  std::string out;  ///< response body bytes nghttp2 has not taken yet
-  std::size_t out_at = 0;
-  bool out_end = false;   ///< no more response body bytes will come
-  bool deferred = false;  ///< nghttp2 waits for body bytes (resume when some come)
   std::uint64_t bytes_out = 0;
   unsigned status = 0;
   std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
-  std::string fields_arena;           ///< bytes of the submitted response's fields
-  std::shared_ptr<connection> up;     ///< the HTTP/1.1 upstream side, while forwarding
   h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
-  std::string trailers_arena;
-  std::vector<h2::field> trailers;  ///< response trailers (from an HTTP/2 upstream)
+  /// What answering uses, made when the stream is answered or forwarded: a
+  /// held stream does not carry it (most of its memory otherwise).
+  struct response {
+    std::string out;  ///< response body bytes nghttp2 has not taken yet
+    std::size_t out_at = 0;
+    bool out_end = false;            ///< no more response body bytes will come
+    bool deferred = false;           ///< nghttp2 waits for body bytes (resume when some come)
+    std::string fields_arena;        ///< bytes of the submitted response's fields
+    std::shared_ptr<connection> up;  ///< the HTTP/1.1 upstream side, while forwarding
+    std::string trailers_arena;
+    std::vector<h2::field> trailers;  ///< response trailers (from an HTTP/2 upstream)
+  };
+  std::unique_ptr<response> res_;
+  response& res() {
+    if (!res_) res_ = std::make_unique<response>();
+    return *res_;
+  }
 
-  std::size_t pending_out() const { return out.size() - out_at; }
+  std::size_t pending_out() const { return res_ ? res_->out.size() - res_->out_at : 0; }
   void wake() {
     if (timer) timer->cancel();
   }
@@ -176,7 +185,7 @@ private:
   awaitable<bool> send_body_h1(h2_stream& st, connection& uc, bool chunked);
   void close_stream(h2_stream& st, std::uint32_t error_code);
 
-  /// Submits a response: `fields`, then the body in st.out (`with_body`).
+  /// Submits a response: `fields`, then the body in st.res().out (`with_body`).
   void submit(h2_stream& st, const std::vector<h2::field>& fields, bool with_body);
   /// A response of the proxy's own (gRPC calls get a trailers-only one, with `grpc_status` when set).
   void answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s = 0,
@@ -477,22 +486,22 @@ ssize_t h2_connection::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t
   auto& h = *static_cast<h2_connection*>(ud);
   auto& st = *static_cast<h2_stream*>(source->ptr);
   const std::size_t n = std::min(length, st.pending_out());
-  std::memcpy(buf, st.out.data() + st.out_at, n);
-  st.out_at += n;
+  std::memcpy(buf, st.res().out.data() + st.res().out_at, n);
+  st.res().out_at += n;
   st.bytes_out += n;
-  if (st.out_at == st.out.size()) {
-    st.out.clear();
-    st.out_at = 0;
+  if (st.res().out_at == st.res().out.size()) {
+    st.res().out.clear();
+    st.res().out_at = 0;
   }
-  if (n == 0 && !st.out_end) {
-    st.deferred = true;
+  if (n == 0 && !st.res().out_end) {
+    st.res().deferred = true;
     return NGHTTP2_ERR_DEFERRED;
   }
-  if (st.out_end && st.pending_out() == 0) {
+  if (st.res().out_end && st.pending_out() == 0) {
     *flags |= NGHTTP2_DATA_FLAG_EOF;
-    if (!st.trailers.empty()) {
+    if (!st.res().trailers.empty()) {
       *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-      const auto nv = to_nv(st.trailers);
+      const auto nv = to_nv(st.res().trailers);
       nghttp2_submit_trailer(h.session_, st.id, nv.data(), nv.size());
     }
   }
@@ -607,9 +616,9 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
   }
   if (st.timer) st.timer->cancel();
-  if (st.up && st.up->forwarding_ && st.up->forwarding_->up.sock) {
+  if (st.res_ && st.res_->up && st.res_->up->forwarding_ && st.res_->up->forwarding_->up.sock) {
     boost::system::error_code ignored;
-    st.up->forwarding_->up.sock->socket().cancel(ignored);
+    st.res_->up->forwarding_->up.sock->socket().cancel(ignored);
   }
   if (st.up2) {
     h2_upstream_cancel(*st.up2);
@@ -642,20 +651,20 @@ void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text
     std::string_view message = text;
     while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
     h2::grpc::refusal_fields(grpc_status != 0 ? grpc_status : h2::grpc::status_for_http(status), message, pushback_ms,
-                             st.response_fields, st.fields_arena, fields);
+                             st.response_fields, st.res().fields_arena, fields);
     submit(st, fields, false);
     return;
   }
-  h2::simple_response_fields(status, retry_after_s, st.response_fields, st.fields_arena, fields);
-  st.out.assign(text);
-  st.out_end = true;
+  h2::simple_response_fields(status, retry_after_s, st.response_fields, st.res().fields_arena, fields);
+  st.res().out.assign(text);
+  st.res().out_end = true;
   submit(st, fields, !st.req.head);
 }
 
 void h2_connection::push_out(h2_stream& st, std::string_view data) {
-  st.out.append(data);
-  if (st.deferred) {
-    st.deferred = false;
+  st.res().out.append(data);
+  if (st.res().deferred) {
+    st.res().deferred = false;
     nghttp2_session_resume_data(session_, st.id);
   }
   flush();
@@ -692,8 +701,8 @@ void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fie
   finished(st, status);
   // The proxy's own lines go after the upstream's fields.
   std::vector<h2::field> all = fields;
-  h2::line_fields(st.response_fields, st.fields_arena, all);
-  st.out_end = end_stream;
+  h2::line_fields(st.response_fields, st.res().fields_arena, all);
+  st.res().out_end = end_stream;
   submit(st, all, !end_stream);
 }
 
@@ -703,25 +712,25 @@ void h2_connection::on_data(h2_stream& st, std::string_view data) {
 
 void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
   if (st.closed) return;
-  st.trailers_arena.clear();
+  st.res().trailers_arena.clear();
   std::size_t total = 0;
   for (const auto& f : fields) total += f.name.size() + f.value.size();
-  st.trailers_arena.reserve(total);
-  st.trailers.clear();
+  st.res().trailers_arena.reserve(total);
+  st.res().trailers.clear();
   for (const auto& f : fields) {
-    const auto n = st.trailers_arena.size();
-    st.trailers_arena.append(f.name);
-    const auto v = st.trailers_arena.size();
-    st.trailers_arena.append(f.value);
-    st.trailers.push_back(
-        {{st.trailers_arena.data() + n, f.name.size()}, {st.trailers_arena.data() + v, f.value.size()}});
+    const auto n = st.res().trailers_arena.size();
+    st.res().trailers_arena.append(f.name);
+    const auto v = st.res().trailers_arena.size();
+    st.res().trailers_arena.append(f.value);
+    st.res().trailers.push_back(
+        {{st.res().trailers_arena.data() + n, f.name.size()}, {st.res().trailers_arena.data() + v, f.value.size()}});
   }
 }
 
 void h2_connection::on_end(h2_stream& st) {
   st.up2 = nullptr;
   if (st.closed) return;
-  st.out_end = true;
+  st.res().out_end = true;
   push_out(st, {});
 }
 
@@ -806,7 +815,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
   const runtime& rt = *st->rt;
   const route& r = *st->r;
   auto uc = std::make_shared<connection>(tcp_socket(exec_), s_.clk, rt.tick);
-  st->up = uc;
+  st->res().up = uc;
   connection::watch(uc);
   struct closer {
     connection& c;
@@ -891,8 +900,8 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
   std::vector<h2::field> fields;
   const bool has_body =
       res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
-  h2::response_fields(res, st->response_fields, res.body == http1::framing::length, st->fields_arena, fields);
-  st->out_end = !has_body;
+  h2::response_fields(res, st->response_fields, res.body == http1::framing::length, st->res().fields_arena, fields);
+  st->res().out_end = !has_body;
   submit(*st, fields, has_body);
   if (!has_body) {
     if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
@@ -910,7 +919,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
       if (!st->closed) reset(*st, NGHTTP2_INTERNAL_ERROR);
       co_return;
     }
-    for (const auto& b : bufs.span()) st->out.append(static_cast<const char*>(b.data()), b.size());
+    for (const auto& b : bufs.span()) st->res().out.append(static_cast<const char*>(b.data()), b.size());
     upstream_in.consume(*used);
     if (body.done) break;
     if (st->closed) co_return;
@@ -940,7 +949,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
     }
     upstream_in.commit(n);
   }
-  st->out_end = true;
+  st->res().out_end = true;
   push_out(*st, {});
   if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
 }
