@@ -272,7 +272,7 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual({"rate", "burst"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",
-                          "tls_client_cert", "tls_client_key"}, keys["[proxy.upstreams.NAME]"])
+                          "tls_client_cert", "tls_client_key", "protocol", "max_streams"}, keys["[proxy.upstreams.NAME]"])
         self.assertLessEqual({"domains", "store", "redis", "log_level", "startup_backlog"}, keys["[master]"])
         self.assertLessEqual({"max_delay", "jwt", "upstreams", "routes", "accounting_hwm", "max_header_bytes"},
                              keys["[proxy]"])

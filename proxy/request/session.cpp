@@ -221,6 +221,12 @@ private:
         co_return connection_next::ends;
       }
     }
+    if (rt.cfg.upstreams[r->upstream_index].http2()) {
+      // HTTP/2 upstreams are reached by HTTP/2 streams (h2_session.cpp); no HTTP/1.1 -> HTTP/2 translation yet.
+      s_.metrics.upstream_no_server.inc();
+      answered(502);
+      co_return co_await answer(502, "this route's upstream speaks HTTP/2: send the request over HTTP/2\n", 0);
+    }
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
