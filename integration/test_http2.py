@@ -817,6 +817,29 @@ class GateOverHttp2Test(DaemonTestCase):
         self.assertEqual(entries["/free/go"]["protocol"], "HTTP/2")
         self.assertGreater(float(entries["/limited/held"]["held_ms"]), 1000)
 
+    def test_held_streams_with_request_bodies(self):
+        # Two clients each held ~8 s with a body: a small one (sent whole while the stream
+        # is held) and one larger than the initial window (the proxy may hold back credit
+        # while the stream is held; the body must go on once it is released).
+        _, backend, proxy = self.gate_stack({"api": {"rules": [("1/8s", 1)]}}, [self.LIMITED], max_delay="30s")
+        small, large = b"s" * 5000, _BLOCK[:200_000]
+        with H2Client(proxy.port, timeout=40) as c:
+            self.accept_first(proxy, c, "b1")
+            self.accept_first(proxy, c, "b2")
+            s1 = c.request("/limited/small", method="POST", headers=[("x-key", "b1"),
+                                                                       ("content-length", str(len(small)))], body=small)
+            proxy.wait_metric(HELD, predicate=lambda v: v == 1, timeout=10)
+            s2 = c.request("/limited/large", method="POST", headers=[("x-key", "b2")], body=large)
+            for sid, n in ((s1, len(small)), (s2, len(large))):
+                st = c.response(sid, timeout=40)
+                self.assertEqual(st.status, 200, st)
+                self.assertRegex(st.header("smockron-decision") or "", r"^delayed;held_ms=\d+$")
+                self.assertEqual(st.json()["body_bytes"], n)
+            self.assertEqual(c.violations, [])
+        seen = {e["target"]: e for e in backend.requests(target_prefix="/limited/")}
+        self.assertEqual(seen["/limited/small"]["body"], small.decode())
+        self.assertEqual(seen["/limited/large"]["body_bytes"], len(large))
+
     def test_a_held_stream_reset_by_the_client_is_never_forwarded(self):
         _, backend, proxy = self.gate_stack({"api": {"rules": [("1/8s", 1)]}}, [self.LIMITED, self.FREE],
                                             max_delay="30s")

@@ -88,8 +88,11 @@ class TlsListenerTest(DaemonTestCase):
     def test_https_keep_alive_alpn_and_forwarded_proto(self):
         backend = self.start_backend()
         proxy = self.proxy(backend)
-        conn = tls_connection(proxy.port, self.ca.cert, alpn=("h2", "http/1.1"))
-        self.assertEqual(conn.sock.selected_alpn_protocol(), "http/1.1", "h2 is not spoken: HTTP/1.1 is chosen")
+        h2 = tls_connection(proxy.port, self.ca.cert, alpn=("h2", "http/1.1"))
+        self.assertEqual(h2.sock.selected_alpn_protocol(), "h2", "HTTP/2 first when offered (http2 = true)")
+        h2.close()
+        conn = tls_connection(proxy.port, self.ca.cert, alpn=("http/1.1",))
+        self.assertEqual(conn.sock.selected_alpn_protocol(), "http/1.1")
         self.assertIn(conn.sock.version(), ("TLSv1.2", "TLSv1.3"))
         for i in range(3):  # one TLS session, three requests
             status, _, _ = get(conn, f"/ka/{i}", {"X-Forwarded-Proto": "http"})
@@ -101,10 +104,10 @@ class TlsListenerTest(DaemonTestCase):
             protos = [v for k, v in e["headers"] if k.lower() == "x-forwarded-proto"]
             self.assertEqual(protos, ["https"], "set by the proxy; the client's own is not believed")
 
-        # A client offering only h2 goes on without ALPN (HTTP/1.1 then).
-        conn = tls_connection(proxy.port, self.ca.cert, alpn=("h2",))
+        # A client offering only protocols the proxy does not speak goes on without ALPN (HTTP/1.1 then).
+        conn = tls_connection(proxy.port, self.ca.cert, alpn=("spdy/3",))
         self.assertIsNone(conn.sock.selected_alpn_protocol())
-        self.assertEqual(get(conn, "/h2-only")[0], 200)
+        self.assertEqual(get(conn, "/spdy-only")[0], 200)
         conn.close()
 
         # TLS 1.1 is refused; plain HTTP to the TLS port is closed unanswered.
