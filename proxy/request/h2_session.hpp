@@ -33,4 +33,12 @@ inline constexpr std::string_view k_h2_preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r
 awaitable<void> serve_h2(shared_state& s, worker& w, std::shared_ptr<connection> conn,
                          std::shared_ptr<const runtime> rt, const ip_address& peer, std::string peer_text);
 
+/// Forwards an HTTP/1.1 client's request (`c.request`, its head at the front
+/// of `c.in`) to route `r`'s HTTP/2 upstream: the body streamed up as it
+/// comes (de-chunked), the response back re-framed for the client (chunked,
+/// trailers included, for HTTP/1.1; until close for HTTP/1.0). Fills
+/// `c.outcome`; returns whether the client connection goes on.
+awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared_ptr<const runtime> rt, const route& r,
+                                         connection& c, const http1::forward_info& hop);
+
 }  // namespace smockron::proxy

@@ -55,7 +55,7 @@ public:
       if (!deadline_running) c_.expires_after(rt->cfg.header_timeout);
       c_.response_fields.clear();  // the last request's fields are not this one's
       if (co_await read_head(*rt) == connection_next::ends) co_return;
-      const connection_next next = co_await serve_request(*rt);
+      const connection_next next = co_await serve_request(rt);
       write_entry();  // the request's one access-log record, whichever way it ended
       if (next == connection_next::ends) co_return;
     }
@@ -169,7 +169,8 @@ private:
   }
 
   // One request whose head is in c_.request.
-  awaitable<connection_next> serve_request(const runtime& rt) {
+  awaitable<connection_next> serve_request(const std::shared_ptr<const runtime>& generation) {
+    const runtime& rt = *generation;
     http1::request_head& req = c_.request;
     const unsigned version = req.version;
     s_.metrics.http1_requests.inc();
@@ -221,12 +222,6 @@ private:
         co_return connection_next::ends;
       }
     }
-    if (rt.cfg.upstreams[r->upstream_index].http2()) {
-      // HTTP/2 upstreams are reached by HTTP/2 streams (h2_session.cpp); no HTTP/1.1 -> HTTP/2 translation yet.
-      s_.metrics.upstream_no_server.inc();
-      answered(502);
-      co_return co_await answer(502, "this route's upstream speaks HTTP/2: send the request over HTTP/2\n", 0);
-    }
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
     http1::forward_info hop;
     hop.peer_ip = peer_text_;
@@ -234,7 +229,9 @@ private:
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
-    const connection_next next = co_await forward(fenv, rt, *r, c_, hop);
+    const connection_next next = rt.cfg.upstreams[r->upstream_index].http2()
+                                     ? co_await forward_to_h2(s_, w_, generation, *r, c_, hop)
+                                     : co_await forward(fenv, rt, *r, c_, hop);
     if (entry_) {
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;
