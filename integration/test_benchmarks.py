@@ -154,6 +154,22 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"^\s+nginx: median \d+ handshakes/s, .* [\d.]+ us/handshake",
                             r"^smoke: OK")
 
+    def test_h2_bench(self):
+        """smockron-proxy vs nginx over HTTP/2 (h2load): both select h2 by ALPN, speak h2 over TLS
+        and h2c with prior knowledge, answer every request 2xx; the accounting reached the master."""
+        self.need("nginx", "h2load", "taskset", "openssl")
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "h2_bench.py"), "--smoke"])
+        self.assert_figures(out, r"^ smockron: TLSv1\.[23] \S+, ALPN h2$", r"^\s+nginx: TLSv1\.[23] \S+, ALPN h2$",
+                            r"^\s*0\s+h2\s+smockron\s+\d+ ", r"^\s*0\s+h2\s+nginx\s+\d+ ",
+                            r"^\s*0\s+h2c\s+smockron\s+\d+ ", r"^\s*0\s+h2c\s+nginx\s+\d+ ",
+                            r"^h2 \(TLS\) \(", r"^h2c \(",
+                            r"^ smockron: median \d+ req/s, mean \d+ us/request, cpu [\d.]+ us/req",
+                            r"^\s+nginx: median \d+ req/s, mean \d+ us/request, cpu [\d.]+ us/req",
+                            r"^accounting: [1-9]\d* requests in smockron rounds .*, [1-9]\d* HTTP/2 requests counted "
+                            r"by the proxies, [1-9]\d* messages published, \d+ dropped, \d+ unsent, "
+                            r"[1-9]\d* processed by the master",
+                            r"^smoke: OK")
+
     def test_held_memory(self):
         """2,000 requests held on their timers: RSS growth per held request at most 8 KiB, the
         held gauge reaches 2,000 and every one is dropped (not forwarded) on disconnect."""

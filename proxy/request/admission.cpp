@@ -20,7 +20,7 @@ void account(admission_env& env, const runtime& rt, const route& r, wire::status
 }  // namespace
 
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
-                const ip_address& peer, std::int64_t now_us) {
+                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us) {
   admission a;
   if (r.domain.empty()) {
     a.outcome = decision::exempt;
@@ -79,7 +79,9 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     }
   }
   const std::string_view id = a.who->value;
-  const gate_limits& limits = rt.route_limits[r.index];
+  gate_limits limits = rt.route_limits[r.index];
+  const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
+  if (deadline_binds) limits.max_delay_us = deadline_us;
   a.gate = env.g.decide(domain, id, now_us, limits);
   if (r.shadow) {
     // What would have happened is counted; what happens is a request forwarded now.
@@ -100,7 +102,9 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   switch (a.gate.v) {
     case verdict::reject:
       a.outcome = decision::rejected;
-      (a.gate.reason == reject_reason::delay_too_long ? env.metrics.reject_too_long : env.metrics.reject_held_full)
+      (a.gate.reason == reject_reason::held_full ? env.metrics.reject_held_full
+       : deadline_binds                          ? env.metrics.reject_grpc_deadline
+                                                 : env.metrics.reject_too_long)
           .inc();
       account(env, rt, r, wire::status::rejected, id, now_us, 0);
       break;

@@ -47,7 +47,10 @@ struct admission_env {
 /// client in the route's `exempt`, pass unlimited and unaccounted (exempt).
 /// A shadow route decides and counts the would-be decision, then passes the
 /// request and accounts it as accepted: the master sees the real usage.
+/// `deadline_us` >= 0: the request cannot wait longer than this (a gRPC
+/// call's grpc-timeout): a hold beyond it is refused as one beyond max_delay
+/// is, counted as reason grpc_deadline.
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
-                const ip_address& peer, std::int64_t now_us);
+                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us = -1);
 
 }  // namespace smockron::proxy

@@ -86,6 +86,7 @@ struct h2_stream {
   bool closed = false;    ///< nghttp2 closed it: done, or reset by the client
   bool body_end = false;  ///< the client's END_STREAM arrived
   bool too_large = false;
+  bool refused = false;     ///< answered by the proxy itself: its body is read and dropped
   std::string body_in;      ///< request body bytes not yet sent upstream
   std::size_t body_at = 0;  ///< of which taken already (an HTTP/2 upstream takes them piecewise)
   std::uint64_t body_bytes = 0;
@@ -112,8 +113,9 @@ struct h2_stream {
   }
 
   std::size_t pending_out() const { return res_ ? res_->out.size() - res_->out_at : 0; }
+  /// Wakes the forwarder (a held stream's timer is its hold: left alone).
   void wake() {
-    if (timer) timer->cancel();
+    if (timer && !held) timer->cancel();
   }
 };
 
@@ -218,6 +220,7 @@ private:
   std::uint64_t window_credit_ = 0;  ///< WINDOW_UPDATEs the proxy's DATA frames earned
   bool reading_done_ = false;
   bool writing_ = false;
+  bool goaway_sent_ = false;
   bool fatal_ = false;
 };
 
@@ -326,6 +329,13 @@ awaitable<void> h2_connection::write_loop() {
 }
 
 void h2_connection::update_deadline() {
+  if (s_.draining && !goaway_sent_ && !fatal_) {
+    // Draining: no new streams; those under way finish (RFC 9113 6.8).
+    goaway_sent_ = true;
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(session_),
+                          NGHTTP2_NO_ERROR, nullptr, 0);
+    flush();
+  }
   if (writing_) return;  // the write's own deadline stands
   c_.idle = streams_.empty();
   if (streams_.empty()) {
@@ -434,7 +444,7 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
                                  void* ud) {
   auto& h = *static_cast<h2_connection*>(ud);
   const auto st = h.find(id);
-  if (!st || st->too_large || st->status != 0) {
+  if (!st || st->too_large || st->refused) {
     // Nobody will read it: the window opens again at once.
     nghttp2_session_consume(session, id, len);
     return 0;
@@ -475,9 +485,16 @@ int h2_connection::on_frame_send(nghttp2_session*, const nghttp2_frame* f, void*
   return 0;
 }
 
-int h2_connection::on_invalid_frame(nghttp2_session*, const nghttp2_frame*, int lib_error, void* ud) {
+int h2_connection::on_invalid_frame(nghttp2_session*, const nghttp2_frame* f, int lib_error, void* ud) {
   auto& h = *static_cast<h2_connection*>(ud);
-  if (lib_error == NGHTTP2_ERR_REFUSED_STREAM) h.s_.metrics.h2_too_many_streams.inc();
+  // Beyond the limit before the client acknowledged our SETTINGS: the stream
+  // is refused. After: nghttp2 ends the connection (PROTOCOL_ERROR; RFC 9113
+  // 5.4 lets a stream error be treated so), a client that ignores a limit it
+  // acknowledged being no client to keep.
+  const bool over_limit = lib_error == NGHTTP2_ERR_REFUSED_STREAM ||
+                          (lib_error == NGHTTP2_ERR_PROTO && f->hd.type == NGHTTP2_HEADERS &&
+                           static_cast<std::int64_t>(h.streams_.size()) >= h.rt_->cfg.http2_max_concurrent_streams);
+  if (over_limit) h.s_.metrics.h2_too_many_streams.inc();
   return 0;
 }
 
@@ -561,7 +578,9 @@ void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stre
   const route& r = *st->r;
   const std::int64_t now_us = s_.clk.wall_us();
   admission_env env{s_.gate, s_.metrics, w_.accounting};
-  st->adm = admit(env, rt, r, req, peer_, now_us);
+  // A gRPC call is not held past its deadline: refused at once instead (as a hold beyond max_delay is).
+  const auto deadline = st->grpc ? h2::grpc::parse_timeout(st->fields.grpc_timeout()) : std::nullopt;
+  st->adm = admit(env, rt, r, req, peer_, now_us, deadline ? deadline->count() : -1);
   const admission& a = st->adm;
   append_limit_fields(st->response_fields, s_.gate, rt, r, a, now_us);
   if (st->entry) note_admission(*st->entry, r, a);
@@ -574,19 +593,6 @@ void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stre
   }
   if (a.outcome == decision::delayed) {
     const std::int64_t wait_us = a.gate.release_us - now_us;
-    if (st->grpc) {
-      const auto deadline = h2::grpc::parse_timeout(st->fields.grpc_timeout());
-      if (deadline && deadline->count() < wait_us) {
-        // The call would die held: refused now, its slot given back.
-        s_.gate.release_held(rt.route_limits[r.index]);
-        s_.gate.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
-        s_.metrics.reject_grpc_deadline.inc();
-        if (st->entry) st->entry->decision = to_string(decision::rejected);
-        answer(*st, r.status, "rate limit exceeded: the call's deadline ends before its turn\n", 0, r.grpc_status,
-               (wait_us + 999) / 1000);
-        return;
-      }
-    }
     st->held = true;
     st->held_from = s_.clk.steady_now();
     st->timer = std::make_unique<steady_timer>(exec_);
@@ -645,6 +651,7 @@ void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, 
 void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s,
                            unsigned grpc_status, std::int64_t pushback_ms) {
   finished(st, status);
+  st.refused = true;
   std::vector<h2::field> fields;
   if (st.grpc) {
     // gRPC clients read a status from trailers, not an HTTP error: a trailers-only response.
