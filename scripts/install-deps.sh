@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git nlohmann-json3-dev
   libboost1.81-dev
   libzmq3-dev cppzmq-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
-  libssl-dev libhiredis-dev
+  libssl-dev libhiredis-dev libnghttp2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-zmq curl
 )
@@ -15,6 +15,8 @@ if [ "${1:-}" = "--test" ]; then
   packages+=(redis-server redis-sentinel nginx-light wrk procps docker-compose)
   # Real HTTP clients that honour Retry-After (integration/test_retry_after.py).
   packages+=(python3-urllib3)
+  # HTTP/2 and gRPC peers (integration/test_http2.py, test_grpc.py, bench/h2_bench.py).
+  packages+=(nghttp2-client python3-h2 python3-grpcio)
   # clang's libFuzzer for the fuzz targets (scripts/fuzz.sh).
   packages+=(clang libclang-rt-14-dev)
   # The source format check (scripts/format.sh --check).
