@@ -112,6 +112,18 @@ struct h2_stream {
     return *res_;
   }
 
+  /// Request body bytes for an HTTP/2 upstream: at most `n` into `buf`; `eof` once all are taken and the body ended.
+  std::size_t take_body(std::uint8_t* buf, std::size_t n, bool& eof) {
+    const std::size_t taken = std::min(n, body_in.size() - body_at);
+    std::memcpy(buf, body_in.data() + body_at, taken);
+    body_at += taken;
+    if (body_at == body_in.size()) {
+      body_in.clear();
+      body_at = 0;
+    }
+    eof = body_end && body_in.empty();
+    return taken;
+  }
   std::size_t pending_out() const { return res_ ? res_->out.size() - res_->out_at : 0; }
   /// Wakes the forwarder (a held stream's timer is its hold: left alone).
   void wake() {
@@ -752,14 +764,7 @@ void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view w
 }
 
 std::size_t h2_connection::take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) {
-  const std::size_t taken = std::min(n, st.body_in.size() - st.body_at);
-  std::memcpy(buf, st.body_in.data() + st.body_at, taken);
-  st.body_at += taken;
-  if (st.body_at == st.body_in.size()) {
-    st.body_in.clear();
-    st.body_at = 0;
-  }
-  eof = st.body_end && st.body_in.empty();
+  const std::size_t taken = st.take_body(buf, n, eof);
   if (taken > 0 && !st.closed) {
     // The client may send as much again.
     nghttp2_session_consume(session_, st.id, taken);
@@ -997,14 +1002,7 @@ public:
     body_wake.cancel();
   }
   std::size_t take_body(h2_stream&, std::uint8_t* buf, std::size_t n, bool& eof) override {
-    const std::size_t taken = std::min(n, st.body_in.size() - st.body_at);
-    std::memcpy(buf, st.body_in.data() + st.body_at, taken);
-    st.body_at += taken;
-    if (st.body_at == st.body_in.size()) {
-      st.body_in.clear();
-      st.body_at = 0;
-    }
-    eof = st.body_end && st.body_in.empty();
+    const std::size_t taken = st.take_body(buf, n, eof);
     if (taken > 0) body_wake.cancel();  // room to read more from the client
     return taken;
   }
