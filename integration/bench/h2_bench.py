@@ -7,7 +7,13 @@ Method (that of proxy_bench.py and tls_bench.py, whose helpers this uses):
   every request. Per run: req/s ("finished in ..., N req/s"), the requests
   line (succeeded, failed, errored, timeout), the status codes line, the mean
   time per request, and the contender's CPU us per request (/proc utime+stime
-  deltas; nginx: its master and worker).
+  deltas; nginx: its master and worker), how busy its core and the load core
+  were, h2load's own CPU us per request (the load core is shared with the
+  backend and the master), pkts/req: packets over loopback per request
+  (both hops, both directions: how the writes are batched), and conn/req:
+  TCP connections accepted on the machine per request (h2load's 50, and the
+  backend's: upstream connections a contender opens beyond its kept-alive
+  ones).
 - two loads, each contender in turn (rotating order) in every round:
   h2: HTTP/2 over TLS (ALPN h2). Both serve one self-signed ECDSA P-256
     certificate for localhost and 127.0.0.1 made with the openssl CLI (as
@@ -23,11 +29,14 @@ Method (that of proxy_bench.py and tls_bench.py, whose helpers this uses):
   speak h2 (TLS) or h2c (clear) fails the bench.
 - same layout as proxy_bench: backend nginx (1 worker, `return 200`, HTTP/1.1),
   h2load and the smockron master on cpu 0; the proxy under test alone on
-  cpu 1; nginx with 1 worker (one process serves both loads on two ports) and
-  upstream keepalive 128, proxy_http_version 1.1; smockron-proxy with 1 worker
-  thread and the gate active (route with a domain, header identifier, master
-  connected), one process per load (a listener is TLS or clear), both on
-  cpu 1, both sending accounting to the one master.
+  cpu 1; nginx with 1 worker (one process serves both loads on two ports),
+  proxy_http_version 1.1; smockron-proxy with 1 worker thread and the gate
+  active (route with a domain, header identifier, master connected), one
+  process per load (a listener is TLS or clear), both on cpu 1, both sending
+  accounting to the one master. Both keep 128 idle upstream connections
+  (--keepalive; as proxy_bench): with 500 streams in flight, both open and
+  close upstream connections as the number in flight varies (conn/req shows
+  how many); --keepalive 512 keeps them all.
 - rounds where other processes used noticeable CPU, or with any failed,
   errored, timed-out or non-2xx request, are dropped; ratios smockron/nginx
   over paired rounds: median (min, max). The goal this was written for:
@@ -59,7 +68,7 @@ import time
 # proxy_bench also puts integration/ on the path and re-exports harness.one_box_toml.
 from proxy_bench import (ROOT, children, cpu_seconds, free_port, metric_total, nginx_conf, one_box_toml,
                          system_busy_seconds)
-from tls_bench import make_certificate, start
+from tls_bench import make_certificate, passive_opens, start
 
 LOADS = {  # name: (label, URI scheme, the protocol h2load must report)
     "h2": ("h2 (TLS)", "https", "h2"),
@@ -75,6 +84,16 @@ def duration(seconds):
 
 def to_us(value, unit):
     return float(value) * {"us": 1, "ms": 1000, "s": 1e6}[unit]
+
+
+def loopback_packets():
+    """Packets sent over the loopback interface so far (every connection of the bench is on it)."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[9])  # transmit packets
+    return 0
 
 
 def run_h2load(port, scheme, seconds, clients, streams):
@@ -113,13 +132,18 @@ def measure(port, scheme, pids, others, seconds, clients, streams):
     how busy its core and the load core (cpu 0) were, and the noise: cores used by anything that
     is neither the contender, `others` nor h2load."""
     c0, o0, s0, t0 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
-    l0 = system_busy_seconds("cpu0 ")
+    l0, opens0, packets0 = system_busy_seconds("cpu0 "), passive_opens(), loopback_packets()
     r = run_h2load(port, scheme, seconds, clients, streams)
     c1, o1, s1, t1 = cpu_seconds(pids), cpu_seconds(others), system_busy_seconds(), time.time()
+    # TCP connections accepted per request (h2load's own and the backend's: upstream connection churn)
+    r["conn_per_req"] = (passive_opens() - opens0) / r["requests"] if r["requests"] else float("nan")
+    # TCP segments per request, both hops and both directions (how the writes are batched)
+    r["pkts_per_req"] = (loopback_packets() - packets0) / r["requests"] if r["requests"] else float("nan")
     wall = t1 - t0
     r["load"] = (system_busy_seconds("cpu0 ") - l0) / wall  # h2load + backend (+ master) core
     r["cpu_us"] = (c1 - c0) / r["requests"] * 1e6 if r["requests"] else float("nan")
     r["busy"] = (c1 - c0) / wall
+    r["client_us"] = r["h2load_cpu"] / r["requests"] * 1e6 if r["requests"] else float("nan")
     r["noise"] = max(0.0, ((s1 - s0) - (c1 - c0) - (o1 - o0) - r["h2load_cpu"]) / wall)
     return r
 
@@ -157,7 +181,7 @@ def start_all(args, names, tmp, procs):
         tls_port, h2c_port = ports[("nginx", "h2")][0], ports[("nginx", "h2c")][0]
         location = 'location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }'
         peer_conf = nginx_conf(os.path.join(tmp, "peer"), f"""
-  upstream app {{ server 127.0.0.1:{backend_port}; keepalive 128; }}
+  upstream app {{ server 127.0.0.1:{backend_port}; keepalive {args.keepalive}; }}
   server {{ listen 127.0.0.1:{tls_port} ssl http2 backlog=4096;
     ssl_certificate {cert}; ssl_certificate_key {key};
     ssl_protocols TLSv1.2 TLSv1.3; ssl_ciphers HIGH:!aNULL:!MD5;
@@ -179,7 +203,7 @@ def start_all(args, names, tmp, procs):
             f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
                                  backend_port=backend_port, proxy_port=port, proxy_admin=admin,
                                  master_admin=madmin, accounting=acct, control=ctrl,
-                                 identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128",
+                                 identify='"header:X-API-Key", "ip"', upstream_extra=f"keepalive = {args.keepalive}",
                                  proxy_extra=tls + "http2 = true"))
         return path
 
@@ -251,7 +275,7 @@ def run_rounds(args, contenders, others):
     """args.rounds rounds of every load for every contender: {(name, load): [result]}."""
     results = {(name, load): [] for name in contenders for load in LOADS}
     print(f"{'round':>5} {'load':>8} {'who':>9} {'req/s':>9} {'mean us':>8} {'max us':>8} {'cpu us/req':>10} "
-          f"{'busy':>5} {'load':>5} {'noise':>6}")
+          f"{'busy':>5} {'load':>5} {'h2load us':>9} {'pkts/req':>8} {'conn/req':>8} {'noise':>6}")
     order = list(contenders)
     for rnd in range(args.rounds):
         for load, (label, scheme, _) in LOADS.items():
@@ -265,8 +289,8 @@ def run_rounds(args, contenders, others):
                 if r["problems"]:
                     note += "  " + "; ".join(r["problems"])
                 print(f"{rnd:>5} {load:>8} {name:>9} {r['rps']:>9.0f} {r['mean_us']:>8.0f} {r['max_us']:>8.0f} "
-                      f"{r['cpu_us']:>10.1f} {r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% "
-                      f"{r['noise']:>6.2f}{note}", flush=True)
+                      f"{r['cpu_us']:>10.1f} {r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% {r['client_us']:>9.1f} "
+                      f"{r['pkts_per_req']:>8.2f} {r['conn_per_req']:>8.4f} {r['noise']:>6.2f}{note}", flush=True)
                 if r["problems"] and not args.smoke:
                     print("      h2load printed:\n" + "\n".join(
                         "        " + line for line in r["output"].splitlines()
@@ -287,7 +311,9 @@ def report(args, contenders, results):
             rs = kept or results[(name, load)]
             print(f"{name:>9}: median {median(rs, 'rps'):.0f} req/s, mean {median(rs, 'mean_us'):.0f} us/request, "
                   f"cpu {median(rs, 'cpu_us'):.1f} us/req, core busy {median(rs, 'busy')*100:.0f}%, "
-                  f"load core busy {median(rs, 'load')*100:.0f}%  ({len(kept)} rounds kept)")
+                  f"load core busy {median(rs, 'load')*100:.0f}% (h2load {median(rs, 'client_us'):.1f} us/req), "
+                  f"{median(rs, 'pkts_per_req'):.2f} packets/req, {median(rs, 'conn_per_req'):.4f} conn/req  "
+                  f"({len(kept)} rounds kept)")
 
     def ratio_line(label, x, y, load, key):
         rs = [a[key] / b[key] for a, b in zip(results[(x, load)], results[(y, load)]) if a["kept"] and b["kept"]]
@@ -315,6 +341,10 @@ def main():
                     help="h2load clients, one connection each (default 50, smoke 4)")
     ap.add_argument("--streams", "-m", type=int, default=None,
                     help="h2load concurrent streams per connection (default 10, smoke 4)")
+    ap.add_argument("--keepalive", type=int, default=128,
+                    help="idle upstream connections both contenders keep (nginx `keepalive`, smockron's upstream "
+                         "`keepalive`; default 128, as proxy_bench): below clients x streams, both open and close "
+                         "upstream connections as the streams in flight vary (the conn/req column)")
     ap.add_argument("--smoke", action="store_true",
                     help="1 round of 1 s per load, 0.5 s warm-up, 4 clients x 4 streams (unless given): exit 1 "
                          "unless every request of both loads was answered 2xx over h2 and h2c and the accounting "
