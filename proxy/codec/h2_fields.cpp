@@ -15,12 +15,16 @@ char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + '
 // Reserves room for `n` more bytes and appends `s` lower-cased; returns where it starts.
 std::uint32_t put(std::string& arena, std::string_view s, bool lowercase = false) {
   const auto at = static_cast<std::uint32_t>(arena.size());
-  if (!lowercase) {
-    arena.append(s);
-  } else {
-    for (const char c : s) arena.push_back(lower(c));
-  }
+  arena.append(s);
+  if (lowercase) std::transform(arena.begin() + at, arena.end(), arena.begin() + at, lower);
   return at;
+}
+
+// Bytes and fields of a head, for reserving once.
+std::pair<std::size_t, std::size_t> measure(const http1::header_list& h, std::string_view extra) {
+  std::size_t bytes = extra.size() + 64;
+  for (const auto& f : h) bytes += f.name.size() + f.value.size();
+  return {h.size() + 8, bytes};
 }
 
 struct pending_field {
@@ -32,6 +36,11 @@ struct field_builder {
   std::string& arena;
   std::vector<pending_field> items;
 
+  field_builder(std::string& a, std::size_t fields, std::size_t bytes) : arena(a) {
+    arena.clear();
+    arena.reserve(bytes);
+    items.reserve(fields);
+  }
   void add(std::string_view name, std::string_view value, bool lowercase_name) {
     const auto n = put(arena, name, lowercase_name);
     const auto v = put(arena, value);
@@ -52,6 +61,7 @@ struct field_builder {
   }
   void done(std::vector<field>& out) const {
     out.clear();
+    out.reserve(items.size());
     for (const auto& p : items) {
       out.push_back({{arena.data() + p.name_at, p.name_len}, {arena.data() + p.value_at, p.value_len}});
     }
@@ -138,6 +148,9 @@ bool request_fields::add(std::string_view name, std::string_view value) {
 
 std::string_view request_fields::finish(bool end_stream, http1::request_head& out) {
   if (!error_.empty()) return error_;
+  // Room was reserved for a typical section; a held stream keeps only what was used.
+  arena_.shrink_to_fit();
+  offsets_.shrink_to_fit();
   out = http1::request_head{};
   std::string_view host_field, content_length;
   for (const auto& s : offsets_) {
@@ -193,12 +206,13 @@ std::string_view request_fields::finish(bool end_stream, http1::request_head& ou
 
 void response_fields(const http1::response_head& res, std::string_view extra, bool keep_length, std::string& arena,
                      std::vector<field>& out) {
-  arena.clear();
-  field_builder b{arena, {}};
+  const auto [fields, bytes] = measure(res.headers, extra);
+  field_builder b(arena, fields, bytes);
   std::array<char, 4> buf{};
   b.add(":status", status_text(res.status, buf), false);
+  const http1::hop_by_hop_filter hop_by_hop(res.headers);
   for (const auto& f : res.headers) {
-    if (http1::is_hop_by_hop(f.name, res.headers, false) || connection_specific(f.name)) continue;
+    if (hop_by_hop(f.name) || connection_specific(f.name)) continue;
     if (!keep_length && http1::iequals(f.name, "content-length")) continue;
     b.add(f.name, f.value, true);
   }
@@ -208,8 +222,7 @@ void response_fields(const http1::response_head& res, std::string_view extra, bo
 
 void simple_response_fields(unsigned status, std::int64_t retry_after_s, std::string_view extra, std::string& arena,
                             std::vector<field>& out) {
-  arena.clear();
-  field_builder b{arena, {}};
+  field_builder b(arena, 8, extra.size() + 64);
   std::array<char, 4> buf{};
   b.add(":status", status_text(status, buf), false);
   b.add("content-type", "text/plain", false);
@@ -219,8 +232,7 @@ void simple_response_fields(unsigned status, std::int64_t retry_after_s, std::st
 }
 
 void line_fields(std::string_view extra, std::string& arena, std::vector<field>& out) {
-  arena.clear();
-  field_builder b{arena, {}};
+  field_builder b(arena, 4, extra.size());
   b.add_lines(extra);
   std::vector<field> more;
   b.done(more);
@@ -229,17 +241,17 @@ void line_fields(std::string_view extra, std::string& arena, std::vector<field>&
 
 void upstream_request_fields(const http1::request_head& req, const http1::forward_info& info, std::string_view scheme,
                              std::string& arena, std::vector<field>& out) {
-  arena.clear();
-  field_builder b{arena, {}};
+  const auto [fields, bytes] = measure(req.headers, req.target);
+  field_builder b(arena, fields, bytes + req.host.size() * 2 + info.peer_ip.size());
   b.add(":method", req.method, false);
   b.add(":scheme", scheme, false);
   if (!req.host.empty()) b.add(":authority", req.host, false);
   b.add(":path", req.target, false);
   std::string xff;
   bool has_proto = false, has_host = false;
+  const http1::hop_by_hop_filter hop_by_hop(req.headers);
   for (const auto& f : req.headers) {
-    if (http1::iequals(f.name, "host") || connection_specific(f.name) ||
-        http1::is_hop_by_hop(f.name, req.headers, false)) {
+    if (http1::iequals(f.name, "host") || connection_specific(f.name) || hop_by_hop(f.name)) {
       // TE is hop-by-hop, but "te: trailers" says the client takes trailers (gRPC needs it).
       if (http1::iequals(f.name, "te") && f.value == "trailers") b.add("te", "trailers", false);
       continue;
@@ -324,8 +336,7 @@ std::string encode_message(std::string_view text) {
 
 void refusal_fields(unsigned grpc_status, std::string_view message, std::int64_t pushback_ms, std::string_view extra,
                     std::string& arena, std::vector<field>& out) {
-  arena.clear();
-  field_builder b{arena, {}};
+  field_builder b(arena, 8, message.size() * 3 + extra.size() + 96);
   b.add(":status", "200", false);
   b.add("content-type", "application/grpc", false);
   b.add("grpc-status", std::to_string(grpc_status), false);

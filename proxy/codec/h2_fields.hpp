@@ -33,7 +33,10 @@ class request_fields {
 public:
   /// `max_bytes`: the section's size at most, each field counted as name +
   /// value + 32 (as SETTINGS_MAX_HEADER_LIST_SIZE counts).
-  explicit request_fields(std::size_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit request_fields(std::size_t max_bytes) : max_bytes_(max_bytes) {
+    arena_.reserve(512);
+    offsets_.reserve(16);
+  }
 
   /// Adds one decoded field. False once the section is over its size (the
   /// rest is then ignored: too_large()).

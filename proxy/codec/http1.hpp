@@ -193,6 +193,20 @@ struct forward_info {
 /// and what it lists, Keep-Alive, TE, Trailer, Upgrade, Proxy-*).
 bool is_hop_by_hop(std::string_view name, const header_list& h, bool tunnel);
 
+/// is_hop_by_hop for every field of one head, its Connection lines gathered
+/// once (not once per field).
+class hop_by_hop_filter {
+public:
+  explicit hop_by_hop_filter(const header_list& h);
+  bool operator()(std::string_view name, bool tunnel = false) const;
+
+private:
+  std::array<std::string_view, 4> lists_{};
+  std::size_t count_ = 0;
+  bool overflow_ = false;
+  const header_list* all_;
+};
+
 /// Appends the request head as sent upstream (always HTTP/1.1): hop-by-hop
 /// headers and Expect: 100-continue removed, X-Forwarded-For extended,
 /// X-Forwarded-Proto / -Host set, Host kept.

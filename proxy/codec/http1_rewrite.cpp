@@ -17,6 +17,7 @@ struct connection_lists {
   bool overflow = false;
   const header_list* all = nullptr;
 
+  connection_lists() = default;
   explicit connection_lists(const header_list& h) : all(&h) {
     for (const auto& f : h) {
       if (f.name.size() == 10 && iequals(f.name, "Connection")) {
@@ -75,6 +76,22 @@ void append_line(std::string& out, std::string_view name, std::string_view value
 
 bool is_hop_by_hop(std::string_view name, const header_list& h, bool tunnel) {
   return hop_by_hop(name, connection_lists(h), tunnel);
+}
+
+hop_by_hop_filter::hop_by_hop_filter(const header_list& h) : all_(&h) {
+  const connection_lists c(h);
+  lists_ = c.values;
+  count_ = c.count;
+  overflow_ = c.overflow;
+}
+
+bool hop_by_hop_filter::operator()(std::string_view name, bool tunnel) const {
+  connection_lists c;
+  c.values = lists_;
+  c.count = count_;
+  c.overflow = overflow_;
+  c.all = all_;
+  return hop_by_hop(name, c, tunnel);
 }
 
 void write_request_head(std::string& out, const request_head& req, const forward_info& info) {

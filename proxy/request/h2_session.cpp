@@ -323,10 +323,16 @@ awaitable<void> h2_connection::write_loop() {
       co_await write_wake_.async_wait(nothrow);
       continue;
     }
-    writing_ = true;
-    c_.expires_after(rt_->cfg.body_timeout);  // a client that stops reading is a slow reader
-    auto [ec, n] = co_await asio::async_write(c_.client, asio::buffer(out_), nothrow);
-    writing_ = false;
+    // What the socket takes now goes without a trip through the scheduler (as HTTP/1.1 writes).
+    buffer_list pending;
+    pending.add(out_.data(), out_.size());
+    boost::system::error_code ec;
+    if (!send_now(c_.client, pending, ec)) {
+      writing_ = true;
+      c_.expires_after(rt_->cfg.body_timeout);  // a client that stops reading is a slow reader
+      ec = std::get<0>(co_await asio::async_write(c_.client, pending.span(), nothrow));
+      writing_ = false;
+    }
     out_.clear();
     if (ec) {
       fatal_ = true;
@@ -837,6 +843,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
     }
   } guard{*uc};
   std::string head;
+  head.reserve(512 + st->req.target.size());
   http1::write_request_head(head, st->req, hop(rt));
   const bool retryable = st->req.body == http1::framing::none && idempotent(st->req.method);
   const auto fail = [&](metrics::counter& m, unsigned status, std::string_view why) {
