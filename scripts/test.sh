@@ -18,6 +18,20 @@ for t in smockron_tests smockron_identify_tests; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     timeout 900 ./build-asan/bin/$t --gtest_brief=1
 done
+# The HTTP/2 session code (callbacks into nghttp2, streams outliving their
+# connection's turns) under ASan + UBSan, driven by real clients. A report
+# is written to a file and fails the run even when the tests passed.
+echo "== HTTP/2 and gRPC integration tests against the ASan + UBSan daemons (build-asan/)"
+asan_reports=$(mktemp -d)
+(cd integration && SMOCKRON_BIN_DIR="$PWD/../build-asan/bin" \
+  ASAN_OPTIONS="detect_leaks=1:log_path=$asan_reports/asan" UBSAN_OPTIONS="print_stacktrace=1:log_path=$asan_reports/ubsan" \
+  timeout 900 python3 -m unittest test_http2 test_grpc)
+if compgen -G "$asan_reports/*" >/dev/null; then
+  cat "$asan_reports"/*
+  echo "sanitizer reports above" >&2
+  exit 1
+fi
+rm -rf "$asan_reports"
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
 # 14 targets x 10 s: about 2.5 minutes of fuzzing in all.
