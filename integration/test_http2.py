@@ -1092,3 +1092,75 @@ class SwitchAndCountersTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RefusingUpstream:
+    """An h2c server (python3-h2) on 127.0.0.1 that answers its first stream with
+    RST_STREAM(REFUSED_STREAM), as a server going away does with streams it did not
+    process (RFC 9113 8.7), and 200 "served" to every later one. Counts the streams."""
+
+    def __init__(self):
+        import threading
+
+        import h2.config
+        import h2.connection
+        import h2.events
+        self._h2 = (h2.config, h2.connection, h2.events)
+        self.sock = socket.socket()
+        self.sock.bind((HOST, 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.streams = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        cfg, conn_mod, events = self._h2
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                s, _ = self.sock.accept()
+            except OSError:
+                continue
+            s.settimeout(0.2)
+            conn = conn_mod.H2Connection(cfg.H2Configuration(client_side=False, header_encoding="utf-8"))
+            conn.initiate_connection()
+            s.sendall(conn.data_to_send())
+            while not self.stop:
+                try:
+                    data = s.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    break
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, events.RequestReceived):
+                        self.streams += 1
+                        if self.streams == 1:
+                            conn.reset_stream(ev.stream_id, error_code=REFUSED_STREAM)
+                        else:
+                            conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", "6")])
+                            conn.send_data(ev.stream_id, b"served", end_stream=True)
+                s.sendall(conn.data_to_send())
+            s.close()
+
+    def close(self):
+        self.stop = True
+        self.thread.join(5)
+        self.sock.close()
+
+
+class Http2UpstreamTest(DaemonTestCase):
+    def test_a_stream_the_upstream_refused_unprocessed_is_sent_again(self):
+        up = RefusingUpstream()
+        self.addCleanup(up.close)
+        proxy = self.start_proxy({"h2": {"servers": [f"{HOST}:{up.port}"], "protocol": "h2c"}},
+                                 [{"path": "/", "upstream": "h2"}])
+        with H2Client(proxy.port) as c:
+            st = c.get("/once", timeout=20)
+            self.assertEqual(st.status, 200, st)
+            self.assertEqual(bytes(st.data), b"served")
+        self.assertEqual(up.streams, 2, "refused once, sent again, served")

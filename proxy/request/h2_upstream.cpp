@@ -41,6 +41,7 @@ struct h2_upstream_stream {
   std::string arena;
   std::vector<h2::field> fields;
   bool has_body = false;
+  bool body_sent = false;  ///< request body bytes went to the server (the stream cannot be sent again)
   bool deferred = false;
   bool got_head = false;
   bool in_trailers = false;
@@ -495,6 +496,19 @@ int h2_upstream_conn::on_stream_close(nghttp2_session*, int32_t id, uint32_t err
   if (it == c.streams.end()) return 0;
   auto s = std::move(it->second);
   c.streams.erase(it);
+  // Refused unprocessed (REFUSED_STREAM, or beyond a GOAWAY's last stream,
+  // RFC 9113 8.7): safe to send again elsewhere, if no body byte went yet.
+  if (s->down && error_code == NGHTTP2_REFUSED_STREAM && !s->got_head && !s->body_sent && ++s->attempts < k_attempts) {
+    s->id = -1;
+    s->deferred = false;
+    s->conn = nullptr;  // the client's calls wait for its next connection
+    // The same object goes on (the client stream points to it), on the next turn: not from within nghttp2's call.
+    auto held = std::make_shared<std::unique_ptr<h2_upstream_stream>>(std::move(s));
+    asio::post(c.pool.ex, [&pool = c.pool, alive = c.alive, held] {
+      if (*alive && (*held)->down) pool.place(std::move(*held));
+    });
+    return 0;
+  }
   if (auto* d = s->detach()) {
     if (error_code != NGHTTP2_NO_ERROR) c.pool.metrics.upstream_reset.inc();
     d->on_failed(*s->st, 502, "upstream reset the stream\n", s->got_head);
@@ -514,6 +528,7 @@ ssize_t h2_upstream_conn::read_body(nghttp2_session*, int32_t, uint8_t* buf, siz
     return NGHTTP2_ERR_DEFERRED;
   }
   if (eof) *flags |= NGHTTP2_DATA_FLAG_EOF;
+  if (n > 0) s->body_sent = true;
   return static_cast<ssize_t>(n);
 }
 
