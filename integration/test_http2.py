@@ -1154,6 +1154,16 @@ class RefusingUpstream:
 
 
 class Http2UpstreamTest(DaemonTestCase):
+    def test_trailers_of_an_http1_upstream_reach_the_http2_client(self):
+        # A chunked HTTP/1.1 response's trailer section becomes HTTP/2 trailers (names lower-cased).
+        backend = self.start_backend()
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [{"path": "/", "upstream": "app"}])
+        with H2Client(proxy.port) as c:
+            st = c.get("/chunks?n=3&gap=0&trailers=1", timeout=20)
+            self.assertEqual(st.status, 200, st)
+            self.assertEqual(bytes(st.data), b"part-0;part-1;part-2;")
+            self.assertEqual(st.trailers, [("x-checksum", "abc"), ("x-trailer-two", "2")], st)
+
     def test_a_stream_the_upstream_refused_unprocessed_is_sent_again(self):
         up = RefusingUpstream()
         self.addCleanup(up.close)

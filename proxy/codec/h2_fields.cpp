@@ -231,6 +231,14 @@ void simple_response_fields(unsigned status, std::int64_t retry_after_s, std::st
   b.done(out);
 }
 
+void copy_fields(const std::vector<field>& in, std::string& arena, std::vector<field>& out) {
+  std::size_t bytes = 0;
+  for (const auto& f : in) bytes += f.name.size() + f.value.size();
+  field_builder b(arena, in.size(), bytes);
+  for (const auto& f : in) b.add(f.name, f.value, false);
+  b.done(out);
+}
+
 void line_fields(std::string_view extra, std::string& arena, std::vector<field>& out) {
   field_builder b(arena, 4, extra.size());
   b.add_lines(extra);

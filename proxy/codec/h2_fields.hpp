@@ -91,6 +91,9 @@ void response_fields(const http1::response_head& res, std::string_view extra, bo
 void simple_response_fields(unsigned status, std::int64_t retry_after_s, std::string_view extra, std::string& arena,
                             std::vector<field>& out);
 
+/// Copies `in` (views into bytes that may go) into `out`, whose views point into `arena`.
+void copy_fields(const std::vector<field>& in, std::string& arena, std::vector<field>& out);
+
 /// `extra` ("Name: value\r\n" lines of the proxy's own) as fields, appended to `out`; views into `arena` (cleared
 /// first).
 void line_fields(std::string_view extra, std::string& arena, std::vector<field>& out);

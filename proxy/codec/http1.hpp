@@ -134,6 +134,9 @@ public:
   std::optional<std::size_t> feed(std::string_view in, std::string_view& data);
   bool done() const { return state_ == state::done; }
   std::string_view error() const { return error_; }
+  /// When set, the trailer section's bytes are appended here as they are
+  /// decoded (lines end with CR; LFs may be dropped): see trailer_fields().
+  std::string* keep_trailers = nullptr;
 
 private:
   enum class state : std::uint8_t {
@@ -174,6 +177,25 @@ private:
   std::size_t max_line_;
   std::string_view error_;
 };
+
+/// Calls f(name, value) for each field of a trailer section kept by
+/// chunked_decoder::keep_trailers (already checked by the decoder); values
+/// have their surrounding whitespace trimmed.
+template <class F>
+void trailer_fields(std::string_view kept, F&& f) {
+  while (!kept.empty()) {
+    const auto end = kept.find('\r');
+    std::string_view line = kept.substr(0, end);
+    kept.remove_prefix(end == std::string_view::npos ? kept.size() : end + 1);
+    while (!line.empty() && line.front() == '\n') line.remove_prefix(1);
+    const auto colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    f(line.substr(0, colon), value);
+  }
+}
 
 /// What the proxy adds when it forwards a request.
 struct forward_info {

@@ -165,8 +165,9 @@ std::optional<std::size_t> chunked_decoder::feed(std::string_view in, std::strin
       case state::done: return i;
       case state::failed: return std::nullopt;
     }
-    if (state_ >= state::trailer && state_ <= state::trailer_lf && ++trailer_bytes_ > max_line_) {
-      return fail("trailers too large"), std::nullopt;
+    if (state_ >= state::trailer && state_ <= state::trailer_lf) {
+      if (++trailer_bytes_ > max_line_) return fail("trailers too large"), std::nullopt;
+      if (keep_trailers != nullptr) keep_trailers->push_back(in[i]);
     }
     ++i;
   }

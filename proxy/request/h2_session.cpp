@@ -197,6 +197,7 @@ private:
   void start_forward(const std::shared_ptr<h2_stream>& st);
   awaitable<void> forward_h1(std::shared_ptr<h2_stream> st);
   awaitable<bool> send_body_h1(h2_stream& st, connection& uc, bool chunked);
+  void keep_trailers(h2_stream& st, std::string& section);
   void close_stream(h2_stream& st, std::uint32_t error_code);
 
   /// Submits a response: `fields`, then the body in st.res().out (`with_body`).
@@ -737,19 +738,7 @@ void h2_connection::on_data(h2_stream& st, std::string_view data) {
 
 void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
   if (st.closed) return;
-  st.res().trailers_arena.clear();
-  std::size_t total = 0;
-  for (const auto& f : fields) total += f.name.size() + f.value.size();
-  st.res().trailers_arena.reserve(total);
-  st.res().trailers.clear();
-  for (const auto& f : fields) {
-    const auto n = st.res().trailers_arena.size();
-    st.res().trailers_arena.append(f.name);
-    const auto v = st.res().trailers_arena.size();
-    st.res().trailers_arena.append(f.value);
-    st.res().trailers.push_back(
-        {{st.res().trailers_arena.data() + n, f.name.size()}, {st.res().trailers_arena.data() + v, f.value.size()}});
-  }
+  h2::copy_fields(fields, st.res().trailers_arena, st.res().trailers);
 }
 
 void h2_connection::on_end(h2_stream& st) {
@@ -780,6 +769,20 @@ std::size_t h2_connection::take_body(h2_stream& st, std::uint8_t* buf, std::size
 }
 
 // ---------------------------------------------------------------------------- HTTP/1.1 upstream
+
+// A chunked response's trailer section (as the decoder kept it) becomes the
+// stream's trailers, names lower-cased as HTTP/2 wants them (the decoder
+// refused framing and connection fields).
+void h2_connection::keep_trailers(h2_stream& st, std::string& section) {
+  std::vector<h2::field> kept;
+  http1::trailer_fields(section, [&](std::string_view n, std::string_view v) {
+    char* p = section.data() + (n.data() - section.data());
+    std::transform(p, p + n.size(), p,
+                   [](char ch) { return static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); });
+    kept.push_back({n, v});
+  });
+  h2::copy_fields(kept, st.res().trailers_arena, st.res().trailers);
+}
 
 // Sends the request body to an HTTP/1.1 server as it arrives: as is with a
 // content-length, chunked without one. The client's window opens as bytes go.
@@ -928,6 +931,8 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
   }
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay body(res.body, http1::framing::until_close, res.content_length, max_line);
+  std::string trailer_section;  // a chunked response's trailers become the stream's
+  body.dec.keep_trailers = &trailer_section;
   buffer_list& bufs = uc->fwd().bufs;
   link& up = *uc->fwd().up.sock;
   for (;;) {
@@ -968,6 +973,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
     }
     upstream_in.commit(n);
   }
+  if (!trailer_section.empty()) keep_trailers(*st, trailer_section);
   st->res().out_end = true;
   push_out(*st, {});
   if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
@@ -984,7 +990,7 @@ public:
   h1_bridge(executor_t ex, std::size_t max_header) : st(1, max_header), body_wake(ex), resp_wake(ex) {}
 
   void on_response(h2_stream&, const std::vector<h2::field>& f, bool end_stream) override {
-    copy(f, head_arena, head);
+    h2::copy_fields(f, head_arena, head);
     got_head = true;
     ended = end_stream;
     resp_wake.cancel();
@@ -993,7 +999,9 @@ public:
     st.res().out.append(data);
     resp_wake.cancel();
   }
-  void on_trailers(h2_stream&, const std::vector<h2::field>& f) override { copy(f, trailer_arena, trailers); }
+  void on_trailers(h2_stream&, const std::vector<h2::field>& f) override {
+    h2::copy_fields(f, trailer_arena, trailers);
+  }
   void on_end(h2_stream&) override {
     st.up2 = nullptr;
     ended = true;
@@ -1014,21 +1022,6 @@ public:
     return taken;
   }
   void attach(h2_stream&, h2_upstream_stream* up) override { st.up2 = up; }
-
-  static void copy(const std::vector<h2::field>& f, std::string& arena, std::vector<h2::field>& out) {
-    std::size_t total = 0;
-    for (const auto& x : f) total += x.name.size() + x.value.size();
-    arena.clear();
-    arena.reserve(total);
-    out.clear();
-    for (const auto& x : f) {
-      const auto n = arena.size();
-      arena.append(x.name);
-      const auto v = arena.size();
-      arena.append(x.value);
-      out.push_back({{arena.data() + n, x.name.size()}, {arena.data() + v, x.value.size()}});
-    }
-  }
 
   h2_stream st;  ///< the request body and response bytes (no client session behind it)
   steady_timer body_wake, resp_wake;

@@ -1210,3 +1210,31 @@ TEST(Http1WriteRequest, Http10RequestWithoutHostGetsOne) {
 
 }  // namespace
 }  // namespace smockron::proxy::http1
+
+namespace smockron::proxy::http1 {
+namespace {
+
+TEST(ChunkedTrailers, KeptForHttp2AndSplitIntoFields) {
+  chunked_decoder dec;
+  std::string kept;
+  dec.keep_trailers = &kept;
+  const std::string body = "3\r\nabc\r\n0\r\nX-Checksum: abc \r\nX-Two:2\r\n\r\n";
+  std::size_t at = 0;
+  std::string data;
+  while (!dec.done()) {
+    std::string_view piece;
+    const auto used = dec.feed(std::string_view(body).substr(at), piece);
+    ASSERT_TRUE(used) << dec.error();
+    data.append(piece);
+    at += *used;
+  }
+  EXPECT_EQ(data, "abc");
+  EXPECT_EQ(at, body.size());
+  std::vector<std::pair<std::string, std::string>> fields;
+  trailer_fields(kept, [&](std::string_view n, std::string_view v) { fields.emplace_back(n, v); });
+  const std::vector<std::pair<std::string, std::string>> want = {{"X-Checksum", "abc"}, {"X-Two", "2"}};
+  EXPECT_EQ(fields, want);
+}
+
+}  // namespace
+}  // namespace smockron::proxy::http1
