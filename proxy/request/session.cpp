@@ -201,11 +201,7 @@ private:
     const admission a = admit(env, rt, *r, req, peer_, now_us);
     append_limit_fields(c_.response_fields, s_.gate, rt, *r, a, now_us);
     if (entry_) note_admission(*entry_, *r, a);
-    if (a.outcome == decision::rejected) {
-      const refusal no = refusal_for(*r, a);
-      answered(no.status);
-      co_return co_await answer(no.status, no.text, no.retry_after_s);
-    }
+    if (a.outcome == decision::rejected) co_return co_await refuse_admission(*r, a);
     if (a.outcome == decision::delayed) {
       // Held until its release time, unless the client leaves first. (No
       // coroutine of its own: every frame alive during a hold is memory each
@@ -229,9 +225,7 @@ private:
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
-    const connection_next next = rt.cfg.upstreams[r->upstream_index].http2()
-                                     ? co_await forward_to_h2(s_, w_, generation, *r, c_, hop)
-                                     : co_await forward(fenv, rt, *r, c_, hop);
+    const connection_next next = co_await forward_any(fenv, generation, *r, hop);
     if (entry_) {
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;
@@ -240,6 +234,23 @@ private:
       answered(o.status);
     }
     co_return next;
+  }
+
+  // Answers a request the gate refused (a coroutine of its own, as forward_any).
+  awaitable<connection_next> refuse_admission(const route& r, const admission& a) {
+    const refusal no = refusal_for(r, a);
+    answered(no.status);
+    co_return co_await answer(no.status, no.text, no.retry_after_s);
+  }
+
+  // Forwards to the route's upstream in the protocol it speaks. (A coroutine
+  // of its own: serve_request's frame, alive while a request is held, keeps
+  // one call's room rather than two.)
+  awaitable<connection_next> forward_any(forward_env& fenv, const std::shared_ptr<const runtime>& generation,
+                                         const route& r, const http1::forward_info& hop) {
+    if (generation->cfg.upstreams[r.upstream_index].http2())
+      co_return co_await forward_to_h2(s_, w_, generation, r, c_, hop);
+    co_return co_await forward(fenv, *generation, r, c_, hop);
   }
 
   double ms_since(steady::time_point from) const {
