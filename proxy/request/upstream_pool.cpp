@@ -17,6 +17,9 @@ bool still_open(link& l) {
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+constexpr std::size_t k_surplus = 4;
+constexpr auto k_surplus_idle = std::chrono::seconds(1);
+
 }  // namespace
 
 void upstream_pool::adopt(const runtime& rt) {
@@ -35,9 +38,9 @@ bool upstream_pool::take_pooled(const runtime& rt, connection& c, std::size_t up
   if (slot.idle.empty() || (slot.down_until != steady::time_point{} && slot.down_until > clock_.steady_now())) {
     return false;
   }
-  if (check_idle && !still_open(slot.idle.back())) return false;  // acquire() drops it
+  if (check_idle && !still_open(slot.idle.back().l)) return false;  // acquire() drops it
   ++round_robin_[upstream];
-  c.fwd().up.use(std::move(slot.idle.back()), s, true);
+  c.fwd().up.use(std::move(slot.idle.back().l), s, true);
   slot.idle.pop_back();
   return true;
 }
@@ -56,7 +59,7 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
     if (slot.down_until > now && attempt + 1 < slots.size())
       continue;  // skip a down server unless it is the last chance
     while (allow_reuse && !slot.idle.empty()) {
-      link l = std::move(slot.idle.back());
+      link l = std::move(slot.idle.back().l);
       slot.idle.pop_back();
       if (check_idle && !still_open(l)) continue;
       up.use(std::move(l), s, true);
@@ -106,8 +109,16 @@ void upstream_pool::give_back(const runtime& rt, connection& c, std::size_t upst
   upstream_conn& up = c.fwd().up;
   if (generation_ == rt.generation && up.sock) {
     auto& slot = slots_[upstream][up.server];
-    if (static_cast<std::int64_t>(slot.idle.size()) < rt.cfg.upstreams[upstream].keepalive) {
-      slot.idle.push_back(std::move(*up.sock));
+    const auto keep = static_cast<std::size_t>(rt.cfg.upstreams[upstream].keepalive);
+    const auto now = clock_.steady_now();
+    // Beyond `keepalive`, a connection of a burst stays a moment (up to
+    // k_surplus times as many): the next burst takes it instead of opening
+    // one more. The oldest of those go once idle for k_surplus_idle.
+    while (slot.idle.size() > keep && now - slot.idle.front().since > k_surplus_idle) {
+      slot.idle.erase(slot.idle.begin());
+    }
+    if (slot.idle.size() < keep * k_surplus) {
+      slot.idle.push_back({std::move(*up.sock), now});
     }
   }
   up.release();

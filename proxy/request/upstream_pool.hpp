@@ -42,8 +42,12 @@ public:
 private:
   /// The TLS handshake on a new connection to server `s` of `upstream` (a TLS upstream). False: failed.
   awaitable<bool> start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s);
+  struct idle_link {
+    link l;
+    steady::time_point since;  ///< back in the pool at
+  };
   struct server_slot {
-    std::vector<link> idle;
+    std::vector<idle_link> idle;  ///< oldest first; taken from the back (the most recently used)
     steady::time_point down_until{};
   };
   void adopt(const runtime& rt);
