@@ -225,7 +225,11 @@ private:
     hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
     hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
                                    [&](const cidr& c) { return c.contains(peer_); });
-    const connection_next next = co_await forward_any(fenv, generation, *r, hop);
+    // One awaitable in this frame (alive while a request is held), whichever protocol the upstream speaks.
+    awaitable<connection_next> exchange = rt.cfg.upstreams[r->upstream_index].http2()
+                                              ? forward_to_h2(s_, w_, generation, *r, c_, hop)
+                                              : forward(fenv, rt, *r, c_, hop);
+    const connection_next next = co_await std::move(exchange);
     if (entry_) {
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;
@@ -241,16 +245,6 @@ private:
     const refusal no = refusal_for(r, a);
     answered(no.status);
     co_return co_await answer(no.status, no.text, no.retry_after_s);
-  }
-
-  // Forwards to the route's upstream in the protocol it speaks. (A coroutine
-  // of its own: serve_request's frame, alive while a request is held, keeps
-  // one call's room rather than two.)
-  awaitable<connection_next> forward_any(forward_env& fenv, const std::shared_ptr<const runtime>& generation,
-                                         const route& r, const http1::forward_info& hop) {
-    if (generation->cfg.upstreams[r.upstream_index].http2())
-      co_return co_await forward_to_h2(s_, w_, generation, r, c_, hop);
-    co_return co_await forward(fenv, *generation, r, c_, hop);
   }
 
   double ms_since(steady::time_point from) const {

@@ -110,7 +110,7 @@ void upstream_pool::give_back(const runtime& rt, connection& c, std::size_t upst
   if (generation_ == rt.generation && up.sock) {
     auto& slot = slots_[upstream][up.server];
     const auto keep = static_cast<std::size_t>(rt.cfg.upstreams[upstream].keepalive);
-    const auto now = clock_.steady_now();
+    const auto now = clock_.coarse_steady_now();  // a few ms of resolution do for a second's grace
     // Beyond `keepalive`, a connection of a burst stays a moment (up to
     // k_surplus times as many): the next burst takes it instead of opening
     // one more. The oldest of those go once idle for k_surplus_idle.
