@@ -181,6 +181,17 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"held gauge back to 0 in [\d.]+ s, forwarded none of them: 2000 drops counted",
                             r"^smoke: OK")
 
+    def test_held_memory_http2(self):
+        """2,000 HTTP/2 streams held on 20 connections: RSS growth per held stream at most 4 KiB
+        (twice the goal: RSS moves in pages), every one dropped on disconnect."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "held_memory.py"), "--smoke", "--h2", "--held",
+                              "2000", "--connections", "20", "--max-kib-per-held", "4"])
+        self.assert_figures(out, r"proxy RSS before: [\d.]+ MiB, with 2000 held HTTP/2 streams on 20 connections: "
+                                 r"[\d.]+ MiB, delta -?[\d.]+ MiB \(-?\d+ bytes per held request\)",
+                            r"RSS growth per held request -?[\d.]+ KiB, bound 4 KiB: PASS",
+                            r"held gauge back to 0 in [\d.]+ s, forwarded none of them: 2000 drops counted",
+                            r"^smoke: OK")
+
     def test_accuracy(self):
         """Master, 2 gatekeepers behind the delay relay, sniffer, counting backend: every
         well-behaved request found in the access logs and accepted, never delayed; the hot
