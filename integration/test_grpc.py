@@ -29,6 +29,8 @@ import hashlib
 import os
 import queue
 import re
+import struct
+import subprocess
 import sys
 import threading
 import unittest
@@ -306,6 +308,30 @@ class GrpcPassThroughTest(GrpcCase):
         self.assertEqual([len(m) for m in msgs], [MIB] * 4)
         self.assertTrue(all(m == bytes([i]) * MIB for i, m in enumerate(msgs)))
         self.assertEqual(len(echo.seen()), 3)
+
+    def test_an_http1_client_reaches_the_http2_upstream_with_trailers(self):
+        # curl over HTTP/1.1 (no gRPC client speaks it, but any HTTP/1.1 client may reach an h2c
+        # upstream): the request body goes up as DATA, the response comes back chunked with the
+        # upstream's trailers (grpc-status) in the last chunk.
+        echo, proxy = self.grpc_proxy()
+        body = os.path.join(self.tmp, "msg.bin")
+        with open(body, "wb") as f:
+            f.write(b"\x00" + struct.pack(">I", 5) + b"hello")
+        heads = os.path.join(self.tmp, "heads.txt")
+        out = os.path.join(self.tmp, "out.bin")
+        p = subprocess.run(["curl", "-sS", "--http1.1", "--max-time", "20", "-H", "content-type: application/grpc",
+                            "-H", "te: trailers", "--data-binary", f"@{body}", "-D", heads, "-o", out,
+                            f"http://{HOST}:{proxy.port}{UNARY}"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(heads) as f:
+            text = f.read().lower()
+        self.assertIn("http/1.1 200", text)
+        self.assertIn("transfer-encoding: chunked", text)
+        self.assertIn("grpc-status: 0", text, "the upstream's trailers, in the last chunk")
+        self.assertIn("x-trailer: unary", text)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"\x00" + struct.pack(">I", 10) + b"echo:hello")
+        self.assertEqual(len(echo.seen()), 1)
 
     def test_grpc_over_the_tls_listener_and_to_an_h2_upstream(self):
         ca = TestCA(self.tmp)

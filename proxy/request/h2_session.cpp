@@ -1028,6 +1028,7 @@ public:
   std::string head_arena, trailer_arena;
   std::vector<h2::field> head, trailers;
   bool got_head = false, ended = false, failed_started = false, body_done = false, body_failed = false;
+  bool response_done = false;  ///< the response side finished (or the client went away)
   unsigned failed = 0;
   std::string_view failed_why;
 };
@@ -1059,11 +1060,12 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
       b.body_done = true;
       co_return;
     }
-    while (b.st.body_in.size() - b.st.body_at >= k_relay_chunk && !b.ended && b.failed == 0) {
+    while (b.st.body_in.size() - b.st.body_at >= k_relay_chunk && !b.ended && b.failed == 0 && !b.response_done) {
       b.body_wake.expires_at(steady::time_point::max());
       co_await b.body_wake.async_wait(nothrow);
     }
-    if (b.ended || b.failed != 0) co_return;  // answered (or failed) before the body was all sent
+    // Answered (or failed, or the client gone) before the body was all sent.
+    if (b.ended || b.failed != 0 || b.response_done) co_return;
     if (c.in.size() > 0) continue;
     auto [ec, n] = co_await read_more(c, c.client, c.in.prepare(k_relay_chunk), rt.cfg.body_timeout);
     if (ec) {
@@ -1184,8 +1186,17 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     next = co_await pump_response(b, c, *rt, chunked);
   } else {
     const auto both = [&]() -> awaitable<void> {
-      co_await (pump_body(b, c, *rt) &&
-                    [&]() -> awaitable<void> { next = co_await pump_response(b, c, *rt, chunked); }());
+      co_await (pump_body(b, c, *rt) && [&]() -> awaitable<void> {
+        next = co_await pump_response(b, c, *rt, chunked);
+        // The body pump stops: waiting for room the upstream may never make, or
+        // for client bytes nobody will take (the connection ends then).
+        b.response_done = true;
+        b.body_wake.cancel();
+        if (!b.body_done) {
+          boost::system::error_code ignored;
+          c.client.socket().cancel(ignored);
+        }
+      }());
     };
     co_await both();
   }
