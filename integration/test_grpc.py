@@ -333,6 +333,15 @@ class GrpcPassThroughTest(GrpcCase):
             self.assertEqual(f.read(), b"\x00" + struct.pack(">I", 10) + b"echo:hello")
         self.assertEqual(len(echo.seen()), 1)
 
+    def test_many_calls_on_one_upstream_connection(self):
+        # 300 calls with 1 KB answers share one upstream connection: the bytes of each answer
+        # give the upstream connection's window back (a leak would freeze it after 64 KiB).
+        echo, proxy = self.grpc_proxy()
+        unary = self.channel(proxy.port).unary_unary(UNARY)
+        for i in range(300):
+            self.assertEqual(unary(b"%04d" % i + b"x" * 1000, timeout=CALL_TIMEOUT)[:9], b"echo:%04d" % i)
+        self.assertEqual(len(echo.seen()), 300)
+
     def test_grpc_over_the_tls_listener_and_to_an_h2_upstream(self):
         ca = TestCA(self.tmp)
         cert, key = ca.issue("server", "localhost", "DNS:localhost,IP:127.0.0.1")

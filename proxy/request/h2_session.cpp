@@ -86,11 +86,13 @@ struct h2_stream {
   bool closed = false;    ///< nghttp2 closed it: done, or reset by the client
   bool body_end = false;  ///< the client's END_STREAM arrived
   bool too_large = false;
-  bool refused = false;     ///< answered by the proxy itself: its body is read and dropped
+  bool refused = false;     ///< its body is not wanted (answered by the proxy, or done): read and dropped
+  bool forwarding = false;  ///< handed to its upstream
   std::string body_in;      ///< request body bytes not yet sent upstream
   std::size_t body_at = 0;  ///< of which taken already (an HTTP/2 upstream takes them piecewise)
   std::uint64_t body_bytes = 0;
   std::uint64_t bytes_out = 0;
+  steady::time_point last_progress{};  ///< response bytes last taken by nghttp2 (or first buffered)
   unsigned status = 0;
   std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
   h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
@@ -144,6 +146,7 @@ public:
         peer_text_(std::move(peer_text)),
         exec_(c_.client.get_executor()),
         write_wake_(exec_),
+        sweep_timer_(exec_),
         resets_(rt_->cfg.http2_reset_burst, rt_->cfg.http2_reset_rate, s.clk.steady_now()),
         control_(rt_->cfg.http2_control_burst, rt_->cfg.http2_control_rate, s.clk.steady_now()) {}
 
@@ -154,7 +157,7 @@ public:
   awaitable<void> run() {
     if (!start()) co_return;
     auto self = shared_from_this();
-    co_await (read_loop() && write_loop());
+    co_await (read_loop() && write_loop() && sweep_loop());
     teardown();
   }
 
@@ -171,6 +174,7 @@ private:
   bool start();
   awaitable<void> read_loop();
   awaitable<void> write_loop();
+  awaitable<void> sweep_loop();
   void flush() { write_wake_.cancel(); }
   void teardown();
   void update_deadline();
@@ -206,6 +210,27 @@ private:
   void answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s = 0,
               unsigned grpc_status = 0, std::int64_t pushback_ms = -1);
   void push_out(h2_stream& st, std::string_view data);
+  /// The request body will not be read: what is buffered and what comes gives its window back at once.
+  void drop_body(h2_stream& st) {
+    st.refused = true;
+    if (const std::size_t unread = st.body_in.size() - st.body_at; unread > 0) {
+      nghttp2_session_consume(session_, st.id, unread);  // the connection's part even once the stream closed
+      flush();
+    }
+    st.body_in.clear();
+    st.body_at = 0;
+  }
+  /// Stops the stream's upstream exchange (HTTP/1.1 socket or HTTP/2 stream).
+  void cancel_upstream(h2_stream& st) {
+    if (st.res_ && st.res_->up && st.res_->up->forwarding_ && st.res_->up->forwarding_->up.sock) {
+      boost::system::error_code ignored;
+      st.res_->up->forwarding_->up.sock->socket().cancel(ignored);
+    }
+    if (st.up2) {
+      h2_upstream_cancel(*st.up2);
+      st.up2 = nullptr;
+    }
+  }
   void reset(h2_stream& st, nghttp2_error_code code) {
     nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, st.id, code);
     flush();
@@ -227,6 +252,7 @@ private:
   nghttp2_session* session_ = nullptr;
   std::unordered_map<std::int32_t, std::shared_ptr<h2_stream>> streams_;
   steady_timer write_wake_;
+  steady_timer sweep_timer_;
   std::string out_;
   std::array<std::uint8_t, k_read_size> in_{};
   bucket resets_, control_;
@@ -300,6 +326,7 @@ awaitable<void> h2_connection::read_loop() {
     flush();
   }
   reading_done_ = true;
+  sweep_timer_.cancel();
   flush();
 }
 
@@ -342,6 +369,7 @@ awaitable<void> h2_connection::write_loop() {
     update_deadline();
   }
   // The read loop may be waiting on the socket: it ends with it.
+  sweep_timer_.cancel();
   boost::system::error_code ignored;
   c_.client.socket().cancel(ignored);
   c_.client.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -366,6 +394,31 @@ void h2_connection::update_deadline() {
     c_.expires_after(rt_->cfg.idle_timeout);
   } else {
     c_.expires_never();
+  }
+}
+
+// A response that makes no progress for body_timeout (the client's window
+// shut, or it stopped reading) is reset, whatever else the connection does:
+// each stream is bounded, not only the connection's writes.
+awaitable<void> h2_connection::sweep_loop() {
+  auto self = shared_from_this();
+  const auto timeout = rt_->cfg.body_timeout;
+  const auto period = std::clamp<steady::duration>(timeout / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
+  std::vector<std::shared_ptr<h2_stream>> stalled;
+  while (!reading_done_ && !fatal_) {
+    sweep_timer_.expires_after(period);
+    co_await sweep_timer_.async_wait(nothrow);
+    if (reading_done_ || fatal_) break;
+    const auto now = s_.clk.steady_now();
+    for (const auto& [id, st] : streams_) {
+      if (st->pending_out() > 0 && now - st->last_progress >= timeout) stalled.push_back(st);
+    }
+    for (const auto& st : stalled) {
+      s_.metrics.h2_stalled_window.inc();
+      cancel_upstream(*st);
+      reset(*st, NGHTTP2_CANCEL);
+    }
+    stalled.clear();
   }
 }
 
@@ -418,9 +471,10 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
       if (!st) break;
       if (!st->dispatched) {
         h.dispatch(st, end_stream);
-      } else if (end_stream) {  // trailers end the request body
+      } else if (end_stream && !st->too_large) {  // trailers end the request body
         st->body_end = true;
         st->wake();
+        if (st->up2) h2_upstream_body_ready(*st->up2);
       }
       break;
     }
@@ -430,7 +484,7 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
         break;
       }
       if (!end_stream) break;
-      if (const auto st = h.find(f->hd.stream_id)) {
+      if (const auto st = h.find(f->hd.stream_id); st && !st->too_large) {
         st->body_end = true;
         st->wake();
         if (st->up2) h2_upstream_body_ready(*st->up2);
@@ -471,12 +525,15 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
   st->body_bytes += len;
   const auto max = h.rt_->cfg.max_body_bytes;
   if (max > 0 && st->body_bytes > max) {
+    // Never forwarded as if complete: answered 413 if nothing else has, else reset with its upstream side.
     st->too_large = true;
     nghttp2_session_consume(session, id, len);
-    if (st->status == 0 && !st->held) {
-      h.s_.metrics.bad_request.inc();
+    h.drop_body(*st);
+    h.s_.metrics.bad_request.inc();
+    if (st->status == 0 && !st->held && !st->forwarding) {
       h.answer(*st, 413, "request body too large\n");
     } else {
+      h.cancel_upstream(*st);
       h.reset(*st, NGHTTP2_CANCEL);
     }
     return 0;
@@ -499,8 +556,18 @@ int h2_connection::on_stream_close(nghttp2_session*, int32_t id, uint32_t error_
 }
 
 int h2_connection::on_frame_send(nghttp2_session*, const nghttp2_frame* f, void* ud) {
+  auto& h = *static_cast<h2_connection*>(ud);
   // Each DATA frame sent earns the client a WINDOW_UPDATE for the stream and one for the connection.
-  if (f->hd.type == NGHTTP2_DATA) static_cast<h2_connection*>(ud)->window_credit_ += 2;
+  if (f->hd.type == NGHTTP2_DATA) h.window_credit_ += 2;
+  // A complete response to a request the client is still sending: it may stop
+  // (RFC 9113 8.1), and the stream does not stay open on its word.
+  if ((f->hd.type == NGHTTP2_DATA || f->hd.type == NGHTTP2_HEADERS) && (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
+    if (const auto st = h.find(f->hd.stream_id); st && !st->body_end) {
+      h.drop_body(*st);
+      nghttp2_submit_rst_stream(h.session_, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+      h.flush();
+    }
+  }
   return 0;
 }
 
@@ -525,6 +592,7 @@ ssize_t h2_connection::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t
   std::memcpy(buf, st.res().out.data() + st.res().out_at, n);
   st.res().out_at += n;
   st.bytes_out += n;
+  if (n > 0) st.last_progress = h.s_.clk.coarse_steady_now();
   if (st.res().out_at == st.res().out.size()) {
     st.res().out.clear();
     st.res().out_at = 0;
@@ -641,14 +709,8 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
   }
   if (st.timer) st.timer->cancel();
-  if (st.res_ && st.res_->up && st.res_->up->forwarding_ && st.res_->up->forwarding_->up.sock) {
-    boost::system::error_code ignored;
-    st.res_->up->forwarding_->up.sock->socket().cancel(ignored);
-  }
-  if (st.up2) {
-    h2_upstream_cancel(*st.up2);
-    st.up2 = nullptr;
-  }
+  cancel_upstream(st);
+  drop_body(st);
   if (st.entry) {
     st.entry->bytes_in = st.body_bytes;
     st.entry->bytes_out = st.bytes_out;
@@ -659,6 +721,7 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
 }
 
 void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, bool with_body) {
+  st.last_progress = s_.clk.coarse_steady_now();  // body_timeout for its body from now (sweep_loop)
   const auto nv = to_nv(fields);
   nghttp2_data_provider prd{};
   prd.source.ptr = &st;
@@ -670,7 +733,7 @@ void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, 
 void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s,
                            unsigned grpc_status, std::int64_t pushback_ms) {
   finished(st, status);
-  st.refused = true;
+  drop_body(st);
   std::vector<h2::field> fields;
   if (st.grpc) {
     // gRPC clients read a status from trailers, not an HTTP error: a trailers-only response.
@@ -688,6 +751,7 @@ void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text
 }
 
 void h2_connection::push_out(h2_stream& st, std::string_view data) {
+  if (st.pending_out() == 0 && !data.empty()) st.last_progress = s_.clk.coarse_steady_now();
   st.res().out.append(data);
   if (st.res().deferred) {
     st.res().deferred = false;
@@ -707,6 +771,8 @@ http1::forward_info h2_connection::hop(const runtime& rt) const {
 }
 
 void h2_connection::start_forward(const std::shared_ptr<h2_stream>& st) {
+  if (st->too_large) return;  // reset while held
+  st->forwarding = true;
   const runtime& rt = *st->rt;
   if (rt.cfg.upstreams[st->r->upstream_index].http2()) {
     w_.h2_pool.start(h2_upstream_request{*st, *this, st->req, hop(rt), st->rt, *st->r});
@@ -744,6 +810,7 @@ void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fie
 void h2_connection::on_end(h2_stream& st) {
   st.up2 = nullptr;
   if (st.closed) return;
+  drop_body(st);
   st.res().out_end = true;
   push_out(st, {});
 }
@@ -751,6 +818,7 @@ void h2_connection::on_end(h2_stream& st) {
 void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) {
   st.up2 = nullptr;
   if (st.closed) return;
+  drop_body(st);
   if (response_started) {
     reset(st, NGHTTP2_INTERNAL_ERROR);
     return;
@@ -760,7 +828,7 @@ void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view w
 
 std::size_t h2_connection::take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) {
   const std::size_t taken = st.take_body(buf, n, eof);
-  if (taken > 0 && !st.closed) {
+  if (taken > 0) {
     // The client may send as much again.
     nghttp2_session_consume(session_, st.id, taken);
     flush();
@@ -805,10 +873,8 @@ awaitable<bool> h2_connection::send_body_h1(h2_stream& st, connection& uc, bool 
       st.body_in.clear();
       auto [ec, wn] = co_await write(uc, up, asio::buffer(piece), rt.cfg.upstream_timeout);
       if (ec) co_return false;
-      if (!st.closed) {
-        nghttp2_session_consume(session_, st.id, n);
-        flush();
-      }
+      nghttp2_session_consume(session_, st.id, n);  // once closed, the connection's part still
+      flush();
       continue;
     }
     if (st.body_end) {
@@ -1049,6 +1115,7 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
       break;
     }
     for (const auto& x : bufs.span()) b.st.body_in.append(static_cast<const char*>(x.data()), x.size());
+    b.st.body_bytes = relay.data_bytes;
     c.in.consume(*used);
     if (rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) {
       b.body_failed = true;
@@ -1151,7 +1218,8 @@ awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runt
     }
     if (last) break;
     if (b.body_failed) co_return connection_next::ends;
-    if (b.st.pending_out() == 0) co_await wait();
+    // The flags are looked at again after the write: an end that came meanwhile found no wait to cancel.
+    if (b.st.pending_out() == 0 && !b.ended && b.failed == 0 && !b.body_failed) co_await wait();
   }
   // A response that failed midway can only be ended by closing.
   co_return goes_on_if(b.failed == 0 && !until_close);

@@ -146,6 +146,7 @@ struct h2_upstream_conn : std::enable_shared_from_this<h2_upstream_conn> {
   std::string out;
   std::array<std::uint8_t, k_read_size> in{};
   steady::time_point idle_since{};
+  steady::time_point write_since{};  ///< a write under way since (none: epoch)
   bool ready = false, dead = false, goaway = false, connecting = true;
 };
 
@@ -231,7 +232,7 @@ void h2_upstream_body_ready(h2_upstream_stream& s) {
 
 void h2_upstream_consumed(h2_upstream_stream& s, std::size_t n) {
   if (s.id < 0 || !s.conn || !s.conn->session || s.conn->dead) return;
-  nghttp2_session_consume(s.conn->session, s.id, n);
+  nghttp2_session_consume_stream(s.conn->session, s.id, n);
   s.conn->flush();
 }
 
@@ -348,6 +349,7 @@ awaitable<void> h2_upstream_conn::run() {
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 65536},
   }};
   nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, settings.data(), settings.size());
+  nghttp2_session_set_local_window_size(session, NGHTTP2_FLAG_NONE, 0, 1 << 20);
   ready = true;
   auto waiting = std::move(pending);
   for (auto& s : waiting) {
@@ -388,7 +390,9 @@ awaitable<void> h2_upstream_conn::write_loop() {
       if (!*alive) co_return;
       continue;
     }
+    write_since = pool.clk.steady_now();  // tick_loop ends a write stalled for upstream_timeout
     auto [ec, n] = co_await asio::async_write(sock, asio::buffer(out), nothrow);
+    write_since = {};
     out.clear();
     if (ec || !*alive) break;
   }
@@ -408,6 +412,13 @@ awaitable<void> h2_upstream_conn::tick_loop() {
     co_await ticker.async_wait(nothrow);
     if (!*alive || dead) break;
     const auto now = pool.clk.steady_now();
+    if (write_since != steady::time_point{} && now - write_since > cfg.upstream_timeout) {
+      // The server stopped reading: the connection is lost (its streams fail when the loops end).
+      pool.metrics.upstream_timeout.inc();
+      boost::system::error_code ignored;
+      sock.socket().cancel(ignored);
+      break;
+    }
     for (auto& [id, s] : streams) {
       if (!s->down || now - s->last_activity < cfg.upstream_timeout) continue;
       pool.metrics.upstream_timeout.inc();
@@ -486,6 +497,9 @@ int h2_upstream_conn::on_data_chunk(nghttp2_session* session, uint8_t, int32_t i
     nghttp2_session_consume(session, id, len);  // nobody reads it
     return 0;
   }
+  // The connection's window opens at once, the stream's as the client takes
+  // the bytes: a slow client stalls its own stream (one window buffered), never its neighbours.
+  nghttp2_session_consume_connection(session, len);
   s->down->on_data(*s->st, {reinterpret_cast<const char*>(data), len});
   return 0;
 }
