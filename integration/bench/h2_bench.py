@@ -68,7 +68,7 @@ import time
 # proxy_bench also puts integration/ on the path and re-exports harness.one_box_toml.
 from proxy_bench import (ROOT, children, cpu_seconds, free_port, metric_total, nginx_conf, one_box_toml,
                          system_busy_seconds)
-from tls_bench import make_certificate, passive_opens, start
+from tls_bench import contenders_needed, make_certificate, passive_opens, start
 
 LOADS = {  # name: (label, URI scheme, the protocol h2load must report)
     "h2": ("h2 (TLS)", "https", "h2"),
@@ -358,18 +358,8 @@ def main():
                                  ("clients", 50, 4), ("streams", 10, 4)):
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else default)
-    names = [n for n in ("smockron", "nginx") if args.only in (None, n)]
-    if args.baseline and "smockron" in names:
-        names.append("baseline")
-    for tool in ("nginx", "h2load", "taskset", "openssl"):
-        if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
-            sys.exit(f"{tool} is missing: run scripts/install-deps.sh --test (h2load: Debian's nghttp2-client)")
-    needed = [os.path.join(args.bin, "smockron-master")] if "smockron" in names else []
-    needed += [os.path.join(d, "smockron-proxy") for n, d in (("smockron", args.bin), ("baseline", args.baseline))
-               if n in names]
-    for path in needed:
-        if not os.access(path, os.X_OK):
-            sys.exit(f"{path} is missing: build it, or pass --only nginx")
+    names = contenders_needed(args, ("nginx", "h2load", "taskset", "openssl"),
+                              " (h2load: Debian's nghttp2-client)")
 
     tmp = tempfile.mkdtemp(prefix="smockron-h2-bench-")
     procs = {}  # name: Proc, in start order

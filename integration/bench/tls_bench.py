@@ -253,6 +253,24 @@ def smoke_failures(contenders, results):
     return problems
 
 
+def contenders_needed(args, tools, hint: str = "") -> list[str]:
+    """The contenders of this run (smockron, nginx, baseline: --only and --baseline), after
+    checking that `tools` and the smockron binaries they need are there (exits with a message if not)."""
+    names = [n for n in ("smockron", "nginx") if args.only in (None, n)]
+    if args.baseline and "smockron" in names:
+        names.append("baseline")
+    for tool in tools:
+        if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
+            sys.exit(f"{tool} is missing: run scripts/install-deps.sh --test{hint}")
+    needed = [os.path.join(args.bin, "smockron-master")] if "smockron" in names else []
+    needed += [os.path.join(d, "smockron-proxy") for n, d in (("smockron", args.bin), ("baseline", args.baseline))
+               if n in names]
+    for path in needed:
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} is missing: build it, or pass --only nginx")
+    return names
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=None,
@@ -276,18 +294,7 @@ def main():
     for name, default, smoke in (("rounds", 10, 1), ("seconds", 5, 1), ("connections", 50, 10)):
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else default)
-    names = [n for n in ("smockron", "nginx") if args.only in (None, n)]
-    if args.baseline and "smockron" in names:
-        names.append("baseline")
-    for tool in ("nginx", "wrk", "taskset", "openssl"):
-        if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
-            sys.exit(f"{tool} is missing: run scripts/install-deps.sh --test")
-    needed = [os.path.join(args.bin, "smockron-master")] if "smockron" in names else []
-    needed += [os.path.join(d, "smockron-proxy") for n, d in (("smockron", args.bin), ("baseline", args.baseline))
-               if n in names]
-    for path in needed:
-        if not os.access(path, os.X_OK):
-            sys.exit(f"{path} is missing: build it, or pass --only nginx")
+    names = contenders_needed(args, ("nginx", "wrk", "taskset", "openssl"))
 
     tmp = tempfile.mkdtemp(prefix="smockron-tls-bench-")
     procs = {}  # name: Proc, in start order
