@@ -53,9 +53,6 @@ public:
   std::string_view content_type() const { return content_type_; }
   std::string_view grpc_timeout() const { return grpc_timeout_; }
 
-  /// Bytes kept (the arena), for the memory a held stream costs.
-  std::size_t capacity() const { return arena_.capacity() + offsets_.capacity() * sizeof(span); }
-
 private:
   struct span {
     std::uint32_t name_at, name_len, value_at, value_len;

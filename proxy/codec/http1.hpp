@@ -16,6 +16,10 @@
 namespace smockron::proxy::http1 {
 
 bool iequals(std::string_view a, std::string_view b);
+/// RFC 9110 9.2.2: a proxy must not resend a request of any other method (POST, PATCH, ...).
+inline bool idempotent(std::string_view m) {
+  return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
+}
 /// True when the comma-separated `list` holds `token` (case-insensitive).
 bool has_token(std::string_view list, std::string_view token);
 

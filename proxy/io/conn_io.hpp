@@ -39,6 +39,8 @@ namespace smockron::proxy {
 inline constexpr std::size_t k_head_read = 1024;
 /// Body relay: bytes per read.
 inline constexpr std::size_t k_relay_chunk = 16384;
+/// An upstream's response head at most.
+inline constexpr std::size_t k_max_response_head = 65536;
 
 /// The upstream connection of the current request (cancelled with the
 /// client connection when a deadline passes).

@@ -12,13 +12,6 @@ using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
-constexpr std::size_t k_max_response_head = 65536;  // an upstream's response head
-
-// RFC 9110 9.2.2: a proxy must not resend a non-idempotent request (POST, PATCH, ...).
-bool idempotent(std::string_view m) {
-  return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
-}
-
 // One direction of a body relay: bytes come from `from` (some may be
 // buffered in `pending` already) and go to `to`.
 struct relay_leg {
@@ -77,7 +70,7 @@ struct exchange {
   unsigned version = req.version;
   // A request that may have reached a pooled connection's server is resent
   // only when that is harmless: no body (nothing consumed) and an idempotent method.
-  bool retryable = req.body == http1::framing::none && idempotent(req.method);
+  bool retryable = req.body == http1::framing::none && http1::idempotent(req.method);
   connection_next next = connection_next::ends;
 
   enum class step : std::uint8_t { next, retry, answered };

@@ -30,12 +30,6 @@ constexpr std::size_t k_stream_buffer = 65536;
 /// The connection's receive window: request bodies of many streams at once
 /// (each stream's own stays at the default 64 KiB, so a held stream buffers at most that).
 constexpr std::int32_t k_connection_window = 1 << 20;
-constexpr std::size_t k_max_response_head = 65536;
-
-// RFC 9110 9.2.2: a proxy must not resend a non-idempotent request (POST, PATCH, ...).
-bool idempotent(std::string_view m) {
-  return m == "GET" || m == "HEAD" || m == "OPTIONS" || m == "PUT" || m == "DELETE" || m == "TRACE";
-}
 
 // A token bucket: `burst` at most, refilled at `rate` per second.
 struct bucket {
@@ -914,7 +908,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
   std::string head;
   head.reserve(512 + st->req.target.size());
   http1::write_request_head(head, st->req, hop(rt));
-  const bool retryable = st->req.body == http1::framing::none && idempotent(st->req.method);
+  const bool retryable = st->req.body == http1::framing::none && http1::idempotent(st->req.method);
   const auto fail = [&](metrics::counter& m, unsigned status, std::string_view why) {
     m.inc();
     if (!st->closed) answer(*st, status, why);
