@@ -701,6 +701,19 @@ class FrameLevelTest(DaemonTestCase):
             self.assertEqual(c.violations, [])
             self.assertIsNone(c.goaway)
 
+    def test_a_complete_answer_to_an_unfinished_request_ends_the_stream(self):
+        # RFC 9113 8.1: the proxy answers (404: no route) before the client finished its body,
+        # then RST_STREAM(NO_ERROR): the client may stop, and the stream does not stay open.
+        backend = self.start_backend()
+        proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [{"path": "/api", "upstream": "app"}])
+        with H2Client(proxy.port) as c:
+            sid = c.request("/elsewhere", method="POST", headers=[("content-length", "100")], end_stream=False)
+            st = c.response(sid)
+            self.assertEqual(st.status, 404, st)
+            c.wait(lambda: st.reset is not None, what="RST_STREAM after the answer")
+            self.assertEqual(st.reset, 0, st)  # NO_ERROR
+            self.assertEqual(c.get("/api/after").status, 200)  # the connection goes on
+
     def test_routing_on_authority_and_path(self):
         one, two = self.start_backend(), self.start_backend()
         proxy = self.start_proxy({"one": {"servers": [f"{HOST}:{one.port}"]}, "two": {"servers": [f"{HOST}:{two.port}"]}},
