@@ -21,6 +21,8 @@ What a request gets depends on its path:
                          &framing=close sends the parts with neither Content-Length nor
                          Transfer-Encoding and closes the connection after the last one
     /keepalive-then-close answers like /echo (keep-alive, Content-Length), then closes
+    /tokens?n=N&where=header|trailer   answers like /echo, reporting N units used in
+                         X-Tokens-Used: in the head, or as a trailer of a chunked body
     /upload, anything else (/echo...)   reads the whole body (Content-Length or
                          chunked), answers JSON {method, target, headers, body_bytes,
                          body, raw_body, trailers}; body is the text (latin-1) of bodies
@@ -253,6 +255,19 @@ class _Handler(BaseHTTPRequestHandler):
             # connection closes at once: the end of stream follows the data.
             self._echo(entry)
             self.close_connection = True
+            return
+        if url.path == "/tokens":
+            used = query.get("n", "1")
+            if query.get("where", "header") == "header":
+                body = json.dumps({"tokens": used}).encode()
+                return self._send(200, body, extra=[("X-Tokens-Used", used)])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Trailer", "X-Tokens-Used")
+            self.end_headers()
+            body = json.dumps({"tokens": used}).encode()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\nX-Tokens-Used: %s\r\n\r\n" % (len(body), body, used.encode()))
             return
         if url.path == "/chunks":
             return self._chunks(int(query.get("n", "3")), float(query.get("gap", "0.05")),

@@ -333,7 +333,7 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
                 probe: bool = True, **master_keys) -> str:
     """A [master] config.
 
-    domains: {name: {"rules": [("10/s", 2), ...], "algorithm": "gcra",
+    domains: {name: {"rules": [("10/s", 2), {"quota": 100, "per": "day"}, ...], "algorithm": "gcra",
                      "overrides": {identifier: [("100/s", 20), ...]}}} (algorithm and overrides optional).
     master_keys: extra [master] keys, e.g. max_identifiers=100, sweep_interval="50ms".
     probe: add PROBE_DOMAIN (rate 1/h, burst 1) for Gatekeeper.handshake().
@@ -352,7 +352,7 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
     for name, d in all_domains.items():
         lines.append("")
         lines.append(f"[master.domains.{_toml_key(name)}]")
-        rules = [{"rate": r, "burst": b} for r, b in d.get("rules", [])]
+        rules = [r if isinstance(r, dict) else {"rate": r[0], "burst": r[1]} for r in d.get("rules", [])]
         lines.append(f"rules = {toml_value(rules)}")
         if "algorithm" in d:
             lines.append(f'algorithm = {toml_value(d["algorithm"])}')

@@ -66,6 +66,10 @@ void ingest::install(const config::master_config& cfg) {
                                              "Accounting messages processed by domain and status",
                                              metrics::labels({{"domain", d.name}, {"status", wire::to_string(st)}}));
     }
+    s.units = &metrics_.add_counter("smockron_master_units_total",
+                                    "Cost units charged by domain (ACCEPTED and DELAYED; a request costs 1 unless "
+                                    "its message carries a cost)",
+                                    metrics::labels({{"domain", d.name}}));
     s.tracked = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                     metrics::labels({{"domain", d.name}}));
     index_.emplace(d.name, slots.size());
@@ -130,10 +134,11 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   d.messages[msg->state]->inc();
   rules::event e;
   switch (msg->state) {
-    case wire::status::accepted: e = {rules::event_kind::accepted, msg->received_ms * 1000}; break;
-    case wire::status::delayed: e = {rules::event_kind::delayed, msg->delayed_ms * 1000}; break;
-    case wire::status::rejected: e = {rules::event_kind::rejected, msg->received_ms * 1000}; break;
+    case wire::status::accepted: e = {rules::event_kind::accepted, msg->received_ms * 1000, msg->cost}; break;
+    case wire::status::delayed: e = {rules::event_kind::delayed, msg->delayed_ms * 1000, msg->cost}; break;
+    case wire::status::rejected: e = {rules::event_kind::rejected, msg->received_ms * 1000, 0}; break;
   }
+  if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
   const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   std::optional<wire::delay_until> out;

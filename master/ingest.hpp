@@ -39,6 +39,7 @@ public:
     rules::limits limits;
     enum_array<wire::status, metrics::counter*, wire::status_count> messages;  ///< by status
     metrics::gauge* tracked = nullptr;
+    metrics::counter* units = nullptr;  ///< cost units charged (ACCEPTED and DELAYED)
   };
 
   ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg);

@@ -2,6 +2,7 @@
 #include "master/limiter.hpp"
 
 #include <algorithm>
+#include <array>
 
 namespace smockron::master {
 
@@ -11,7 +12,16 @@ rules::limits compile_rules(config::algorithm_kind algo, const std::vector<confi
   rules::limits l;
   l.algo = algo == config::algorithm_kind::gcra ? rules::algorithm::gcra : rules::algorithm::sliding_log;
   l.max_future_us = max_clock_skew.count();
-  for (const auto& r : rules) l.rules.push_back({r.r.interval_us(), r.burst});
+  for (const auto& r : rules) {
+    if (!r.is_quota()) {
+      l.rules.push_back({r.r.interval_us(), r.burst});
+      continue;
+    }
+    static constexpr std::array k_periods{rules::period::day, rules::period::week, rules::period::month,
+                                          rules::period::fixed};
+    l.quotas.push_back(
+        {r.quota, k_periods[static_cast<std::size_t>(r.per)], r.tz_offset_s * 1'000'000, r.per_length.count()});
+  }
   return l;
 }
 }  // namespace
@@ -115,7 +125,7 @@ rules::decision limiter::apply(std::size_t domain, std::string_view identifier, 
 limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
   query_use out;
   entry* en = touch(domain, identifier, true);
-  if (!en->st.times.empty() && rules::evaluate(*en->lim, en->st, now_us).throttled) {
+  if (!en->st.empty() && rules::evaluate(*en->lim, en->st, now_us).throttled) {
     out.over = true;
     ++en->counts.n_req;
     ++en->counts.n_over;

@@ -64,13 +64,38 @@ bool split_store_key(std::string_view key, std::string_view& domain, std::string
   return true;
 }
 
+namespace {
+void append_numbers(std::string& out, const std::vector<std::int64_t>& v) {
+  char buf[24];
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ',';
+    const auto r = std::to_chars(buf, buf + sizeof buf, v[i]);
+    out.append(buf, r.ptr);
+  }
+}
+
+// Comma-separated non-negative numbers; false if malformed.
+bool parse_numbers(std::string_view v, std::vector<std::int64_t>& out) {
+  while (!v.empty()) {
+    std::int64_t t = 0;
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), t);
+    if (r.ec != std::errc() || t < 0) return false;
+    out.push_back(t);
+    v.remove_prefix(static_cast<std::size_t>(r.ptr - v.data()));
+    if (v.empty()) break;
+    if (v.front() != ',' || v.size() == 1) return false;
+    v.remove_prefix(1);
+  }
+  return true;
+}
+}  // namespace
+
 std::string encode_state(rules::algorithm algo, const rules::state& s) {
   std::string out(algo == rules::algorithm::gcra ? k_gcra_tag : k_log_tag);
-  char buf[24];
-  for (std::size_t i = 0; i < s.times.size(); ++i) {
-    if (i) out += ',';
-    const auto r = std::to_chars(buf, buf + sizeof buf, s.times[i]);
-    out.append(buf, r.ptr);
+  append_numbers(out, s.times);
+  if (!s.aux.empty()) {
+    out += ';';
+    append_numbers(out, s.aux);
   }
   return out;
 }
@@ -87,15 +112,10 @@ std::optional<std::pair<rules::algorithm, rules::state>> decode_state(std::strin
     return std::nullopt;
   }
   rules::state s;
-  while (!v.empty()) {
-    std::int64_t t = 0;
-    const auto r = std::from_chars(v.data(), v.data() + v.size(), t);
-    if (r.ec != std::errc() || t < 0) return std::nullopt;
-    s.times.push_back(t);
-    v.remove_prefix(static_cast<std::size_t>(r.ptr - v.data()));
-    if (v.empty()) break;
-    if (v.front() != ',' || v.size() == 1) return std::nullopt;
-    v.remove_prefix(1);
+  const std::size_t semi = v.find(';');
+  if (!parse_numbers(v.substr(0, semi), s.times)) return std::nullopt;
+  if (semi != std::string_view::npos) {
+    if (semi + 1 == v.size() || !parse_numbers(v.substr(semi + 1), s.aux)) return std::nullopt;
   }
   if (algo == rules::algorithm::sliding_log && !std::is_sorted(s.times.begin(), s.times.end())) return std::nullopt;
   return std::pair(algo, std::move(s));

@@ -14,7 +14,10 @@
 //   key   = "smockron:" + domain + "\0" + identifier
 //           (domain names cannot contain \0, so the first \0 ends the domain)
 //   value = "sliding-log:" or "gcra:" + comma-separated times in µs since the epoch
-//           (sliding log: the recorded uses, ascending; GCRA: one arrival time per rule)
+//           (sliding log: the recorded uses, ascending; GCRA: one arrival time per rule),
+//           then, when the domain has counted rules or quotas, ";" + rules::state::aux
+//           (per counted rule: window start, previous and current units; per quota:
+//           window start, units used)
 //   TTL   = until the state can no longer affect a decision (SET ... PX)
 #pragma once
 

@@ -2,14 +2,108 @@
 #include "master/rules.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace smockron::rules {
 namespace {
+
+constexpr std::int64_t k_day_us = 86'400'000'000;
+
+std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
 // Number of history entries strictly newer than `since`.
 std::int64_t count_after(const std::vector<std::int64_t>& times, std::int64_t since) {
   const auto it = std::upper_bound(times.begin(), times.end(), since);
   return static_cast<std::int64_t>(times.end() - it);
+}
+
+bool logged(const limits& l, const rule& r) { return l.algo == algorithm::sliding_log && !l.counted(r); }
+
+// ---- Sliding-window counters (sliding-log rules with a burst over k_exact_burst).
+
+// Where rule i's three numbers start in state::aux.
+std::size_t counter_at(const limits& l, std::size_t i) {
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < i; ++j) k += l.counted(l.rules[j]) ? 3 : 0;
+  return k;
+}
+
+struct window_counts {
+  std::int64_t start = 0;  // the fixed window holding t: [start, start + w)
+  std::int64_t prev = 0;   // units of the window before it
+  std::int64_t curr = 0;   // units of this one
+};
+
+// The counts as seen at `t` (windows that ended roll over).
+window_counts counts_at(const limits& l, const state& s, std::size_t i, std::int64_t t) {
+  const std::int64_t w = l.rules[i].window_us();
+  const std::int64_t start = floor_div(t, w) * w;
+  if (s.aux.empty()) return {start, 0, 0};
+  const std::int64_t* a = &s.aux[counter_at(l, i)];
+  if (a[0] == start) return {start, a[1], a[2]};
+  if (a[0] == start - w) return {start, a[2], 0};
+  return {start, 0, 0};
+}
+
+// The sliding window's estimate: the previous window's units weighted by the
+// part of it the window (t - w, t] still covers, plus the current window's.
+double estimate(const rule& r, const window_counts& c, std::int64_t t) {
+  const double w = static_cast<double>(r.window_us());
+  return static_cast<double>(c.prev) * (w - static_cast<double>(t - c.start)) / w + static_cast<double>(c.curr);
+}
+
+void charge_counter(const limits& l, state& s, std::size_t i, std::int64_t t, std::int64_t cost) {
+  const std::int64_t w = l.rules[i].window_us();
+  std::int64_t* a = &s.aux[counter_at(l, i)];
+  const std::int64_t start = floor_div(t, w) * w;
+  if (start > a[0]) {
+    const window_counts c = counts_at(l, s, i, t);
+    a[0] = c.start;
+    a[1] = c.prev;
+    a[2] = c.curr;
+  }
+  if (start == a[0]) a[2] += cost;
+  else if (start == a[0] - w) a[1] += cost;  // reported late, from the previous window
+  // Older: outside every window that still counts.
+}
+
+// When the estimate falls below the burst (the next use is allowed); `now`
+// when it already is. Over-use is paid back within the next window.
+std::int64_t counter_next(const rule& r, const window_counts& c, std::int64_t now) {
+  if (estimate(r, c, now) < static_cast<double>(r.burst)) return now;
+  const double w = static_cast<double>(r.window_us());
+  const double burst = static_cast<double>(r.burst);
+  double t = 0;
+  if (c.curr < r.burst) {  // within this window, as the previous one's share fades (prev > 0 here)
+    t = static_cast<double>(c.start) + w - w * (burst - static_cast<double>(c.curr)) / static_cast<double>(c.prev);
+  } else {  // in the next one, as this window's units fade
+    t = static_cast<double>(c.start) + 2 * w - w * burst / static_cast<double>(c.curr);
+  }
+  return std::max(now + 1, static_cast<std::int64_t>(t) + 1);
+}
+
+// ---- Quotas over calendar windows.
+
+std::size_t quota_at(const limits& l, std::size_t i) { return counter_at(l, l.rules.size()) + 2 * i; }
+
+void charge_quota(const limits& l, state& s, std::size_t i, std::int64_t t, std::int64_t cost) {
+  std::int64_t* a = &s.aux[quota_at(l, i)];
+  const std::int64_t start = window_start_us(l.quotas[i], t);
+  if (start > a[0]) {
+    a[0] = start;
+    a[1] = 0;
+  }
+  if (start == a[0]) a[1] += cost;  // a use from a window already over is not counted in the next
+}
+
+// ---- The sliding log and GCRA.
+
+void throttle(decision& d, std::int64_t next, std::int64_t interval) {
+  if (!d.throttled || next > d.next_us) {
+    d.throttled = true;
+    d.next_us = next;
+    d.interval_us = interval;
+  }
 }
 
 // The spec's evaluation: a rule whose window ending at `now` holds `burst`
@@ -18,21 +112,14 @@ std::int64_t count_after(const std::vector<std::int64_t>& times, std::int64_t si
 // time the uses put the client at does not move while it is refused, so a
 // Retry-After that named it stays true (waiting clients are not pushed back
 // by their own retries).
-decision evaluate_log(const limits& l, const state& s, std::int64_t now, bool since_last) {
-  decision d;
-  if (s.times.empty()) return d;
+void evaluate_log(const limits& l, const state& s, std::int64_t now, bool since_last, decision& d) {
+  if (s.times.empty()) return;
   const std::int64_t last = s.times.back();
   for (const rule& r : l.rules) {
-    if (count_after(s.times, now - r.window_us()) < r.burst) continue;
+    if (!logged(l, r) || count_after(s.times, now - r.window_us()) < r.burst) continue;
     const std::int64_t next = (since_last ? last : std::max(now, last)) + r.interval_us;
-    if (next <= now) continue;
-    if (!d.throttled || next > d.next_us) {
-      d.throttled = true;
-      d.next_us = next;
-      d.interval_us = r.interval_us;
-    }
+    if (next > now) throttle(d, next, r.interval_us);
   }
-  return d;
 }
 
 // True when a use at `t` keeps every window of rule `r` that contains it
@@ -59,7 +146,7 @@ bool fits(const limits& l, const state& s, const rule& r, std::int64_t t) {
   return true;
 }
 
-// Where a use at time `t` is recorded: at `t` when it fits every rule (the
+// Where a unit used at time `t` is recorded: at `t` when it fits every rule (the
 // spec's case: a client under its limit is recorded at its own time),
 // otherwise one interval after the last use (of the rule it breaks; the
 // largest such). Every use is charged, never forgotten:
@@ -74,11 +161,15 @@ bool fits(const limits& l, const state& s, const rule& r, std::int64_t t) {
 // Messages of one identifier may arrive out of order (one accounting socket
 // per proxy worker, several gatekeepers): a use whose own slot is still free
 // takes it.
-std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int64_t now) {
+std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int64_t now, bool& all_broken) {
+  all_broken = false;
   if (s.times.empty()) return t;
   std::int64_t slot = t;
+  all_broken = true;
   for (const rule& r : l.rules) {
-    if (!fits(l, s, r, t)) slot = std::max(slot, s.times.back() + r.interval_us);
+    if (!logged(l, r)) continue;
+    if (fits(l, s, r, t)) all_broken = false;
+    else slot = std::max(slot, s.times.back() + r.interval_us);
   }
   // The debt is bounded: a gatekeeper that keeps accepting (failing open, an
   // older version, lost DELAY_UNTILs) cannot lock a client out for longer
@@ -86,8 +177,7 @@ std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int
   return std::min(slot, std::max(t, now + l.max_debt_us()));
 }
 
-void record_log(const limits& l, state& s, event e, std::int64_t now) {
-  const std::int64_t t = free_slot(l, s, e.at_us, now);
+void insert_unit(const limits& l, state& s, std::int64_t t, std::int64_t now) {
   // Too old to be inside any window: it cannot change a decision.
   if (t <= now - l.max_window_us()) return;
   s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);
@@ -95,34 +185,119 @@ void record_log(const limits& l, state& s, event e, std::int64_t now) {
   if (s.times.size() > cap) s.times.erase(s.times.begin(), s.times.end() - static_cast<std::ptrdiff_t>(cap));
 }
 
-decision evaluate_gcra(const limits& l, const state& s, std::int64_t now) {
-  decision d;
+// A use of cost c is c units at its time, each placed as the one before it
+// left the history. Once a unit breaks every rule, so do all after it (more
+// units never free a window), and each goes one largest interval after the
+// last: those are appended in closed form, so a large cost costs no more
+// than the history's length.
+void record_log(const limits& l, state& s, event e, std::int64_t now) {
+  std::int64_t interval = 0;  // the largest interval among the logged rules
+  for (const rule& r : l.rules) interval = logged(l, r) ? std::max(interval, r.interval_us) : interval;
+  if (interval == 0) return;  // every rule is counted: no log to keep
+  std::int64_t left = e.cost;
+  bool all_broken = false;
+  while (left > 0 && !all_broken) {
+    insert_unit(l, s, free_slot(l, s, e.at_us, now, all_broken), now);
+    --left;
+  }
+  if (left == 0 || s.times.empty()) return;
+  // The remaining units go at last + k x interval (k = 1..left), at most the
+  // debt bound; the history keeps the newest history_cap() of all.
+  const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
+  const std::int64_t last = s.times.back();
+  const auto cap = static_cast<std::int64_t>(l.history_cap());
+  const std::int64_t first_k = std::max<std::int64_t>(1, left - cap + 1);
+  for (std::int64_t k = first_k; k <= left; ++k) {
+    const std::int64_t steps_to_most = (most - last) / interval;  // k beyond this lands on `most`
+    s.times.push_back(k > steps_to_most ? std::max(last, most) : last + k * interval);
+  }
+  if (s.times.size() > static_cast<std::size_t>(cap)) {
+    s.times.erase(s.times.begin(), s.times.end() - cap);
+  }
+}
+
+void evaluate_gcra(const limits& l, const state& s, std::int64_t now, decision& d) {
   for (std::size_t i = 0; i < l.rules.size() && i < s.times.size(); ++i) {
     const rule& r = l.rules[i];
     const std::int64_t next = s.times[i] - (r.burst - 1) * r.interval_us;
-    if (next > now && (!d.throttled || next > d.next_us)) {
-      d.throttled = true;
-      d.next_us = next;
-      d.interval_us = r.interval_us;
-    }
+    if (next > now) throttle(d, next, r.interval_us);
   }
-  return d;
 }
 
 void record_gcra(const limits& l, state& s, event e, std::int64_t now) {
   s.times.resize(l.rules.size(), 0);
-  // The debt is bounded as for the sliding log (see free_slot).
+  // The debt is bounded as for the sliding log (see free_slot): a unit
+  // starts at most at now + max_debt_us, so the arrival time runs at most
+  // one interval past it, whatever the cost (as c uses of one would leave it).
   const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
   for (std::size_t i = 0; i < l.rules.size(); ++i) {
-    s.times[i] = std::min(std::max(s.times[i], e.at_us), most) + l.rules[i].interval_us;
+    const std::int64_t interval = l.rules[i].interval_us;
+    const std::int64_t from = std::min(std::max(s.times[i], e.at_us), most);
+    const std::int64_t room = (most - from) / interval + 1;  // units until the bound
+    s.times[i] = e.cost <= room ? from + e.cost * interval : most + interval;
   }
+}
+
+void evaluate_aux(const limits& l, const state& s, std::int64_t now, decision& d) {
+  if (s.aux.empty()) return;
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    if (!l.counted(l.rules[i])) continue;
+    const std::int64_t next = counter_next(l.rules[i], counts_at(l, s, i, now), now);
+    if (next > now) throttle(d, next, l.rules[i].interval_us);
+  }
+  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
+    // An exhausted quota allows the next use when its window ends; no pacing
+    // interval (nothing is released before then).
+    if (quota_used(l, s, i, now) >= l.quotas[i].limit) throttle(d, window_end_us(l.quotas[i], now), 0);
+  }
+}
+
+decision evaluate_all(const limits& l, const state& s, std::int64_t now, bool since_last) {
+  decision d;
+  if (l.algo == algorithm::gcra) evaluate_gcra(l, s, now, d);
+  else evaluate_log(l, s, now, since_last, d);
+  evaluate_aux(l, s, now, d);
+  return d;
 }
 
 }  // namespace
 
+std::int64_t window_start_us(const quota& q, std::int64_t t_us) {
+  using namespace std::chrono;
+  const std::int64_t day = floor_div(t_us + q.offset_us, k_day_us);
+  std::int64_t first = day;
+  switch (q.per) {
+    case period::fixed: return floor_div(t_us + q.offset_us, q.length_us) * q.length_us - q.offset_us;
+    case period::day: break;
+    case period::week: first = day - (((day + 3) % 7) + 7) % 7; break;  // 1970-01-01 was a Thursday
+    case period::month: {
+      const year_month_day ymd{sys_days{days{day}}};
+      first = sys_days{ymd.year() / ymd.month() / 1}.time_since_epoch().count();
+      break;
+    }
+  }
+  return first * k_day_us - q.offset_us;
+}
+
+std::int64_t window_end_us(const quota& q, std::int64_t t_us) {
+  using namespace std::chrono;
+  const std::int64_t start = window_start_us(q, t_us);
+  switch (q.per) {
+    case period::fixed: return start + q.length_us;
+    case period::day: return start + k_day_us;
+    case period::week: return start + 7 * k_day_us;
+    case period::month: {
+      const std::int64_t day = floor_div(start + q.offset_us, k_day_us);
+      const year_month_day next = year_month_day{sys_days{days{day}}} + months{1};
+      return sys_days{next}.time_since_epoch().count() * k_day_us - q.offset_us;
+    }
+  }
+  return start + k_day_us;
+}
+
 std::size_t limits::max_burst() const {
   std::int64_t m = 1;
-  for (const rule& r : rules) m = std::max(m, r.burst);
+  for (const rule& r : rules) m = logged(*this, r) ? std::max(m, r.burst) : m;
   return static_cast<std::size_t>(m);
 }
 
@@ -132,36 +307,50 @@ std::int64_t limits::max_window_us() const {
   return m;
 }
 
-decision evaluate(const limits& l, const state& s, std::int64_t now_us) {
-  return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us, false);
-}
+std::size_t limits::aux_size() const { return counter_at(*this, rules.size()) + 2 * quotas.size(); }
+
+decision evaluate(const limits& l, const state& s, std::int64_t now_us) { return evaluate_all(l, s, now_us, false); }
 
 decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
-  if (e.kind == event_kind::rejected) {
-    // No use recorded, and the next allowed time stays where the uses put it
-    // (GCRA's does not depend on now; the sliding log's starts from the last use).
-    return l.algo == algorithm::gcra ? evaluate_gcra(l, s, now_us) : evaluate_log(l, s, now_us, true);
-  }
+  // A refusal records no use, and the next allowed time stays where the uses
+  // put it (GCRA's does not depend on now; the sliding log's starts from the
+  // last use). A use of no units (its cost is charged later) is the same.
+  if (e.kind == event_kind::rejected || e.cost <= 0) return evaluate_all(l, s, now_us, true);
+  e.at_us = std::min(e.at_us, now_us + l.max_future_us);
   if (!l.rules.empty()) {
-    e.at_us = std::min(e.at_us, now_us + l.max_future_us);
     if (l.algo == algorithm::gcra) record_gcra(l, s, e, now_us);
     else record_log(l, s, e, now_us);
+  }
+  if (l.aux_size() > 0) {
+    if (s.aux.size() != l.aux_size()) s.aux.assign(l.aux_size(), 0);
+    for (std::size_t i = 0; i < l.rules.size(); ++i) {
+      if (l.counted(l.rules[i])) charge_counter(l, s, i, e.at_us, e.cost);
+    }
+    for (std::size_t i = 0; i < l.quotas.size(); ++i) charge_quota(l, s, i, e.at_us, e.cost);
   }
   return evaluate(l, s, now_us);
 }
 
-bool expired(const limits& l, const state& s, std::int64_t now_us) {
-  if (s.times.empty()) return true;
-  if (l.algo == algorithm::gcra) {
-    return std::all_of(s.times.begin(), s.times.end(), [&](std::int64_t tat) { return tat <= now_us; });
+std::int64_t expires_at_us(const limits& l, const state& s) {
+  std::int64_t at = 0;
+  if (!s.times.empty()) {
+    at = l.algo == algorithm::gcra ? *std::max_element(s.times.begin(), s.times.end())
+                                   : s.times.back() + l.max_window_us();
   }
-  return s.times.back() <= now_us - l.max_window_us();
+  if (s.aux.size() == l.aux_size()) {
+    for (std::size_t i = 0; i < l.rules.size(); ++i) {
+      if (l.counted(l.rules[i])) at = std::max(at, s.aux[counter_at(l, i)] + 2 * l.rules[i].window_us());
+    }
+    for (std::size_t i = 0; i < l.quotas.size(); ++i) {
+      const std::int64_t start = s.aux[quota_at(l, i)];
+      if (start != 0) at = std::max(at, window_end_us(l.quotas[i], start));
+    }
+  }
+  return at;
 }
 
-std::int64_t expires_at_us(const limits& l, const state& s) {
-  if (s.times.empty()) return 0;
-  if (l.algo == algorithm::gcra) return *std::max_element(s.times.begin(), s.times.end());
-  return s.times.back() + l.max_window_us();
+bool expired(const limits& l, const state& s, std::int64_t now_us) {
+  return s.empty() || expires_at_us(l, s) <= now_us;
 }
 
 double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {
@@ -170,16 +359,45 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
     if (i >= s.times.size()) return 0;
     return static_cast<double>(std::max<std::int64_t>(0, s.times[i] - now_us)) / static_cast<double>(r.interval_us);
   }
+  if (l.counted(r)) return estimate(r, counts_at(l, s, i, now_us), now_us);
   return static_cast<double>(count_after(s.times, now_us - r.window_us()));
 }
 
+std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {
+  if (s.aux.size() != l.aux_size()) return 0;
+  const std::int64_t* a = &s.aux[quota_at(l, i)];
+  return a[0] == window_start_us(l.quotas[i], now_us) ? a[1] : 0;
+}
+
 bool compatible(const limits& l, const state& s) {
-  if (l.algo == algorithm::gcra) return s.times.size() == l.rules.size();
+  if (!s.aux.empty() && s.aux.size() != l.aux_size()) return false;
+  if (l.algo == algorithm::gcra) return s.times.empty() || s.times.size() == l.rules.size();
   return std::is_sorted(s.times.begin(), s.times.end());
 }
 
 void merge(const limits& l, state& into, const state& older) {
-  if (!compatible(l, older) || older.times.empty()) return;
+  if (!compatible(l, older) || older.empty()) return;
+  // Counters and quotas: the later window wins, and in one window the larger
+  // count (both are taken to hold the same uses, as log entries are below).
+  if (!older.aux.empty()) {
+    if (into.aux.size() != older.aux.size()) {
+      into.aux = older.aux;
+    } else {
+      const auto fold = [&](std::size_t at, std::size_t counts) {
+        if (older.aux[at] > into.aux[at]) {
+          std::copy_n(older.aux.begin() + static_cast<std::ptrdiff_t>(at), counts + 1,
+                      into.aux.begin() + static_cast<std::ptrdiff_t>(at));
+        } else if (older.aux[at] == into.aux[at]) {
+          for (std::size_t k = 1; k <= counts; ++k) into.aux[at + k] = std::max(into.aux[at + k], older.aux[at + k]);
+        }
+      };
+      for (std::size_t i = 0; i < l.rules.size(); ++i) {
+        if (l.counted(l.rules[i])) fold(counter_at(l, i), 2);
+      }
+      for (std::size_t i = 0; i < l.quotas.size(); ++i) fold(quota_at(l, i), 1);
+    }
+  }
+  if (older.times.empty()) return;
   if (l.algo == algorithm::gcra) {
     if (into.times.size() != l.rules.size()) {
       into.times = older.times;

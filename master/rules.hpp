@@ -1,6 +1,8 @@
 // The rate-limiting logic: a pure function of (limits, state, event, now).
-// Two algorithms: the spec's sliding log (default) and GCRA. Time is in
-// microseconds since the epoch; the wire's milliseconds are converted at the edge.
+// Two algorithms: the spec's sliding log (default) and GCRA, both counting
+// cost units (a request may cost more than one use); beside them, quotas over
+// calendar windows (day, week, month). Time is in microseconds since the
+// epoch; the wire's milliseconds are converted at the edge.
 #pragma once
 
 #include <algorithm>
@@ -12,28 +14,62 @@ namespace smockron::rules {
 
 enum class algorithm : std::uint8_t { sliding_log, gcra };
 
-/// One rule: `burst` requests may be made before `1/rate` spacing applies.
+/// One rule: `burst` units may be used before `1/rate` spacing applies.
 struct rule {
-  std::int64_t interval_us = 0;  ///< 1/rate
+  std::int64_t interval_us = 0;  ///< 1/rate (one unit)
   std::int64_t burst = 1;
   /// The spec's "past (burst / rate)".
   std::int64_t window_us() const { return interval_us * burst; }
 };
 
+/// Sliding-log rules with a burst up to this are kept exactly: their history
+/// (burst + k_reorder_slack unit timestamps, at most 1 KiB) is the spec's.
+/// A rule with a larger burst is a sliding-window counter instead (three
+/// numbers, any burst): the uses of the previous fixed window of burst/rate,
+/// weighted by how much of it the sliding window still covers, plus those of
+/// the current one, as Cloudflare's. It assumes the previous window's uses
+/// were spread evenly; its error is measured in tests/master/rules_test.cpp
+/// and docs/architecture.md.
+inline constexpr std::int64_t k_exact_burst = 120;
+
+/// A calendar window of a quota (UTC, or shifted by a fixed offset), or a
+/// fixed one of any length (`length_us`, aligned to the epoch).
+enum class period : std::uint8_t { day, week, month, fixed };
+
+/// A quota: at most `limit` units per calendar `per` (weeks start on Monday).
+/// Windows are fixed: the count starts again at each window's start, and an
+/// exhausted quota allows nothing until then (no debt carries over).
+struct quota {
+  std::int64_t limit = 1;
+  period per = period::month;
+  std::int64_t offset_us = 0;  ///< local time = UTC + offset (the `tz` of the configuration)
+  std::int64_t length_us = 0;  ///< period::fixed: the window's length
+};
+
+/// Start of the window of `q` that holds `t_us`, and the start of the next one.
+std::int64_t window_start_us(const quota& q, std::int64_t t_us);
+std::int64_t window_end_us(const quota& q, std::int64_t t_us);
+
 /// The compiled, immutable limits of one domain.
 struct limits {
   algorithm algo = algorithm::sliding_log;
   std::vector<rule> rules;
+  std::vector<quota> quotas;
   /// Timestamps further than this ahead of the master's clock are clamped
   /// (a gatekeeper with a fast clock must not lock a client out for hours).
   std::int64_t max_future_us = 60'000'000;
 
+  /// Largest burst among the rules kept in the log (sliding log, burst up to k_exact_burst).
   std::size_t max_burst() const;
   /// Sliding-log history length: the spec's max_burst() plus k_reorder_slack
   /// entries, so that DELAYED messages reported out of order (up to that many
   /// places) are charged at their own free slot. Decisions are unchanged: the
   /// extra entries are older than every window that counts.
   std::size_t history_cap() const { return max_burst() + k_reorder_slack; }
+  /// True when rule `r` is a sliding-window counter (sliding log, burst over k_exact_burst).
+  bool counted(const rule& r) const { return algo == algorithm::sliding_log && r.burst > k_exact_burst; }
+  /// Numbers of state::aux: three per counted rule, then two per quota.
+  std::size_t aux_size() const;
   static constexpr std::size_t k_reorder_slack = 4;
   std::int64_t max_window_us() const;
   /// How far past now uses over the limit may be charged (the longest window,
@@ -47,15 +83,22 @@ enum class event_kind : std::uint8_t { accepted, delayed, rejected };
 
 /// An accounting event: `at_us` is the receive time for accepted requests and
 /// the delayed time for delayed ones (rejected events do not enter the history).
+/// `cost`: the units the request used (0: none, the event only asks for a decision).
 struct event {
   event_kind kind = event_kind::accepted;
   std::int64_t at_us = 0;
+  std::int64_t cost = 1;
 };
 
-/// Per (domain, identifier) state. Sliding log: ascending timestamps, at most
-/// history_cap() of them. GCRA: one theoretical arrival time per rule.
+/// Per (domain, identifier) state. `times`: sliding log, ascending unit
+/// timestamps (a use of cost c is c of them), at most history_cap(); GCRA,
+/// one theoretical arrival time per rule. `aux`: per counted rule [window
+/// start, previous window's units, current window's units], then per quota
+/// [window start, units used]; empty until the first use.
 struct state {
-  std::vector<std::int64_t> times;
+  std::vector<std::int64_t> times{};
+  std::vector<std::int64_t> aux{};
+  bool empty() const { return times.empty() && aux.empty(); }
 };
 
 /// Outcome of an evaluation.
@@ -67,7 +110,8 @@ struct decision {
 
 /// Records `e` in `s` and evaluates when the next request is allowed.
 ///
-/// Every ACCEPTED or DELAYED event is a use, and every use is charged.
+/// Every ACCEPTED or DELAYED event is a use of `cost` units, and every unit
+/// is charged (a use of cost c is c uses of one at the same time).
 /// Sliding log: a use inside the limit is recorded at its own time (the
 /// spec); a use over the limit (a gatekeeper that accepted before it heard
 /// from the master, or several gatekeepers that released held requests at the
@@ -79,6 +123,9 @@ struct decision {
 /// the decision is where the uses put it (sliding log: one interval after the
 /// last use, not after now), so a refused client told to come back at that
 /// time is admitted then, however often it was refused meanwhile.
+/// A quota counts the units of the events in its current window; when they
+/// reach its limit, the next request is allowed at the window's end.
+/// The debt of a rate rule is bounded (limits::max_debt_us), whatever the cost.
 decision apply(const limits& l, state& s, event e, std::int64_t now_us);
 
 /// Evaluates without recording anything.
@@ -98,13 +145,17 @@ std::int64_t expires_at_us(const limits& l, const state& s);
 /// time per rule wins. Snapshots of another shape are ignored.
 void merge(const limits& l, state& into, const state& older);
 
-/// How much of rule `i` is used at `now_us`, in uses: those recorded in its
-/// window, charged-ahead ones included (sliding log), or how far its arrival
-/// time runs ahead, in intervals (GCRA). At most `burst` means the rule
-/// admits another use now.
+/// How much of rule `i` is used at `now_us`, in units: those recorded in its
+/// window, charged-ahead ones included (sliding log; a counted rule's
+/// estimate), or how far its arrival time runs ahead, in intervals (GCRA).
+/// Below `burst` means the rule admits another use now.
 double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
 
-/// True when `s` has the shape `l` expects (GCRA: one time per rule; log: ascending).
+/// Units of quota `i` used in its window holding `now_us`.
+std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
+
+/// True when `s` has the shape `l` expects (GCRA: one time per rule; log:
+/// ascending; aux: empty or aux_size() numbers).
 bool compatible(const limits& l, const state& s);
 
 }  // namespace smockron::rules

@@ -3,12 +3,34 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
+#include <string_view>
+
 namespace smockron::master {
 namespace {
 
+constexpr std::string_view period_name(config::quota_period p) {
+  switch (p) {
+    case config::quota_period::day: return "day";
+    case config::quota_period::week: return "week";
+    case config::quota_period::month: return "month";
+    case config::quota_period::fixed: return "fixed";
+  }
+  return "month";
+}
+
 nlohmann::ordered_json rules_json(const std::vector<config::rule_config>& rules) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& r : rules) out.push_back({{"rate", format_rate(r.r)}, {"burst", r.burst}});
+  for (const auto& r : rules) {
+    if (r.is_quota()) {
+      out.push_back({{"quota", r.quota},
+                     {"per", period_name(r.per)},
+                     {"window_s", static_cast<double>(r.per_length.count()) / 1e6},
+                     {"tz_offset_s", r.tz_offset_s}});
+    } else {
+      out.push_back({{"rate", format_rate(r.r)}, {"burst", r.burst}});
+    }
+  }
   return out;
 }
 
@@ -45,8 +67,22 @@ std::string identifier_status_json(std::string_view domain, std::string_view ide
   doc["identifier"] = identifier;
   doc["algorithm"] = limits.algo == rules::algorithm::gcra ? "gcra" : "sliding-log";
   doc["rules"] = nlohmann::ordered_json::array();
-  for (const auto& r : limits.rules) {
-    doc["rules"].push_back({{"interval_ms", static_cast<double>(r.interval_us) / 1000.0}, {"burst", r.burst}});
+  // Units used now: in the rule's window (a counted rule's estimate; GCRA,
+  // how far the arrival time runs ahead), and in each quota's current window.
+  for (std::size_t i = 0; i < limits.rules.size(); ++i) {
+    const auto& r = limits.rules[i];
+    doc["rules"].push_back({{"interval_ms", static_cast<double>(r.interval_us) / 1000.0},
+                            {"burst", r.burst},
+                            {"used", st ? rules::window_uses(limits, *st, i, now_us) : 0.0}});
+  }
+  doc["quotas"] = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < limits.quotas.size(); ++i) {
+    const auto& q = limits.quotas[i];
+    constexpr std::array<std::string_view, 4> k_names{"day", "week", "month", "fixed"};
+    doc["quotas"].push_back({{"quota", q.limit},
+                             {"per", k_names[static_cast<std::size_t>(q.per)]},
+                             {"used", st ? rules::quota_used(limits, *st, i, now_us) : 0},
+                             {"reset_ms", ms(rules::window_end_us(q, now_us))}});
   }
   doc["override"] = overridden;
   doc["now_ms"] = ms(now_us);

@@ -172,7 +172,7 @@ bool gate::take_held(const gate_limits& limits) {
 }
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                           const gate_limits& limits) {
+                           const gate_limits& limits, std::int64_t units) {
   policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
@@ -196,7 +196,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
       limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
   const request_plan p = plan_request(e, guard, max_delay, limits.pacing_fresh_us, now_us);
   if (p.accept) {
-    record_accept(e, guard, now_us);
+    record_accept(e, guard, now_us, units);
     return {};
   }
   gate_decision d;
@@ -223,8 +223,21 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   }
   d.v = verdict::delay;
   d.interval_us = p.pace_us;
-  record_hold(e, guard, p);
+  record_hold(e, guard, p, units);
   return d;
+}
+
+void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
+  if (units <= 0) return;
+  policy guard = read_policy(domain, now_us);
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  guard = policy_for(s, k, guard, now_us);
+  const auto it = s.map.find(k);
+  if (guard.count == 0 || it == s.map.end()) return;  // decide() made the entry if the guard tracks the client
+  refresh(it->second, guard, now_us);
+  proxy::charge(it->second, guard, now_us, units);
 }
 
 void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {

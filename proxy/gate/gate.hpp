@@ -119,8 +119,13 @@ public:
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
   /// release_held() is called.
+  /// `units`: what the request costs, when known now (0: charged later, with charge()).
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                       const gate_limits& limits);
+                       const gate_limits& limits, std::int64_t units = 1);
+
+  /// A request admitted earlier turned out to cost `units` (known once it
+  /// was done): the guard charges them now.
+  void charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us);
 
   /// The client's standing under the domain's rules (after any use decide() charged).
   quota_state quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us);

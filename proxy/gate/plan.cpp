@@ -47,17 +47,19 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   return p;
 }
 
-namespace {
-// A use at `at` advances every rule's arrival time by its interval.
-void charge(client_entry& e, const guard_policy& guard, std::int64_t at) {
-  for (std::size_t i = 0; i < guard.count; ++i) e.tat[i] = std::max(e.tat[i], at) + guard.rules[i].interval_us;
+void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units) {
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    e.tat[i] = std::max(e.tat[i], at) + std::min(units, 2 * r.burst) * r.interval_us;
+  }
 }
-}  // namespace
 
-void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us) { charge(e, guard, now_us); }
+void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {
+  charge(e, guard, now_us, units);
+}
 
-void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p) {
-  charge(e, guard, p.release_us);
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units) {
+  charge(e, guard, p.release_us, units);
   // Pace: the next held request of this identifier leaves one interval later.
   e.local_next_us = p.release_us + p.pace_us;
 }

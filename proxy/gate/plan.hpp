@@ -64,11 +64,16 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us);
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
                           std::int64_t pacing_fresh_us, std::int64_t now_us);
 
-/// The request was forwarded now: the guard charges a use at `now_us`.
-void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us);
+/// The guard charges `units` used at `at` (a request's cost): each rule's
+/// arrival time moves out by units x interval, at most 2 x burst intervals
+/// (the guard bounds a client until the master speaks; the master charges
+/// the whole cost).
+void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units);
+/// The request was forwarded now: the guard charges its `units` at `now_us`.
+void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);
 /// The request is held until `p.release_us`: charged then, and the next held
 /// request of the client goes one pace later.
-void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p);
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units = 1);
 /// The request takes the spare slot (already reported to the master).
 void record_spare(client_entry& e);
 /// A request held until `release_us` left before its time: its slot becomes

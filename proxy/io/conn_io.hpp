@@ -64,6 +64,10 @@ struct request_outcome {
   std::uint64_t bytes_in = 0;         ///< request body bytes relayed upstream
   std::uint64_t bytes_out = 0;        ///< response body bytes relayed to the client
   std::optional<std::size_t> server;  ///< the upstream server used, by index
+  /// The response field the route's cost is read from (cost =
+  /// "response_header:NAME"), from the head or the trailers; nothing: absent.
+  std::optional<std::string> cost_field;
+  bool cost_fields_several = false;  ///< more than one line of that name (malformed)
 };
 
 /// What forwarding uses on a connection: the upstream connection in use, its
@@ -78,6 +82,7 @@ struct forwarding {
   // These live here rather than in a coroutine frame, which every request would allocate.
   std::optional<body_relay> relay;
   buffer_list bufs;
+  std::string trailers;  ///< a chunked response's trailer section, kept when a cost is read from it
 };
 
 /// One client connection and what its requests reuse: buffers, the parsed

@@ -7,14 +7,27 @@ namespace smockron::proxy {
 namespace {
 
 void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
-             std::int64_t now_us, std::int64_t delayed_ms) {
+             std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1) {
   wire::accounting m;
   m.domain = r.domain;
   m.state = st;
   m.identifier = id;
   m.received_ms = now_us / 1000;
   m.delayed_ms = delayed_ms;
+  if (st != wire::status::rejected) {
+    m.cost = units;
+    env.metrics.cost_units.inc(static_cast<std::uint64_t>(units));
+  }
   env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
+}
+
+void count_fallback(proxy_metrics& m, cost_fallback why) {
+  switch (why) {
+    case cost_fallback::none: break;
+    case cost_fallback::missing: m.cost_missing.inc(); break;
+    case cost_fallback::malformed: m.cost_malformed.inc(); break;
+    case cost_fallback::over_max: m.cost_over_max.inc(); break;
+  }
 }
 
 }  // namespace
@@ -82,7 +95,12 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   gate_limits limits = rt.route_limits[r.index];
   const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
   if (deadline_binds) limits.max_delay_us = deadline_us;
-  a.gate = env.g.decide(domain, id, now_us, limits);
+  // The cost, when it is known now; else it is charged when the request is done.
+  const std::optional<cost_charge> cost = cost_at_admission(r, req);
+  if (cost) count_fallback(env.metrics, cost->why);
+  const std::int64_t units = cost ? cost->units : 0;
+  a.gate = env.g.decide(domain, id, now_us, limits, units);
+  a.charge_when_done = !cost && a.gate.v != verdict::reject;
   if (r.shadow) {
     // What would have happened is counted; what happens is a request forwarded now.
     const decision would = a.gate.v == verdict::reject  ? decision::rejected
@@ -95,7 +113,8 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     }
     a.shadow = would;
     a.outcome = decision::accepted;
-    account(env, rt, r, wire::status::accepted, id, now_us, 0);
+    a.charge_when_done = !cost;
+    if (cost) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
     count[decision::accepted]->inc();
     return a;
   }
@@ -114,16 +133,27 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       // the master then knows every gatekeeper's reservations within a round
       // trip, which is what holds one limit across gatekeepers. A prepaid
       // slot (given back by a held client that left) was reported already.
-      if (!a.gate.prepaid) account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000);
+      // (A cost known only when the request is done is accounted then.)
+      if (!a.gate.prepaid && cost) {
+        account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000, units);
+      }
       env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
       break;
     case verdict::accept:
       a.outcome = decision::accepted;
-      account(env, rt, r, wire::status::accepted, id, now_us, 0);
+      if (cost) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
       break;
   }
   count[a.outcome]->inc();
   return a;
+}
+
+void charge_done(admission_env& env, const runtime& rt, const route& r, const admission& a, const cost_charge& cost,
+                 std::int64_t now_us) {
+  if (!a.charge_when_done || !a.who) return;
+  count_fallback(env.metrics, cost.why);
+  account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, cost.units);
+  env.g.charge(rt.gate_domain[r.domain_index], a.who->value, cost.units, now_us);
 }
 
 }  // namespace smockron::proxy

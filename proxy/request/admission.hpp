@@ -11,6 +11,7 @@
 #include "proxy/codec/http1.hpp"
 #include "proxy/gate/gate.hpp"
 #include "proxy/identify/identify.hpp"
+#include "proxy/request/cost.hpp"
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
@@ -26,6 +27,10 @@ struct admission {
   bool ambiguous = false;       ///< refused (400): an identifier source found more than one value
   /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
   std::optional<decision> shadow;
+  /// The request's cost is known only once it is done (the route's cost is a
+  /// response field, or the size of a body without a length): its use was
+  /// not accounted yet; charge_done() accounts it with its cost.
+  bool charge_when_done = false;
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -52,5 +57,12 @@ struct admission_env {
 /// is, counted as reason grpc_deadline.
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
                 const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us = -1);
+
+/// A request admitted with charge_when_done is done (forwarded, answered or
+/// failed) at `now_us`: its use is accounted now, ACCEPTED at that time with
+/// its cost (so a spec master counts it as one use), and the gate's guard
+/// charges it. Call it once, only for a request that was forwarded.
+void charge_done(admission_env& env, const runtime& rt, const route& r, const admission& a, const cost_charge& cost,
+                 std::int64_t now_us);
 
 }  // namespace smockron::proxy

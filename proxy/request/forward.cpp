@@ -1,6 +1,8 @@
 // Forwarding (see forward.hpp).
 #include "proxy/request/forward.hpp"
 
+#include "proxy/request/cost.hpp"
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include <array>
@@ -199,10 +201,21 @@ awaitable<connection_next> exchange::relay_response() {
   http1::write_response_head(c.out, res, version >= 11 ? 11 : 10, out, keep_client, false, c.response_fields);
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.fwd().relay.emplace(res.body, out, res.content_length, max_line);
+  // A cost read from the response: in its head, else in its trailers.
+  const bool cost_field = r.cost.after_response();
+  if (cost_field) {
+    note_cost_fields(r, res.headers, c.outcome);
+    c.fwd().trailers.clear();
+    if (!c.outcome.cost_field && res.body == framing::chunked) body.dec.keep_trailers = &c.fwd().trailers;
+  }
   const relay_leg leg{*c.fwd().up.sock, c.fwd().upstream_in, c.client, rt.cfg.upstream_timeout, rt.cfg.body_timeout, 0};
   c.outcome.status = res.status;
   const relay_end end = co_await relay_body(c, leg, body);
   c.outcome.bytes_out = body.data_bytes;
+  if (cost_field && !c.fwd().trailers.empty()) {
+    note_cost_trailer(r, c.fwd().trailers, c.outcome);
+    std::string().swap(c.fwd().trailers);
+  }
   // Once the response has started, closing is the only honest signal left.
   switch (end.what) {
     case relay_end::kind::done: break;

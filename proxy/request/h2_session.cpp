@@ -90,6 +90,7 @@ struct h2_stream {
   unsigned status = 0;
   std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
   h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
+  request_outcome cost_seen;          ///< the response's cost field (a route whose cost is read from the response)
   /// What answering uses, made when the stream is answered or forwarded: a
   /// held stream does not carry it (most of its memory otherwise).
   struct response {
@@ -696,6 +697,13 @@ void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
 
 void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   st.closed = true;
+  if (st.adm.charge_when_done && st.forwarding) {
+    // A cost known only now (a response field, the body's size) is charged now, once.
+    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    st.cost_seen.bytes_in = st.body_bytes;
+    charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.cost_seen), s_.clk.wall_us());
+    st.adm.charge_when_done = false;
+  }
   if (st.held) {
     st.held = false;
     end_hold(s_.gate, s_.metrics, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
@@ -785,6 +793,7 @@ void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fie
     if (f.name == ":status") status = static_cast<unsigned>(std::atoi(std::string(f.value).c_str()));
   }
   finished(st, status);
+  if (st.r && st.r->cost.after_response()) note_cost_fields(*st.r, fields, st.cost_seen);
   // The proxy's own lines go after the upstream's fields.
   std::vector<h2::field> all = fields;
   h2::line_fields(st.response_fields, st.res().fields_arena, all);
@@ -798,6 +807,7 @@ void h2_connection::on_data(h2_stream& st, std::string_view data) {
 
 void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
   if (st.closed) return;
+  if (st.r && st.r->cost.after_response() && !st.cost_seen.cost_field) note_cost_fields(*st.r, fields, st.cost_seen);
   h2::copy_fields(fields, st.res().trailers_arena, st.res().trailers);
 }
 
@@ -979,6 +989,7 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
     co_return;
   }
   finished(*st, res.status);
+  if (r.cost.after_response()) note_cost_fields(r, res.headers, st->cost_seen);
   std::vector<h2::field> fields;
   const bool has_body =
       res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
@@ -1033,7 +1044,10 @@ awaitable<void> h2_connection::forward_h1(std::shared_ptr<h2_stream> st) {
     }
     upstream_in.commit(n);
   }
-  if (!trailer_section.empty()) keep_trailers(*st, trailer_section);
+  if (!trailer_section.empty()) {
+    if (r.cost.after_response() && !st->cost_seen.cost_field) note_cost_trailer(r, trailer_section, st->cost_seen);
+    keep_trailers(*st, trailer_section);
+  }
   st->res().out_end = true;
   push_out(*st, {});
   if (res.keep_alive && upstream_in.size() == 0) w_.pool.give_back(rt, *uc, r.upstream_index);
@@ -1263,6 +1277,10 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     co_await both();
   }
   c.outcome.bytes_in = b.st.body_bytes;
+  if (r.cost.after_response()) {  // charged by the session once this returns
+    note_cost_fields(r, b.head, c.outcome);
+    if (!c.outcome.cost_field) note_cost_fields(r, b.trailers, c.outcome);
+  }
   if (b.st.up2) {
     h2_upstream_cancel(*b.st.up2);  // the client went away first
     b.st.up2 = nullptr;

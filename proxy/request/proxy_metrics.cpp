@@ -24,6 +24,13 @@ metrics::counter& upstream_error(metrics::registry& r, std::string_view kind) {
                        metrics::labels({{"kind", kind}}));
 }
 
+metrics::counter& cost_fallback(metrics::registry& r, std::string_view reason) {
+  return r.add_counter("smockron_proxy_cost_fallback_total",
+                       "Request costs not charged as read: missing or malformed (cost_default charged), over_max "
+                       "(cost_max charged)",
+                       metrics::labels({{"reason", reason}}));
+}
+
 metrics::counter& protocol(metrics::registry& r, std::string_view name) {
   return r.add_counter("smockron_proxy_http_requests_total", "Requests by the protocol they came in",
                        metrics::labels({{"protocol", name}}));
@@ -78,6 +85,11 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       h2_stalled_window(h2_abuse(r, "stalled_window")),
       h2_ack_flood(h2_abuse(r, "ack_flood")),
       h2_protocol_error(h2_abuse(r, "protocol")),
+      cost_missing(cost_fallback(r, "missing")),
+      cost_malformed(cost_fallback(r, "malformed")),
+      cost_over_max(cost_fallback(r, "over_max")),
+      cost_units(r.add_counter("smockron_proxy_cost_units_total",
+                               "Cost units of the uses accounted to the masters (ACCEPTED and DELAYED)")),
       delay_seconds(
           r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
       shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",

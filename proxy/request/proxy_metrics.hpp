@@ -51,6 +51,11 @@ struct proxy_metrics {
   /// smockron_proxy_http2_abuse_total{kind}: HTTP/2 bounds a client crossed.
   metrics::counter &h2_rapid_reset, &h2_control_flood, &h2_continuation_flood, &h2_header_list, &h2_too_many_streams,
       &h2_stalled_window, &h2_ack_flood, &h2_protocol_error;
+  /// smockron_proxy_cost_fallback_total{reason}: costs not charged as read
+  /// (missing or malformed: cost_default; over_max: cost_max).
+  metrics::counter &cost_missing, &cost_malformed, &cost_over_max;
+  /// smockron_proxy_cost_units_total: units charged to the masters (every accounted use).
+  metrics::counter& cost_units;
   metrics::histogram& delay_seconds;
   metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };

@@ -67,6 +67,9 @@ route_table::route_table(const config::proxy_config& cfg) {
     r.ratelimit_headers = rc.ratelimit_headers;
     r.explain = rc.explain;
     r.grpc_status = static_cast<unsigned>(rc.grpc_status);
+    r.cost = rc.cost;
+    r.cost_max = rc.cost_max;
+    r.cost_default = rc.cost_default;
     routes_.push_back(std::move(r));
   }
 }

@@ -22,12 +22,15 @@ struct route {
   std::size_t upstream_index = 0;  ///< index into proxy_config::upstreams
   std::vector<config::identifier_source> identify;
   config::route_config::unidentified_action unidentified = config::route_config::unidentified_action::shared;
-  unsigned status = 503;           ///< of a limit rejection
-  bool shadow = false;             ///< decide and count, never hold or reject
-  std::vector<cidr> exempt;        ///< clients forwarded unlimited
-  bool ratelimit_headers = false;  ///< rate-limit fields on every response, not only limited ones
-  bool explain = false;            ///< the Smockron-Decision field
-  unsigned grpc_status = 8;        ///< of a gRPC call refused for its limit
+  unsigned status = 503;                   ///< of a limit rejection
+  bool shadow = false;                     ///< decide and count, never hold or reject
+  std::vector<cidr> exempt;                ///< clients forwarded unlimited
+  bool ratelimit_headers = false;          ///< rate-limit fields on every response, not only limited ones
+  bool explain = false;                    ///< the Smockron-Decision field
+  unsigned grpc_status = 8;                ///< of a gRPC call refused for its limit
+  config::route_config::cost_source cost;  ///< what one request uses, in units
+  std::int64_t cost_max = 1'000'000;
+  std::int64_t cost_default = 1;
 };
 
 class route_table {

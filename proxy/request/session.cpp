@@ -230,6 +230,8 @@ private:
                                               ? forward_to_h2(s_, w_, generation, *r, c_, hop)
                                               : forward(fenv, rt, *r, c_, hop);
     const connection_next next = co_await std::move(exchange);
+    // A cost known only now (a response field, the body's size) is charged now.
+    if (a.charge_when_done) charge_done(env, rt, *r, a, cost_when_done(*r, c_.outcome), s_.clk.wall_us());
     if (entry_) {
       const request_outcome& o = c_.outcome;
       entry_->bytes_in = o.bytes_in;

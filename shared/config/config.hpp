@@ -30,10 +30,23 @@ struct error {
 /// "file:line:col: key: message".
 std::string format(const error& e);
 
+/// The window of a quota rule: a calendar day, week or month, or a fixed
+/// length (`per = "1h"`, windows aligned to the epoch).
+enum class quota_period : std::uint8_t { day, week, month, fixed };
+
+/// A rule: a rate with its burst ({ rate = "10/s", burst = 20 }), or a quota
+/// over a calendar window ({ quota = 1000000, per = "month", tz = "+02:00" }).
 struct rule_config {
   rate r;
   std::int64_t burst = 1;
+  std::int64_t quota = 0;  ///< > 0: a quota rule (r and burst unused)
+  quota_period per = quota_period::month;
+  microseconds per_length{0};    ///< quota_period::fixed: the window's length
+  std::int64_t tz_offset_s = 0;  ///< the window's local time = UTC + this (`tz`)
+  bool is_quota() const { return quota > 0; }
 };
+/// Largest quota (units per window).
+inline constexpr std::int64_t max_quota = 1'000'000'000'000;
 
 /// Rules of their own for one identifier of a domain (a customer's API key
 /// with a higher limit, an internal client with none).
@@ -156,6 +169,21 @@ struct route_config {
   /// refused (403), or passed unlimited.
   enum class unidentified_action : std::uint8_t { shared, reject, allow };
   unidentified_action unidentified = unidentified_action::shared;
+  /// What one request of the route uses of its domain's limits, in units:
+  /// a constant (`cost = 5`), a request field (`"header:X-Cost"`), the request
+  /// body's size (`"request_bytes"`), or a response field or trailer
+  /// (`"response_header:X-Tokens-Used"`, charged when the response ends).
+  struct cost_source {
+    enum class kind : std::uint8_t { constant, header, request_bytes, response_header };
+    kind type = kind::constant;
+    std::int64_t units = 1;  ///< constant
+    std::string field;       ///< header, response_header: the field's name, lower-case
+    /// Known only once the request is done: charged then (the request is admitted on the client's standing).
+    bool after_response() const { return type == kind::response_header; }
+  };
+  cost_source cost;
+  std::int64_t cost_max = 1'000'000;  ///< a larger cost is charged as this (counted)
+  std::int64_t cost_default = 1;      ///< the charge of a cost that is missing or malformed (counted)
 };
 
 struct jwt_config {

@@ -3,7 +3,9 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -24,20 +26,74 @@ using detail::reader;
 using detail::sink;
 using detail::type_name;
 
+// `tz` of a quota: "UTC" or a fixed offset "+HH:MM" / "-HH:MM" (no zone
+// database: an offset that changes with daylight saving is not expressible).
+std::optional<std::int64_t> parse_tz(std::string_view tz) {
+  if (tz == "UTC" || tz == "Z") return 0;
+  if (tz.size() != 6 || (tz[0] != '+' && tz[0] != '-') || tz[3] != ':') return std::nullopt;
+  const auto digit = [&](std::size_t i) { return tz[i] >= '0' && tz[i] <= '9'; };
+  if (!digit(1) || !digit(2) || !digit(4) || !digit(5)) return std::nullopt;
+  const int hours = (tz[1] - '0') * 10 + (tz[2] - '0');
+  const int minutes = (tz[4] - '0') * 10 + (tz[5] - '0');
+  if (hours > 14 || minutes > 59) return std::nullopt;
+  return (tz[0] == '-' ? -1 : 1) * (hours * 3600 + minutes * 60);
+}
+
+void read_quota(reader& r, sink& s, rule_config& rule) {
+  r.integer("quota", rule.quota, 1, max_quota);
+  constexpr std::array<std::string_view, 3> periods{"day", "week", "month"};
+  const auto* per = r.typed<toml::value<std::string>>("per", "\"day\", \"week\", \"month\" or a duration");
+  if (per == nullptr) {
+    if (!r.table().contains("per")) {
+      s.add(r.table(), r.key("per"), "missing (a quota needs per = \"day\", \"week\", \"month\" or a duration)");
+    }
+  } else if (const auto it = std::find(periods.begin(), periods.end(), per->get()); it != periods.end()) {
+    rule.per = static_cast<quota_period>(it - periods.begin());
+  } else {
+    auto parsed = parse_duration(per->get());
+    if (auto* err = std::get_if<std::string>(&parsed)) {
+      s.add(*per, r.key("per"), "expected \"day\", \"week\", \"month\" or a duration such as \"1h\": " + *err);
+    } else if (std::get<microseconds>(parsed) < std::chrono::seconds(1)) {
+      s.add(*per, r.key("per"), "a quota's window is at least 1s");
+    } else {
+      rule.per = quota_period::fixed;
+      rule.per_length = std::get<microseconds>(parsed);
+    }
+  }
+  std::string tz;
+  r.string("tz", tz);
+  if (!tz.empty()) {
+    if (auto offset = parse_tz(tz)) rule.tz_offset_s = *offset;
+    else s.add(*r.get("tz"), r.key("tz"), "invalid time offset \"" + tz + "\" (use \"UTC\" or \"+HH:MM\")");
+  }
+}
+
 void read_rule(const toml::node& n, const std::string& path, sink& s, std::vector<rule_config>& out) {
   const auto* t = n.as_table();
   if (!t) {
-    s.add(n, path, "expected a table { rate = \"10/s\", burst = 20 }, got " + std::string(type_name(n)));
+    s.add(n, path,
+          "expected a table { rate = \"10/s\", burst = 20 } or { quota = 1000000, per = \"month\" }, got " +
+              std::string(type_name(n)));
     return;
   }
   reader r(*t, path, s);
   rule_config rule;
+  if (t->contains("quota")) {
+    if (t->contains("rate") || t->contains("burst")) {
+      s.add(n, path, "a rule is a rate ({ rate, burst }) or a quota ({ quota, per }), not both");
+      r.get("rate");  // reported above, not again as unknown keys
+      r.get("burst");
+    }
+    read_quota(r, s, rule);
+    if (rule.is_quota()) out.push_back(rule);
+    return;
+  }
   if (auto* rate_node = r.typed<toml::value<std::string>>("rate", "a rate string such as \"10/s\"")) {
     auto parsed = parse_rate(rate_node->get());
     if (auto* err = std::get_if<std::string>(&parsed)) s.add(*rate_node, r.key("rate"), *err);
     else rule.r = std::get<rate>(parsed);
   } else if (!t->contains("rate")) {
-    s.add(n, r.key("rate"), "missing (every rule needs a rate)");
+    s.add(n, r.key("rate"), "missing (every rule needs a rate, or a quota)");
   }
   r.integer("burst", rule.burst, 1, 1'000'000);
   if (rule.r.count > 0) out.push_back(rule);

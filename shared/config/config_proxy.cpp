@@ -2,6 +2,8 @@
 // identifier sources, shards, TLS, and the bounds.
 #include <toml++/toml.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -135,6 +137,60 @@ std::vector<identifier_source> read_identify(const toml::node& n, const std::str
   return out;
 }
 
+// A field name as RFC 9110 5.1 allows it (a token), lower-cased; empty if it is not one.
+std::string field_name(std::string_view name) {
+  std::string out;
+  for (const char ch : name) {
+    const bool tchar = std::isalnum(static_cast<unsigned char>(ch)) != 0 ||
+                       std::string_view("!#$%&'*+-.^_`|~").find(ch) != std::string_view::npos;
+    if (!tchar) return {};
+    out += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  return out;
+}
+
+// A route's `cost` (an integer, or "header:NAME", "request_bytes",
+// "response_header:NAME"), `cost_max` and `cost_default`.
+void read_cost(reader& rr, const std::string& path, route_config& route) {
+  using kind = route_config::cost_source::kind;
+  rr.integer("cost_max", route.cost_max, 1, wire::max_cost);
+  rr.integer("cost_default", route.cost_default, 0, wire::max_cost);
+  const toml::node* n = rr.get("cost");
+  if (n == nullptr) return;
+  auto& c = route.cost;
+  if (const auto* v = n->as_integer()) {
+    if (v->get() < 0 || v->get() > route.cost_max) {
+      rr.errors().add(*n, path + ".cost", "must be between 0 and cost_max (" + std::to_string(route.cost_max) + ")");
+    }
+    c.units = v->get();
+    return;
+  }
+  const auto* text = n->as_string();
+  const auto field = [&](std::string_view prefix, kind k) {
+    const std::string& t = text->get();
+    if (!t.starts_with(prefix)) return false;
+    c.type = k;
+    c.field = field_name(std::string_view(t).substr(prefix.size()));
+    if (c.field.empty()) {
+      rr.errors().add(
+          *n, path + ".cost",
+          "\"" + std::string(prefix) + "\" needs a field name (a token, e.g. \"" + std::string(prefix) + "X-Cost\")");
+    }
+    return true;
+  };
+  if (text == nullptr) {
+    rr.errors().add(*n, path + ".cost",
+                    "expected an integer or \"header:NAME\", \"request_bytes\", \"response_header:NAME\", got " +
+                        std::string(type_name(*n)));
+  } else if (text->get() == "request_bytes") {
+    c.type = kind::request_bytes;
+  } else if (!field("header:", kind::header) && !field("response_header:", kind::response_header)) {
+    rr.errors().add(*n, path + ".cost",
+                    "unknown cost \"" + text->get() +
+                        "\" (use an integer, \"header:NAME\", \"request_bytes\" or \"response_header:NAME\")");
+  }
+}
+
 void read_routes(reader& r, proxy_config& p) {
   const toml::node* n = r.get("routes");
   if (!n) return;
@@ -166,7 +222,7 @@ void read_routes(reader& r, proxy_config& p) {
     } else if (!rt->contains("domain")) {
       // Not limited: every key that shapes limiting would do nothing, so none is accepted.
       for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt",
-                            "ratelimit_headers", "explain", "grpc_status"}) {
+                            "ratelimit_headers", "explain", "grpc_status", "cost", "cost_max", "cost_default"}) {
         if (const toml::node* kn = rt->get(k)) {
           r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
         }
@@ -217,6 +273,7 @@ void read_routes(reader& r, proxy_config& p) {
       if (route.grpc_status != 8 && route.grpc_status != 14)
         r.errors().add(*g, path + ".grpc_status", "expected 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE)");
     }
+    read_cost(rr, path, route);
     p.routes.push_back(std::move(route));
   }
 }

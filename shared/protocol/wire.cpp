@@ -1,6 +1,7 @@
 // Wire codec (see wire.hpp): strict decoding and allocation-free encoding.
 #include "shared/protocol/wire.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace smockron::wire {
@@ -72,6 +73,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::delayed_unexpected: return "delayed_unexpected";
     case decode_error::interval_invalid: return "interval_invalid";
     case decode_error::policy_invalid: return "policy_invalid";
+    case decode_error::cost_invalid: return "cost_invalid";
   }
   return "unknown";
 }
@@ -120,6 +122,14 @@ result<accounting> decode_accounting(frames f) {
   if (f.size() == 6) {
     if (f[5].size() > max_loginfo_bytes) return decode_error::frame_too_large;
     m.loginfo = f[5];
+    if (m.loginfo.starts_with(cost_prefix)) {
+      const std::string_view rest = m.loginfo.substr(cost_prefix.size());
+      const std::size_t end = rest.find(' ');
+      auto cost = parse_timestamp(rest.substr(0, end));
+      if (!cost || cost.value() > max_cost) return decode_error::cost_invalid;
+      m.cost = cost.value();
+      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    }
   }
   return m;
 }
@@ -194,7 +204,22 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
     e.frame[4] = std::string_view{};
   }
   e.count = 5;
-  if (!m.loginfo.empty()) e.frame[e.count++] = m.loginfo;
+  // A loginfo that starts with "cost=" on its own would be read as a cost: it gets the prefix too.
+  if (m.cost != 1 || m.loginfo.starts_with(cost_prefix)) {
+    if (m.cost < 0 || m.cost > max_cost) return std::nullopt;
+    // "cost=N", then " " + loginfo when there is one, within max_loginfo_bytes.
+    char* out = std::copy(cost_prefix.begin(), cost_prefix.end(), s.loginfo.data());
+    out = std::to_chars(out, out + 20, m.cost).ptr;  // 13 digits at most
+    const auto used = static_cast<std::size_t>(out - s.loginfo.data());
+    if (!m.loginfo.empty()) {
+      if (used + 1 + m.loginfo.size() > max_loginfo_bytes) return std::nullopt;
+      *out++ = ' ';
+      out = std::copy(m.loginfo.begin(), m.loginfo.end(), out);
+    }
+    e.frame[e.count++] = std::string_view(s.loginfo.data(), static_cast<std::size_t>(out - s.loginfo.data()));
+  } else if (!m.loginfo.empty()) {
+    e.frame[e.count++] = m.loginfo;
+  }
   return e;
 }
 

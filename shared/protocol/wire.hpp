@@ -45,11 +45,22 @@ enum class decode_error : std::uint8_t {
   delayed_unexpected,      ///< ACCEPTED/REJECTED with a non-empty delayed frame
   interval_invalid,        ///< DELAY_UNTIL interval frame not a positive number
   policy_invalid,          ///< POLICY rules frame malformed
+  cost_invalid,            ///< loginfo starts with "cost=" but no valid cost follows
 };
-inline constexpr std::size_t decode_error_count = 15;
+inline constexpr std::size_t decode_error_count = 16;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
+
+/// The cost of a request (wire addition, carried in the loginfo frame, whose
+/// format the spec leaves open): a loginfo frame that starts with "cost=N"
+/// (N decimal, at most max_cost, then the end or a space and free text) says
+/// the request used N units; no such prefix: one unit, as the spec counts.
+/// A master that does not know it logs the frame and counts one use. N = 0:
+/// the request used nothing yet (its cost is charged by a later message);
+/// the master only decides.
+inline constexpr std::string_view cost_prefix = "cost=";
+inline constexpr std::int64_t max_cost = 1'000'000'000'000;
 
 /// Accounting message: [domain\0, status, identifier, received_ms, delayed_ms|"", (loginfo)].
 struct accounting {
@@ -58,7 +69,8 @@ struct accounting {
   std::string_view identifier;
   std::int64_t received_ms = 0;
   std::int64_t delayed_ms = 0;  ///< meaningful only when state == delayed
-  std::string_view loginfo;     ///< optional, empty = frame omitted on encode
+  std::string_view loginfo;     ///< optional, empty = frame omitted on encode (decoded: the text after the cost)
+  std::int64_t cost = 1;        ///< units used; not 1: encoded as the loginfo's "cost=N" prefix
 };
 
 /// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].
@@ -139,6 +151,7 @@ struct scratch {
   std::array<char, 20> number_a{};
   std::array<char, 20> number_b{};
   std::array<char, max_policy_rules * 32> text{};  ///< POLICY's rules frame
+  std::array<char, max_loginfo_bytes> loginfo{};   ///< an accounting message's "cost=N" and loginfo
 };
 
 /// Up to six frames and how many are used.
@@ -148,7 +161,8 @@ struct encoded {
   std::span<const std::string_view> view() const { return {frame.data(), count}; }
 };
 
-/// Encodes; returns nothing if a field exceeds its bound or the domain has a "\0".
+/// Encodes; returns nothing if a field exceeds its bound (a cost outside
+/// [0, max_cost] included) or the domain has a "\0".
 std::optional<encoded> encode(const accounting& m, scratch& s);
 std::optional<encoded> encode(const delay_until& m, scratch& s);
 /// Refuses more than max_policy_rules rules, or an interval or burst below 1 or over 15 digits.

@@ -32,11 +32,23 @@ TEST(RedisStore, ValueRoundTripsAndRejectsGarbage) {
     EXPECT_EQ(back->first, algo);
     EXPECT_EQ(back->second.times, s.times);
   }
+  // Counters and quotas (state::aux) follow a ";"; a value written before them has none.
+  const rules::state with_aux{{1700000000000000}, {1699999920000000, 12, 3, 1698796800000000, 77}};
+  EXPECT_EQ(encode_state(rules::algorithm::sliding_log, with_aux),
+            "sliding-log:1700000000000000;1699999920000000,12,3,1698796800000000,77");
+  auto aux_back = decode_state(encode_state(rules::algorithm::sliding_log, with_aux));
+  ASSERT_TRUE(aux_back);
+  EXPECT_EQ(aux_back->second.times, with_aux.times);
+  EXPECT_EQ(aux_back->second.aux, with_aux.aux);
+  auto only_aux = decode_state("gcra:;5,6");
+  ASSERT_TRUE(only_aux);
+  EXPECT_TRUE(only_aux->second.times.empty());
+  EXPECT_EQ(only_aux->second.aux, (std::vector<std::int64_t>{5, 6}));
   auto empty = decode_state("sliding-log:");
   ASSERT_TRUE(empty);
   EXPECT_TRUE(empty->second.times.empty());
-  for (const char* bad : {"", "sliding-log", "leaky:1", "gcra:1,", "gcra:,1", "gcra:1;2", "gcra:x", "gcra:-5",
-                          "sliding-log:2,1", "gcra:99999999999999999999"}) {
+  for (const char* bad : {"", "sliding-log", "leaky:1", "gcra:1,", "gcra:,1", "gcra:1;", "gcra:1;x", "gcra:1;2;3",
+                          "sliding-log:;1,,2", "gcra:x", "gcra:-5", "sliding-log:2,1", "gcra:99999999999999999999"}) {
     EXPECT_FALSE(decode_state(bad)) << bad;
   }
 }

@@ -761,3 +761,51 @@ TEST(Config, RestartOnlyKeysKeepTheirRunningValues) {
                 .changed(),
             "");
 }
+
+TEST(Config, QuotaRules) {
+  auto r = load(R"(
+[master.domains.llm]
+rules = [ { rate = "20000/min", burst = 20000 }, { quota = 1000000, per = "month" },
+          { quota = 5000, per = "day", tz = "+05:30" }, { quota = 1, per = "week", tz = "UTC" },
+          { quota = 50, per = "10s" } ]
+)");
+  for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+  ASSERT_TRUE(r.cfg);
+  const auto* d = r.cfg->master->find_domain("llm");
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(d->rules.size(), 5u);
+  EXPECT_FALSE(d->rules[0].is_quota());
+  EXPECT_TRUE(d->rules[1].is_quota());
+  EXPECT_EQ(d->rules[1].quota, 1'000'000);
+  EXPECT_EQ(d->rules[1].per, quota_period::month);
+  EXPECT_EQ(d->rules[1].tz_offset_s, 0);
+  EXPECT_EQ(d->rules[2].per, quota_period::day);
+  EXPECT_EQ(d->rules[2].tz_offset_s, 5 * 3600 + 30 * 60);
+  EXPECT_EQ(d->rules[3].per, quota_period::week);
+  EXPECT_EQ(d->rules[4].per, quota_period::fixed);
+  EXPECT_EQ(d->rules[4].per_length, seconds(10));
+}
+
+TEST(Config, QuotaRuleErrors) {
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 10 }]\n").find("rules[0].per: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 10, per = \"year\" }]\n")
+                .find("rules[0].per: expected \"day\", \"week\", \"month\" or a duration such as \"1h\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 0, per = \"day\" }]\n")
+                .find("rules[0].quota: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", rate = \"1/s\" }]\n")
+                .find("a rule is a rate ({ rate, burst }) or a quota ({ quota, per }), not both"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", tz = \"Europe/Paris\" }]\n")
+                .find("rules[0].tz: invalid time offset \"Europe/Paris\""),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", tz = \"+15:00\" }]\n")
+                .find("invalid time offset"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"500ms\" }]\n").find("at least 1s"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", window = 3 }]\n").find("unknown key"),
+            std::string::npos);
+}

@@ -293,3 +293,58 @@ TEST(Wire, PolicyWithoutRules) {
   EXPECT_EQ(d->domain, "open");
   EXPECT_EQ(d->count, 0u);
 }
+
+TEST(Wire, CostGoldenBytesAndRoundTrip) {
+  scratch s;
+  // Cost 1 is the spec's message: no loginfo frame.
+  auto one = encode(accounting{"api", status::accepted, "k", 1000, 0, {}, 1}, s);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->count, 5u);
+  auto e = encode(accounting{"api", status::accepted, "k", 1000, 0, {}, 1234}, s);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->count, 6u);
+  EXPECT_EQ(e->frame[5], "cost=1234");
+  auto back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->cost, 1234);
+  EXPECT_EQ(back->loginfo, "");
+  // With loginfo: "cost=N " before it; decoded, the loginfo is what follows.
+  auto d = encode(accounting{"api", status::delayed, "k", 1000, 1100, "curl/8", 0}, s);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->frame[5], "cost=0 curl/8");
+  back = decode_accounting(d->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->cost, 0);
+  EXPECT_EQ(back->loginfo, "curl/8");
+  // A loginfo of cost 1 that starts with "cost=" is not mistaken for a cost.
+  auto tricky = encode(accounting{"api", status::accepted, "k", 1000, 0, "cost=5", 1}, s);
+  ASSERT_TRUE(tricky);
+  EXPECT_EQ(tricky->frame[5], "cost=1 cost=5");
+  back = decode_accounting(tricky->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->cost, 1);
+  EXPECT_EQ(back->loginfo, "cost=5");
+  // The largest cost; beyond it, and below 0, nothing is encoded.
+  auto big = encode(accounting{"api", status::accepted, "k", 1000, 0, {}, max_cost}, s);
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->frame[5], "cost=1000000000000");
+  EXPECT_FALSE(encode(accounting{"api", status::accepted, "k", 1000, 0, {}, max_cost + 1}, s));
+  EXPECT_FALSE(encode(accounting{"api", status::accepted, "k", 1000, 0, {}, -1}, s));
+  EXPECT_FALSE(encode(accounting{"api", status::accepted, "k", 1000, 0, std::string(4090, 'l'), 7}, s));
+}
+
+TEST(Wire, CostErrorsAndPlainLoginfo) {
+  // A loginfo without the prefix is the spec's free text: one unit.
+  const std::vector<std::string> frames{"api\0"s, "ACCEPTED", "k", "1", "", "Mozilla/5.0 cost=9"};
+  auto v = views(frames);
+  auto plain = decode_accounting(v);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->cost, 1);
+  EXPECT_EQ(plain->loginfo, "Mozilla/5.0 cost=9");
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost="}), decode_error::cost_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost=x"}), decode_error::cost_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost=-3"}), decode_error::cost_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost=3x"}), decode_error::cost_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost=1000000000001"}), decode_error::cost_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost= 3"}), decode_error::cost_invalid);
+}
