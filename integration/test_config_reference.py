@@ -55,6 +55,7 @@ READERS = {
     ("read_master", "r"): "[master]",
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_rule", "r"): "rules entries",
+    ("read_quota", "r"): "rules entries",
     ("read_overrides", "r"): "[master.domains.NAME]",  # r.get("overrides")
     ("read_overrides", "orr"): "overrides entries",
     ("read_proxy", "r"): "[proxy]",
@@ -64,6 +65,7 @@ READERS = {
     ("read_upstreams", "ur"): "[proxy.upstreams.NAME]",
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
     ("read_routes", "rr"): "[[proxy.routes]]",
+    ("read_cost", "rr"): "[[proxy.routes]]",
     ("read_identify", "tr"): "identify source tables",
     ("read_shards", "r"): "[proxy]",  # r.get("shards")
     ("read_shards", "hr"): "[[proxy.shards]]",
@@ -269,7 +271,7 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
         self.assertEqual({"algorithm", "rules", "overrides"}, keys["[master.domains.NAME]"])
-        self.assertEqual({"rate", "burst"}, keys["rules entries"])
+        self.assertEqual({"rate", "burst", "quota", "per", "tz"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",
                           "tls_client_cert", "tls_client_key", "protocol", "max_streams"}, keys["[proxy.upstreams.NAME]"])

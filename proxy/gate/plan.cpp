@@ -50,7 +50,7 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units) {
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
-    e.tat[i] = std::max(e.tat[i], at) + std::min(units, 2 * r.burst) * r.interval_us;
+    e.tat[i] = std::max(e.tat[i], at) + std::min(units, wire::max_policy_span_us / r.interval_us) * r.interval_us;
   }
 }
 

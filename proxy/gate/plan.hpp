@@ -65,9 +65,9 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
                           std::int64_t pacing_fresh_us, std::int64_t now_us);
 
 /// The guard charges `units` used at `at` (a request's cost): each rule's
-/// arrival time moves out by units x interval, at most 2 x burst intervals
-/// (the guard bounds a client until the master speaks; the master charges
-/// the whole cost).
+/// arrival time moves out by units x interval (at most a policy's span), so
+/// a refusal's Retry-After names when the cost is paid back, as the
+/// master's DELAY_UNTIL will.
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units);
 /// The request was forwarded now: the guard charges its `units` at `now_us`.
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);

@@ -113,6 +113,22 @@ TEST(GatePlan, RecordingAnAcceptChargesTheGuardNow) {
   EXPECT_EQ(third.release_us, now + 500 * ms);
 }
 
+TEST(GatePlan, TheGuardChargesUnits) {
+  const guard_policy g = one_rule(500, 4);
+  client_entry e;
+  e.policy_seq = g.seq;
+  record_accept(e, g, now, 3);
+  EXPECT_EQ(e.tat[0], now + 3 * 500 * ms);
+  EXPECT_TRUE(plan_request(e, g, max_delay, fresh, now).accept) << "3 of a burst of 4 used";
+  record_accept(e, g, now, 0);
+  EXPECT_EQ(e.tat[0], now + 3 * 500 * ms) << "a cost charged later charges nothing now";
+  charge(e, g, now, 20);
+  EXPECT_EQ(e.tat[0], now + 23 * 500 * ms) << "the whole cost: a Retry-After names its payback";
+  EXPECT_EQ(plan_request(e, g, max_delay, fresh, now).release_us, now + 20 * 500 * ms);
+  charge(e, g, now, smockron::wire::max_cost);
+  EXPECT_LE(e.tat[0], now + 23 * 500 * ms + smockron::wire::max_policy_span_us) << "bounded";
+}
+
 TEST(GatePlan, RefreshStartsAfreshUnderNewRulesAndLapsesSpares) {
   client_entry e;
   e.tat[0] = now + 9'000 * ms;

@@ -809,3 +809,44 @@ TEST(Config, QuotaRuleErrors) {
   EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", window = 3 }]\n").find("unknown key"),
             std::string::npos);
 }
+
+TEST(Config, RouteCost) {
+  const auto route_with = [](const std::string& keys) {
+    return "[proxy.upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\ndomain = \"api\"\nupstream = "
+           "\"app\"\n" +
+           keys + "\n";
+  };
+  using kind = route_config::cost_source::kind;
+  const auto parsed = [&](const std::string& keys) {
+    auto r = load(route_with(keys));
+    for (const auto& e : r.errors) ADD_FAILURE() << format(e);
+    return r.cfg ? r.cfg->proxy->routes.at(0) : route_config{};
+  };
+  EXPECT_EQ(parsed("").cost.type, kind::constant);
+  EXPECT_EQ(parsed("").cost.units, 1);
+  EXPECT_EQ(parsed("cost = 5").cost.units, 5);
+  EXPECT_EQ(parsed("cost = 0").cost.units, 0);
+  EXPECT_EQ(parsed("cost = \"header:X-Cost\"").cost.type, kind::header);
+  EXPECT_EQ(parsed("cost = \"header:X-Cost\"").cost.field, "x-cost");
+  EXPECT_EQ(parsed("cost = \"request_bytes\"").cost.type, kind::request_bytes);
+  const auto tokens = parsed("cost = \"response_header:X-Tokens-Used\"\ncost_max = 50000\ncost_default = 0");
+  EXPECT_EQ(tokens.cost.type, kind::response_header);
+  EXPECT_TRUE(tokens.cost.after_response());
+  EXPECT_EQ(tokens.cost.field, "x-tokens-used");
+  EXPECT_EQ(tokens.cost_max, 50'000);
+  EXPECT_EQ(tokens.cost_default, 0);
+
+  EXPECT_NE(one_error(route_with("cost = -1")).find("routes[0].cost: must be between 0 and cost_max (1000000)"),
+            std::string::npos);
+  EXPECT_NE(one_error(route_with("cost_max = 10\ncost = 11")).find("between 0 and cost_max (10)"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"tokens\"")).find("unknown cost \"tokens\""), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"header:\"")).find("needs a field name"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"header:X Cost\"")).find("needs a field name"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = 1.5")).find("expected an integer or"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost_max = 0")).find("cost_max: must be between 1"), std::string::npos);
+  // A route without a domain is not limited: a cost would do nothing.
+  EXPECT_NE(one_error("[proxy.upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\nupstream = \"app\"\n"
+                      "cost = 3\n")
+                .find("has no effect on a route without a domain"),
+            std::string::npos);
+}
