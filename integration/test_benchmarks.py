@@ -181,6 +181,13 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"held gauge back to 0 in [\d.]+ s, forwarded none of them: 2000 drops counted",
                             r"^smoke: OK")
 
+    def test_master_memory(self):
+        """2,000 identifiers of a domain with a 1,000,000-burst rate and a monthly quota: every one
+        tracked, every message processed, and the master's RSS growth printed and bounded."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "master_memory.py"), "--smoke"])
+        self.assert_figures(out, r"master RSS before: [\d.]+ MiB, with 2000 identifiers tracked: [\d.]+ MiB",
+                            r"RSS growth -?[\d.]+ MiB, bound 200 MiB: PASS", r"^smoke: OK")
+
     def test_held_memory_http2(self):
         """2,000 HTTP/2 streams held on 20 connections: RSS growth per held stream at most 4 KiB
         (twice the goal: RSS moves in pages), every one dropped on disconnect."""

@@ -5,6 +5,7 @@
 #include "proxy/codec/path.hpp"
 #include "proxy/gate/gate.hpp"
 #include "proxy/identify/identify.hpp"
+#include "proxy/request/cost.hpp"
 #include "proxy/request/routes.hpp"
 #include "shared/protocol/wire.hpp"
 
@@ -26,6 +27,12 @@ path = "/api/"
 domain = "api"
 upstream = "app"
 identify = ["header:X-API-Key", "ip"]
+[[proxy.routes]]
+path = "/search/"
+domain = "search"
+upstream = "app"
+identify = ["header:X-API-Key", "ip"]
+cost = "header:X-Cost"
 )",
                                "bench");
   return *r.cfg->proxy;
@@ -64,6 +71,38 @@ void gate_path(benchmark::State& state, bool with_key) {
     benchmark::DoNotOptimize(enc);
   }
 }
+// The same path on a route whose cost is a request field: the cost read,
+// charged by the gate, and carried by the accounting message.
+void BM_GateDecisionHeaderCost(benchmark::State& state) {
+  const auto cfg = bench_config();
+  const route_table routes(cfg);
+  gate g;
+  const std::int64_t now = 1'700'000'000'000'000;
+  for (int i = 0; i < 100'000; ++i) g.update(2, "key-" + std::to_string(i), now + 60'000'000, 100'000, now);
+  http1::request_head req;
+  req.headers.insert("Host", "api.example.com");
+  req.headers.insert("User-Agent", "bench/1.0");
+  req.headers.insert("X-API-Key", "customer-4711");
+  req.headers.insert("X-Cost", "37");
+  const auto peer = *parse_ip("192.0.2.10");
+  const std::vector<cidr> trusted;
+  const gate_limits limits{5'000'000, 10'000};
+  wire::scratch scratch;
+  for (auto _ : state) {
+    const route* r = routes.match(*req.headers.first("Host"), "/search/q");
+    const auto found = identify(r->identify, req.headers, "/search/q?w=1", peer, {&trusted, nullptr, now / 1'000'000});
+    const std::string_view who = found.who ? std::string_view(found.who->value) : std::string_view("-");
+    const auto cost = cost_at_admission(*r, req);
+    const auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who, now, limits, cost->units);
+    wire::accounting m{r->domain, wire::status::accepted, who, now / 1000, 0, {}};
+    m.cost = cost->units;
+    const auto enc = wire::encode(m, scratch);
+    benchmark::DoNotOptimize(d);
+    benchmark::DoNotOptimize(enc);
+  }
+}
+BENCHMARK(BM_GateDecisionHeaderCost);
+
 void BM_GateDecision(benchmark::State& state) { gate_path(state, true); }
 void BM_GateDecisionIpSource(benchmark::State& state) { gate_path(state, false); }
 BENCHMARK(BM_GateDecision);
