@@ -34,7 +34,7 @@ fi
 rm -rf "$asan_reports"
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
-# 14 targets x 10 s: about 2.5 minutes of fuzzing in all.
+# 15 targets x 10 s: about 2.5 minutes of fuzzing in all.
 echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-10}s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 echo "== all tests passed"

@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto back = wire::decode_accounting(enc->view());
     FUZZ_CHECK(back);
     FUZZ_CHECK(back->domain == a->domain && back->state == a->state && back->identifier == a->identifier);
-    FUZZ_CHECK(back->received_ms == a->received_ms && back->loginfo == a->loginfo);
+    FUZZ_CHECK(back->received_ms == a->received_ms && back->loginfo == a->loginfo && back->cost == a->cost);
+    FUZZ_CHECK(a->cost >= 0 && a->cost <= wire::max_cost);
     FUZZ_CHECK(a->state != wire::status::delayed || back->delayed_ms == a->delayed_ms);
   }
   if (auto c = wire::decode_delay_until(f)) {
