@@ -140,12 +140,19 @@ class QuotaTest(DaemonTestCase):
         master, _, proxy = self.gate_stack(
             {"q": {"rules": [{"quota": 5, "per": "4s"}]}},
             [{"path": "/q/", "domain": "q", "upstream": "app", "identify": ["header:X-Key"], "cost": "header:X-Cost",
-              "max_delay": "1s"}])
+              "max_delay": "1s", "ratelimit_headers": True}])
+        # Once the domain's QUOTA has reached the proxy (a request of no units asks and uses nothing).
+        wait_until(lambda: "ratelimit-policy" in fetch(proxy.port, "/q/probe", headers=[("X-Key", "k"),
+                                                                                         ("X-Cost", "0")])[0].headers,
+                   10, interval=0.05, message="the quota described in RateLimit-Policy")
         # Start early in a window, so that it does not end under the test's feet.
         wait_until(lambda: time.time() % 4 < 0.5, 5, interval=0.01, message="the start of a quota window")
         window_end = (int(time.time()) // 4 + 1) * 4
         r, _ = fetch(proxy.port, "/q/a", headers=[("X-Key", "k"), ("X-Cost", "5")])
         self.assertEqual(r.status, 200)
+        # The quota is described (QUOTA beside POLICY), its units left are the master's to know.
+        self.assertEqual(r.headers.get("ratelimit-policy"), '"q";q=5;w=4')
+        self.assertNotIn("ratelimit", r.headers)
         box = {}
 
         def refused():
@@ -157,6 +164,8 @@ class QuotaTest(DaemonTestCase):
         retry_after = int(box["r"].headers["retry-after"])
         self.assertLessEqual(retry_after, 4)
         self.assertGreaterEqual(time.time() + retry_after, window_end - 0.01)
+        # Exhausted: known here, and said so, with the reset.
+        self.assertEqual(box["r"].headers.get("ratelimit"), f'"q";r=0;t={retry_after}')
         status = json.loads(master.get("/status/q/k").body)
         # 5, and the requests sent before the master's DELAY_UNTIL arrived (the first round trip).
         self.assertGreaterEqual(status["quotas"][0]["used"], 5)

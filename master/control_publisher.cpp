@@ -103,6 +103,17 @@ void control_publisher::send_policy(std::string_view domain, std::string_view id
   }
   auto enc = wire::encode(p, scratch_);
   if (enc && zmq_util::send(socket_, enc->view())) policy_sent_.inc();
+  // The domain's quotas go beside its POLICY (QUOTA: the RateLimit-Policy
+  // field describes them). An override's quotas are not published.
+  if (l.quotas.empty() || !identifier.empty()) return;
+  wire::quota_policy q;
+  q.domain = domain;
+  for (const rules::quota& r : l.quotas) {
+    if (q.count == wire::max_quota_items) break;
+    q.items[q.count++] = {r.limit, r.per, r.offset_us / 1'000'000, r.length_us / 1'000'000};
+  }
+  auto qenc = wire::encode(q, scratch_);
+  if (qenc && zmq_util::send(socket_, qenc->view())) policy_sent_.inc();
 }
 
 void control_publisher::tick(const std::vector<ingest::domain>& domains, const ingest& lookup,

@@ -2,12 +2,9 @@
 #include "master/rules.hpp"
 
 #include <algorithm>
-#include <chrono>
 
 namespace smockron::rules {
 namespace {
-
-constexpr std::int64_t k_day_us = 86'400'000'000;
 
 std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
@@ -261,39 +258,6 @@ decision evaluate_all(const limits& l, const state& s, std::int64_t now, bool si
 }
 
 }  // namespace
-
-std::int64_t window_start_us(const quota& q, std::int64_t t_us) {
-  using namespace std::chrono;
-  const std::int64_t day = floor_div(t_us + q.offset_us, k_day_us);
-  std::int64_t first = day;
-  switch (q.per) {
-    case period::fixed: return floor_div(t_us + q.offset_us, q.length_us) * q.length_us - q.offset_us;
-    case period::day: break;
-    case period::week: first = day - (((day + 3) % 7) + 7) % 7; break;  // 1970-01-01 was a Thursday
-    case period::month: {
-      const year_month_day ymd{sys_days{days{day}}};
-      first = sys_days{ymd.year() / ymd.month() / 1}.time_since_epoch().count();
-      break;
-    }
-  }
-  return first * k_day_us - q.offset_us;
-}
-
-std::int64_t window_end_us(const quota& q, std::int64_t t_us) {
-  using namespace std::chrono;
-  const std::int64_t start = window_start_us(q, t_us);
-  switch (q.per) {
-    case period::fixed: return start + q.length_us;
-    case period::day: return start + k_day_us;
-    case period::week: return start + 7 * k_day_us;
-    case period::month: {
-      const std::int64_t day = floor_div(start + q.offset_us, k_day_us);
-      const year_month_day next = year_month_day{sys_days{days{day}}} + months{1};
-      return sys_days{next}.time_since_epoch().count() * k_day_us - q.offset_us;
-    }
-  }
-  return start + k_day_us;
-}
 
 std::size_t limits::max_burst() const {
   std::int64_t m = 1;

@@ -10,6 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "shared/base/calendar.hpp"
+
 namespace smockron::rules {
 
 enum class algorithm : std::uint8_t { sliding_log, gcra };
@@ -34,7 +36,7 @@ inline constexpr std::int64_t k_exact_burst = 120;
 
 /// A calendar window of a quota (UTC, or shifted by a fixed offset), or a
 /// fixed one of any length (`length_us`, aligned to the epoch).
-enum class period : std::uint8_t { day, week, month, fixed };
+using period = calendar::period;
 
 /// A quota: at most `limit` units per calendar `per` (weeks start on Monday).
 /// Windows are fixed: the count starts again at each window's start, and an
@@ -44,11 +46,16 @@ struct quota {
   period per = period::month;
   std::int64_t offset_us = 0;  ///< local time = UTC + offset (the `tz` of the configuration)
   std::int64_t length_us = 0;  ///< period::fixed: the window's length
+  calendar::window_spec window() const { return {per, offset_us, length_us}; }
 };
 
 /// Start of the window of `q` that holds `t_us`, and the start of the next one.
-std::int64_t window_start_us(const quota& q, std::int64_t t_us);
-std::int64_t window_end_us(const quota& q, std::int64_t t_us);
+inline std::int64_t window_start_us(const quota& q, std::int64_t t_us) {
+  return calendar::window_start_us(q.window(), t_us);
+}
+inline std::int64_t window_end_us(const quota& q, std::int64_t t_us) {
+  return calendar::window_end_us(q.window(), t_us);
+}
 
 /// The compiled, immutable limits of one domain.
 struct limits {

@@ -136,6 +136,15 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
     }
     return;
   }
+  if (wire::control_command(in.frames()) == wire::quota_command) {
+    const auto q = wire::decode_quota(in.frames());
+    if (!q) return bad(q.error());
+    if (const auto domain = domains_.find(q->domain); domain && q->identifier.empty()) {
+      if (gate_.set_quotas(*domain, {q->items.data(), q->count}, clock_.wall_us())) policies_.inc();
+      else policies_ignored_.inc();
+    }
+    return;
+  }
   const auto m = wire::decode_delay_until(in.frames());
   if (!m) return bad(m.error());
   const auto domain = domains_.find(m->domain);

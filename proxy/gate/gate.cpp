@@ -41,6 +41,17 @@ bool gate::set_policy(std::uint32_t domain, std::span<const guard_rule> rules, s
   return true;
 }
 
+bool gate::set_quotas(std::uint32_t domain, std::span<const wire::quota_policy::item> quotas, std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
+  std::lock_guard lock(quotas_mutex_);
+  quota_slot& q = quotas_[domain];
+  q.count = std::min(quotas.size(), q.items.size());
+  std::copy_n(quotas.begin(), q.count, q.items.begin());
+  q.updated_us = now_us;
+  any_quotas_.store(true, std::memory_order_relaxed);
+  return true;
+}
+
 bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::span<const guard_rule> rules,
                         std::int64_t now_us) {
   if (domain >= k_policy_domains) return false;
@@ -136,15 +147,27 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
   quota_state q;
   policy guard = read_policy(domain, now_us);
   std::array<std::int64_t, k_guard_rules> tat{};
+  std::int64_t next_us = 0;  // the master's DELAY_UNTIL for the client
+  bool overridden = false;
   {
     const key_view k{domain, identifier};
     shard& s = shard_for(k);
     std::lock_guard lock(s.mutex);
-    guard = policy_for(s, k, guard, now_us);
-    if (const auto it = s.map.find(k); it != s.map.end() && it->second.policy_seq == guard.seq) tat = it->second.tat;
+    const policy own = policy_for(s, k, guard, now_us);
+    overridden = own.seq != guard.seq;
+    guard = own;
+    if (const auto it = s.map.find(k); it != s.map.end()) {
+      if (it->second.policy_seq == guard.seq) tat = it->second.tat;
+      next_us = it->second.next_us;
+    }
   }
+  if (guard.count == 0 && !covered(domain, now_us)) return q;
+  add_quotas(q, domain, overridden, next_us, now_us);
   if (guard.count == 0) return q;
-  q.count = guard.count;
+  // The rate rules first, then the quotas.
+  std::move_backward(q.items.begin(), q.items.begin() + static_cast<std::ptrdiff_t>(q.count),
+                     q.items.begin() + static_cast<std::ptrdiff_t>(q.count + guard.count));
+  q.count += guard.count;
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
     const std::int64_t ahead = std::max<std::int64_t>(0, tat[i] - now_us);  // GCRA: how far the TAT runs ahead
@@ -155,6 +178,27 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
     it.reset_s = (ahead + 999'999) / 1'000'000;
   }
   return q;
+}
+
+void gate::add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
+                      std::int64_t now_us) const {
+  // An identifier with rules of its own: the domain's quotas may not be its.
+  if (overridden || !any_quotas_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(quotas_mutex_);
+  const auto it = quotas_.find(domain);
+  if (it == quotas_.end() || now_us - it->second.updated_us > wire::policy_fresh_ms * 1000) return;
+  for (std::size_t i = 0; i < it->second.count; ++i) {
+    const auto w = it->second.items[i].window();
+    const std::int64_t start = calendar::window_start_us(w, now_us);
+    const std::int64_t end = calendar::window_end_us(w, now_us);
+    auto& item = q.items[q.count++];
+    item.quota = it->second.items[i].limit;
+    item.window_s = std::max<std::int64_t>(1, (end - start) / 1'000'000);
+    // The units left are the master's to know; an exhausted quota shows here
+    // as the master's DELAY_UNTIL to its window's end.
+    item.remaining = next_us >= end ? 0 : -1;
+    item.reset_s = (end - now_us + 999'999) / 1'000'000;
+  }
 }
 
 bool gate::take_held(const gate_limits& limits) {

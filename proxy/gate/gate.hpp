@@ -64,12 +64,12 @@ struct gate_limits {
 /// knows it (the RateLimit-Policy and RateLimit response fields).
 struct quota_state {
   struct item {
-    std::int64_t quota = 0;      ///< the rule's burst: uses in one window
-    std::int64_t window_s = 0;   ///< burst x interval, in whole seconds (at least 1)
-    std::int64_t remaining = 0;  ///< uses left now
+    std::int64_t quota = 0;      ///< the rule's burst, or the quota's limit: units in one window
+    std::int64_t window_s = 0;   ///< burst x interval, or the quota's current window, in whole seconds (at least 1)
+    std::int64_t remaining = 0;  ///< units left now; -1: not known here (a quota the client has not exhausted)
     std::int64_t reset_s = 0;    ///< seconds until the quota is whole again
   };
-  std::array<item, wire::max_policy_rules> items{};
+  std::array<item, wire::max_policy_rules + wire::max_quota_items> items{};
   std::size_t count = 0;  ///< 0: no fresh policy for the domain (nothing known)
 };
 
@@ -111,6 +111,12 @@ public:
                     std::int64_t now_us);
   /// Overrides a gate keeps (a master lists at most config::max_overrides).
   static constexpr std::size_t k_max_overrides = 65'536;
+
+  /// Sets a domain's quotas (QUOTA), described in the rate-limit fields
+  /// while refreshed within wire::policy_fresh_ms. Called from one thread
+  /// (the control subscriber). False (not kept) for a domain id of
+  /// k_policy_domains or more.
+  bool set_quotas(std::uint32_t domain, std::span<const wire::quota_policy::item> quotas, std::int64_t now_us);
 
   /// True while a master keeps publishing the domain's POLICY (refreshed
   /// within wire::policy_fresh_ms): a master covers the domain.
@@ -187,6 +193,9 @@ private:
     std::array<std::atomic<std::int64_t>, k_guard_rules> interval{};
     std::array<std::atomic<std::int64_t>, k_guard_rules> burst{};
   };
+  /// Appends the domain's fresh quotas to `q` (none for an overridden identifier).
+  void add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
+                  std::int64_t now_us) const;
   /// The domain's policy if it is fresh at `now_us`.
   policy read_policy(std::uint32_t domain, std::int64_t now_us) const;
   /// One identifier's own policy (written by the control thread under the shard's lock).
@@ -216,6 +225,16 @@ private:
   std::atomic<std::size_t> override_count_{0};
   std::uint32_t override_seq_ = 1;  ///< odd, so never a domain policy's (even) sequence; control thread only
   std::atomic<std::size_t> sweep_cursor_{0};
+  // Quotas are read only for the rate-limit fields: one lock, taken only
+  // once some domain has quotas.
+  struct quota_slot {
+    std::array<wire::quota_policy::item, wire::max_quota_items> items{};
+    std::size_t count = 0;
+    std::int64_t updated_us = 0;
+  };
+  mutable std::mutex quotas_mutex_;
+  std::unordered_map<std::uint32_t, quota_slot> quotas_;
+  std::atomic<bool> any_quotas_{false};
 };
 
 }  // namespace smockron::proxy

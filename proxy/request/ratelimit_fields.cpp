@@ -41,16 +41,20 @@ void append_ratelimit_fields(std::string& out, std::string_view domain, const qu
         .append(";w=")
         .append(std::to_string(q.items[i].window_s));
   }
-  out.append("\r\nRateLimit: ");
+  out.append("\r\n");
+  // A quota whose units left only the master knows is in the policy, not here.
+  bool first = true;
   for (std::size_t i = 0; i < q.count; ++i) {
-    if (i > 0) out.append(", ");
-    append_name(out, domain, q, i);
     const auto& it = q.items[i];
+    if (it.remaining < 0) continue;
+    out.append(first ? "RateLimit: " : ", ");
+    first = false;
+    append_name(out, domain, q, i);
     const std::int64_t remaining = throttled_s > 0 ? 0 : it.remaining;
     const std::int64_t reset = std::max(it.reset_s, throttled_s);
     out.append(";r=").append(std::to_string(remaining)).append(";t=").append(std::to_string(reset));
   }
-  out.append("\r\n");
+  if (!first) out.append("\r\n");
 }
 
 void append_decision_field(std::string& out, decision d, std::optional<decision> shadow, std::string_view reason,

@@ -19,7 +19,9 @@ namespace smockron::proxy {
 /// `q`, the client's standing in `domain`; nothing when nothing is known
 /// (q.count == 0). `throttled_s` > 0: the request was refused or held that
 /// long, so nothing remains until then whatever this gatekeeper counted.
-/// Policies are named after the domain ("api"; "api-1", "api-2", ... for several rules).
+/// Policies are named after the domain ("api"; "api-1", "api-2", ... for several
+/// rules, then quotas). A quota whose units left are not known here (the
+/// master counts them; known here once exhausted) is in RateLimit-Policy only.
 void append_ratelimit_fields(std::string& out, std::string_view domain, const quota_state& q, std::int64_t throttled_s);
 
 /// Appends "Smockron-Decision: accepted" / "delayed;held_ms=250" /

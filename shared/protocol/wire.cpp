@@ -2,6 +2,7 @@
 #include "shared/protocol/wire.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 
 namespace smockron::wire {
@@ -74,6 +75,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::interval_invalid: return "interval_invalid";
     case decode_error::policy_invalid: return "policy_invalid";
     case decode_error::cost_invalid: return "cost_invalid";
+    case decode_error::quota_invalid: return "quota_invalid";
   }
   return "unknown";
 }
@@ -186,6 +188,62 @@ result<policy> decode_policy(frames f) {
   return m;
 }
 
+namespace {
+constexpr std::array<std::string_view, 3> k_calendar_periods{"day", "week", "month"};
+
+bool valid(const quota_policy::item& q) {
+  return q.limit >= 1 && q.limit <= max_quota_limit && q.offset_s >= -max_quota_offset_s &&
+         q.offset_s <= max_quota_offset_s &&
+         (q.per != calendar::period::fixed || (q.length_s >= 1 && q.length_s <= max_quota_length_s));
+}
+}  // namespace
+
+result<quota_policy> decode_quota(frames f) {
+  if (f.size() < 2) return decode_error::frame_count;
+  quota_policy m;
+  auto domain = decode_domain(f[0]);
+  if (!domain) return domain.error();
+  m.domain = domain.value();
+  if (f[1] != quota_command) return decode_error::unknown_command;
+  if (f.size() != 4) return decode_error::frame_count;
+  if (f[2].size() > max_identifier_bytes) return decode_error::frame_too_large;
+  m.identifier = f[2];
+  std::string_view rest = f[3];
+  if (rest.empty()) return m;  // the domain has no quotas
+  while (true) {
+    const std::size_t end = rest.find(' ');
+    std::string_view token = rest.substr(0, end);
+    const std::size_t a = token.find('/');
+    const std::size_t b = a == std::string_view::npos ? a : token.find('/', a + 1);
+    if (m.count == max_quota_items || b == std::string_view::npos) return decode_error::quota_invalid;
+    quota_policy::item q;
+    auto limit = parse_timestamp(token.substr(0, a));
+    if (!limit) return decode_error::quota_invalid;
+    q.limit = limit.value();
+    const std::string_view per = token.substr(a + 1, b - a - 1);
+    if (const auto it = std::find(k_calendar_periods.begin(), k_calendar_periods.end(), per);
+        it != k_calendar_periods.end()) {
+      q.per = static_cast<calendar::period>(it - k_calendar_periods.begin());
+    } else {
+      auto length = parse_timestamp(per);
+      if (!length) return decode_error::quota_invalid;
+      q.per = calendar::period::fixed;
+      q.length_s = length.value();
+    }
+    std::string_view offset = token.substr(b + 1);
+    const bool negative = !offset.empty() && offset.front() == '-';
+    if (negative) offset.remove_prefix(1);
+    auto off = parse_timestamp(offset);
+    if (!off) return decode_error::quota_invalid;
+    q.offset_s = negative ? -off.value() : off.value();
+    if (!valid(q) || (negative && q.offset_s == 0)) return decode_error::quota_invalid;
+    m.items[m.count++] = q;
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return m;
+}
+
 std::optional<encoded> encode(const accounting& m, scratch& s) {
   auto domain = write_domain(m.domain, s);
   if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes ||
@@ -259,6 +317,35 @@ std::optional<encoded> encode(const policy& m, scratch& s) {
   e.frame[1] = policy_command;
   e.frame[2] = m.identifier;
   e.frame[3] = std::string_view(s.text.data(), static_cast<std::size_t>(out - s.text.data()));
+  e.count = 4;
+  return e;
+}
+
+std::optional<encoded> encode(const quota_policy& m, scratch& s) {
+  auto domain = write_domain(m.domain, s);
+  if (!domain || m.identifier.size() > max_identifier_bytes || m.count > max_quota_items) return std::nullopt;
+  char* out = s.quotas.data();
+  char* const end = s.quotas.data() + s.quotas.size();
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const quota_policy::item& q = m.items[i];
+    if (!valid(q)) return std::nullopt;
+    if (i > 0) *out++ = ' ';
+    out = std::to_chars(out, end, q.limit).ptr;  // 4 x (13 + 1 + 9 + 1 + 6 + 1) fits
+    *out++ = '/';
+    if (q.per == calendar::period::fixed) {
+      out = std::to_chars(out, end, q.length_s).ptr;
+    } else {
+      const std::string_view name = k_calendar_periods[static_cast<std::size_t>(q.per)];
+      out = std::copy(name.begin(), name.end(), out);
+    }
+    *out++ = '/';
+    out = std::to_chars(out, end, q.offset_s).ptr;
+  }
+  encoded e;
+  e.frame[0] = *domain;
+  e.frame[1] = quota_command;
+  e.frame[2] = m.identifier;
+  e.frame[3] = std::string_view(s.quotas.data(), static_cast<std::size_t>(out - s.quotas.data()));
   e.count = 4;
   return e;
 }

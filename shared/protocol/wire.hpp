@@ -11,6 +11,8 @@
 #include <span>
 #include <string_view>
 
+#include "shared/base/calendar.hpp"
+
 namespace smockron::wire {
 
 /// Bounds on frame sizes. Anything larger is rejected as frame_too_large.
@@ -46,8 +48,9 @@ enum class decode_error : std::uint8_t {
   interval_invalid,        ///< DELAY_UNTIL interval frame not a positive number
   policy_invalid,          ///< POLICY rules frame malformed
   cost_invalid,            ///< loginfo starts with "cost=" but no valid cost follows
+  quota_invalid,           ///< QUOTA quotas frame malformed
 };
-inline constexpr std::size_t decode_error_count = 16;
+inline constexpr std::size_t decode_error_count = 17;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -115,6 +118,36 @@ struct policy {
   std::size_t count = 0;
 };
 
+/// Control message QUOTA (wire addition, as POLICY: a gatekeeper that does
+/// not know it drops it as an unknown command, counted, and works as
+/// before): [domain\0, "QUOTA", identifier, quotas], where quotas is
+/// "LIMIT/PER/OFFSET_S" per quota, separated by one space, at most
+/// max_quota_items: LIMIT units per window, PER "day", "week", "month" or
+/// the length of a fixed window in whole seconds, OFFSET_S the windows'
+/// offset from UTC in seconds (signed, at most 14 hours). The identifier
+/// frame is empty (the domain's quotas; an override's are not published).
+/// The master publishes it beside each domain's POLICY when the domain has
+/// quotas; gatekeepers describe them in the RateLimit-Policy field and drop
+/// them when not refreshed for policy_fresh_ms.
+inline constexpr std::string_view quota_command = "QUOTA";
+inline constexpr std::size_t max_quota_items = 4;
+inline constexpr std::int64_t max_quota_limit = 1'000'000'000'000;
+inline constexpr std::int64_t max_quota_offset_s = 14 * 3600;
+inline constexpr std::int64_t max_quota_length_s = max_policy_span_us / 1'000'000;
+struct quota_policy {
+  struct item {
+    std::int64_t limit = 0;
+    calendar::period per = calendar::period::month;
+    std::int64_t offset_s = 0;
+    std::int64_t length_s = 0;  ///< period::fixed
+    calendar::window_spec window() const { return {per, offset_s * 1'000'000, length_s * 1'000'000}; }
+  };
+  std::string_view domain;
+  std::string_view identifier;
+  std::array<item, max_quota_items> items{};
+  std::size_t count = 0;
+};
+
 /// Either a decoded value or an error. A tiny expected<> for C++20.
 template <class T>
 class result {
@@ -138,6 +171,7 @@ using frames = std::span<const std::string_view>;
 result<accounting> decode_accounting(frames f);
 result<delay_until> decode_delay_until(frames f);
 result<policy> decode_policy(frames f);
+result<quota_policy> decode_quota(frames f);
 /// The command frame of a control message ("" when there is none).
 inline std::string_view control_command(frames f) { return f.size() >= 2 ? f[1] : std::string_view{}; }
 
@@ -150,8 +184,9 @@ struct scratch {
   std::array<char, max_domain_bytes + 1> domain{};
   std::array<char, 20> number_a{};
   std::array<char, 20> number_b{};
-  std::array<char, max_policy_rules * 32> text{};  ///< POLICY's rules frame
-  std::array<char, max_loginfo_bytes> loginfo{};   ///< an accounting message's "cost=N" and loginfo
+  std::array<char, max_policy_rules * 32> text{};   ///< POLICY's rules frame
+  std::array<char, max_loginfo_bytes> loginfo{};    ///< an accounting message's "cost=N" and loginfo
+  std::array<char, max_quota_items * 48> quotas{};  ///< QUOTA's quotas frame
 };
 
 /// Up to six frames and how many are used.
@@ -167,5 +202,7 @@ std::optional<encoded> encode(const accounting& m, scratch& s);
 std::optional<encoded> encode(const delay_until& m, scratch& s);
 /// Refuses more than max_policy_rules rules, or an interval or burst below 1 or over 15 digits.
 std::optional<encoded> encode(const policy& m, scratch& s);
+/// Refuses more than max_quota_items quotas, or a value outside its bound.
+std::optional<encoded> encode(const quota_policy& m, scratch& s);
 
 }  // namespace smockron::wire

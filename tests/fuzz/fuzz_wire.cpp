@@ -41,5 +41,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(back->rules[i].interval_us == r.interval_us && back->rules[i].burst == r.burst);
     }
   }
+  if (auto q = wire::decode_quota(f)) {
+    FUZZ_CHECK(q->count <= wire::max_quota_items);
+    const auto enc = wire::encode(q.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_quota(enc->view());
+    FUZZ_CHECK(back && back->domain == q->domain && back->identifier == q->identifier && back->count == q->count);
+    for (std::size_t i = 0; i < q->count; ++i) {
+      const auto& a = q->items[i];
+      const auto& b = back->items[i];
+      FUZZ_CHECK(a.limit >= 1 && a.limit <= wire::max_quota_limit);
+      FUZZ_CHECK(a.per != calendar::period::fixed || (a.length_s >= 1 && a.length_s <= wire::max_quota_length_s));
+      FUZZ_CHECK(a.limit == b.limit && a.per == b.per && a.offset_s == b.offset_s && a.length_s == b.length_s);
+      // What the gate computes from it stays ordered.
+      const auto w = a.window();
+      const std::int64_t t = 1'700'000'000'000'000;
+      FUZZ_CHECK(calendar::window_start_us(w, t) <= t && t < calendar::window_end_us(w, t));
+    }
+  }
   return 0;
 }

@@ -439,3 +439,62 @@ TEST(RateLimitFields, DraftTenSyntax) {
             "Smockron-Decision: delayed;held_ms=250\r\nSmockron-Decision: rejected;reason=held_full\r\n"
             "Smockron-Decision: accepted;shadow=rejected\r\n");
 }
+
+// A domain's quotas (QUOTA): described in RateLimit-Policy beside the rules;
+// in RateLimit only once the client is known to have exhausted one (the
+// master's DELAY_UNTIL to its window's end). Dropped when not refreshed.
+TEST(GateGuard, QuotasAreDescribedAndKnownExhaustedOnly) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 2}}, t0);
+  using item = smockron::wire::quota_policy::item;
+  const std::vector<item> quotas{{1'000, smockron::calendar::period::fixed, 0, 60}};
+  ASSERT_TRUE(g.set_quotas(0, quotas, t0));
+  const auto window = quotas[0].window();
+  const std::int64_t end = smockron::calendar::window_end_us(window, t0);
+  auto q = g.quota(0, "c", t0);
+  ASSERT_EQ(q.count, 2u);
+  EXPECT_EQ(q.items[0].quota, 2) << "the rate rule first";
+  EXPECT_EQ(q.items[1].quota, 1'000);
+  EXPECT_EQ(q.items[1].window_s, 60);
+  EXPECT_EQ(q.items[1].remaining, -1) << "the master counts the units left";
+  EXPECT_EQ(q.items[1].reset_s, (end - t0 + 999'999) / 1'000'000);
+  // The master says the client waits until the window's end: exhausted.
+  g.update(0, "c", end, 0, t0);
+  EXPECT_EQ(g.quota(0, "c", t0).items[1].remaining, 0);
+  // A domain with quotas and no rate rule.
+  set_policy(g, 1, {}, t0);
+  ASSERT_TRUE(g.set_quotas(1, quotas, t0));
+  EXPECT_EQ(g.quota(1, "c", t0).count, 1u);
+  // An overridden identifier: its own rules only.
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{10 * ms, 20}}, t0));
+  EXPECT_EQ(g.quota(0, "vip", t0).count, 1u);
+  // Not refreshed: gone.
+  const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
+  set_policy(g, 0, {{100 * ms, 2}}, later);
+  EXPECT_EQ(g.quota(0, "c", later).count, 1u);
+  EXPECT_FALSE(g.set_quotas(gate::k_policy_domains, quotas, t0));
+}
+
+TEST(RateLimitFields, AQuotaNotKnownHereIsInThePolicyOnly) {
+  quota_state q;
+  q.count = 2;
+  q.items[0] = {20, 2, 7, 1};
+  q.items[1] = {1'000'000, 2'592'000, -1, 86'400};
+  std::string out;
+  append_ratelimit_fields(out, "llm", q, 0);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"llm-1\";q=20;w=2, \"llm-2\";q=1000000;w=2592000\r\n"
+            "RateLimit: \"llm-1\";r=7;t=1\r\n");
+  q.items[1].remaining = 0;  // exhausted
+  out.clear();
+  append_ratelimit_fields(out, "llm", q, 86'400);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"llm-1\";q=20;w=2, \"llm-2\";q=1000000;w=2592000\r\n"
+            "RateLimit: \"llm-1\";r=0;t=86400, \"llm-2\";r=0;t=86400\r\n");
+  q.count = 1;
+  q.items[0] = q.items[1];
+  q.items[0].remaining = -1;
+  out.clear();
+  append_ratelimit_fields(out, "llm", q, 0);
+  EXPECT_EQ(out, "RateLimit-Policy: \"llm\";q=1000000;w=2592000\r\n") << "no RateLimit line without an item";
+}

@@ -348,3 +348,59 @@ TEST(Wire, CostErrorsAndPlainLoginfo) {
   EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost=1000000000001"}), decode_error::cost_invalid);
   EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost= 3"}), decode_error::cost_invalid);
 }
+
+TEST(Wire, QuotaGoldenBytesAndRoundTrip) {
+  scratch s;
+  quota_policy q;
+  q.domain = "llm";
+  q.items[q.count++] = {1'000'000, smockron::calendar::period::month, 0, 0};
+  q.items[q.count++] = {5'000, smockron::calendar::period::day, 19'800, 0};
+  q.items[q.count++] = {50, smockron::calendar::period::fixed, -3'600, 10};
+  auto e = encode(q, s);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->count, 4u);
+  EXPECT_EQ(e->frame[0], "llm\0"s);
+  EXPECT_EQ(e->frame[1], "QUOTA");
+  EXPECT_EQ(e->frame[2], "");
+  EXPECT_EQ(e->frame[3], "1000000/month/0 5000/day/19800 50/10/-3600");
+  auto back = decode_quota(e->view());
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->count, 3u);
+  EXPECT_EQ(back->items[1].per, smockron::calendar::period::day);
+  EXPECT_EQ(back->items[1].offset_s, 19'800);
+  EXPECT_EQ(back->items[2].per, smockron::calendar::period::fixed);
+  EXPECT_EQ(back->items[2].length_s, 10);
+  EXPECT_EQ(back->items[2].offset_s, -3'600);
+  // No quotas: an empty frame.
+  quota_policy none;
+  none.domain = "llm";
+  auto empty = encode(none, s);
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(empty->frame[3], "");
+  EXPECT_EQ(decode_quota(empty->view())->count, 0u);
+  // Outside the bounds: nothing encoded.
+  quota_policy bad = q;
+  bad.items[0].limit = 0;
+  EXPECT_FALSE(encode(bad, s));
+  bad = q;
+  bad.items[1].offset_s = 15 * 3600;
+  EXPECT_FALSE(encode(bad, s));
+}
+
+TEST(Wire, QuotaErrors) {
+  const auto err = [](const std::string& quotas) {
+    const std::vector<std::string> f{"llm\0"s, "QUOTA", "", quotas};
+    auto v = views(f);
+    auto r = decode_quota(v);
+    EXPECT_FALSE(r) << quotas;
+    return r ? decode_error::frame_count : r.error();
+  };
+  for (const char* bad :
+       {"10", "10/month", "0/month/0", "10/year/0", "10/0/0", "x/day/0", "10/day/+5", "10/day/-0", "10/day/50401",
+        "10/day/0  10/day/0", "10/day/0 ", "1/day/0 1/day/0 1/day/0 1/day/0 1/day/0", "1000000000001/day/0"}) {
+    EXPECT_EQ(err(bad), decode_error::quota_invalid) << bad;
+  }
+  const std::vector<std::string> three{"llm\0"s, "QUOTA", ""};
+  auto v = views(three);
+  EXPECT_EQ(decode_quota(v).error(), decode_error::frame_count);
+}
