@@ -631,7 +631,7 @@ class Gatekeeper:
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
-        self.policies: list[list[bytes]] = []  # POLICY messages seen (recv skips them)
+        self.policies: list[list[bytes]] = []  # POLICY and QUOTA messages seen (recv skips them)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -686,8 +686,8 @@ class Gatekeeper:
                 return None
             if probe_topic is not None and frames[0] == probe_topic:
                 continue
-            if len(frames) > 1 and frames[1] == b"POLICY":
-                self.policies.append(frames)  # the master's periodic rules broadcast
+            if len(frames) > 1 and frames[1] in (b"POLICY", b"QUOTA"):
+                self.policies.append(frames)  # the master's periodic rules (and quotas) broadcast
                 continue
             return parse_control(frames)
 
