@@ -205,8 +205,11 @@ void limiter::reconfigure(std::vector<domain_limits> domains,
     for (auto& [key, en] : maps[i]) {
       en.domain = i;
       const rules::limits* next = &domains[i].of(key);
-      // A changed algorithm or rule count makes old state meaningless.
+      // A changed algorithm or rule count makes old state meaningless; so
+      // does a changed layout of the counters and quotas (a rule's burst
+      // crossing k_exact_burst, a quota added or removed) for those numbers.
       if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
+      if (!rules::same_aux_layout(*en.lim, *next)) en.st.aux.clear();
       en.lim = next;  // points into `domains`' elements, which move into limits_ below
     }
   }

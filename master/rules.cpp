@@ -35,7 +35,7 @@ struct window_counts {
 window_counts counts_at(const limits& l, const state& s, std::size_t i, std::int64_t t) {
   const std::int64_t w = l.rules[i].window_us();
   const std::int64_t start = floor_div(t, w) * w;
-  if (s.aux.empty()) return {start, 0, 0};
+  if (s.aux.size() != l.aux_size()) return {start, 0, 0};
   const std::int64_t* a = &s.aux[counter_at(l, i)];
   if (a[0] == start) return {start, a[1], a[2]};
   if (a[0] == start - w) return {start, a[2], 0};
@@ -331,6 +331,14 @@ std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int
   if (s.aux.size() != l.aux_size()) return 0;
   const std::int64_t* a = &s.aux[quota_at(l, i)];
   return a[0] == window_start_us(l.quotas[i], now_us) ? a[1] : 0;
+}
+
+bool same_aux_layout(const limits& a, const limits& b) {
+  if (a.quotas.size() != b.quotas.size() || a.rules.size() != b.rules.size()) return false;
+  for (std::size_t i = 0; i < a.rules.size(); ++i) {
+    if (a.counted(a.rules[i]) != b.counted(b.rules[i])) return false;
+  }
+  return true;
 }
 
 bool compatible(const limits& l, const state& s) {

@@ -161,6 +161,10 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
 /// Units of quota `i` used in its window holding `now_us`.
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
 
+/// True when a state's aux numbers mean the same under `a` and `b` (the same
+/// rules counted, the same number of quotas).
+bool same_aux_layout(const limits& a, const limits& b);
+
 /// True when `s` has the shape `l` expects (GCRA: one time per rule; log:
 /// ascending; aux: empty or aux_size() numbers).
 bool compatible(const limits& l, const state& s);

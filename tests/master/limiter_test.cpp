@@ -97,6 +97,26 @@ TEST(Limiter, ReconfigureKeepsCompatibleStateAndDropsRemovedDomains) {
   EXPECT_EQ(l.tracked(), 100u);
 }
 
+TEST(Limiter, ReconfigureKeepsQuotasOfTheSameLayoutAndDropsOthers) {
+  rules::limits with_quota = ten_per_second(5);
+  with_quota.quotas = {{100, rules::period::day}};
+  limiter l({with_quota}, 100);
+  for (int i = 0; i < 3; ++i) l.apply(0, "a", at(t0), t0);
+  ASSERT_EQ(rules::quota_used(l.limits(0).base, *l.find(0, "a"), 0, t0), 3);
+  // A larger limit, the same layout: the count stays.
+  rules::limits larger = with_quota;
+  larger.quotas[0].limit = 1'000;
+  l.reconfigure({larger}, {0});
+  EXPECT_EQ(rules::quota_used(l.limits(0).base, *l.find(0, "a"), 0, t0), 3);
+  // The rate rule's burst crosses k_exact_burst (it becomes a counter): the numbers mean something else.
+  rules::limits counted = larger;
+  counted.rules[0].burst = rules::k_exact_burst + 1;
+  l.reconfigure({counted}, {0});
+  EXPECT_TRUE(l.find(0, "a")->aux.empty());
+  EXPECT_FALSE(l.apply(0, "a", at(t0), t0).throttled);
+  EXPECT_EQ(l.find(0, "a")->aux.size(), counted.aux_size());
+}
+
 TEST(Limiter, OverrideGivesOneIdentifierItsOwnLimitsAndReconfigureFollowsIt) {
   domain_limits d = ten_per_second(1);
   d.overrides.emplace("vip", ten_per_second(3));
