@@ -223,15 +223,17 @@ void evaluate_gcra(const limits& l, const state& s, std::int64_t now, decision& 
 
 void record_gcra(const limits& l, state& s, event e, std::int64_t now) {
   s.times.resize(l.rules.size(), 0);
-  // The debt is bounded as for the sliding log (see free_slot): a unit
-  // starts at most at now + max_debt_us, so the arrival time runs at most
-  // one interval past it, whatever the cost (as c uses of one would leave it).
+  // The debt is bounded as for the sliding log (see free_slot): the next
+  // allowed time, burst - 1 intervals before the arrival time, runs at most
+  // one interval past now + max_debt_us, whatever the cost (as c uses of one
+  // would leave it).
   const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
   for (std::size_t i = 0; i < l.rules.size(); ++i) {
     const std::int64_t interval = l.rules[i].interval_us;
-    const std::int64_t from = std::min(std::max(s.times[i], e.at_us), most);
-    const std::int64_t room = (most - from) / interval + 1;  // units until the bound
-    s.times[i] = e.cost <= room ? from + e.cost * interval : most + interval;
+    const std::int64_t most_tat = most + (l.rules[i].burst - 1) * interval;
+    const std::int64_t from = std::min(std::max(s.times[i], e.at_us), most_tat);
+    const std::int64_t room = (most_tat - from) / interval + 1;  // units until the bound
+    s.times[i] = e.cost <= room ? from + e.cost * interval : most_tat + interval;
   }
 }
 

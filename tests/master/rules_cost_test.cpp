@@ -110,6 +110,24 @@ TEST_P(InUnits, AHugeCostLeavesABoundedDebt) {
   EXPECT_GE(d.next_us, t0 + l.max_debt_us() - 500 * ms);
 }
 
+TEST_P(InUnits, ACostBeyondABurstAsLongAsTheDebtBoundIsPaidBack) {
+  // 20,000 per minute, burst 20,000: the window (60 s) is as long as the
+  // default debt bound. A call that used 25,004 tokens leaves 5,004 to pay
+  // back at 3 ms each: about 15 s, not a few milliseconds.
+  limits l = make(GetParam(), {{3 * ms, 20'000}});
+  l.max_future_us = 60'000 * ms;
+  state s;
+  const decision d = use(l, s, 25'004, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  if (GetParam() == algorithm::gcra) {
+    EXPECT_EQ(d.next_us, t0 + 5'005 * 3 * ms);
+  } else {
+    // A counted rule (burst over 120): paid back as the window's share fades.
+    EXPECT_GE(d.next_us, t0 + 10'000 * ms);
+    EXPECT_LE(d.next_us, t0 + 120'000 * ms);
+  }
+}
+
 TEST_P(InUnits, WeightedHotClientIsHeldToTheRateInUnits) {
   // Costs 1..100 at random, 20/s (units) burst 100, a client sending every
   // 5 ms whenever allowed, reported 0 and 50 ms late: the admitted units
