@@ -75,9 +75,13 @@ if [ "$ready" = 0 ]; then
   echo "smockron: not ready within 10 s (admin endpoints 127.0.0.1:9105 and 127.0.0.1:9106 do not answer)" >&2
   exit 1
 fi
-cat <<MSG
-
-Smockron is running (config: $config)
+echo
+echo "Smockron is running (config: $config)"
+if [ -n "${1:-}" ]; then
+  echo "  admin:   curl -s http://127.0.0.1:9106/metrics (proxy); curl -s http://127.0.0.1:9105/status (master)"
+  echo "Ctrl-C to stop."
+else
+  cat <<MSG
   proxy:   http://127.0.0.1:8080/   (demo domain: 2/s, burst 5, per X-API-Key or client IP)
   accepted, then delayed (held, one every 500 ms):
            for i in \$(seq 12); do curl -s -o /dev/null -w '%{http_code} %{time_total}s\n' -H 'X-API-Key: alice' http://127.0.0.1:8080/; done
@@ -87,6 +91,7 @@ Smockron is running (config: $config)
   master:  curl -s http://127.0.0.1:9105/status
 Ctrl-C to stop.
 MSG
+fi
 # Until Ctrl-C or until any of them exits.
 set +e
 wait -n "${!names[@]}"
