@@ -283,7 +283,10 @@ class IntrospectionTest(DaemonTestCase):
         self.assertEqual(status, 200, body)
         doc = json.loads(body)
         self.assertEqual((doc["domain"], doc["identifier"], doc["algorithm"]), ("api", "2001:db8::/64", "sliding-log"))
-        self.assertEqual(doc["rules"], [{"interval_ms": 60000.0, "burst": 1}, {"interval_ms": 36000.0, "burst": 10}])
+        # Each rule, and the units its window holds now (the one use).
+        self.assertEqual(doc["rules"], [{"interval_ms": 60000.0, "burst": 1, "used": 1.0},
+                                        {"interval_ms": 36000.0, "burst": 10, "used": 1.0}])
+        self.assertEqual(doc["quotas"], [])
         self.assertTrue(doc["tracked"])
         self.assertEqual(doc["uses_ms"], [now_ms])
         self.assertTrue(doc["throttled"])
@@ -359,7 +362,7 @@ class OverrideTest(DaemonTestCase):
         doc = wait_until(lambda: (d := self.get(master.admin_port, "/status/api/vip")) and len(d["uses_ms"]) == 15
                          and d, 10, interval=0.1, message="the master has vip's 15 uses")
         self.assertEqual((doc["override"], doc["rules"], doc["throttled"]),
-                         (True, [{"interval_ms": 500.0, "burst": 20}], False))
+                         (True, [{"interval_ms": 500.0, "burst": 20, "used": 15.0}], False))
         self.assertFalse(self.get(master.admin_port, "/status/api/plain")["override"])
         self.assertTrue(self.get(master.admin_port, "/status/api/internal")["throttled"] is False)
         api = next(d for d in self.get(master.admin_port, "/status")["domains"] if d["name"] == "api")

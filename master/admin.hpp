@@ -11,8 +11,9 @@
 
 namespace smockron::master {
 
-/// What the admin endpoint answers for `path` (called on the admin thread;
-/// the service answers through its own thread-safe calls).
-admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path);
+/// What the admin endpoint answers for `path` and its `query` (called on the
+/// admin thread; the service answers through its own thread-safe calls).
+admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path,
+                                      std::string_view query);
 
 }  // namespace smockron::master

@@ -26,6 +26,7 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
     : clock_(clk),
       metrics_(reg),
       limiter_(compile_all(cfg), cfg.max_identifiers),
+      top_(cfg.domains.size(), cfg.top_identifiers),
       unknown_domain_(reg.add_counter("smockron_master_unknown_domain_total",
                                       "Accounting messages for a domain this master does not own")),
       query_unknown_domain_(reg.add_counter("smockron_master_query_ignored_total",
@@ -99,6 +100,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   }
   limiter_.reconfigure(compile_all(next), old_index);
   limiter_.set_max_identifiers(next.max_identifiers);
+  top_ = top_limited(next.domains.size(), next.top_identifiers);
   install(next);
   return changes;
 }
@@ -141,6 +143,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
   const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
+  // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
+  if (msg->state != wire::status::accepted || (dec.throttled && dec.next_us > now_us)) {
+    top_.limited(it->second, msg->identifier, now_us);
+  }
   std::optional<wire::delay_until> out;
   if (dec.throttled && dec.next_us > now_us) {
     out.emplace();

@@ -16,6 +16,7 @@
 #include "master/limiter.hpp"
 #include "master/query.hpp"
 #include "master/rules.hpp"
+#include "master/top.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/enum_array.hpp"
 #include "shared/base/log.hpp"
@@ -76,6 +77,7 @@ public:
   std::optional<std::size_t> find(std::string_view name) const;
   limiter& states() { return limiter_; }
   const limiter& states() const { return limiter_; }
+  const top_limited& top() const { return top_; }
 
 private:
   void install(const config::master_config& cfg);
@@ -84,6 +86,7 @@ private:
   const clock& clock_;
   metrics::registry& metrics_;
   limiter limiter_;
+  top_limited top_;
   std::vector<domain> domains_;
   string_map<std::size_t> index_;
   metrics::counter* decode_errors_[wire::decode_error_count] = {};

@@ -1,6 +1,8 @@
 // In-memory limiter state: hash map per domain + one intrusive LRU list.
 #include "master/limiter.hpp"
 
+#include "master/top.hpp"
+
 #include <algorithm>
 #include <array>
 
@@ -109,10 +111,29 @@ limiter::entry* limiter::touch(std::size_t domain, std::string_view identifier, 
   return en;
 }
 
+void limiter::stats::count(bool refused, std::int64_t now_us) {
+  const std::int64_t h = now_us / top_limited::k_half_us;
+  if (h != half) {
+    uses[1] = h == half + 1 ? uses[0] : 0;
+    refusals[1] = h == half + 1 ? refusals[0] : 0;
+    uses[0] = refusals[0] = 0;
+    half = h;
+  }
+  ++(refused ? refusals[0] : uses[0]);
+}
+
+std::pair<std::uint32_t, std::uint32_t> limiter::stats::last_minute(std::int64_t now_us) const {
+  const std::int64_t h = now_us / top_limited::k_half_us;
+  if (h == half) return {uses[0] + uses[1], refusals[0] + refusals[1]};
+  if (h == half + 1) return {uses[0], refusals[0]};
+  return {0, 0};
+}
+
 rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) {
   if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
   ++en->counts.n_req;
   if (e.kind != rules::event_kind::accepted) ++en->counts.n_over;
+  en->counts.count(e.kind == rules::event_kind::rejected, now_us);
   return rules::apply(*en->lim, en->st, e, now_us);
 }
 
@@ -129,6 +150,7 @@ limiter::query_use limiter::use(std::size_t domain, std::string_view identifier,
     out.over = true;
     ++en->counts.n_req;
     ++en->counts.n_over;
+    en->counts.count(true, now_us);
   } else {
     out.after = record(en, {rules::event_kind::accepted, now_us}, now_us);
   }

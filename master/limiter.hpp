@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "master/rules.hpp"
@@ -105,6 +106,15 @@ public:
   /// highest window use a query reported (the query protocol's get_stats).
   struct stats {
     std::uint32_t n_req = 0, n_over = 0, max_rate = 0;
+    // Uses (ACCEPTED, DELAYED, queries) and refusals (REJECTED, queries
+    // answered "Y") in this half minute [0] and the last [1] (GET /top).
+    std::int64_t half = 0;
+    std::uint32_t uses[2] = {0, 0};
+    std::uint32_t refusals[2] = {0, 0};
+    /// Counts one use (or refusal) at `now_us`.
+    void count(bool refused, std::int64_t now_us);
+    /// Uses and refusals in the last 30 to 60 s as of `now_us`.
+    std::pair<std::uint32_t, std::uint32_t> last_minute(std::int64_t now_us) const;
   };
   stats find_stats(std::size_t domain, std::string_view identifier) const;
   /// A query's use: recorded as an accepted use at `now_us` unless the

@@ -45,7 +45,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<admin_server> admin;
   try {
     admin = std::make_unique<admin_server>(
-        ioc, cfg.admin, [&](std::string_view path) { return master::admin_response(*svc, registry, path); },
+        ioc, cfg.admin,
+        [&](std::string_view path, std::string_view query) {
+          return master::admin_response(*svc, registry, path, query);
+        },
         admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
                                                                     "Connections refused by an endpoint's allow list",
                                                                     metrics::labels({{"endpoint", "admin"}}))});

@@ -285,19 +285,31 @@ bool service::alive(std::chrono::steady_clock::duration max_stall) const {
   return clock_.steady_now() - beat < max_stall;
 }
 
+std::optional<std::string> service::ask(std::shared_ptr<status_query> q, std::chrono::milliseconds timeout) {
+  auto answer = q->answer.get_future();
+  {
+    std::lock_guard lock(queries_mutex_);
+    queries_.push_back(std::move(q));
+  }
+  queries_pending_ = true;
+  if (answer.wait_for(timeout) != std::future_status::ready) return std::nullopt;
+  return answer.get();
+}
+
 std::optional<std::string> service::identifier_status(std::string_view domain, std::string_view identifier,
                                                       std::chrono::milliseconds timeout) {
   auto q = std::make_shared<status_query>();
   q->domain = domain;
   q->identifier = identifier;
-  auto answer = q->answer.get_future();
-  {
-    std::lock_guard lock(queries_mutex_);
-    queries_.push_back(q);
-  }
-  queries_pending_ = true;
-  if (answer.wait_for(timeout) != std::future_status::ready) return std::nullopt;
-  return answer.get();
+  return ask(std::move(q), timeout);
+}
+
+std::optional<std::string> service::top(std::string_view domain, std::size_t n, std::chrono::milliseconds timeout) {
+  auto q = std::make_shared<status_query>();
+  q->domain = domain;
+  q->top = true;
+  q->n = n;
+  return ask(std::move(q), timeout);
 }
 
 void service::answer_queries() {
@@ -308,6 +320,10 @@ void service::answer_queries() {
   }
   const auto now = clock_.wall_us();
   for (const auto& q : batch) {
+    if (q->top) {
+      q->answer.set_value(master::top_json(ingest_, q->domain, q->n, now));
+      continue;
+    }
     const auto d = ingest_.find(q->domain);
     if (!d) {
       q->answer.set_value(std::string());  // no such domain

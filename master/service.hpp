@@ -76,6 +76,11 @@ public:
   /// away). Empty when the domain is unknown; nothing when the loop did not answer in `timeout`.
   std::optional<std::string> identifier_status(std::string_view domain, std::string_view identifier,
                                                std::chrono::milliseconds timeout);
+  /// JSON for /top (thread-safe): the `n` identifiers limited most in the
+  /// last minute, per domain (or of `domain` only), asked of the loop as
+  /// identifier_status is. Empty when `domain` is unknown; nothing when the
+  /// loop did not answer in `timeout`.
+  std::optional<std::string> top(std::string_view domain, std::size_t n, std::chrono::milliseconds timeout);
   /// True while the loop has run recently (for /livez; thread-safe).
   bool alive(std::chrono::steady_clock::duration max_stall) const;
   /// Tracked (domain, identifier) states (loop thread).
@@ -129,8 +134,11 @@ private:
   // Identifier status queries from the admin thread, answered by the loop.
   struct status_query {
     std::string domain, identifier;
+    bool top = false;  ///< GET /top: `domain` (empty: every domain), `n` identifiers each
+    std::size_t n = 0;
     std::promise<std::optional<std::string>> answer;
   };
+  std::optional<std::string> ask(std::shared_ptr<status_query> q, std::chrono::milliseconds timeout);
   void answer_queries();
   std::mutex queries_mutex_;
   std::vector<std::shared_ptr<status_query>> queries_;

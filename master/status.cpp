@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <string_view>
 
@@ -96,6 +97,39 @@ std::string identifier_status_json(std::string_view domain, std::string_view ide
   const rules::decision d = st ? rules::evaluate(limits, *st, now_us) : rules::decision{};
   doc["throttled"] = d.throttled;
   if (d.throttled) doc["next_allowed_ms"] = ms(d.next_us);
+  return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+std::string top_json(const ingest& in, std::string_view domain, std::size_t n, std::int64_t now_us) {
+  nlohmann::ordered_json doc;
+  doc["now_ms"] = now_us / 1000;
+  doc["window_s"] = 2 * top_limited::k_half_us / 1'000'000;
+  doc["domains"] = nlohmann::ordered_json::array();
+  const auto one = [&](std::size_t d) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    const auto& states = in.states();
+    for (const auto& e : in.top().top(d, std::min(n, in.top().capacity()), now_us)) {
+      const rules::state* st = states.find(d, e.identifier);
+      const rules::decision dec =
+          st ? rules::evaluate(states.limits_of(d, e.identifier), *st, now_us) : rules::decision{};
+      const auto [uses, refusals] = states.find_stats(d, e.identifier).last_minute(now_us);
+      nlohmann::ordered_json item{
+          {"identifier", e.identifier}, {"limited", e.limited}, {"error", e.error}, {"throttled", dec.throttled}};
+      if (dec.throttled) item["throttled_until_ms"] = (dec.next_us + 999) / 1000;
+      item["uses"] = uses;
+      item["refusals"] = refusals;
+      list.push_back(std::move(item));
+    }
+    doc["domains"].push_back({{"domain", in.domains()[d].name}, {"top", std::move(list)}});
+  };
+  if (domain.empty()) {
+    for (std::size_t d = 0; d < in.domains().size(); ++d) one(d);
+  } else if (const auto d = in.find(domain)) {
+    one(*d);
+  } else {
+    return {};
+  }
+  // Identifiers come from the wire: invalid UTF-8 is replaced, never thrown.
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 

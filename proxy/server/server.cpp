@@ -98,7 +98,8 @@ struct server::impl {
                                                     shared_.clk, shared_.registry);
     control_->set_domains(first->routes.domains());
     admin_ = std::make_unique<admin_server>(
-        admin_ioc_, cfg.admin, [this](std::string_view path) { return admin_response(shared_, *control_, path); },
+        admin_ioc_, cfg.admin,
+        [this](std::string_view path, std::string_view) { return admin_response(shared_, *control_, path); },
         admin_server::access{cfg.admin_allow,
                              &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
                                                            "Connections refused by an endpoint's allow list",

@@ -80,6 +80,9 @@ struct master_config {
   redis_url redis_target;                                ///< parsed `redis`
   microseconds redis_timeout = std::chrono::seconds(1);  ///< connect / command timeout
   std::uint64_t max_identifiers = 1'000'000;
+  /// Counters per domain of the heavy-hitters summary behind GET /top (the
+  /// identifiers limited most): its memory bound, and the most /top lists.
+  std::uint64_t top_identifiers = 100;
   microseconds max_clock_skew = std::chrono::seconds(60);
   /// Accounting messages held while the Redis store loads at start-up (more
   /// are dropped, counted). In normal running nothing queues in the master:

@@ -196,6 +196,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   }
   r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
+  r.unsigned_integer("top_identifiers", m.top_identifiers, 1, 10'000);
   r.duration("max_clock_skew", m.max_clock_skew);
   r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);
   r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);

@@ -74,13 +74,16 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
     }
     const auto& req = parser.get();
     std::string_view target = req.target();
-    target = target.substr(0, target.find('?'));
+    const auto question = target.find('?');
+    const std::string_view query =
+        question == std::string_view::npos ? std::string_view() : target.substr(question + 1);
+    target = target.substr(0, question);
     if (r.status != 200) {
       // already decided above
     } else if (req.method() != http::verb::get && req.method() != http::verb::head) {
       r = {405, "text/plain; charset=utf-8", "method not allowed\n"};
     } else {
-      r = on_request(target);
+      r = on_request(target, query);
     }
     http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
     res.set(http::field::server, "smockron-admin");

@@ -23,8 +23,9 @@ public:
     std::string content_type = "text/plain; charset=utf-8";
     std::string body;
   };
-  /// Maps a request path (without query) to a response; runs on the io_context thread.
-  using handler = std::function<response(std::string_view path)>;
+  /// Maps a request path and its query (what follows "?", or empty) to a
+  /// response; runs on the io_context thread.
+  using handler = std::function<response(std::string_view path, std::string_view query)>;
 
   /// Who may connect: peers outside `allow` (empty: anyone) are closed at
   /// accept, counted in `refused` and logged (rate-limited).

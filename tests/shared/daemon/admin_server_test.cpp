@@ -32,7 +32,7 @@ std::string serve_one(const std::vector<cidr>& allow, metrics::counter& refused)
   asio::io_context ioc;
   admin_server admin(
       ioc, {"127.0.0.1", 0},
-      [](std::string_view) {
+      [](std::string_view, std::string_view) {
         return admin_server::response{200, "text/plain", "ok\n"};
       },
       admin_server::access{allow, &refused});
