@@ -16,6 +16,12 @@ std::int64_t count_after(const std::vector<std::int64_t>& times, std::int64_t si
 
 bool logged(const limits& l, const rule& r) { return l.algo == algorithm::sliding_log && !l.counted(r); }
 
+// Running sums of units stay far from overflow whatever the costs reported.
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t k_most = std::int64_t{1} << 62;
+  return a >= k_most - b ? k_most : a + b;
+}
+
 // ---- Sliding-window counters (sliding-log rules with a burst over k_exact_burst).
 
 // Where rule i's three numbers start in state::aux.
@@ -59,8 +65,8 @@ void charge_counter(const limits& l, state& s, std::size_t i, std::int64_t t, st
     a[1] = c.prev;
     a[2] = c.curr;
   }
-  if (start == a[0]) a[2] += cost;
-  else if (start == a[0] - w) a[1] += cost;  // reported late, from the previous window
+  if (start == a[0]) a[2] = saturating_add(a[2], cost);
+  else if (start == a[0] - w) a[1] = saturating_add(a[1], cost);  // reported late, from the previous window
   // Older: outside every window that still counts.
 }
 
@@ -90,7 +96,7 @@ void charge_quota(const limits& l, state& s, std::size_t i, std::int64_t t, std:
     a[0] = start;
     a[1] = 0;
   }
-  if (start == a[0]) a[1] += cost;  // a use from a window already over is not counted in the next
+  if (start == a[0]) a[1] = saturating_add(a[1], cost);  // a use from a window already over is not counted in the next
 }
 
 // ---- The sliding log and GCRA.
@@ -174,12 +180,14 @@ std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int
   return std::min(slot, std::max(t, now + l.max_debt_us()));
 }
 
-void insert_unit(const limits& l, state& s, std::int64_t t, std::int64_t now) {
-  // Too old to be inside any window: it cannot change a decision.
-  if (t <= now - l.max_window_us()) return;
+// False when the unit is too old to be inside any window (it cannot change a
+// decision, and neither can the units after it: they would get its slot).
+bool insert_unit(const limits& l, state& s, std::int64_t t, std::int64_t now) {
+  if (t <= now - l.max_window_us()) return false;
   s.times.insert(std::upper_bound(s.times.begin(), s.times.end(), t), t);
   const std::size_t cap = l.history_cap();
   if (s.times.size() > cap) s.times.erase(s.times.begin(), s.times.end() - static_cast<std::ptrdiff_t>(cap));
+  return true;
 }
 
 // A use of cost c is c units at its time, each placed as the one before it
@@ -194,7 +202,7 @@ void record_log(const limits& l, state& s, event e, std::int64_t now) {
   std::int64_t left = e.cost;
   bool all_broken = false;
   while (left > 0 && !all_broken) {
-    insert_unit(l, s, free_slot(l, s, e.at_us, now, all_broken), now);
+    if (!insert_unit(l, s, free_slot(l, s, e.at_us, now, all_broken), now)) return;
     --left;
   }
   if (left == 0 || s.times.empty()) return;
@@ -289,10 +297,14 @@ decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
   }
   if (l.aux_size() > 0) {
     if (s.aux.size() != l.aux_size()) s.aux.assign(l.aux_size(), 0);
+    // Counters and quotas count a use when it is reported if it is timed
+    // later (a held request's release time, a gatekeeper's fast clock): a
+    // window ahead of now would hide the current one's units until it came.
+    const std::int64_t at = std::min(e.at_us, now_us);
     for (std::size_t i = 0; i < l.rules.size(); ++i) {
-      if (l.counted(l.rules[i])) charge_counter(l, s, i, e.at_us, e.cost);
+      if (l.counted(l.rules[i])) charge_counter(l, s, i, at, e.cost);
     }
-    for (std::size_t i = 0; i < l.quotas.size(); ++i) charge_quota(l, s, i, e.at_us, e.cost);
+    for (std::size_t i = 0; i < l.quotas.size(); ++i) charge_quota(l, s, i, at, e.cost);
   }
   return evaluate(l, s, now_us);
 }
@@ -339,6 +351,13 @@ bool same_aux_layout(const limits& a, const limits& b) {
   if (a.quotas.size() != b.quotas.size() || a.rules.size() != b.rules.size()) return false;
   for (std::size_t i = 0; i < a.rules.size(); ++i) {
     if (a.counted(a.rules[i]) != b.counted(b.rules[i])) return false;
+    // A counter's numbers belong to windows of its length.
+    if (a.counted(a.rules[i]) && a.rules[i].window_us() != b.rules[i].window_us()) return false;
+  }
+  for (std::size_t i = 0; i < a.quotas.size(); ++i) {
+    const quota& x = a.quotas[i];
+    const quota& y = b.quotas[i];
+    if (x.per != y.per || x.offset_us != y.offset_us || x.length_us != y.length_us) return false;
   }
   return true;
 }
@@ -366,7 +385,14 @@ void merge(const limits& l, state& into, const state& older) {
         }
       };
       for (std::size_t i = 0; i < l.rules.size(); ++i) {
-        if (l.counted(l.rules[i])) fold(counter_at(l, i), 2);
+        if (!l.counted(l.rules[i])) continue;
+        const std::size_t at = counter_at(l, i);
+        // A snapshot one window behind: its current window is this one's previous.
+        if (older.aux[at] == into.aux[at] - l.rules[i].window_us()) {
+          into.aux[at + 1] = std::max(into.aux[at + 1], older.aux[at + 2]);
+        } else {
+          fold(at, 2);
+        }
       }
       for (std::size_t i = 0; i < l.quotas.size(); ++i) fold(quota_at(l, i), 1);
     }

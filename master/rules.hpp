@@ -30,7 +30,7 @@ struct rule {
 /// numbers, any burst): the uses of the previous fixed window of burst/rate,
 /// weighted by how much of it the sliding window still covers, plus those of
 /// the current one, as Cloudflare's. It assumes the previous window's uses
-/// were spread evenly; its error is measured in tests/master/rules_test.cpp
+/// were spread evenly; its error is measured in tests/master/rules_cost_test.cpp
 /// and docs/architecture.md.
 inline constexpr std::int64_t k_exact_burst = 120;
 

@@ -216,7 +216,7 @@ bool gate::take_held(const gate_limits& limits) {
 }
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                           const gate_limits& limits, std::int64_t units) {
+                           const gate_limits& limits, std::int64_t units, std::int64_t pace_units) {
   policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
@@ -239,12 +239,13 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   const std::int64_t max_delay =
       limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
   const request_plan p = plan_request(e, guard, max_delay, limits.pacing_fresh_us, now_us);
+  gate_decision d;
+  d.units = units;
   if (p.accept) {
     record_accept(e, guard, now_us, units);
-    return {};
+    return d;
   }
-  gate_decision d;
-  if (p.spare_us != 0 && take_held(limits)) {
+  if (p.spare_us != 0 && units == 1 && take_held(limits)) {
     record_spare(e);
     d.v = verdict::delay;
     d.release_us = p.spare_us;
@@ -267,7 +268,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   }
   d.v = verdict::delay;
   d.interval_us = p.pace_us;
-  record_hold(e, guard, p, units);
+  record_hold(e, guard, p, units, pace_units > 0 ? pace_units : units);
   return d;
 }
 
@@ -285,7 +286,7 @@ void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_
 }
 
 void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {
-  if (d.v != verdict::delay || d.release_us <= now_us) return;
+  if (d.v != verdict::delay || d.release_us <= now_us || d.units != 1) return;
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);

@@ -45,6 +45,11 @@ struct gate_decision {
   /// delay: the slot was given back by a held client that left; the master
   /// already counted a use at release_us, so no DELAYED is sent for it.
   bool prepaid = false;
+  /// The units decide() charged for the request (its cost when known, else 0).
+  /// Only a slot of one unit is given back when its client leaves, and only
+  /// a request of one unit takes a given-back slot: a slot reported for one
+  /// cost must not carry another.
+  std::int64_t units = 1;
 };
 
 struct gate_limits {
@@ -125,9 +130,12 @@ public:
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
   /// release_held() is called.
-  /// `units`: what the request costs, when known now (0: charged later, with charge()).
+  /// `units`: what the request costs, when known now (0: charged later, with
+  /// charge()). `pace_units`: the cost the next held request of the client
+  /// waits out after this one, when held (its cost, or an estimate when it is
+  /// charged later; 0: `units`).
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                       const gate_limits& limits, std::int64_t units = 1);
+                       const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0);
 
   /// A request admitted earlier turned out to cost `units` (known once it
   /// was done): the guard charges them now.

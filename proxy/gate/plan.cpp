@@ -48,9 +48,16 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
 }
 
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units) {
+  if (units <= 0) return;
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
-    e.tat[i] = std::max(e.tat[i], at) + std::min(units, wire::max_policy_span_us / r.interval_us) * r.interval_us;
+    const std::int64_t window = r.burst * r.interval_us;  // at most 2^47 (POLICY's bound)
+    // The next allowed time, burst - 1 intervals before the arrival time,
+    // at most one interval past at + max(k_guard_debt_us, window).
+    const std::int64_t most = at + std::max(k_guard_debt_us, window) + window;
+    const std::int64_t from = std::max(e.tat[i], at);
+    const std::int64_t room = std::max<std::int64_t>(0, most - from) / r.interval_us;
+    e.tat[i] = units <= room ? from + units * r.interval_us : std::max(from, most);
   }
 }
 
@@ -58,10 +65,14 @@ void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_
   charge(e, guard, now_us, units);
 }
 
-void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units) {
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units,
+                 std::int64_t pace_units) {
   charge(e, guard, p.release_us, units);
-  // Pace: the next held request of this identifier leaves one interval later.
-  e.local_next_us = p.release_us + p.pace_us;
+  // Pace: the next held request of this identifier leaves once this one's
+  // cost is paid back (one interval per unit; at most a policy's span).
+  const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
+  const std::int64_t n = pace == 0 ? 1 : std::clamp<std::int64_t>(pace_units, 1, wire::max_policy_span_us / pace);
+  e.local_next_us = p.release_us + n * pace;
 }
 
 void record_spare(client_entry& e) { e.spare_us = 0; }

@@ -64,16 +64,23 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us);
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
                           std::int64_t pacing_fresh_us, std::int64_t now_us);
 
+/// How far past `at` the guard's debt may put a client's next allowed time
+/// (as the master's, with its default max_clock_skew): at most this or one
+/// rule's window, whichever is longer.
+inline constexpr std::int64_t k_guard_debt_us = 60'000'000;
+
 /// The guard charges `units` used at `at` (a request's cost): each rule's
-/// arrival time moves out by units x interval (at most a policy's span), so
-/// a refusal's Retry-After names when the cost is paid back, as the
-/// master's DELAY_UNTIL will.
+/// arrival time moves out by units x interval, so a refusal's Retry-After
+/// names when the cost is paid back, as the master's DELAY_UNTIL will; the
+/// debt is bounded as the master bounds it (k_guard_debt_us).
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units);
 /// The request was forwarded now: the guard charges its `units` at `now_us`.
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);
 /// The request is held until `p.release_us`: charged then, and the next held
-/// request of the client goes one pace later.
-void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units = 1);
+/// request of the client goes `pace_units` paces later (its cost, or an
+/// estimate of it: it is paid back before the next leaves).
+void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units = 1,
+                 std::int64_t pace_units = 1);
 /// The request takes the spare slot (already reported to the master).
 void record_spare(client_entry& e);
 /// A request held until `release_us` left before its time: its slot becomes

@@ -99,7 +99,10 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   const std::optional<cost_charge> cost = cost_at_admission(r, req);
   if (cost) count_fallback(env.metrics, cost->why);
   const std::int64_t units = cost ? cost->units : 0;
-  a.gate = env.g.decide(domain, id, now_us, limits, units);
+  // A held request's successor waits out its cost; one charged later is
+  // taken to cost cost_default until then (its true cost moves the master's time).
+  const std::int64_t pace_units = cost ? units : std::max<std::int64_t>(1, r.cost_default);
+  a.gate = env.g.decide(domain, id, now_us, limits, units, pace_units);
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
   if (r.shadow) {
     // What would have happened is counted; what happens is a request forwarded now.

@@ -35,7 +35,7 @@ std::optional<std::int64_t> parse_tz(std::string_view tz) {
   if (!digit(1) || !digit(2) || !digit(4) || !digit(5)) return std::nullopt;
   const int hours = (tz[1] - '0') * 10 + (tz[2] - '0');
   const int minutes = (tz[4] - '0') * 10 + (tz[5] - '0');
-  if (hours > 14 || minutes > 59) return std::nullopt;
+  if (hours > 14 || minutes > 59 || (hours == 14 && minutes > 0)) return std::nullopt;
   return (tz[0] == '-' ? -1 : 1) * (hours * 3600 + minutes * 60);
 }
 
@@ -53,8 +53,12 @@ void read_quota(reader& r, sink& s, rule_config& rule) {
     auto parsed = parse_duration(per->get());
     if (auto* err = std::get_if<std::string>(&parsed)) {
       s.add(*per, r.key("per"), "expected \"day\", \"week\", \"month\" or a duration such as \"1h\": " + *err);
-    } else if (std::get<microseconds>(parsed) < std::chrono::seconds(1)) {
-      s.add(*per, r.key("per"), "a quota's window is at least 1s");
+    } else if (const auto length = std::get<microseconds>(parsed);
+               length < std::chrono::seconds(1) || length % std::chrono::seconds(1) != microseconds(0) ||
+               length > std::chrono::seconds(wire::max_quota_length_s)) {
+      s.add(*per, r.key("per"),
+            "a quota's window is whole seconds, at least 1s and at most " + std::to_string(wire::max_quota_length_s) +
+                "s");
     } else {
       rule.per = quota_period::fixed;
       rule.per_length = std::get<microseconds>(parsed);
@@ -104,6 +108,11 @@ void read_rules(const toml::node* n, const std::string& path, sink& s, std::vect
   if (!n) return;
   if (const auto* arr = n->as_array()) {
     for (std::size_t i = 0; i < arr->size(); ++i) read_rule((*arr)[i], path + "[" + std::to_string(i) + "]", s, out);
+    // Every quota is described to the gatekeepers (QUOTA carries at most max_quota_items).
+    if (std::count_if(out.begin(), out.end(), [](const rule_config& r) { return r.is_quota(); }) >
+        static_cast<std::ptrdiff_t>(wire::max_quota_items)) {
+      s.add(*n, path, "at most " + std::to_string(wire::max_quota_items) + " quotas");
+    }
   } else {
     s.add(*n, path, "expected an array of rules, got " + std::string(type_name(*n)));
   }

@@ -155,12 +155,26 @@ void read_cost(reader& rr, const std::string& path, route_config& route) {
   using kind = route_config::cost_source::kind;
   rr.integer("cost_max", route.cost_max, 1, wire::max_cost);
   rr.integer("cost_default", route.cost_default, 0, wire::max_cost);
+  if (route.cost_default > route.cost_max) {
+    rr.errors().add(*rr.get("cost_default"), path + ".cost_default",
+                    "must be at most cost_max (" + std::to_string(route.cost_max) + ")");
+  }
   const toml::node* n = rr.get("cost");
-  if (n == nullptr) return;
   auto& c = route.cost;
+  // The keys that do nothing with this cost are errors.
+  const auto no_effect = [&](std::string_view key, std::string_view why) {
+    if (const toml::node* k = rr.table().get(key)) {
+      rr.errors().add(*k, path + "." + std::string(key), "has no effect " + std::string(why));
+    }
+  };
+  if (n == nullptr || n->as_integer() != nullptr) {
+    no_effect("cost_max", "with a constant cost");
+    no_effect("cost_default", "with a constant cost");
+  }
+  if (n == nullptr) return;
   if (const auto* v = n->as_integer()) {
-    if (v->get() < 0 || v->get() > route.cost_max) {
-      rr.errors().add(*n, path + ".cost", "must be between 0 and cost_max (" + std::to_string(route.cost_max) + ")");
+    if (v->get() < 0 || v->get() > wire::max_cost) {
+      rr.errors().add(*n, path + ".cost", "must be between 0 and " + std::to_string(wire::max_cost));
     }
     c.units = v->get();
     return;
@@ -184,6 +198,7 @@ void read_cost(reader& rr, const std::string& path, route_config& route) {
                         std::string(type_name(*n)));
   } else if (text->get() == "request_bytes") {
     c.type = kind::request_bytes;
+    no_effect("cost_default", "with request_bytes (a body's size is never missing)");
   } else if (!field("header:", kind::header) && !field("response_header:", kind::response_header)) {
     rr.errors().add(*n, path + ".cost",
                     "unknown cost \"" + text->get() +

@@ -108,6 +108,10 @@ TEST(Limiter, ReconfigureKeepsQuotasOfTheSameLayoutAndDropsOthers) {
   larger.quotas[0].limit = 1'000;
   l.reconfigure({larger}, {0});
   EXPECT_EQ(rules::quota_used(l.limits(0).base, *l.find(0, "a"), 0, t0), 3);
+  // The quota's window changes (a day becomes a month): its count belongs to another window.
+  rules::limits monthly = larger;
+  monthly.quotas[0].per = rules::period::month;
+  EXPECT_FALSE(rules::same_aux_layout(larger, monthly));
   // The rate rule's burst crosses k_exact_burst (it becomes a counter): the numbers mean something else.
   rules::limits counted = larger;
   counted.rules[0].burst = rules::k_exact_burst + 1;

@@ -3,6 +3,7 @@
 // in (no clock, no sleeping).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 
 #include "master/rules.hpp"
@@ -360,4 +361,57 @@ TEST(CountedRule, MergeKeepsTheLaterWindowAndTheLargerCount) {
   use(l, later, 10, t0 + w, t0 + w);
   merge(l, later, a);  // a's window is older: later keeps its own
   EXPECT_EQ(later.aux[2], 10);
+}
+
+// ---- Reports out of time (review findings)
+
+TEST_P(InUnits, AnOldUseOfAHugeCostIsDroppedAtOnce) {
+  // 100/s burst 1 (a 10 ms window): a use reported 20 ms late can change no
+  // decision, whatever its cost; placing its units one by one must stop at
+  // the first (it used to spin cost times).
+  const limits l = make(GetParam(), {per_second(100, 1)});
+  state s;
+  const auto started = std::chrono::steady_clock::now();
+  use(l, s, 1'000'000'000'000, t0 - 20 * ms, t0);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
+  if (GetParam() == algorithm::sliding_log) {
+    EXPECT_TRUE(s.times.empty());
+  }
+}
+
+TEST(CountedRule, AUseTimedInALaterWindowDoesNotHideThisOne) {
+  // 100/s burst 200 (a 2 s window), its burst used at the window's start; a
+  // held request released after the window's end is reported now: the
+  // current window's units still count.
+  const limits l = make(algorithm::sliding_log, {per_second(100, 200)});
+  const std::int64_t w = l.rules[0].window_us();
+  const std::int64_t start = t0 - t0 % w;
+  state s;
+  ASSERT_TRUE(use(l, s, 200, start, start).throttled);
+  const decision d = apply(l, s, {event_kind::delayed, start + 4 * w, 10}, start + w / 2);
+  EXPECT_TRUE(d.throttled) << "the burst used now is not forgotten";
+  EXPECT_DOUBLE_EQ(window_uses(l, s, 0, start + w / 2), 210.0);
+  EXPECT_TRUE(evaluate(l, s, start + w / 2 + 1).throttled);
+}
+
+TEST_P(InUnits, AQuotaCountsAUseTimedInTheNextWindowInThisOne) {
+  const limits l = make(GetParam(), {}, {{100, period::day}});
+  const std::int64_t end = window_end_us(l.quotas[0], t0);
+  state s;
+  use(l, s, 90, t0, t0);
+  // Released just after midnight, reported just before: counted today.
+  apply(l, s, {event_kind::delayed, end + 500 * ms, 20}, end - 500 * ms);
+  EXPECT_EQ(quota_used(l, s, 0, end - 400 * ms), 110);
+  EXPECT_TRUE(evaluate(l, s, end - 400 * ms).throttled);
+}
+
+TEST(CountedRule, MergeOfASnapshotOneWindowBehindKeepsItAsThePrevious) {
+  const limits l = make(algorithm::sliding_log, {per_second(10, 1'000)});
+  const std::int64_t w = l.rules[0].window_us();
+  const std::int64_t start = t0 - t0 % w;
+  state older, into;
+  use(l, older, 700, start, start);
+  use(l, into, 10, start + w, start + w);
+  merge(l, into, older);
+  EXPECT_DOUBLE_EQ(window_uses(l, into, 0, start + w), 710.0) << "700 of the previous window, 10 of this one";
 }

@@ -102,6 +102,32 @@ TEST(Gate, SlotOfAHeldClientThatLeftIsTakenPrepaidByTheNextRequest) {
   EXPECT_FALSE(next.prepaid);
 }
 
+TEST(Gate, ASlotReportedForOneCostNeverCarriesAnother) {
+  // A held request of 1 unit leaves: its slot is for 1 unit, so a request of
+  // 100 does not take it (it queues and is reported with its own cost);
+  // a held request whose cost is charged later (0 now) reported nothing, so
+  // it gives nothing back.
+  gate g;
+  g.update(0, "a", t0 + 100 * ms, 50 * ms, t0);
+  const auto one = g.decide(0, "a", t0, limits());
+  g.release_held({});
+  g.cancel(0, "a", one, t0 + 10 * ms);
+  const auto costly = g.decide(0, "a", t0 + 20 * ms, limits(), 100);
+  EXPECT_EQ(costly.v, verdict::delay);
+  EXPECT_FALSE(costly.prepaid);
+  EXPECT_EQ(costly.units, 100);
+  g.release_held({});
+  EXPECT_TRUE(g.decide(0, "a", t0 + 20 * ms, limits()).prepaid) << "still there for a request of 1";
+  g.release_held({});
+
+  gate h;
+  h.update(0, "b", t0 + 100 * ms, 50 * ms, t0);
+  const auto later = h.decide(0, "b", t0, limits(), 0, 1'000);
+  h.release_held({});
+  h.cancel(0, "b", later, t0 + 10 * ms);
+  EXPECT_FALSE(h.decide(0, "b", t0 + 20 * ms, limits()).prepaid);
+}
+
 TEST(Gate, SpareSlotLapsesAtItsTimeAndRespectsMaxHeld) {
   gate g;
   g.update(0, "a", t0 + 100 * ms, 50 * ms, t0);

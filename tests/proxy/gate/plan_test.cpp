@@ -163,3 +163,29 @@ TEST(GatePlan, RetryAfterIsWholeSecondsRoundedUpAtLeastOne) {
   EXPECT_EQ(retry_after_s(now + 1'000'001, now), 2);
   EXPECT_EQ(retry_after_s(now - 5, now), 1);
 }
+
+TEST(GatePlan, TheGuardsDebtIsBoundedAsTheMastersIs) {
+  // 1/s burst 2 (a 2 s window): a cost of 10^12 leaves the next allowed time
+  // at most one interval past now + 60 s (k_guard_debt_us), not years away.
+  const guard_policy g = one_rule(1'000, 2);
+  client_entry e;
+  e.policy_seq = g.seq;
+  for (int i = 0; i < 100; ++i) charge(e, g, now, 1'000'000'000'000);
+  const request_plan p = plan_request(e, g, max_delay, fresh, now);
+  EXPECT_FALSE(p.accept);
+  EXPECT_LE(p.release_us, now + k_guard_debt_us + 1'000 * ms);
+  EXPECT_GE(p.release_us, now + k_guard_debt_us);
+}
+
+TEST(GatePlan, AHeldRequestsSuccessorWaitsOutItsCost) {
+  const guard_policy g = one_rule(10, 1);
+  client_entry e;
+  e.policy_seq = g.seq;
+  request_plan p;
+  p.release_us = now + 50 * ms;
+  p.pace_us = 10 * ms;
+  record_hold(e, g, p, 100, 100);
+  EXPECT_EQ(e.local_next_us, now + 50 * ms + 100 * 10 * ms) << "100 units: 100 intervals";
+  record_hold(e, g, p, 0, 1'000'000'000'000);
+  EXPECT_LE(e.local_next_us, now + 50 * ms + smockron::wire::max_policy_span_us) << "bounded";
+}

@@ -169,14 +169,15 @@ TEST_P(CostAdmission, UnitsAreAccountedNowOrWhenDone) {
   }
 }
 
-TEST(CostAdmissionMetrics, FallbacksAreCounted) {
-  metrics::registry reg;
-  proxy_metrics m(reg);
-  (void)m;
-  const std::string text = reg.render();
-  for (const char* reason : {"missing", "malformed", "over_max"}) {
-    EXPECT_NE(text.find("smockron_proxy_cost_fallback_total{reason=\"" + std::string(reason) + "\"} 0"),
-              std::string::npos)
-        << reason;
-  }
+TEST_P(CostAdmission, AMissingCostIsChargedAsCostDefaultAndCounted) {
+  if (GetParam() != "\"header:X-Cost\"") GTEST_SKIP() << "the request field's own case";
+  const auto a = admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\n\r\n");
+  ASSERT_EQ(a.outcome, decision::accepted);
+  EXPECT_EQ(metric("smockron_proxy_cost_fallback_total{reason=\"missing\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 1) << "cost_default";
+  admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Cost: many\r\n\r\n");
+  EXPECT_EQ(metric("smockron_proxy_cost_fallback_total{reason=\"malformed\"}"), 1);
+  admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Cost: 99999999\r\n\r\n");
+  EXPECT_EQ(metric("smockron_proxy_cost_fallback_total{reason=\"over_max\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 1 + 1 + 1'000'000) << "cost_max";
 }

@@ -806,6 +806,15 @@ TEST(Config, QuotaRuleErrors) {
             std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"500ms\" }]\n").find("at least 1s"),
             std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"1500ms\" }]\n").find("whole seconds"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", tz = \"+14:30\" }]\n")
+                .find("invalid time offset"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 1, per = \"day\" }, { quota = 2, per = \"day\" }, "
+                      "{ quota = 3, per = \"day\" }, { quota = 4, per = \"day\" }, { quota = 5, per = \"day\" }]\n")
+                .find("master.domains.a.rules: at most 4 quotas"),
+            std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nrules = [{ quota = 5, per = \"day\", window = 3 }]\n").find("unknown key"),
             std::string::npos);
 }
@@ -836,14 +845,24 @@ TEST(Config, RouteCost) {
   EXPECT_EQ(tokens.cost_max, 50'000);
   EXPECT_EQ(tokens.cost_default, 0);
 
-  EXPECT_NE(one_error(route_with("cost = -1")).find("routes[0].cost: must be between 0 and cost_max (1000000)"),
+  EXPECT_NE(one_error(route_with("cost = -1")).find("routes[0].cost: must be between 0 and 1000000000000"),
             std::string::npos);
-  EXPECT_NE(one_error(route_with("cost_max = 10\ncost = 11")).find("between 0 and cost_max (10)"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost_max = 10\ncost = 11")).find("cost_max: has no effect with a constant cost"),
+            std::string::npos);
+  EXPECT_NE(one_error(route_with("cost_default = 3")).find("cost_default: has no effect with a constant cost"),
+            std::string::npos);
+  EXPECT_NE(
+      one_error(route_with("cost = \"request_bytes\"\ncost_default = 3")).find("has no effect with request_bytes"),
+      std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_max = 10\ncost_default = 11"))
+                .find("cost_default: must be at most cost_max (10)"),
+            std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"tokens\"")).find("unknown cost \"tokens\""), std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"header:\"")).find("needs a field name"), std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"header:X Cost\"")).find("needs a field name"), std::string::npos);
   EXPECT_NE(one_error(route_with("cost = 1.5")).find("expected an integer or"), std::string::npos);
-  EXPECT_NE(one_error(route_with("cost_max = 0")).find("cost_max: must be between 1"), std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_max = 0")).find("cost_max: must be between 1"),
+            std::string::npos);
   // A route without a domain is not limited: a cost would do nothing.
   EXPECT_NE(one_error("[proxy.upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\nupstream = \"app\"\n"
                       "cost = 3\n")
