@@ -1,6 +1,8 @@
 // The master's admin endpoint (see admin.hpp).
 #include "master/admin.hpp"
 
+#include "smockron/master_status_page.hpp"  // status_page.html, compiled in
+
 #include "shared/base/text.hpp"
 
 namespace smockron::master {
@@ -72,6 +74,7 @@ admin_server::response top(service& svc, std::string_view query) {
 
 admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path,
                                       std::string_view query) {
+  if (path == "/") return {200, "text/html; charset=utf-8", std::string(smockron::master_status_page)};
   if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
   if (path == "/livez") {
     return svc.alive(std::chrono::seconds(5)) ? admin_server::response{200, "text/plain", "ok\n"}

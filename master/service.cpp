@@ -93,6 +93,13 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
   }
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
+  // A master that answers its admin endpoint but whose loop has stopped is
+  // stale: no accounting is decided (what /livez says, as a number to alert on).
+  reg.add_callback("smockron_master_loop_age_seconds", "Seconds since the accounting loop last turned", "", [this] {
+    const auto beat = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
+    return std::chrono::duration<double>(clock_.steady_now() - beat).count();
+  });
 }
 
 service::~service() = default;

@@ -123,6 +123,11 @@ public:
   /// k_policy_domains or more.
   bool set_quotas(std::uint32_t domain, std::span<const wire::quota_policy::item> quotas, std::int64_t now_us);
 
+  /// When a master last published the domain's POLICY (0: never).
+  std::int64_t policy_updated_us(std::uint32_t domain) const {
+    return domain < k_policy_domains ? policies_[domain].updated_us.load(std::memory_order_relaxed) : 0;
+  }
+
   /// True while a master keeps publishing the domain's POLICY (refreshed
   /// within wire::policy_fresh_ms): a master covers the domain.
   bool covered(std::uint32_t domain, std::int64_t now_us) const;

@@ -1,6 +1,8 @@
 // The proxy's admin endpoint (see admin.hpp).
 #include "proxy/server/admin.hpp"
 
+#include "smockron/proxy_status_page.hpp"  // status_page.html, compiled in
+
 #include <nlohmann/json.hpp>
 
 #include "proxy/cluster/control_subscriber.hpp"
@@ -8,6 +10,7 @@
 namespace smockron::proxy {
 
 admin_server::response admin_response(shared_state& shared, control_subscriber& control, std::string_view path) {
+  if (path == "/") return {200, "text/html; charset=utf-8", std::string(smockron::proxy_status_page)};
   if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", shared.registry.render()};
   if (path == "/livez") return {200, "text/plain", "ok\n"};
   if (path == "/readyz") {
@@ -21,7 +24,7 @@ admin_server::response admin_response(shared_state& shared, control_subscriber& 
     return {200, "text/plain", body};
   }
   if (path == "/status") return {200, "application/json", status_json(shared, control) + "\n"};
-  return {404, "text/plain", "not found (try /metrics, /livez, /readyz, /status)\n"};
+  return {404, "text/plain", "not found (try /, /metrics, /livez, /readyz, /status)\n"};
 }
 
 std::string status_json(shared_state& shared, control_subscriber& control) {
@@ -30,6 +33,7 @@ std::string status_json(shared_state& shared, control_subscriber& control) {
   nlohmann::ordered_json doc;
   doc["masters"] = {{"connected", control.connected()}, {"endpoints", control.endpoints()}};
   doc["held_requests"] = shared.gate.held();
+  doc["max_held"] = rt->cfg.max_held;
   doc["control_entries"] = shared.gate.entries();
   doc["max_control_entries"] = rt->cfg.max_control_entries;
   doc["identifier_overrides"] = shared.gate.overrides();  // identifiers with rules of their own, from the masters
@@ -39,8 +43,12 @@ std::string status_json(shared_state& shared, control_subscriber& control) {
     nlohmann::ordered_json rules = nlohmann::ordered_json::array();
     for (std::size_t k = 0; k < q.count; ++k)
       rules.push_back({{"burst", q.items[k].quota}, {"window_s", q.items[k].window_s}});
+    // How long ago a master last published the domain's POLICY (null: never).
+    const std::int64_t updated = shared.gate.policy_updated_us(rt->gate_domain[i]);
     doc["domains"].push_back({{"name", rt->routes.domains()[i]},
                               {"covered_by_a_master", shared.gate.covered(rt->gate_domain[i], now)},
+                              {"policy_age_ms", updated == 0 ? nlohmann::ordered_json(nullptr)
+                                                             : nlohmann::ordered_json((now - updated) / 1000)},
                               {"rules", std::move(rules)}});
   }
   doc["routes"] = nlohmann::ordered_json::array();

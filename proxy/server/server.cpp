@@ -113,6 +113,24 @@ struct server::impl {
                    [&g] { return static_cast<double>(g.held()); });
     r.add_callback("smockron_proxy_control_entries", "Entries in the control memory", "",
                    [&g] { return static_cast<double>(g.entries()); });
+    // The bounds beside what they bound, so that alerts need no configuration of their own.
+    r.add_callback("smockron_proxy_max_held", "max_held: the most requests held at once", "",
+                   [this] { return static_cast<double>(shared_.current()->cfg.max_held); });
+    r.add_callback("smockron_proxy_max_control_entries", "max_control_entries: the control memory's bound", "",
+                   [this] { return static_cast<double>(shared_.current()->cfg.max_control_entries); });
+    // Fail-open in effect: domains of the routes whose POLICY no master has refreshed lately.
+    r.add_callback("smockron_proxy_domains_uncovered",
+                   "Routes' domains no master covers now (their requests pass unlimited, or are refused under "
+                   "fail_closed)",
+                   "", [this, &g] {
+                     const auto rt = shared_.current();
+                     const std::int64_t now = shared_.clk.wall_us();
+                     double n = 0;
+                     for (std::size_t i = 0; i < rt->routes.domains().size(); ++i) {
+                       n += g.covered(rt->gate_domain[i], now) ? 0 : 1;
+                     }
+                     return n;
+                   });
     r.add_counter_callback("smockron_proxy_control_dropped_updates_total",
                            "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)",
                            [&g] { return static_cast<double>(g.dropped_updates()); });
