@@ -5,6 +5,8 @@
 #   scripts/build.sh --sanitize    ASan + UBSan build of the unit tests and the daemons in build-asan/
 #   scripts/build.sh --variants    the daemons as users and packagers build them, warnings as
 #                                  errors: Release with GCC (build-release/) and with clang (build-clang/)
+#   scripts/build.sh --ship        only what is shipped (the daemons and smockron-query), Release, in
+#                                  build/ (the container image's build stage: no tests, fuzzers, benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${SMOCKRON_JOBS:-2}"
@@ -17,6 +19,9 @@ if [ "${1:-}" = "--variants" ]; then
   cmake -S . -B build-clang -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
   cmake --build build-clang -j "$jobs" --target smockron-proxy smockron-master
+elif [ "${1:-}" = "--ship" ]; then
+  cmake -S . -B build -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF >/dev/null
+  cmake --build build -j "$jobs" --target smockron-proxy smockron-master smockron-query
 elif [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B build-asan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DSMOCKRON_SANITIZE=ON \
     -DSMOCKRON_BENCHMARKS=OFF >/dev/null

@@ -21,6 +21,11 @@ if [ "${1:-}" = "--test" ]; then
   packages+=(clang libclang-rt-14-dev)
   # The source format check (scripts/format.sh --check).
   packages+=(clang-format)
+  # The container image and the compose stack, built and run by
+  # scripts/test-image.sh (podman with runc and netavark; the base image made
+  # with debootstrap); promtool for deploy/'s alerting rules; headless
+  # Chromium for the status pages; matplotlib for the benchmarks' plots.
+  packages+=(podman podman-compose runc catatonit netavark aardvark-dns debootstrap prometheus chromium python3-matplotlib)
   # npm for the Dockerfile linter below. Only when there is no npm at all: a
   # Node.js from elsewhere (e.g. NodeSource) ships its own npm, which Debian's
   # npm package would conflict with.

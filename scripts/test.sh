@@ -32,6 +32,8 @@ if compgen -G "$asan_reports/*" >/dev/null; then
   exit 1
 fi
 rm -rf "$asan_reports"
+echo "== the container image and the compose stack (podman, podman-compose)"
+bash scripts/test-image.sh
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
 # 15 targets x 10 s: about 2.5 minutes of fuzzing in all.
