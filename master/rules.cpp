@@ -24,10 +24,20 @@ std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
 
 // ---- Sliding-window counters (sliding-log rules with a burst over k_exact_burst).
 
-// Where rule i's three numbers start in state::aux.
+// A counted rule's numbers: the current window's start, the previous and
+// current windows' units, and a GCRA arrival time for the same rate and burst.
+// The window estimate forgets what lies beyond the next window; the arrival
+// time remembers a debt however deep (bounded as GCRA's is), so the master's
+// DELAY_UNTIL reaches as far as the uses put the client, and gatekeepers
+// whose queues reach max_delay ahead are bound by it. GCRA admits whatever
+// the window admits (the gate's guard relies on the same fact), so a client
+// under its limit is judged by the window alone.
+constexpr std::size_t k_counter_numbers = 4;
+
+// Where rule i's numbers start in state::aux.
 std::size_t counter_at(const limits& l, std::size_t i) {
   std::size_t k = 0;
-  for (std::size_t j = 0; j < i; ++j) k += l.counted(l.rules[j]) ? 3 : 0;
+  for (std::size_t j = 0; j < i; ++j) k += l.counted(l.rules[j]) ? k_counter_numbers : 0;
   return k;
 }
 
@@ -55,9 +65,20 @@ double estimate(const rule& r, const window_counts& c, std::int64_t t) {
   return static_cast<double>(c.prev) * (w - static_cast<double>(t - c.start)) / w + static_cast<double>(c.curr);
 }
 
-void charge_counter(const limits& l, state& s, std::size_t i, std::int64_t t, std::int64_t cost) {
+// GCRA's arrival time after `cost` units used at `at` (from `tat`): its next
+// allowed time, burst - 1 intervals before it, at most one interval past
+// `most` (the debt bound).
+std::int64_t gcra_after(const rule& r, std::int64_t tat, std::int64_t at, std::int64_t cost, std::int64_t most) {
+  const std::int64_t most_tat = most + (r.burst - 1) * r.interval_us;
+  const std::int64_t from = std::min(std::max(tat, at), most_tat);
+  const std::int64_t room = (most_tat - from) / r.interval_us + 1;  // units until the bound
+  return cost <= room ? from + cost * r.interval_us : most_tat + r.interval_us;
+}
+
+void charge_counter(const limits& l, state& s, std::size_t i, std::int64_t t, std::int64_t cost, std::int64_t most) {
   const std::int64_t w = l.rules[i].window_us();
   std::int64_t* a = &s.aux[counter_at(l, i)];
+  a[3] = gcra_after(l.rules[i], a[3], t, cost, most);
   const std::int64_t start = floor_div(t, w) * w;
   if (start > a[0]) {
     const window_counts c = counts_at(l, s, i, t);
@@ -232,25 +253,22 @@ void evaluate_gcra(const limits& l, const state& s, std::int64_t now, decision& 
 void record_gcra(const limits& l, state& s, event e, std::int64_t now) {
   s.times.resize(l.rules.size(), 0);
   // The debt is bounded as for the sliding log (see free_slot): the next
-  // allowed time, burst - 1 intervals before the arrival time, runs at most
-  // one interval past now + max_debt_us, whatever the cost (as c uses of one
-  // would leave it).
+  // allowed time runs at most one interval past now + max_debt_us, whatever
+  // the cost (as c uses of one would leave it).
   const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
-  for (std::size_t i = 0; i < l.rules.size(); ++i) {
-    const std::int64_t interval = l.rules[i].interval_us;
-    const std::int64_t most_tat = most + (l.rules[i].burst - 1) * interval;
-    const std::int64_t from = std::min(std::max(s.times[i], e.at_us), most_tat);
-    const std::int64_t room = (most_tat - from) / interval + 1;  // units until the bound
-    s.times[i] = e.cost <= room ? from + e.cost * interval : most_tat + interval;
-  }
+  for (std::size_t i = 0; i < l.rules.size(); ++i)
+    s.times[i] = gcra_after(l.rules[i], s.times[i], e.at_us, e.cost, most);
 }
 
 void evaluate_aux(const limits& l, const state& s, std::int64_t now, decision& d) {
   if (s.aux.empty()) return;
   for (std::size_t i = 0; i < l.rules.size(); ++i) {
     if (!l.counted(l.rules[i])) continue;
-    const std::int64_t next = counter_next(l.rules[i], counts_at(l, s, i, now), now);
-    if (next > now) throttle(d, next, l.rules[i].interval_us);
+    const rule& r = l.rules[i];
+    const std::int64_t tat = s.aux.size() == l.aux_size() ? s.aux[counter_at(l, i) + 3] : 0;
+    const std::int64_t next =
+        std::max(counter_next(r, counts_at(l, s, i, now), now), tat - (r.burst - 1) * r.interval_us);
+    if (next > now) throttle(d, next, r.interval_us);
   }
   for (std::size_t i = 0; i < l.quotas.size(); ++i) {
     // An exhausted quota allows the next use when its window ends; no pacing
@@ -301,8 +319,9 @@ decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
     // later (a held request's release time, a gatekeeper's fast clock): a
     // window ahead of now would hide the current one's units until it came.
     const std::int64_t at = std::min(e.at_us, now_us);
+    const std::int64_t most = std::max(at, now_us + l.max_debt_us());
     for (std::size_t i = 0; i < l.rules.size(); ++i) {
-      if (l.counted(l.rules[i])) charge_counter(l, s, i, at, e.cost);
+      if (l.counted(l.rules[i])) charge_counter(l, s, i, at, e.cost, most);
     }
     for (std::size_t i = 0; i < l.quotas.size(); ++i) charge_quota(l, s, i, at, e.cost);
   }
@@ -317,7 +336,9 @@ std::int64_t expires_at_us(const limits& l, const state& s) {
   }
   if (s.aux.size() == l.aux_size()) {
     for (std::size_t i = 0; i < l.rules.size(); ++i) {
-      if (l.counted(l.rules[i])) at = std::max(at, s.aux[counter_at(l, i)] + 2 * l.rules[i].window_us());
+      if (l.counted(l.rules[i])) {
+        at = std::max({at, s.aux[counter_at(l, i)] + 2 * l.rules[i].window_us(), s.aux[counter_at(l, i) + 3]});
+      }
     }
     for (std::size_t i = 0; i < l.quotas.size(); ++i) {
       const std::int64_t start = s.aux[quota_at(l, i)];
@@ -387,12 +408,14 @@ void merge(const limits& l, state& into, const state& older) {
       for (std::size_t i = 0; i < l.rules.size(); ++i) {
         if (!l.counted(l.rules[i])) continue;
         const std::size_t at = counter_at(l, i);
+        const std::int64_t tat = std::max(into.aux[at + 3], older.aux[at + 3]);  // the later arrival time
         // A snapshot one window behind: its current window is this one's previous.
         if (older.aux[at] == into.aux[at] - l.rules[i].window_us()) {
           into.aux[at + 1] = std::max(into.aux[at + 1], older.aux[at + 2]);
         } else {
           fold(at, 2);
         }
+        into.aux[at + 3] = tat;
       }
       for (std::size_t i = 0; i < l.quotas.size(); ++i) fold(quota_at(l, i), 1);
     }

@@ -26,12 +26,11 @@ struct rule {
 
 /// Sliding-log rules with a burst up to this are kept exactly: their history
 /// (burst + k_reorder_slack unit timestamps, at most 1 KiB) is the spec's.
-/// A rule with a larger burst is a sliding-window counter instead (three
-/// numbers, any burst): the uses of the previous fixed window of burst/rate,
-/// weighted by how much of it the sliding window still covers, plus those of
-/// the current one, as Cloudflare's. It assumes the previous window's uses
-/// were spread evenly; its error is measured in tests/master/rules_cost_test.cpp
-/// and docs/architecture.md.
+/// A rule with a larger burst is a sliding-window counter instead (four
+/// numbers, any burst; the fourth a GCRA arrival time that keeps its debt): the uses of the previous fixed window of
+/// burst/rate, weighted by how much of it the sliding window still covers, plus those of the current one, as
+/// Cloudflare's. It assumes the previous window's uses were spread evenly; its error is measured in
+/// tests/master/rules_cost_test.cpp and docs/architecture.md.
 inline constexpr std::int64_t k_exact_burst = 120;
 
 /// A calendar window of a quota (UTC, or shifted by a fixed offset), or a
@@ -75,7 +74,7 @@ struct limits {
   std::size_t history_cap() const { return max_burst() + k_reorder_slack; }
   /// True when rule `r` is a sliding-window counter (sliding log, burst over k_exact_burst).
   bool counted(const rule& r) const { return algo == algorithm::sliding_log && r.burst > k_exact_burst; }
-  /// Numbers of state::aux: three per counted rule, then two per quota.
+  /// Numbers of state::aux: four per counted rule, then two per quota.
   std::size_t aux_size() const;
   static constexpr std::size_t k_reorder_slack = 4;
   std::int64_t max_window_us() const;
@@ -100,8 +99,8 @@ struct event {
 /// Per (domain, identifier) state. `times`: sliding log, ascending unit
 /// timestamps (a use of cost c is c of them), at most history_cap(); GCRA,
 /// one theoretical arrival time per rule. `aux`: per counted rule [window
-/// start, previous window's units, current window's units], then per quota
-/// [window start, units used]; empty until the first use.
+/// start, previous window's units, current window's units, GCRA arrival
+/// time], then per quota [window start, units used]; empty until the first use.
 struct state {
   std::vector<std::int64_t> times{};
   std::vector<std::int64_t> aux{};

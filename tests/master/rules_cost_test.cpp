@@ -281,7 +281,7 @@ TEST(CountedRule, StateIsBoundedWhateverTheBurst) {
   const std::size_t bytes = (s.times.capacity() + s.aux.capacity()) * sizeof(std::int64_t) + sizeof(state);
   EXPECT_LE(bytes, 1024u);
   EXPECT_LE(s.times.size(), 20 + limits::k_reorder_slack);
-  EXPECT_EQ(s.aux.size(), 3u + 2u);
+  EXPECT_EQ(s.aux.size(), 4u + 2u);
 }
 
 TEST(CountedRule, BurstAtTheEdgeIsExact) {
@@ -290,7 +290,7 @@ TEST(CountedRule, BurstAtTheEdgeIsExact) {
   EXPECT_FALSE(exact.counted(exact.rules[0]));
   EXPECT_TRUE(counted.counted(counted.rules[0]));
   EXPECT_EQ(exact.aux_size(), 0u);
-  EXPECT_EQ(counted.aux_size(), 3u);
+  EXPECT_EQ(counted.aux_size(), 4u);
 }
 
 TEST(CountedRule, ThrottlesAtTheBurstAndReleasesAsTheWindowSlides) {
@@ -414,4 +414,19 @@ TEST(CountedRule, MergeOfASnapshotOneWindowBehindKeepsItAsThePrevious) {
   use(l, into, 10, start + w, start + w);
   merge(l, into, older);
   EXPECT_DOUBLE_EQ(window_uses(l, into, 0, start + w), 710.0) << "700 of the previous window, 10 of this one";
+}
+
+TEST(CountedRule, ADebtBeyondTheNextWindowIsRemembered) {
+  // 1000/s burst 500 (a 0.5 s window): 3,000 units at once. The window
+  // estimate alone forgets what lies past the next window (+0.6 s); the
+  // arrival time beside it keeps the debt, as GCRA and the exact log would
+  // (+2.5 s), so gatekeepers whose queues reach further are bound by it.
+  const limits l = make(algorithm::sliding_log, {{1 * ms, 500}});
+  ASSERT_TRUE(l.counted(l.rules[0]));
+  state s;
+  const decision d = use(l, s, 3'000, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 3'000 * ms - 499 * ms);
+  EXPECT_TRUE(evaluate(l, s, t0 + 2'000 * ms).throttled);
+  EXPECT_EQ(expires_at_us(l, s), t0 + 3'000 * ms);
 }
