@@ -133,8 +133,12 @@ class BenchmarkSmokeTest(unittest.TestCase):
         """smockron-proxy vs nginx: both answered every request 2xx; the gate's accounting was
         published and processed by the master."""
         self.need("nginx", "wrk", "taskset")
-        out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke"])
-        self.assert_figures(out, r"^\s*0\s+smockron\s+\d+ ", r"^\s*0\s+nginx\s+\d+ ",
+        plot = os.path.join(tempfile.mkdtemp(prefix="smockron-plot-"), "proxy_vs_nginx.png")
+        self.addCleanup(shutil.rmtree, os.path.dirname(plot), True)
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke", "--plot", plot])
+        with open(plot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", "the plot is a PNG")
+        self.assert_figures(out, r"^\s*0\s+smockron\s+\d+ ", r"^\s*0\s+nginx\s+\d+ ", r"^plot: .*proxy_vs_nginx\.png",
                             r"^ smockron: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
                             r"^\s+nginx: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
                             r"^accounting: [1-9]\d* requests in smockron rounds, [1-9]\d* messages published, "
@@ -202,16 +206,27 @@ class BenchmarkSmokeTest(unittest.TestCase):
     def test_accuracy(self):
         """Master, 2 gatekeepers behind the delay relay, sniffer, counting backend: every
         well-behaved request found in the access logs and accepted, never delayed; the hot
-        client gated; accounting and DELAY_UNTIL sniffed; /metrics counting."""
-        out = self.run_bench([sys.executable, os.path.join(BENCH, "accuracy.py"), "--smoke"])
-        self.assert_figures(out, r"^#### G = 2: master \+ 2 gatekeeper",
+        client gated; accounting and DELAY_UNTIL sniffed; /metrics counting. Also weighted
+        traffic (costs 1..100 from a request field, and from a response field): every cost
+        reached the backend, and the master charged exactly the costs the gate let through."""
+        plot = os.path.join(tempfile.mkdtemp(prefix="smockron-plot-"), "accuracy.png")
+        self.addCleanup(shutil.rmtree, os.path.dirname(plot), True)
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "accuracy.py"), "--smoke", "--plot", plot])
+        with open(plot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", "the plot is a PNG")
+        self.assert_figures(out, r"^plot: .*accuracy\.png", r"^#### G = 2: master \+ 2 gatekeeper",
                             r"^== G=2  sliding-log: ", r"^== G=2  gcra: ",
+                            r"^== G=2  weighted: .*cost header:X-Cost",
+                            r"^== G=2  weighted-response: .*cost response_header:X-Tokens-Used",
                             r"^hot       : reached backend in \[t0,t0\+D\) [1-9]",
+                            r"^hot       : reached backend in \[t0,t0\+D\) [1-9]\d* units \([1-9]\d* requests\)",
                             r"^near      : sent [1-9]\d*, .*access log delayed 0 rejected 0 \(unlogged 0\) \[PASS\]",
                             r"^under     : sent [1-9]\d*, .*access log delayed 0 rejected 0 \(unlogged 0\) \[PASS\]",
                             r"^/metrics  : proxies \(sum of 2\) accepted [1-9]",
-                            r"^== summary", r"^ 2 sliding-log ", r"^ 2 gcra ", r"^cells meeting every goal: \d+ of 2",
-                            r"^smoke: OK")
+                            r"^units     : the master charged [1-9]\d* .*what the gate accepted or held [1-9]\d* \[match\]",
+                            r"^units     : the master charged [1-9]\d* .*what reached the backend [1-9]\d* \[match\]",
+                            r"^== summary", r"^ 2 sliding-log ", r"^ 2 gcra ", r"^ 2 weighted ", r"^ 2 weighted-response ",
+                            r"^cells meeting every goal: \d+ of 4", r"^smoke: OK")
 
     # ------------------------------------------------------------------ C++ benchmarks
 

@@ -53,7 +53,42 @@ resting on the gate's decisions would be wrong.
 Goals (PASS/FAIL): admitted/ideal within 0.98..1.03 for the hot identifier; no
 1 s window above rate + burst + G + hot rate x round-trip time (the first round
 trip of a new hot client is the only excess); no release spike; well-behaved
-identifiers (near and under) never delayed nor rejected.
+identifiers (near and under) never delayed nor rejected. (Weighted: in units, see below.)
+
+Weighted traffic (cost units): scenarios whose requests cost 1..100 units, with rules
+in units (--unit-rate 1000/s, --unit-burst 500, --cost-max 100). Costs are drawn
+uniformly from 1..100 with the fixed seed, each value once per block of 100 in a
+shuffled order, so every identifier's unit rate is its class's (a near client stays at
+0.9x in units, not just on average). A class's factor is of the rate in units: a client
+at f sends f x rate / 50.5 requests per second (hot 10x: 198 req/s).
+  `weighted`              route cost "header:X-Cost" (the generator sets it), GCRA
+  `weighted-log`          the same with the sliding log (its burst over 120 makes it a
+                          sliding-window counter: an exact log of 120 units holds ~2 requests)
+  `weighted-response`     route cost "response_header:X-Tokens-Used": the generator sends
+                          X-Want-Tokens: N, the counting backend answers X-Tokens-Used: N,
+                          so the cost is known only when the response ends; GCRA. The
+                          route's cost_default is the mean cost, 50 (--cost-default): a
+                          held request's successor waits cost_default intervals, the only
+                          estimate of a cost not known yet
+  `weighted-response-log` the same with the sliding log
+Every figure of the hot identifier is then in units: admitted cost (the costs of its
+requests that reached the backend in [t0, t0+D)) vs the ideal burst + rate x D; the 1 s
+window bound is rate + burst + G x 100 + 99 + hot units/s x RTT (a request is admitted
+while the client is under its burst, whatever its cost); a release spike is a held release
+less than half the earlier one's cost x interval after it. The reference is
+reference_units(): a port of master/rules.cpp in units plus the gatekeeper's guard, every
+cost known at admission (for a response-charged route: the gate that would know the cost
+in advance). Also per weighted cell: the master's smockron_master_units_total vs the costs
+of what the gate let through (held requests included), and the cost fields the backend saw.
+Well-behaved under weighted traffic: a client at 0.9x of the rate in units with random
+costs is over a sliding window of burst/rate whenever its costs cluster (the window's
+slack is 0.1 x burst = 50 units; the sum of the ~9 costs in it has a standard deviation
+of ~85): the rule itself delays it, and that is no gate's fault. So an identifier is judged only when the
+zero-latency reference admits every one of its requests at once, and then the gate must
+never delay nor reject it (as unweighted); the others are reported ("rule-delayed": how
+many, what the gate and the reference did). Under GCRA (burst 500) every near and under
+identifier conforms, so there the goal is "never delayed nor rejected"; under the
+sliding-window counter only the under clients (0.3x) are judged.
 
 Notes: with two rules, "1/rate" (window, spike threshold) is the fastest rule's
 interval. The well-behaved verdict comes from the gate's own decisions (access
@@ -70,8 +105,13 @@ Usage:
                                                         # 25+-50% ms; hot 10x and 100x, even and Poisson (~60 min)
   python3 integration/bench/accuracy.py                 # G = 1,3,5, 10 s per scenario (~2.2 min)
   python3 integration/bench/accuracy.py --quick         # G = 1,3, 3 s per scenario (~35 s)
-  python3 integration/bench/accuracy.py --smoke         # G = 2, two scenarios of 1.5 s: checks the path works, no
-                                                        # accuracy goal; exits non-zero if it did not (~10 s)
+  python3 integration/bench/accuracy.py --weighted-matrix  # weighted: G = 1,3,10; weighted, weighted-log,
+                                                        # weighted-response, weighted-response-log; delays 0,25,50,100;
+                                                        # hot 10x even; 15 s per cell (~13 min)
+  python3 integration/bench/accuracy.py --smoke         # G = 2: sliding-log, gcra, weighted, weighted-response, 1.5 s
+                                                        # each: checks the path works (and, weighted, that the master
+                                                        # charged the costs), no accuracy goal; exits non-zero if it
+                                                        # did not (~10 s)
   python3 integration/bench/accuracy.py -g 3 --scenarios gcra --duration 20 --delays 50,25:0.5
 """
 from __future__ import annotations
@@ -83,6 +123,7 @@ import collections
 import json
 import math
 import os
+import re
 import random
 import resource
 import shutil
@@ -108,10 +149,13 @@ TICK = os.sysconf("SC_CLK_TCK")
 # =============================================================================== helper processes
 
 def serve_backend(port: int) -> None:
-    """Counting backend: answers 200 "ok" to everything; records (wall ns, target)
-    of every request when its head has arrived. GET /__take returns the records
-    since the last take ("ns target" lines) and forgets them."""
-    records: list[tuple[int, bytes]] = []
+    """Counting backend: answers 200 "ok" to everything; records (wall ns, target,
+    cost) of every request when its head has arrived, the cost being its X-Cost or
+    X-Want-Tokens field ("-" if neither). A request with X-Want-Tokens: N is
+    answered with X-Tokens-Used: N (what a response-charged route charges, known
+    only once the response ends). GET /__take returns the records since the last
+    take ("ns target cost" lines) and forgets them."""
+    records: list[tuple[int, bytes, bytes]] = []
 
     class Backend(asyncio.Protocol):
         def connection_made(self, tr):
@@ -130,22 +174,33 @@ def serve_backend(port: int) -> None:
                 head = self.buf[:i]
                 lines = head.split(b"\r\n")
                 length = 0
+                cost, tokens = b"-", None
                 for h in lines[1:]:
                     k, _, v = h.partition(b":")
-                    if k.strip().lower() == b"content-length":
+                    k = k.strip().lower()
+                    if k == b"content-length":
                         length = int(v)
+                    elif k == b"x-cost":
+                        cost = v.strip() or b"-"
+                    elif k == b"x-want-tokens":
+                        tokens = v.strip()
+                        cost = tokens or b"-"
                 if len(self.buf) < i + 4 + length:
                     break
                 self.buf = self.buf[i + 4 + length:]
                 parts = lines[0].split(b" ")
                 target = parts[1] if len(parts) > 1 else b"?"
+                extra = b""
                 if target.startswith(b"/__take"):
-                    body = "".join(f"{ns} {t.decode('latin-1')}\n" for ns, t in records).encode()
+                    body = "".join(f"{ns} {t.decode('latin-1')} {c.decode('latin-1')}\n"
+                                   for ns, t, c in records).encode()
                     records.clear()
                 else:
-                    records.append((now, target))
+                    records.append((now, target, cost))
                     body = b"ok"
-                out.append(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                    if tokens is not None:
+                        extra = b"X-Tokens-Used: %s\r\n" % tokens
+                out.append(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(body), extra) + body)
             if out:
                 self.tr.write(b"".join(out))
 
@@ -165,8 +220,9 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
     """Records every accounting message the proxies publish to it (SUB bound on
     acc_port) and every DELAY_UNTIL of the master (SUB connected to its control
     endpoint) as lines in out_path, flushed every 20 ms:
-      A recv_ns domain status identifier received_ms delayed_ms
-      C recv_ns domain identifier next_ms interval_ms"""
+      A recv_ns domain status identifier received_ms delayed_ms cost
+      C recv_ns domain identifier next_ms interval_ms
+    (cost: the loginfo frame's "cost=N", else 1, the wire's default)"""
     zmq = harness.zmq
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -201,7 +257,11 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                         break
                     dom = d(f[0].rstrip(b"\0"))
                     if kind == "A" and len(f) >= 5:
-                        out.write(f"A {now} {dom} {d(f[1])} {d(f[2])} {d(f[3])} {d(f[4])}\n")
+                        cost = 1
+                        if len(f) > 5 and f[5].startswith(b"cost="):
+                            digits = f[5][5:].split(b" ", 1)[0]
+                            cost = int(digits) if digits.isdigit() else -1
+                        out.write(f"A {now} {dom} {d(f[1])} {d(f[2])} {d(f[3])} {d(f[4])} {cost}\n")
                     elif kind == "C" and len(f) >= 4 and f[1] == b"DELAY_UNTIL":
                         out.write(f"C {now} {dom} {d(f[2])} {d(f[3])} {d(f[4]) if len(f) > 4 else '-'}\n")
             if time.monotonic() - last_flush > 0.02:
@@ -222,32 +282,83 @@ class Rule:
 
 
 class Scenario:
-    def __init__(self, name, domain, algorithm, rules):
+    """cost: None (every request costs 1), "header" (the route's cost is "header:X-Cost",
+    set by the generator) or "response" ("response_header:X-Tokens-Used": the backend
+    answers the generator's X-Want-Tokens, the cost is known when the response ends).
+    Weighted scenarios draw costs from 1..cost_max; rates and bursts are then in units."""
+
+    def __init__(self, name, domain, algorithm, rules, cost=None, cost_max=1):
         self.name, self.domain, self.algorithm, self.rules = name, domain, algorithm, rules
-        self.rate = min(r.per_s for r in rules)               # long-run rate (the binding rule)
-        self.min_interval = min(r.interval for r in rules)    # fastest legitimate pacing
+        self.cost, self.cost_max = cost, (cost_max if cost else 1)
+        self.mean_cost = (self.cost_max + 1) / 2                # of costs uniform in 1..cost_max
+        # A response-charged route's cost_default (what its held requests are paced by until
+        # the true cost is charged): the expected cost, the mean rounded down (50 for 1..100).
+        self.cost_default = max(1, int(self.mean_cost))
+        self.rate = min(r.per_s for r in rules)               # long-run rate (the binding rule), units/s
+        self.min_interval = min(r.interval for r in rules)    # fastest legitimate pacing, per unit
+
+    @property
+    def weighted(self) -> bool:
+        return self.cost is not None
+
+    def request_rate(self, factor: float) -> float:
+        """Requests per second of a client at `factor` x the rate in units."""
+        return factor * self.rate / self.mean_cost
+
+    def route_cost(self) -> str:
+        """The route's cost keys (proxy configuration)."""
+        if self.cost == "header":
+            return 'cost = "header:X-Cost"\n'
+        if self.cost == "response":
+            # Held requests are paced by cost_default until their true cost is charged
+            # (when the response ends): the honest setting is the expected cost.
+            return f'cost = "response_header:X-Tokens-Used"\ncost_default = {self.cost_default}\n'
+        return ""
+
 
     def ideal(self, duration: float) -> float:
         return min(r.burst + r.per_s * duration for r in self.rules)
 
     def window_limit(self, g: int, hot_rate: float = 0.0, rtt: float = 0.0) -> float:
-        """Most requests any 1 s window may hold: rate + burst (min over rules) + G,
-        plus what a new hot client sends during the first round trip to the master."""
-        return min(r.burst + r.per_s * 1.0 for r in self.rules) + g + hot_rate * rtt
+        """Most requests (units) any 1 s window may hold: rate + burst (min over rules) + G
+        requests of the largest cost (one per gatekeeper before it hears from the master),
+        plus what a new hot client sends during the first round trip to the master. A
+        weighted request is admitted while the client is under its burst, whatever its
+        cost: one more largest cost less one unit."""
+        return (min(r.burst + r.per_s * 1.0 for r in self.rules) + g * self.cost_max + (self.cost_max - 1)
+                + hot_rate * rtt)
 
     def describe(self):
-        return " + ".join(f"{r.text} burst {r.burst}" for r in self.rules) + f" ({self.algorithm})"
+        text = " + ".join(f"{r.text} burst {r.burst}" for r in self.rules) + f" ({self.algorithm}"
+        if self.algorithm == "sliding-log" and any(r.burst > RuleEngine.K_EXACT for r in self.rules):
+            text += ": a sliding-window counter, burst over 120"
+        text += ")"
+        if self.cost == "header":
+            text += f"; cost header:X-Cost, 1..{self.cost_max} units"
+        elif self.cost == "response":
+            text += (f"; cost response_header:X-Tokens-Used, 1..{self.cost_max} units, charged when the response ends"
+                     f" (cost_default {self.cost_default})")
+        return text
 
 
-def make_scenarios(rate: int, burst: int):
+def make_scenarios(rate: int, burst: int, unit_rate: int = 1000, unit_burst: int = 500, cost_max: int = 100):
     one = [Rule(f"{rate}/s", rate, burst)]
     two = [Rule(f"{rate}/s", rate, burst), Rule(f"{rate * 30}/min", rate / 2, burst * 4)]
+    units = [Rule(f"{unit_rate}/s", unit_rate, unit_burst)]
     return {
         "sliding-log": Scenario("sliding-log", "sl", "sliding-log", one),
         "gcra": Scenario("gcra", "gc", "gcra", one),
         "two-rules": Scenario("two-rules", "two", "sliding-log", two),
         "two-rules-gcra": Scenario("two-rules-gcra", "twog", "gcra", two),
+        # weighted traffic: rates and bursts in cost units
+        "weighted": Scenario("weighted", "w", "gcra", units, "header", cost_max),
+        "weighted-log": Scenario("weighted-log", "wl", "sliding-log", units, "header", cost_max),
+        "weighted-response": Scenario("weighted-response", "wr", "gcra", units, "response", cost_max),
+        "weighted-response-log": Scenario("weighted-response-log", "wrl", "sliding-log", units, "response", cost_max),
     }
+
+
+WEIGHTED = ("weighted", "weighted-log", "weighted-response", "weighted-response-log")
 
 
 def reference(times, sc: Scenario, max_delay: float):
@@ -293,13 +404,252 @@ def reference(times, sc: Scenario, max_delay: float):
     return arrivals, acc, dly, rej
 
 
+class RuleEngine:
+    """The master's rate rules for one identifier, counting cost units: a port of
+    master/rules.cpp (apply() and evaluate(), rate rules only, times in integer
+    microseconds) for the weighted reference. Sliding log: rules with a burst up to
+    120 keep the log of unit timestamps (a use of cost c is c units, each at its own
+    time when it fits, else at the next free slot), larger ones are sliding-window
+    counters (the previous fixed window's units weighted by its overlap, plus the
+    current one's); GCRA: the arrival time moves by cost x interval."""
+    K_EXACT, SLACK, MAX_FUTURE = 120, 4, 60_000_000
+
+    def __init__(self, algorithm: str, rules: list[tuple[int, int]]):  # [(interval_us, burst)]
+        self.gcra = algorithm == "gcra"
+        self.rules = rules
+        self.counted = [(not self.gcra) and b > self.K_EXACT for _, b in rules]
+        self.logged = [(not self.gcra) and not c for c in self.counted]
+        self.cap = max([b for (_, b), lg in zip(rules, self.logged) if lg] + [1]) + self.SLACK
+        self.max_window = max(i * b for i, b in rules)
+        self.max_debt = max(self.MAX_FUTURE, self.max_window)
+        self.times: list[int] = []
+        self.aux = {i: [0, 0, 0] for i, c in enumerate(self.counted) if c}
+        self.aux_used = False
+
+    # ---- sliding-window counters (burst over 120)
+    def _counts_at(self, i, t):
+        iv, b = self.rules[i]
+        w = iv * b
+        start = (t // w) * w
+        if not self.aux_used:
+            return start, 0, 0
+        a = self.aux[i]
+        if a[0] == start:
+            return start, a[1], a[2]
+        if a[0] == start - w:
+            return start, a[2], 0
+        return start, 0, 0
+
+    def _estimate(self, i, c, t):
+        iv, b = self.rules[i]
+        w = float(iv * b)
+        start, prev, curr = c
+        return prev * (w - (t - start)) / w + curr
+
+    def _charge_counter(self, i, t, cost):
+        iv, b = self.rules[i]
+        w = iv * b
+        a = self.aux[i]
+        start = (t // w) * w
+        if start > a[0]:
+            a[0], a[1], a[2] = self._counts_at(i, t)
+        if start == a[0]:
+            a[2] += cost
+        elif start == a[0] - w:
+            a[1] += cost
+
+    def _counter_next(self, i, c, now):
+        iv, b = self.rules[i]
+        if self._estimate(i, c, now) < b:
+            return now
+        w = float(iv * b)
+        start, prev, curr = c
+        t = start + w - w * (b - curr) / prev if curr < b else start + 2 * w - w * b / curr
+        return max(now + 1, int(t) + 1)
+
+    # ---- the log (burst up to 120)
+    def _fits(self, r, t):
+        times = self.times
+        iv, b = r
+        if len(times) >= self.cap and t < times[0]:
+            return False
+        w = iv * b
+        lo = bisect.bisect_right(times, t - w)
+        it = bisect.bisect_right(times, t, lo)
+        if it - lo >= b:
+            return False
+        while it < len(times) and times[it] < t + w:
+            while times[lo] <= times[it] - w:
+                lo += 1
+            if it - lo + 1 >= b:
+                return False
+            it += 1
+        return True
+
+    def _free_slot(self, t, now):
+        if not self.times:
+            return t, False
+        slot, broken = t, True
+        for r, lg in zip(self.rules, self.logged):
+            if not lg:
+                continue
+            if self._fits(r, t):
+                broken = False
+            else:
+                slot = max(slot, self.times[-1] + r[0])
+        return min(slot, max(t, now + self.max_debt)), broken
+
+    def _insert_unit(self, t, now):
+        """False when the unit is too old for any window (the units after it are too)."""
+        if t <= now - self.max_window:
+            return False
+        bisect.insort_right(self.times, t)
+        if len(self.times) > self.cap:
+            del self.times[:len(self.times) - self.cap]
+        return True
+
+    def _record_log(self, at, cost, now):
+        interval = max([r[0] for r, lg in zip(self.rules, self.logged) if lg] + [0])
+        if interval == 0:
+            return
+        left, broken = cost, False
+        while left > 0 and not broken:
+            slot, broken = self._free_slot(at, now)
+            if not self._insert_unit(slot, now):
+                return
+            left -= 1
+        if left == 0 or not self.times:
+            return
+        most = max(at, now + self.max_debt)
+        last = self.times[-1]
+        for k in range(max(1, left - self.cap + 1), left + 1):
+            steps = (most - last) // interval
+            self.times.append(max(last, most) if k > steps else last + k * interval)
+        if len(self.times) > self.cap:
+            del self.times[:len(self.times) - self.cap]
+
+    def _record_gcra(self, at, cost, now):
+        if len(self.times) != len(self.rules):
+            self.times = [0] * len(self.rules)
+        most = max(at, now + self.max_debt)
+        for i, (iv, b) in enumerate(self.rules):
+            most_tat = most + (b - 1) * iv  # the debt bound applies to the next allowed time
+            frm = min(max(self.times[i], at), most_tat)
+            room = (most_tat - frm) // iv + 1
+            self.times[i] = frm + cost * iv if cost <= room else most_tat + iv
+
+    def evaluate(self, now: int, since_last: bool = False):
+        """When the next request is allowed, or None when it is now."""
+        nxt = None
+        if self.gcra:
+            for i, (iv, b) in enumerate(self.rules[:len(self.times)]):
+                n = self.times[i] - (b - 1) * iv
+                if n > now and (nxt is None or n > nxt):
+                    nxt = n
+        elif self.times:
+            last = self.times[-1]
+            for (iv, b), lg in zip(self.rules, self.logged):
+                if lg and len(self.times) - bisect.bisect_right(self.times, now - iv * b) >= b:
+                    n = (last if since_last else max(now, last)) + iv
+                    if n > now and (nxt is None or n > nxt):
+                        nxt = n
+        if self.aux_used:
+            for i in self.aux:
+                n = self._counter_next(i, self._counts_at(i, now), now)
+                if n > now and (nxt is None or n > nxt):
+                    nxt = n
+        return nxt
+
+    def apply(self, kind: str, at: int, cost: int, now: int):
+        """Records a use (kind "accepted" or "delayed", at its time, of cost units) and evaluates at now."""
+        if kind == "rejected" or cost <= 0:
+            return self.evaluate(now, True)
+        at = min(at, now + self.MAX_FUTURE)
+        if self.gcra:
+            self._record_gcra(at, cost, now)
+        else:
+            self._record_log(at, cost, now)
+        if self.aux:
+            self.aux_used = True
+            for i in self.aux:  # a use timed later than now counts now (as rules.cpp since cf2b5fb)
+                self._charge_counter(i, min(at, now), cost)
+        return self.evaluate(now)
+
+
+def reference_units(times, costs, sc: "Scenario", max_delay: float):
+    """The weighted reference: zero latency, one gatekeeper, the master's rules in cost
+    units (RuleEngine) and the gatekeeper's guard (GCRA of the same rules, charged with
+    each request's cost when it is admitted or held), every cost known at admission.
+    A gatekeeper holds a request until both allow it (the master's next allowed time
+    only moves forward) and refuses it beyond max_delay. For a response-charged route
+    this is the gate that would know each cost in advance: what the product does
+    without knowing it is measured against it.
+    Returns (arrivals [(time, cost)], accepted, delayed, rejected, verdicts), verdicts
+    one of "accepted", "delayed", "rejected" per send."""
+    rules = [(int(round(r.interval * 1e6)), r.burst) for r in sc.rules]
+    eng = RuleEngine(sc.algorithm, rules)
+    tat = [0] * len(rules)
+    next_until = -(1 << 62)
+    arrivals, verdicts = [], []
+    acc = dly = rej = 0
+    for t, c in zip(times, costs):
+        now = int(round(t * 1e6))
+        release = next_until
+        for i, (iv, b) in enumerate(rules):
+            release = max(release, tat[i] - (b - 1) * iv)
+        if release <= now:
+            at, kind, acc = now, "accepted", acc + 1
+        elif release - now > max_delay * 1e6:
+            at, kind, rej = None, "rejected", rej + 1
+        else:
+            at, kind, dly = release, "delayed", dly + 1
+        verdicts.append(kind)
+        if at is None:
+            nxt = eng.apply("rejected", now, 0, now)
+        else:
+            arrivals.append((at / 1e6, c))
+            for i, (iv, _) in enumerate(rules):
+                tat[i] = max(tat[i], at) + c * iv
+            nxt = eng.apply(kind, at, c, now)
+        if nxt is not None and nxt > now:
+            next_until = max(next_until, nxt)
+    return arrivals, acc, dly, rej, verdicts
+
+
+def block_costs(rng: random.Random, n: int, most: int) -> list[int]:
+    """n costs drawn uniformly from 1..most, each value once per block of `most` in a
+    shuffled order: every identifier's unit rate is its request rate x the mean cost
+    over each block, not just on average (a client at 0.9x in units stays at 0.9x)."""
+    out: list[int] = []
+    while len(out) < n:
+        block = list(range(1, most + 1))
+        rng.shuffle(block)
+        out += block
+    return out[:n]
+
+
+def max_units_in_window(points, w: float) -> int:
+    """Most units in any window [t, t + w) of (time, units) points."""
+    pts = sorted(points)
+    best = total = 0
+    lo = 0
+    for t, u in pts:
+        total += u
+        while pts[lo][0] <= t - w:
+            total -= pts[lo][1]
+            lo += 1
+        best = max(best, total)
+    return best
+
+
 # =============================================================================== load generator
 
 class Req:
-    __slots__ = ("ident", "cls", "gk", "seq", "t_sched", "t_send", "t_resp", "status", "wire")
+    __slots__ = ("ident", "cls", "gk", "seq", "t_sched", "t_send", "t_resp", "status", "wire", "cost")
 
-    def __init__(self, ident, cls, gk, seq, t_sched, wire):
+    def __init__(self, ident, cls, gk, seq, t_sched, wire, cost=1):
         self.ident, self.cls, self.gk, self.seq, self.t_sched, self.wire = ident, cls, gk, seq, t_sched, wire
+        self.cost = cost
         self.t_send = self.t_resp = None
         self.status = None
 
@@ -432,10 +782,14 @@ class Generator:
 
 
 def build_schedule(sc: Scenario, args, g: int, t0: float, rng: random.Random, prefix: str) -> list[Req]:
+    """Every request of the scenario: its identifier, gatekeeper, time and (weighted
+    scenarios) cost. A class's factor is of the rate in units: a weighted client sends
+    factor x rate / mean cost requests per second."""
     reqs = []
-    idents = [(f"{prefix}hot", "hot", args.hot_factor * sc.rate)]
-    idents += [(f"{prefix}near-{i}", "near", args.near_factor * sc.rate) for i in range(args.near)]
-    idents += [(f"{prefix}under-{i}", "under", args.under_factor * sc.rate) for i in range(args.under)]
+    idents = [(f"{prefix}hot", "hot", sc.request_rate(args.hot_factor))]
+    idents += [(f"{prefix}near-{i}", "near", sc.request_rate(args.near_factor)) for i in range(args.near)]
+    idents += [(f"{prefix}under-{i}", "under", sc.request_rate(args.under_factor)) for i in range(args.under)]
+    field = {"header": "x-cost", "response": "x-want-tokens"}.get(sc.cost)
     for k, (ident, cls, rate) in enumerate(idents):
         gap = 1.0 / rate
         phase = 0.0 if cls == "hot" else rng.uniform(0, gap)
@@ -446,13 +800,16 @@ def build_schedule(sc: Scenario, args, g: int, t0: float, rng: random.Random, pr
                 t += rng.expovariate(rate)
         else:
             times = [t0 + phase + i * gap for i in range(int(math.ceil(args.duration * rate)) + 1)]
+        costs = block_costs(rng, len(times), sc.cost_max) if sc.weighted else None
         for seq, t in enumerate(times):
             if t >= t0 + args.duration:
                 break
             gk = (seq + k) % g
+            cost = costs[seq] if costs else 1
+            extra = f"{field}: {cost}\r\n" if field else ""
             wire = (f"GET /{sc.domain}/{ident}/{gk}/{seq} HTTP/1.1\r\nHost: bench\r\n"
-                    f"x-client: {ident}\r\n\r\n").encode()
-            reqs.append(Req(ident, cls, gk, seq, t, wire))
+                    f"x-client: {ident}\r\n{extra}\r\n").encode()
+            reqs.append(Req(ident, cls, gk, seq, t, wire, cost))
     reqs.sort(key=lambda r: r.t_sched)
     return reqs
 
@@ -577,7 +934,8 @@ class Box:
         self.proxies = []
         for i in range(self.g):
             routes = "".join(f'\n[[proxy.routes]]\npath = "/{d}/"\ndomain = "{d}"\nupstream = "app"\n'
-                             f'identify = ["header:x-client"]\n' for d in [sc.domain for sc in self.scenarios] + [PROBE])
+                             f'identify = ["header:x-client"]\n{cost}'
+                             for d, cost in [(sc.domain, sc.route_cost()) for sc in self.scenarios] + [(PROBE, "")])
             conf = os.path.join(tmp, f"proxy-g{self.g}-{i}.toml")
             with open(conf, "w") as f:
                 f.write(f"""[proxy]
@@ -705,17 +1063,28 @@ keepalive = 256
 # =============================================================================== one scenario
 
 def counters(box: Box, domain: str):
-    """(proxy decisions summed over gatekeepers, other proxy counters, master accounting by status)."""
+    """(proxy decisions summed over gatekeepers, other proxy counters, master accounting by
+    status, master's other counters). Among the proxies' other counters: the cost units
+    they reported and the costs charged as cost_default or cost_max (smockron_proxy_cost_*,
+    all domains); among the master's: "units", the cost units it charged the domain
+    (smockron_master_units_total)."""
     proxy_dec, proxy_other = collections.Counter(), collections.Counter()
     for p in box.proxies:
         for name, labels, v in parse_metrics(p.metrics()):
             if name == "smockron_proxy_requests_total" and labels.get("domain") == domain:
                 proxy_dec[labels["decision"]] += v
-            elif name == "smockron_proxy_accounting_dropped_total":
+            elif name in ("smockron_proxy_accounting_dropped_total", "smockron_proxy_cost_units_total",
+                          "smockron_proxy_cost_fallback_total"):
                 proxy_other[name] += v
-    master_acc = collections.Counter({l["status"]: v for n, l, v in parse_metrics(box.master.metrics())
-                                      if n == "smockron_master_accounting_messages_total" and l.get("domain") == domain})
-    return proxy_dec, proxy_other, master_acc
+    master_acc, master_other = collections.Counter(), collections.Counter()
+    for n, l, v in parse_metrics(box.master.metrics()):
+        if l.get("domain") != domain:
+            continue
+        if n == "smockron_master_accounting_messages_total":
+            master_acc[l["status"]] += v
+        elif n == "smockron_master_units_total":
+            master_other["units"] += v
+    return proxy_dec, proxy_other, master_acc, master_other
 
 
 async def collect_decisions(box: Box, sc: Scenario, reqs: list[Req], timeout: float = 10.0) -> dict:
@@ -757,7 +1126,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     box.sniffed()
     box.access_log()
     http_get(box.backend_port, "/__take", timeout=10)  # forget warm-up arrivals
-    per_gk = int(math.ceil(args.hot_factor * sc.rate * min(args.max_delay, args.duration) * 0.06 / g)) + 8 + \
+    per_gk = int(math.ceil(sc.request_rate(args.hot_factor) * min(args.max_delay, args.duration) * 0.06 / g)) + 8 + \
         int(math.ceil((args.near + args.under) / g))
     await gen.top_up(per_gk)
     gen.on_demand = 0
@@ -777,28 +1146,36 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     await asyncio.sleep(0.3)    # accounting and logs settle
 
     # ---- collect
+    cost_of = {(r.ident, r.gk, r.seq): r.cost for r in reqs}
     body = http_get(box.backend_port, "/__take", timeout=10).body
     arrivals = collections.defaultdict(list)  # ident -> [(t, gk, seq)]
+    cost_garbled = 0  # weighted: arrivals whose cost field did not reach the backend as the generator set it
     for line in body.splitlines():
-        ns, target = line.split(" ", 1)
+        ns, target, *rest = line.split(" ")
         t = parse_target(target)
         if t and t[0] == sc.domain:
             arrivals[t[1]].append((int(ns) / 1e9, t[2], t[3]))
+            if sc.weighted and (not rest or rest[0] != str(cost_of.get(t[1:]))):
+                cost_garbled += 1
     for v in arrivals.values():
         v.sort()
     decisions = await collect_decisions(box, sc, reqs)
     sniff = box.sniffed()
-    reserved = collections.defaultdict(list)  # ident -> [delayed_ms]
+    reserved = collections.defaultdict(list)  # ident -> [(delayed_ms / 1000, cost)]
     hot_delayed = []                           # (received_ms, delayed_ms, sniffer ms) of the hot identifier
     hot_ctl_t, hot_ctl_next = [], []           # the master's DELAY_UNTIL for it: sniffer time, next_ms
     pub_lat = []                               # decision (ms) -> its accounting seen by the sniffer
     acct = collections.Counter()
+    acct_units = 0                             # units of the sniffed ACCEPTED and DELAYED messages
     controls = 0
     for f in sniff:
         if f[0] == "A" and f[2] == sc.domain:
             acct[f[3]] += 1
+            cost = int(f[7]) if len(f) > 7 else 1
+            if f[3] in ("ACCEPTED", "DELAYED"):
+                acct_units += cost
             if f[3] == "DELAYED":
-                reserved[f[4]].append(int(f[6]) / 1000)
+                reserved[f[4]].append((int(f[6]) / 1000, cost))
                 if f[4] == hot_id:
                     hot_delayed.append((int(f[5]), int(f[6]), int(f[1]) / 1e6))
                     pub_lat.append(int(f[1]) / 1e6 - int(f[5]))
@@ -808,7 +1185,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
                 hot_ctl_t.append(int(f[1]) / 1e6)
                 hot_ctl_next.append(int(f[4]))
     after = counters(box, sc.domain)
-    proxy_dec, proxy_other, master_acc = (a - b for a, b in zip(after, before))
+    proxy_dec, proxy_other, master_acc, master_other = (a - b for a, b in zip(after, before))
 
     # ---- generator health
     lateness = [(r.t_send - r.t_sched) * 1000 for r in reqs if r.t_send is not None]
@@ -822,6 +1199,19 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
                on_demand=gen.on_demand, aborted=aborted, noise=noise, ours=(c1 - c0) / wall,
                proxy_dec=proxy_dec, proxy_other=proxy_other, master_acc=master_acc, acct=acct, controls=controls)
 
+    # ---- units: what the master charged vs the costs of what the gate let through. A cost known at
+    # admission is charged when the request is accepted or held (a held request cut at the end
+    # included); a response's cost when the response ends (every request that reached the backend).
+    forwarded = {(i, a[1], a[2]) for i, arr in arrivals.items() for a in arr}
+    if sc.cost == "response":
+        expected_units = sum(cost_of.get(k, 0) for k in forwarded)
+    else:
+        expected_units = sum(cost_of[k] for k, dec in decisions.items()
+                             if dec in ("accepted", "delayed") and k in cost_of)
+    res.update(units_master=master_other["units"], units_expected=expected_units, units_sniffed=acct_units,
+               cost_garbled=cost_garbled,
+               cost_fallback=proxy_other["smockron_proxy_cost_fallback_total"])
+
     # ---- per class
     by_cls = collections.defaultdict(list)
     for r in reqs:
@@ -830,76 +1220,122 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     typical = statistics.median(ok_lat) if ok_lat else 1.0
     res["typical_ms"] = typical
     slow_ms = typical + args.slow_ms
+
+    def sent_at(r):
+        return r.t_send if r.t_send is not None else r.t_sched
+
     for cls, rs in by_cls.items():
         c = collections.Counter()
+        idents = sorted({r.ident for r in rs})
+        # The model's verdict for these same sends (and costs). Weighted: an identifier whose
+        # sends the rule itself delays (the zero-latency reference holds one of them) is not
+        # well-behaved under this rule; only the others are judged (see report()).
+        conforming = set()
+        for i in idents:
+            mine = [r for r in rs if r.ident == i]
+            if sc.weighted:
+                _, _, dly, rej, _ = reference_units([sent_at(r) for r in mine], [r.cost for r in mine],
+                                                    sc, args.max_delay)
+            else:
+                _, _, dly, rej = reference([sent_at(r) for r in mine], sc, args.max_delay)
+            c["model_delayed"] += dly
+            c["model_rejected"] += rej
+            if not sc.weighted or dly + rej == 0:
+                conforming.add(i)
+            else:
+                c["rule_idents"] += 1
+                c["rule_model"] += dly + rej
+        c["idents"] = len(idents)
         for r in rs:
             c["sent"] += 1
+            c["units_sent"] += r.cost
             c[f"status_{r.status}"] += 1
             dec = decisions.get((r.ident, r.gk, r.seq))
             c[f"log_{dec}"] += 1
+            hits = (dec in ("delayed", "rejected", None)) + (r.status in (503, -1, -2))
+            if r.ident in conforming:
+                c["judged_sent"] += 1
+                c["judged_ok"] += dec == "accepted"
+                c["judged_bad"] += hits
+            else:
+                c["rule_sent"] += 1
+                c["rule_bad"] += hits
+                c["rule_delayed"] += dec == "delayed"
+                c["rule_rejected"] += dec == "rejected"
             if r.status == 200 and r.t_resp and (r.t_resp - r.t_send) * 1000 > slow_ms:
                 c["slow"] += 1
                 if dec == "accepted":
                     c["slow_accepted"] += 1
-        idents = sorted({r.ident for r in rs})
         # every request of these identifiers that reached the backend (whenever it arrived)
         c["arrived"] = sum(len({(a[1], a[2]) for a in arrivals.get(i, [])}) for i in idents)
-        # the model's verdict for these same sends
-        model_dly = model_rej = 0
-        for i in idents:
-            _, _, dly, rej = reference([r.t_send for r in rs if r.ident == i], sc, args.max_delay)
-            model_dly += dly
-            model_rej += rej
-        c["model_delayed"], c["model_rejected"] = model_dly, model_rej
         res[cls] = c
 
-    # ---- hot identifier
+    # ---- hot identifier (weighted: every figure in cost units)
     hot = arrivals.get(hot_id, [])
-    hot_t = [a[0] for a in hot if t0 <= a[0] < t0 + args.duration]
-    hot_sends = [r.t_send for r in by_cls["hot"]]
-    ref_arr, ref_acc, ref_dly, ref_rej = reference(hot_sends, sc, args.max_delay)
-    ref_in = sum(1 for t in ref_arr if t0 <= t < t0 + args.duration)
+    hot_cost = [cost_of.get((hot_id, a[1], a[2]), 1) for a in hot]
+    hot_pts = [(a[0], u) for a, u in zip(hot, hot_cost) if t0 <= a[0] < t0 + args.duration]
+    hot_sends = [sent_at(r) for r in by_cls["hot"]]
+    if sc.weighted:
+        ref_arr, ref_acc, ref_dly, ref_rej, _ = reference_units(hot_sends, [r.cost for r in by_cls["hot"]], sc,
+                                                                args.max_delay)
+    else:
+        ref_t, ref_acc, ref_dly, ref_rej = reference(hot_sends, sc, args.max_delay)
+        ref_arr = [(t, 1) for t in ref_t]
+    ref_pts = [(t, u) for t, u in ref_arr if t0 <= t < t0 + args.duration]
+    ref_in = sum(u for _, u in ref_pts)
     ideal = sc.ideal(args.duration)
-    res.update(hot_in=len(hot_t), ideal=ideal, ref_in=ref_in, ref=(ref_acc, ref_dly, ref_rej),
-               max1s=max_in_window(hot_t, 1.0),
+    iv_window = sc.min_interval * sc.cost_max  # weighted: the time the largest cost takes to pay back
+    res.update(hot_in=sum(u for _, u in hot_pts), hot_in_n=len(hot_pts), ideal=ideal, ref_in=ref_in,
+               ref=(ref_acc, ref_dly, ref_rej), max1s=max_units_in_window(hot_pts, 1.0),
                limit1s=sc.window_limit(g, args.hot_factor * sc.rate, 2 * args.delay_ms * (1 + args.jitter) / 1000),
-               max_iv=max_in_window(hot_t, sc.min_interval),
-               max_iv_steady=max_in_window([t for t in hot_t if t >= t0 + 1.0], sc.min_interval),
-               ref_max1s=max_in_window([t for t in ref_arr if t0 <= t < t0 + args.duration], 1.0))
-    # held releases: hot arrivals whose access-log decision is "delayed"
-    held = [a[0] for a in hot if decisions.get((hot_id, a[1], a[2])) == "delayed"]
-    gaps = [(b - a) * 1000 for a, b in zip(held, held[1:])]
-    spike_ms = 0.5 * sc.min_interval * 1000
+               iv_window=iv_window, max_iv=max_units_in_window(hot_pts, iv_window),
+               max_iv_steady=max_units_in_window([p for p in hot_pts if p[0] >= t0 + 1.0], iv_window),
+               ref_max1s=max_units_in_window(ref_pts, 1.0))
+    # Held releases: hot arrivals whose access-log decision is "delayed". A release spike: the next
+    # one less than half the earlier one's payback (cost x interval; one interval unweighted) after it.
+    def spike(a, b):
+        return (b[0] - a[0]) < 0.5 * a[1] * sc.min_interval
+
+    held = [(a[0], u) for a, u in zip(hot, hot_cost) if decisions.get((hot_id, a[1], a[2])) == "delayed"]
+    gaps = [(b[0] - a[0]) * 1000 for a, b in zip(held, held[1:])]
+    spike_ms = 0.5 * sc.min_interval * 1000  # per unit of the earlier release
     fill_end = t0 + args.max_delay + 0.2  # releases of reservations made while the held queue filled up
-    res.update(held_n=len(held), gap_min=min(gaps) if gaps else float("nan"),
-               gap_p1=pct(gaps, 1), gap_med=pct(gaps, 50), spikes=sum(1 for x in gaps if x < spike_ms),
-               spikes_fill=sum(1 for a, b in zip(held, held[1:]) if (b - a) * 1000 < spike_ms and b < fill_end),
+    res.update(held_n=len(held), held_units=sum(u for _, u in held), gap_min=min(gaps) if gaps else float("nan"),
+               gap_p1=pct(gaps, 1), gap_med=pct(gaps, 50), spikes=sum(1 for a, b in zip(held, held[1:]) if spike(a, b)),
+               spikes_fill=sum(1 for a, b in zip(held, held[1:]) if spike(a, b) and b[0] < fill_end),
                spike_ms=spike_ms)
     # the same per gatekeeper: what one gatekeeper's pacing controls (the design's promise); spikes
     # between gatekeepers come from reservations made inside one round trip to the master
     per_gk = collections.defaultdict(list)
-    for a in hot:
+    for a, u in zip(hot, hot_cost):
         if decisions.get((hot_id, a[1], a[2])) == "delayed":
-            per_gk[a[1]].append(a[0])
-    res["spikes_gk"] = sum(1 for ts in per_gk.values() for a, b in zip(ts, ts[1:]) if (b - a) * 1000 < spike_ms)
+            per_gk[a[1]].append((a[0], u))
+    res["spikes_gk"] = sum(1 for ts in per_gk.values() for a, b in zip(ts, ts[1:]) if spike(a, b))
+    res["gk_gap_med"] = pct([(b[0] - a[0]) * 1000 for ts in per_gk.values() for a, b in zip(ts, ts[1:])], 50)
     # all hot arrivals after the first burst (accepted or held), same test
-    after = sorted(a[0] for a in hot)[max(r.burst for r in sc.rules):]
-    res["spikes_all"] = sum(1 for a, b in zip(after, after[1:]) if (b - a) * 1000 < spike_ms)
+    everything = sorted(zip((a[0] for a in hot), hot_cost))
+    first, used = 0, 0
+    burst = max(r.burst for r in sc.rules)
+    while first < len(everything) and used < burst:
+        used += everything[first][1]
+        first += 1
+    rest = everything[first:]
+    res["spikes_all"] = sum(1 for a, b in zip(rest, rest[1:]) if spike(a, b))
     # lateness of each held arrival vs the nearest reserved time (sniffed DELAYED, ms resolution)
-    rsv = sorted(reserved.get(hot_id, []))
+    rsv_all = sorted(reserved.get(hot_id, []))
+    rsv = [x for x, _ in rsv_all]
     late = []
-    for t in held:
+    for t, _ in held:
         j = bisect.bisect_left(rsv, t)
         cands = [rsv[k] for k in (j - 1, j) if 0 <= k < len(rsv)]
         if cands:
             r = min(cands, key=lambda x: abs(t - x))
             late.append((t - r) * 1000)
     res["late"] = late
-    rs_ms = [round(x * 1000) for x in rsv if x < t_close]
-    cnt = collections.Counter(rs_ms)
+    rs_ms = sorted((round(x * 1000), u) for x, u in rsv_all if x < t_close)
+    cnt = collections.Counter(ms for ms, _ in rs_ms)
     res["shared"] = sum(v - 1 for v in cnt.values() if v > 1)
-    srt = sorted(rs_ms)
-    res["close_rsv"] = sum(1 for a, b in zip(srt, srt[1:]) if b - a < spike_ms)
+    res["close_rsv"] = sum(1 for a, b in zip(rs_ms, rs_ms[1:]) if b[0] - a[0] < spike_ms * a[1])
     res["reserved_n"] = len(rs_ms)
     # Control loop seen from outside: a gatekeeper reserves slot s (DELAYED, decision time received_ms);
     # how long until the master's DELAY_UNTIL moves past s (sniffer's clock, ms resolution of received_ms).
@@ -916,7 +1352,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
             loop.append(ct[j] - rcv)
     res["loop"] = loop
     res["pub_lat"] = pub_lat
-    res["hot_gap_ms"] = 1000 / (args.hot_factor * sc.rate)
+    res["hot_gap_ms"] = 1000 / sc.request_rate(args.hot_factor)
     res["t_end_send"] = t_end_send - t0
     return res
 
@@ -924,38 +1360,55 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
 def report(res: dict, args) -> dict:
     sc, g = res["sc"], res["g"]
     d = args.duration
+    w = sc.weighted
+    units = " units" if w else ""
     print(f"\n== G={g}  {sc.name}: {sc.describe()}; one-way delay {delay_label(args)}; hot {args.hot_factor:g}x "
           f"{args.hot_arrivals}; D={d:g}s, max_delay {args.max_delay:g}s ==")
     lt = res["lateness"]
     gen_ok = res["achieved"] >= 0.98 * res["intended"] and pct(lt, 99) < 5
     print(f"load      : intended {res['reqs']} req ({res['intended']:.1f}/s), achieved {res['achieved']:.1f}/s "
           f"({res['achieved'] / res['intended']:.3f}x); send lateness p50 {pct(lt, 50):.2f} p99 {pct(lt, 99):.2f} "
-          f"max {max(lt):.2f} ms; connections opened on demand {res['on_demand']}  [{'generator OK' if gen_ok else 'GENERATOR LAGGED'}]")
+          f"max {max(lt):.2f} ms; connections opened on demand {res['on_demand']}  [{'generator OK' if gen_ok else 'GENERATOR LAGGED'}]"
+          + (f"; hot {sc.request_rate(args.hot_factor):.1f} req/s x mean cost {sc.mean_cost:g} = "
+             f"{args.hot_factor * sc.rate:.0f} units/s" if w else ""))
     print(f"cpu       : benchmark processes {res['ours']:.2f} cores, other processes (noise) {res['noise']:.2f} cores")
     ratio = res["hot_in"] / res["ideal"]
     ref_ratio = res["hot_in"] / res["ref_in"] if res["ref_in"] else float("nan")
     ok_ratio = 0.98 <= ratio <= 1.03
-    print(f"hot       : reached backend in [t0,t0+D) {res['hot_in']}; ideal burst+rate*D = {res['ideal']:.0f} -> "
-          f"{ratio:.3f} [{verdict(ok_ratio)} 0.98..1.03]; zero-latency reference {res['ref_in']} -> {ref_ratio:.3f}")
+    print(f"hot       : reached backend in [t0,t0+D) {res['hot_in']}{units}"
+          + (f" ({res['hot_in_n']} requests)" if w else "")
+          + f"; ideal burst+rate*D = {res['ideal']:.0f}{units} -> "
+          f"{ratio:.3f} [{verdict(ok_ratio)} 0.98..1.03]; zero-latency reference {res['ref_in']}{units} -> {ref_ratio:.3f}")
     if res["ref_in"] < 0.98 * res["ideal"]:
+        why = ("the spec's sliding log carries no credit from the faster rule into the slower one" if len(sc.rules) > 1
+               else "a sliding-window counter holds a new client's burst until its fixed window ends"
+               if sc.algorithm == "sliding-log" and sc.rules[0].burst > RuleEngine.K_EXACT
+               else "the hot client's own sends (its finite rate, the interval's edges: short cells)")
         print(f"            note: the reference of this algorithm admits only {res['ref_in'] / res['ideal']:.3f} of the "
-              f"ideal: the spec's sliding log carries no credit from the faster rule into the slower one")
+              f"ideal: {why}")
     ok_win = res["max1s"] <= res["limit1s"]
-    print(f"            max in any 1 s window {res['max1s']} (limit rate+burst+G+hot*RTT = {res['limit1s']:.0f}, reference "
-          f"{res['ref_max1s']}) [{verdict(ok_win)}]; max in any {sc.min_interval * 1000:.0f} ms window "
-          f"{res['max_iv']} (after the first second: {res['max_iv_steady']})")
+    bound = "rate+burst+G*max cost+(max cost-1)+hot*RTT" if w else "rate+burst+G+hot*RTT"
+    print(f"            max in any 1 s window {res['max1s']}{units} (limit {bound} = {res['limit1s']:.0f}, reference "
+          f"{res['ref_max1s']}) [{verdict(ok_win)}]; max in any {res['iv_window'] * 1000:.0f} ms window "
+          f"{res['max_iv']}{units} (after the first second: {res['max_iv_steady']})")
     ok_spike = res["spikes"] == 0
     late = res["late"]
-    print(f"            held releases {res['held_n']}: spacing min {res['gap_min']:.1f} p1 {res['gap_p1']:.1f} "
-          f"median {res['gap_med']:.1f} ms; release spikes (< {res['spike_ms']:.0f} ms apart) {res['spikes']} "
+    apart = (f"< {res['spike_ms']:g} ms x the earlier one's cost apart" if w else f"< {res['spike_ms']:.0f} ms apart")
+    print(f"            held releases {res['held_n']}" + (f" ({res['held_units']} units)" if w else "")
+          + f": spacing min {res['gap_min']:.1f} p1 {res['gap_p1']:.1f} "
+          f"median {res['gap_med']:.1f} ms; release spikes ({apart}) {res['spikes']} "
           f"[{verdict(ok_spike)}] ({res['spikes_fill']} from reservations made while the held queue filled, "
           f"{res['spikes'] - res['spikes_fill']} in steady state; all hot arrivals after the burst: {res['spikes_all']}); "
-          f"within one gatekeeper: {res['spikes_gk']}")
+          f"within one gatekeeper: {res['spikes_gk']} (median spacing {res['gk_gap_med']:.1f} ms)")
     if late:
         print(f"            arrival - reserved time: p50 {pct(late, 50):+.2f} p99 {pct(late, 99):+.2f} "
               f"max |{max(abs(x) for x in late):.2f}| ms; reservations {res['reserved_n']}, of which on an instant "
-              f"another gatekeeper also reserved: {res['shared']}, closer than {res['spike_ms']:.0f} ms to the "
-              f"previous: {res['close_rsv']}")
+              f"another gatekeeper also reserved: {res['shared']}, closer than "
+              + (f"{res['spike_ms']:g} ms x its cost" if w else f"{res['spike_ms']:.0f} ms")
+              + f" to the previous: {res['close_rsv']}")
+    elif w and sc.cost == "response" and res["held_n"]:
+        print("            (a response-charged request is reported when its response ends, never when it is held: "
+              "no reservation to compare with)")
     h = res["hot"]
     if res["loop"]:
         lp = res["loop"]
@@ -968,40 +1421,63 @@ def report(res: dict, args) -> dict:
           f"access log accepted {h['log_accepted']} delayed {h['log_delayed']} rejected {h['log_rejected']}; "
           f"reference accepted {res['ref'][0]} delayed {res['ref'][1]} rejected {res['ref'][2]}")
     wb_bad = wb_sent = wb_ok = wb_model = 0
-    for cls, label in (("near", f"near ({args.near} x {args.near_factor:g} rate)"),
-                       ("under", f"under ({args.under} x {args.under_factor:g} rate)")):
+    rule_idents = rule_bad = rule_model = 0
+    for cls in ("near", "under"):
         c = res.get(cls)
         if not c:
             continue
-        bad = c["log_delayed"] + c["log_rejected"] + c["log_None"] + c["status_503"] + c["status_-1"] + c["status_-2"]
-        wb_bad += bad
-        wb_sent += c["sent"]
-        wb_ok += c["log_accepted"]
-        wb_model += c["model_delayed"] + c["model_rejected"]
+        wb_bad += c["judged_bad"]
+        wb_sent += c["judged_sent"]
+        wb_ok += c["judged_ok"]
+        if not w:
+            wb_model += c["model_delayed"] + c["model_rejected"]
+        rule_idents += c["rule_idents"]
+        rule_bad += c["rule_delayed"] + c["rule_rejected"]
+        rule_model += c["rule_model"]
         print(f"{cls:<10}: sent {c['sent']}, 200 {c['status_200']}, 503 {c['status_503']}, errors "
               f"{c['status_-1'] + c['status_-2']}; reached backend {c['arrived']} ({c['arrived'] / c['sent']:.3f} of sent); "
               f"access log delayed {c['log_delayed']} rejected {c['log_rejected']} (unlogged {c['log_None']}) "
-              f"[{verdict(bad == 0)}]; reference: delayed {c['model_delayed']} rejected {c['model_rejected']}; "
+              + (f"[{verdict(c['judged_bad'] == 0)}]" if not c["rule_idents"] else "[see below]")
+              + f"; reference: delayed {c['model_delayed']} rejected {c['model_rejected']}; "
               f"answered later than {res['typical_ms']:.1f}+{args.slow_ms:g} ms: {c['slow']}"
               + (f" (of which the gate accepted {c['slow_accepted']}: host scheduling, not a gate decision)"
-                 if c['slow'] else ""))
+                 if c['slow'] else "")
+              + (f"; {c['units_sent']} units" if w else ""))
+        if c["rule_idents"]:
+            print(f"            the rule itself delays {c['rule_idents']} of these {c['idents']} identifiers (the "
+                  f"zero-latency reference holds {c['rule_model']} of their {c['rule_sent']} requests): not judged; the "
+                  f"gate delayed {c['rule_delayed']} rejected {c['rule_rejected']} of them. The other "
+                  f"{c['idents'] - c['rule_idents']}: {c['judged_sent']} sent, delayed, rejected, unlogged or "
+                  f"unanswered {c['judged_bad']} [{verdict(c['judged_bad'] == 0)}]")
     pd = res["proxy_dec"]
+    po = res["proxy_other"]
+    units_ok = res["units_master"] == res["units_expected"]
     print(f"/metrics  : proxies (sum of {g}) accepted {pd['accepted']:.0f} delayed {pd['delayed']:.0f} rejected "
           f"{pd['rejected']:.0f} unidentified {pd['unidentified']:.0f}; accounting dropped "
-          f"{res['proxy_other']['smockron_proxy_accounting_dropped_total']:.0f}; master accounting "
+          f"{po['smockron_proxy_accounting_dropped_total']:.0f}; master accounting "
           + ", ".join(f"{k} {v:.0f}" for k, v in sorted(res["master_acc"].items()))
           + f"; sniffed DELAY_UNTIL {res['controls']}")
+    if w:
+        print(f"units     : the master charged {res['units_master']:.0f} (smockron_master_units_total), the costs of "
+              + ("what reached the backend" if sc.cost == "response" else "what the gate accepted or held")
+              + f" {res['units_expected']} [{'match' if units_ok else 'MISMATCH'}]; sniffed accounting "
+              f"{res['units_sniffed']}; proxies' cost units {po['smockron_proxy_cost_units_total']:.0f}, charged as "
+              f"cost_default/cost_max {po['smockron_proxy_cost_fallback_total']:.0f}; cost fields that reached the "
+              f"backend altered or missing {res['cost_garbled']}")
     ok_wb = wb_bad == 0
     return dict(g=g, name=sc.name, delay=delay_label(args), hot=args.hot_factor, arrivals=args.hot_arrivals,
-                ratio=ratio, ref_ratio=ref_ratio, ok_ratio=ok_ratio, max1s=res["max1s"],
+                weighted=w, ratio=ratio, ref_ratio=ref_ratio, ok_ratio=ok_ratio, max1s=res["max1s"],
                 limit=res["limit1s"], ok_win=ok_win, spikes=res["spikes"], ok_spike=ok_spike,
                 spikes_gk=res["spikes_gk"], spikes_steady=res["spikes"] - res["spikes_fill"], wb_bad=wb_bad,
                 ok_wb=ok_wb, gen_ok=gen_ok, noise=res["noise"],
+                rule_wb=(rule_idents, rule_bad, rule_model), units_ok=units_ok,
                 # what --smoke checks: every part of the path was seen doing its job
                 wb_sent=wb_sent, wb_ok=wb_ok, wb_model=wb_model, hot_sent=h["sent"],
                 hot_gated=h["log_delayed"] + h["log_rejected"], hot_in=res["hot_in"],
                 sniffed_acct=sum(res["acct"].values()), sniffed_ctl=res["controls"],
-                proxy_counted=sum(pd.values()), master_counted=sum(res["master_acc"].values()))
+                proxy_counted=sum(pd.values()), master_counted=sum(res["master_acc"].values()),
+                units_master=res["units_master"], units_expected=res["units_expected"],
+                cost_garbled=res["cost_garbled"], cost_fallback=res["cost_fallback"])
 
 
 def smoke_failures(summary: list[dict]) -> list[str]:
@@ -1009,7 +1485,9 @@ def smoke_failures(summary: list[dict]) -> list[str]:
     accuracy goal (those depend on the host's speed): that the load reached the backend, the
     gate held back the hot client (the master's DELAY_UNTIL came back), the well-behaved
     clients were answered, found in the access logs and never delayed nor rejected, and the
-    sniffer and /metrics saw the traffic."""
+    sniffer and /metrics saw the traffic; in a weighted cell also that every cost reached the
+    backend as sent, none was charged as cost_default or cost_max, and the master charged
+    exactly the costs of the requests the gate let through (smockron_master_units_total)."""
     out = []
     if not summary:
         return ["no cell ran"]
@@ -1032,6 +1510,13 @@ def smoke_failures(summary: list[dict]) -> list[str]:
         if s["proxy_counted"] == 0 or s["master_counted"] == 0:
             out.append(f"{cell}: /metrics counted {s['proxy_counted']:.0f} decisions in the proxies and "
                        f"{s['master_counted']:.0f} accounting messages in the master (both must be > 0)")
+        if s["weighted"]:
+            if not s["units_ok"]:
+                out.append(f"{cell}: the master charged {s['units_master']:.0f} units, the costs of the requests the "
+                           f"gate let through add up to {s['units_expected']}")
+            if s["cost_garbled"] or s["cost_fallback"]:
+                out.append(f"{cell}: {s['cost_garbled']} cost fields reached the backend altered or missing, "
+                           f"{s['cost_fallback']:.0f} costs charged as cost_default or cost_max")
     return out
 
 
@@ -1108,24 +1593,37 @@ def main():
     ap.add_argument("-g", "--gatekeepers", default=None, help="comma-separated G values, 1..10 (default 1,3,5; quick 1,3)")
     ap.add_argument("--duration", type=float, default=None, help="measured seconds per scenario (default 10; quick 3)")
     ap.add_argument("--scenarios", default=None,
-                    help="comma-separated subset of sliding-log, gcra, two-rules, two-rules-gcra (default all; "
-                         "--matrix: the first three)")
+                    help="comma-separated subset of sliding-log, gcra, two-rules, two-rules-gcra (default: these "
+                         "four; --matrix: the first three) and the weighted weighted, weighted-log, "
+                         "weighted-response, weighted-response-log (--weighted-matrix: these four)")
     ap.add_argument("--quick", action="store_true", help="G = 1,3 and 3 s per scenario (~35 s)")
     ap.add_argument("--matrix", action="store_true",
                     help="the distance matrix: G 1,3,10; sliding-log, gcra, two-rules; delays 0,5,25,50,100,25:0.5; "
                          "hot 10x and 100x; even and Poisson arrivals; 10 s per cell")
+    ap.add_argument("--weighted-matrix", action="store_true",
+                    help="the weighted matrix: G 1,3,10; weighted, weighted-log, weighted-response, "
+                         "weighted-response-log; delays 0,25,50,100; hot 10x, even; 15 s per cell (~15 min)")
     ap.add_argument("--delays", default="0",
                     help="comma-separated one-way delays in ms between each gatekeeper and the master, each "
                          "optionally with a jitter fraction: 25:0.5 is 25 ms +-50%% (default 0)")
     ap.add_argument("--rate", type=int, default=20, help="rule rate per second (default 20)")
     ap.add_argument("--burst", type=int, default=10)
+    ap.add_argument("--unit-rate", type=int, default=1000,
+                    help="weighted scenarios: rule rate in cost units per second (default 1000)")
+    ap.add_argument("--unit-burst", type=int, default=500, help="weighted scenarios: burst in units (default 500)")
+    ap.add_argument("--cost-max", type=int, default=100,
+                    help="weighted scenarios: costs are drawn from 1..this (default 100)")
+    ap.add_argument("--cost-default", type=int, default=None,
+                    help="response-charged scenarios: the route's cost_default, which paces their held requests "
+                         "until the cost is known (default: the mean cost, 50 for 1..100)")
     ap.add_argument("--max-delay", type=float, default=2.0, help="proxy max_delay in seconds (default 2)")
     ap.add_argument("--hot-factor", default=None,
                     help="comma-separated multiples of the rate the hot client sends at (default 20; smoke 5)")
     ap.add_argument("--hot-arrivals", default="even",
                     help="comma-separated: hot identifier's send times evenly spaced (even) or a Poisson process")
     ap.add_argument("--smoke", action="store_true",
-                    help="a few seconds that exercise the whole path (G = 2; sliding-log and gcra, 1.5 s each; hot 5x; "
+                    help="a few seconds that exercise the whole path (G = 2; sliding-log, gcra, weighted and "
+                         "weighted-response, 1.5 s each; hot 5x; "
                          "1 near client at 0.5x, 4 under at 0.3x) and exit non-zero unless every cell saw it work: "
                          "load admitted, the hot client gated, well-behaved clients found in the access logs and "
                          "never delayed nor rejected, accounting and DELAY_UNTIL sniffed, /metrics counting. No "
@@ -1141,13 +1639,15 @@ def main():
                          "default 2; smoke 2, only when the lag pushed a well-behaved client over the limit)")
     ap.add_argument("--max-reruns", type=int, default=4, help="at most this many reruns in the whole run")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (configs, logs, sniffer data)")
+    ap.add_argument("--plot", metavar="PNG", help="also draw admitted/ideal against one-way delay per scenario and G "
+                    "(plots.py)")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     args = ap.parse_args()
-    if args.smoke and (args.matrix or args.quick):
-        ap.error("--smoke goes alone (not with --matrix or --quick)")
+    if sum(map(bool, (args.smoke, args.matrix, args.quick, args.weighted_matrix))) > 1:
+        ap.error("--smoke, --matrix, --weighted-matrix and --quick go alone")
     if args.smoke:
         args.gatekeepers = args.gatekeepers or "2"
-        args.scenarios = args.scenarios or "sliding-log,gcra"
+        args.scenarios = args.scenarios or "sliding-log,gcra,weighted,weighted-response"
         args.duration = args.duration if args.duration is not None else 1.5
     smoke = args.smoke
     for name, default, smoke_default in (("near", 4, 1), ("near_factor", 0.9, 0.5), ("under", 20, 4),
@@ -1158,6 +1658,11 @@ def main():
         args.gatekeepers = args.gatekeepers or "1,3,10"
         args.scenarios = args.scenarios or "sliding-log,gcra,two-rules"
         args.delays, args.hot_factor, args.hot_arrivals = "0,5,25,50,100,25:0.5", "10,100", "even,poisson"
+    if args.weighted_matrix:
+        args.gatekeepers = args.gatekeepers or "1,3,10"
+        args.scenarios = args.scenarios or ",".join(WEIGHTED)
+        args.delays, args.hot_factor, args.hot_arrivals = "0,25,50,100", "10", "even"
+        args.duration = args.duration if args.duration is not None else 15.0
     args.scenarios = args.scenarios or "sliding-log,gcra,two-rules,two-rules-gcra"
     args.delays = [parse_delay(x) for x in args.delays.split(",")]
     args.hot_factor = [float(x) for x in args.hot_factor.split(",")]
@@ -1171,11 +1676,18 @@ def main():
         ap.error("G must be within 1..10")
     if args.duration is None:
         args.duration = 3.0 if args.quick else 10.0
-    all_sc = make_scenarios(args.rate, args.burst)
+    if args.cost_max < 1 or args.unit_burst < args.cost_max:
+        ap.error("--cost-max must be at least 1 and at most --unit-burst")
+    all_sc = make_scenarios(args.rate, args.burst, args.unit_rate, args.unit_burst, args.cost_max)
     try:
         scenarios = [all_sc[s] for s in args.scenarios.split(",")]
     except KeyError as e:
         ap.error(f"unknown scenario {e}; known: {', '.join(all_sc)}")
+    if args.cost_default is not None:
+        if not 1 <= args.cost_default <= args.cost_max:
+            ap.error("--cost-default must be within 1..--cost-max")
+        for sc in scenarios:
+            sc.cost_default = args.cost_default
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -1192,7 +1704,9 @@ def main():
           f"{', '.join(s.name for s in scenarios)}; D = {args.duration:g} s; rate {args.rate}/s burst {args.burst}; "
           f"delays {','.join(f'{d:g}' + (f'+-{j * 100:g}%' if j else '') for d, j in args.delays)} ms one way; "
           f"hot {','.join(f'{h:g}' for h in args.hot_factor)}x ({','.join(args.hot_arrivals)}), {args.near} near {args.near_factor:g}x, {args.under} under {args.under_factor:g}x "
-          f"the long-run rate; max_delay {args.max_delay:g} s; load {os.getloadavg()[0]:.2f}")
+          f"the long-run rate; max_delay {args.max_delay:g} s; load {os.getloadavg()[0]:.2f}"
+          + (f"; weighted: {args.unit_rate}/s burst {args.unit_burst} in units, costs 1..{args.cost_max}"
+             if any(sc.weighted for sc in scenarios) else ""))
     summary: list[dict] = []
     started = time.time()
     try:
@@ -1209,18 +1723,38 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    weighted = any(s["weighted"] for s in summary)
     print(f"\n== summary ({time.time() - started:.0f} s) — goals: hot admitted/ideal 0.98..1.03; no 1 s window above "
           f"rate+burst+G+hot*RTT; no release spike; well-behaved never delayed/rejected ==")
-    print(f"{'G':>2} {'scenario':<12} {'one-way':>12} {'hot':>5} {'arrivals':>8} {'admitted/ideal':>16} "
+    if weighted:
+        print("   weighted cells: admitted cost / (burst + rate x D) in units; 1 s windows in units, bound "
+              "rate+burst+G*max cost+(max cost-1)+hot*RTT; a release spike is a held release less than half the "
+              "earlier one's cost x interval after it; well-behaved: identifiers the zero-latency reference admits at "
+              "once (the others, which the rule itself delays, are reported as 'rule-delayed': identifiers, requests "
+              "the gate delayed or rejected / the reference held); 'units': the master charged the costs of what the "
+              "gate let through")
+    nw = max([12] + [len(s["name"]) for s in summary])
+    print(f"{'G':>2} {'scenario':<{nw}} {'one-way':>12} {'hot':>5} {'arrivals':>8} {'admitted/ideal':>16} "
           f"{'(vs reference)':>14} {'max 1s/limit':>14} {'spikes':>8} {'steady':>6} {'per gk':>6} {'well-behaved hit':>17} {'generator':>10} "
-          f"{'noise':>6} {'tries':>5}")
+          f"{'noise':>6} {'tries':>5}" + (f" {'rule-delayed':>14} {'units':>6}" if weighted else ""))
     for s in summary:
-        print(f"{s['g']:>2} {s['name']:<12} {s['delay']:>12} {s['hot']:>4g}x {s['arrivals']:>8} {s['ratio']:>9.3f} "
+        extra = ""
+        if weighted:
+            ri, rb, rm = s["rule_wb"]
+            extra = (f" {f'{ri}: {rb}/{rm}' if ri else '-':>14} {('ok' if s['units_ok'] else 'DIFF') if s['weighted'] else '-':>6}")
+        print(f"{s['g']:>2} {s['name']:<{nw}} {s['delay']:>12} {s['hot']:>4g}x {s['arrivals']:>8} {s['ratio']:>9.3f} "
               f"{verdict(s['ok_ratio']):>6} {s['ref_ratio']:>14.3f} "
               f"{s['max1s']:>4}/{s['limit']:<3.0f} {verdict(s['ok_win']):>5} {s['spikes']:>3} {verdict(s['ok_spike']):>4} {s['spikes_steady']:>6} {s['spikes_gk']:>6} "
-              f"{s['wb_bad']:>11} {verdict(s['ok_wb']):>5} {'ok' if s['gen_ok'] else 'LAGGED':>10} {s['noise']:>6.2f} {s['tries']:>5}")
+              f"{s['wb_bad']:>11} {verdict(s['ok_wb']):>5} {'ok' if s['gen_ok'] else 'LAGGED':>10} {s['noise']:>6.2f} {s['tries']:>5}"
+              + extra)
     failed = [s for s in summary if not (s["ok_ratio"] and s["ok_win"] and s["ok_spike"] and s["ok_wb"])]
     print(f"cells meeting every goal: {len(summary) - len(failed)} of {len(summary)}")
+    if args.plot:
+        import plots  # beside this file
+        cells = [dict(scenario=s["name"], g=s["g"], ratio=s["ratio"],
+                      delay_ms=float(re.match(r"[\d.]+", str(s["delay"])).group()))
+                 for s in summary]
+        print(f"plot: {plots.accuracy(cells, args.plot)}")
     if args.smoke:
         problems = smoke_failures(summary)
         for p in problems:
@@ -1229,7 +1763,8 @@ def main():
             return 1
         print(f"smoke: OK: {len(summary)} cells; in each the load reached the backend, the gate delayed or rejected "
               f"the hot client, every well-behaved request was answered, logged and accepted, and the sniffer and "
-              f"/metrics saw the traffic (the accuracy goals above are not judged: smoke cells are too short)")
+              f"/metrics saw the traffic; in the weighted ones every cost was charged as sent and the master's units "
+              f"match (the accuracy goals above are not judged: smoke cells are too short)")
     return 0
 
 

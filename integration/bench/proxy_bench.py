@@ -187,6 +187,7 @@ def main():
     ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
+    ap.add_argument("--plot", metavar="PNG", help="also draw req/s and CPU per request by round and contender (plots.py)")
     ap.add_argument("--smoke", action="store_true",
                     help="1 round of 1 s, 1 s warm-up, 10 connections (unless given): exit 1 unless every request of "
                          "every contender was answered 2xx and the accounting reached the master")
@@ -301,6 +302,9 @@ def main():
                           f"(min {min(rs):.2f}, max {max(rs):.2f}, {len(rs)} paired rounds)")
             cpu = {n: statistics.median(r["cpu_us"] for r in (kept[n] or results[n])) for n in ("smockron", "baseline")}
             print(f"cpu us/req smockron/baseline: {cpu['smockron'] / cpu['baseline']:.2f}")
+        if args.plot:
+            import plots  # beside this file
+            print(f"plot: {plots.proxy_vs_nginx(results, args.plot)}")
         # The master catches up on what is queued before it is asked.
         requests = sum(r["requests"] for n in names if n != "nginx" for r in results[n])
         time.sleep(1.0)
