@@ -49,24 +49,32 @@ std::pair<gate_decision, std::optional<wire::encoded>> one_request(
   return {d, wire::encode(wire::accounting{r->domain, wire::status::accepted, who, now / 1000, 0, {}}, scratch)};
 }
 
-// route + identifier + control lookup + accounting encode, against a control
-// memory of 100k throttled identifiers (the request's own key is not among them).
-void gate_path(benchmark::State& state, bool with_key) {
-  const auto cfg = bench_config();
-  const route_table routes(cfg);
+// What every gate-path benchmark runs against: the routes, a control memory
+// of 100k throttled identifiers of domain `busy` (the request's own key is
+// not among them), the peer and the limits.
+struct gate_bench_setup {
+  explicit gate_bench_setup(std::uint32_t busy) : cfg(bench_config()), routes(cfg) {
+    for (int i = 0; i < 100'000; ++i) g.update(busy, "key-" + std::to_string(i), now + 60'000'000, 100'000, now);
+  }
+  config::proxy_config cfg;
+  route_table routes;
   gate g;
   const std::int64_t now = 1'700'000'000'000'000;
-  for (int i = 0; i < 100'000; ++i) g.update(1, "key-" + std::to_string(i), now + 60'000'000, 100'000, now);
+  const ip_address peer = *parse_ip("192.0.2.10");
+  const std::vector<cidr> trusted;
+  const gate_limits limits{5'000'000, 10'000};
+  wire::scratch scratch;
+};
+
+// route + identifier + control lookup + accounting encode.
+void gate_path(benchmark::State& state, bool with_key) {
+  gate_bench_setup b(1);
   http1::header_list headers;
   headers.insert("Host", "api.example.com");
   headers.insert("User-Agent", "bench/1.0");
   if (with_key) headers.insert("X-API-Key", "customer-4711");  // else the "ip" source answers
-  const auto peer = *parse_ip("192.0.2.10");
-  const std::vector<cidr> trusted;
-  const gate_limits limits{5'000'000, 10'000};
-  wire::scratch scratch;
   for (auto _ : state) {
-    const auto [d, enc] = one_request(routes, g, headers, peer, trusted, limits, now, scratch);
+    const auto [d, enc] = one_request(b.routes, b.g, headers, b.peer, b.trusted, b.limits, b.now, b.scratch);
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
   }
@@ -74,29 +82,22 @@ void gate_path(benchmark::State& state, bool with_key) {
 // The same path on a route whose cost is a request field: the cost read,
 // charged by the gate, and carried by the accounting message.
 void BM_GateDecisionHeaderCost(benchmark::State& state) {
-  const auto cfg = bench_config();
-  const route_table routes(cfg);
-  gate g;
-  const std::int64_t now = 1'700'000'000'000'000;
-  for (int i = 0; i < 100'000; ++i) g.update(2, "key-" + std::to_string(i), now + 60'000'000, 100'000, now);
+  gate_bench_setup b(2);
   http1::request_head req;
   req.headers.insert("Host", "api.example.com");
   req.headers.insert("User-Agent", "bench/1.0");
   req.headers.insert("X-API-Key", "customer-4711");
   req.headers.insert("X-Cost", "37");
-  const auto peer = *parse_ip("192.0.2.10");
-  const std::vector<cidr> trusted;
-  const gate_limits limits{5'000'000, 10'000};
-  wire::scratch scratch;
   for (auto _ : state) {
-    const route* r = routes.match(*req.headers.first("Host"), "/search/q");
-    const auto found = identify(r->identify, req.headers, "/search/q?w=1", peer, {&trusted, nullptr, now / 1'000'000});
+    const route* r = b.routes.match(*req.headers.first("Host"), "/search/q");
+    const auto found =
+        identify(r->identify, req.headers, "/search/q?w=1", b.peer, {&b.trusted, nullptr, b.now / 1'000'000});
     const std::string_view who = found.who ? std::string_view(found.who->value) : std::string_view("-");
     const auto cost = cost_at_admission(*r, req);
-    const auto d = g.decide(static_cast<std::uint32_t>(r->domain_index), who, now, limits, cost->units);
-    wire::accounting m{r->domain, wire::status::accepted, who, now / 1000, 0, {}};
+    const auto d = b.g.decide(static_cast<std::uint32_t>(r->domain_index), who, b.now, b.limits, cost->units);
+    wire::accounting m{r->domain, wire::status::accepted, who, b.now / 1000, 0, {}};
     m.cost = cost->units;
-    const auto enc = wire::encode(m, scratch);
+    const auto enc = wire::encode(m, b.scratch);
     benchmark::DoNotOptimize(d);
     benchmark::DoNotOptimize(enc);
   }
