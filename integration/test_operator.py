@@ -313,7 +313,10 @@ class IntrospectionTest(DaemonTestCase):
         self.assertEqual(doc["masters"], {"connected": 1, "endpoints": 1})
         self.assertEqual(doc["held_requests"], 0)
         api = next(d for d in doc["domains"] if d["name"] == "api")
+        # How long ago the master published the domain's POLICY (it does every second).
+        self.assertLessEqual(0, api.pop("policy_age_ms"))
         self.assertEqual(api, {"name": "api", "covered_by_a_master": True, "rules": [{"burst": 20, "window_s": 2}]})
+        self.assertEqual(doc["max_held"], 10000)
         routes = {r["path"]: r for r in doc["routes"]}
         self.assertEqual(routes["/api"]["mode"], "shadow")
         self.assertEqual(routes["/api"]["status"], 429)
