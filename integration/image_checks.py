@@ -132,6 +132,11 @@ def compose_checks(project: str) -> None:
             wait_until(lambda p=port: (r := answers(p, "/readyz")) and "masters connected: 1/1" in r.body, 60,
                        message=f"proxy admin {port}: masters connected: 1/1")
         check(True, "both proxies connected to the master")
+        # ... and hold its POLICY for the demo domain (each one's guard bounds the first round trip).
+        for port in (s.proxy1_admin, s.proxy2_admin):
+            wait_until(lambda p=port: (r := answers(p, "/status")) and any(
+                d["name"] == "demo" and d["covered_by_a_master"] for d in json.loads(r.body)["domains"]), 60,
+                message=f"proxy admin {port}: the demo domain covered by the master")
         wait_until(lambda: (r := answers(s.proxy1)) and r.status == 200, 60, message="proxy1 forwards to the backend")
 
         # One client through both gatekeepers: one limit (demo: 2/s, burst 5). Sequential

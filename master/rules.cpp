@@ -92,7 +92,7 @@ void charge_counter(const limits& l, state& s, std::size_t i, std::int64_t t, st
 }
 
 // When the estimate falls below the burst (the next use is allowed); `now`
-// when it already is. Over-use is paid back within the next window.
+// when it already is (the estimate alone: the arrival time beside it keeps a deeper debt).
 std::int64_t counter_next(const rule& r, const window_counts& c, std::int64_t now) {
   if (estimate(r, c, now) < static_cast<double>(r.burst)) return now;
   const double w = static_cast<double>(r.window_us());

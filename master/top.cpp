@@ -18,18 +18,28 @@ void space_saving::add(std::string_view key) {
   if (capacity_ == 0) return;
   // The key counted least gives its place; the newcomer inherits its count
   // (as error: it may have been limited that often unseen).
-  const auto least =
-      std::min_element(items_.begin(), items_.end(), [](const item& a, const item& b) { return a.count < b.count; });
-  index_.erase(index_.find(least->key));
-  least->error = least->count;
-  ++least->count;
-  least->key.assign(key);
-  index_.emplace(least->key, static_cast<std::size_t>(least - items_.begin()));
+  while (!least_.empty() && items_[least_.back()].count != min_count_) least_.pop_back();
+  if (least_.empty()) {  // one scan per level of the minimum: amortized O(1) per replacement
+    min_count_ = std::min_element(items_.begin(), items_.end(), [](const item& a, const item& b) {
+                   return a.count < b.count;
+                 })->count;
+    for (std::size_t i = items_.size(); i-- > 0;) {
+      if (items_[i].count == min_count_) least_.push_back(i);
+    }
+  }
+  item& least = items_[least_.back()];
+  least_.pop_back();
+  index_.erase(index_.find(least.key));
+  least.error = least.count;
+  ++least.count;
+  least.key.assign(key);
+  index_.emplace(least.key, static_cast<std::size_t>(&least - items_.data()));
 }
 
 void space_saving::clear() {
   items_.clear();
   index_.clear();
+  least_.clear();
 }
 
 top_limited::top_limited(std::size_t domains, std::size_t capacity) : capacity_(capacity) { reset(domains); }

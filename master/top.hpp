@@ -39,6 +39,11 @@ private:
   std::size_t capacity_;
   std::vector<item> items_;
   string_map<std::size_t> index_;  ///< key -> position in items_
+  // The items counted least, found without a scan per replacement: positions
+  // whose count was min_count_ when listed (one whose count has grown since is
+  // skipped when taken); refilled by one scan when none is left.
+  std::vector<std::size_t> least_;
+  std::uint64_t min_count_ = 0;
 };
 
 class top_limited {

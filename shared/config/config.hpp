@@ -45,8 +45,6 @@ struct rule_config {
   std::int64_t tz_offset_s = 0;  ///< the window's local time = UTC + this (`tz`)
   bool is_quota() const { return quota > 0; }
 };
-/// Largest quota (units per window).
-inline constexpr std::int64_t max_quota = 1'000'000'000'000;
 
 /// Rules of their own for one identifier of a domain (a customer's API key
 /// with a higher limit, an internal client with none).

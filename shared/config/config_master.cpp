@@ -40,7 +40,7 @@ std::optional<std::int64_t> parse_tz(std::string_view tz) {
 }
 
 void read_quota(reader& r, sink& s, rule_config& rule) {
-  r.integer("quota", rule.quota, 1, max_quota);
+  r.integer("quota", rule.quota, 1, wire::max_quota_limit);  // what QUOTA can describe
   constexpr std::array<std::string_view, 3> periods{"day", "week", "month"};
   const auto* per = r.typed<toml::value<std::string>>("per", "\"day\", \"week\", \"month\" or a duration");
   if (per == nullptr) {
