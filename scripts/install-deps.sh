@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package Smockron needs to build, test and benchmark.
 # Used by the README quick start, .ci/run and the Dockerfile alike.
+#   scripts/install-deps.sh                    what building and running needs
+#   scripts/install-deps.sh --test             and what the tests and benchmarks run
+#   scripts/install-deps.sh --print-packages [--test]
+#                                              prints those Debian packages, one a line, as a
+#                                              fresh machine gets them (npm included), and
+#                                              installs nothing (integration/test_install_deps.py)
 set -euo pipefail
+test_deps=0
+print_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) test_deps=1 ;;
+    --print-packages) print_only=1 ;;
+  esac
+done
 packages=(
   build-essential cmake ninja-build ccache pkg-config git nlohmann-json3-dev
   libboost1.81-dev
@@ -10,7 +24,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-zmq curl
 )
-if [ "${1:-}" = "--test" ]; then
+if [ "$test_deps" = 1 ]; then
   # Services and tools started by the tests and benchmarks themselves.
   packages+=(redis-server redis-sentinel nginx-light wrk procps docker-compose)
   # Real HTTP clients that honour Retry-After (integration/test_retry_after.py).
@@ -25,11 +39,15 @@ if [ "${1:-}" = "--test" ]; then
   # scripts/test-image.sh (podman with runc and netavark; the base image made
   # with debootstrap); promtool for deploy/'s alerting rules; headless
   # Chromium for the status pages; matplotlib for the benchmarks' plots.
-  packages+=(podman podman-compose runc catatonit netavark aardvark-dns debootstrap prometheus chromium python3-matplotlib)
+  packages+=(podman podman-compose runc catatonit netavark aardvark-dns iptables debootstrap prometheus chromium python3-matplotlib)
   # npm for the Dockerfile linter below. Only when there is no npm at all: a
   # Node.js from elsewhere (e.g. NodeSource) ships its own npm, which Debian's
   # npm package would conflict with.
-  command -v npm >/dev/null 2>&1 || packages+=(npm)
+  if [ "$print_only" = 1 ] || ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
+fi
+if [ "$print_only" = 1 ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
 fi
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -43,7 +61,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-if [ "${1:-}" = "--test" ]; then
+if [ "$test_deps" = 1 ]; then
   # Dockerfile linter (dockerfile-utils, used by integration/test_packaging.py),
   # pinned with its dependencies by scripts/dockerfile-lint/package-lock.json,
   # installed from the npm registry into build/tools/ (git-ignored; nothing
