@@ -176,6 +176,7 @@ std::string_view request_fields::finish(bool end_stream, http1::request_head& ou
   } else if (!host_field.empty() && !http1::iequals(host_field, authority_)) {
     return "host differs from :authority";
   }
+  if (!http1::valid_host(authority_)) return "invalid :authority";  // userinfo, paths (RFC 9113 8.3.1)
   out.method = method_;
   out.target = path_;
   out.host = authority_;

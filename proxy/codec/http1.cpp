@@ -1,6 +1,7 @@
 // HTTP/1.1 request and response heads (see http1.hpp).
 #include "proxy/codec/http1.hpp"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdint>
@@ -149,6 +150,33 @@ bool has_token(std::string_view list, std::string_view token) {
   return for_each_token(list, [&](std::string_view t) { return iequals(t, token); });
 }
 
+bool valid_host(std::string_view host) {
+  // uri-host: an IP-literal in brackets, or reg-name / IPv4address
+  // (unreserved, pct-encoded, sub-delims: RFC 3986 3.2.2).
+  std::size_t i = 0;
+  if (!host.empty() && host.front() == '[') {
+    const auto close = host.find(']');
+    if (close == std::string_view::npos || close == 1) return false;
+    for (const char c : host.substr(1, close - 1)) {
+      const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+      if (!hex && c != ':' && c != '.' && c != 'v' && c != 'V') return false;
+    }
+    i = close + 1;
+  } else {
+    static constexpr std::string_view k_reg_name_extra = "-._~%!$&'()*+,;=";
+    for (; i < host.size() && host[i] != ':'; ++i) {
+      const char c = host[i];
+      const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+      if (!alnum && k_reg_name_extra.find(c) == std::string_view::npos) return false;
+    }
+  }
+  if (i == host.size()) return true;
+  if (host[i] != ':') return false;
+  // port = *DIGIT
+  return std::all_of(host.begin() + static_cast<std::ptrdiff_t>(i) + 1, host.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 namespace {
 std::string_view moved(std::string_view v, const char* from, std::size_t n, const char* to) {
   // Compared as integers: pointers into different objects have no order.
@@ -252,6 +280,7 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
   }
   if (hosts > 1) return bad("more than one Host");
   if (hosts == 0 && out.version >= 11) return bad("HTTP/1.1 request without Host");
+  if (hosts == 1 && !valid_host(out.host)) return bad("invalid Host");
   out.has_host = hosts == 1;
   if (lengths > 1) return bad("more than one Content-Length");
   if (encodings > 0 && lengths > 0) return bad("both Transfer-Encoding and Content-Length");
@@ -271,7 +300,10 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
   }
   out.keep_alive = out.version >= 11 ? !conn_close : conn_keep_alive;
   out.expect_continue = expect && iequals(*expect, "100-continue");
-  out.upgrade = upgrade && !upgrade->empty() && conn_upgrade;
+  // h2c is not offered (RFC 9113 3.1 removed it; the proxy's HTTP/2 is ALPN or
+  // prior knowledge): relayed, it would open an ungated tunnel to a backend
+  // that speaks it. Such a request goes on as plain HTTP/1.1, Upgrade dropped.
+  out.upgrade = upgrade && !upgrade->empty() && conn_upgrade && !has_token(*upgrade, "h2c");
   out.head = out.method == "HEAD";
   return {parse_status::complete, {}};
 }

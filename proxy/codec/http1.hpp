@@ -22,6 +22,10 @@ inline bool idempotent(std::string_view m) {
 }
 /// True when the comma-separated `list` holds `token` (case-insensitive).
 bool has_token(std::string_view list, std::string_view token);
+/// Whether `host` is a valid Host field value or :authority (RFC 9112 3.2,
+/// RFC 9113 8.3.1): uri-host [":" port], empty allowed. No userinfo (`@`),
+/// no path, no spaces: what no server would read as the same host.
+bool valid_host(std::string_view host);
 
 struct header {
   std::string_view name, value;

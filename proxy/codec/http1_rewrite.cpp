@@ -51,6 +51,10 @@ bool hop_by_hop(std::string_view name, const connection_lists& conn, bool tunnel
     case 10:
       if (iequals(name, "Connection") || iequals(name, "Keep-Alive")) return true;
       break;
+    case 14:
+      // The h2c upgrade's settings (RFC 7540 3.2.1): for this hop alone, and h2c is never relayed.
+      if (iequals(name, "HTTP2-Settings")) return true;
+      break;
     case 16:
       if (iequals(name, "Proxy-Connection")) return true;
       break;

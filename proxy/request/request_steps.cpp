@@ -91,6 +91,48 @@ refusal refusal_for(const route& r, const admission& a) {
   return {r.status, "rate limit exceeded, retry later\n", a.gate.retry_after_s};
 }
 
+steps_decision plan_request(admission_env& env, const runtime& rt, http1::request_head& req, std::string& target,
+                            const ip_address& peer, std::int64_t deadline_us, admission& adm,
+                            std::string& response_fields, access_entry* entry, std::int64_t now_us) {
+  steps_decision p;
+  if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
+    env.metrics.bad_request.inc();
+    p.status = 413;
+    p.text = "request body too large\n";
+    p.body_unread = true;
+    return p;
+  }
+  p.r = route_request(rt, req, target, p.why);
+  if (!p.why.empty()) {
+    env.metrics.bad_request.inc();
+    p.status = 400;
+    p.body_unread = true;
+    return p;
+  }
+  if (!p.r) {
+    env.metrics.no_route.inc();
+    p.status = 404;
+    p.text = "no route\n";
+    return p;
+  }
+  const route& r = *p.r;
+  adm = admit(env, rt, r, req, peer, now_us, deadline_us);
+  append_limit_fields(response_fields, env.g, rt, r, adm, now_us);
+  if (entry) note_admission(*entry, r, adm);
+  switch (adm.outcome) {
+    case decision::rejected: {
+      const refusal no = refusal_for(r, adm);
+      p.status = no.status;
+      p.text = no.text;
+      p.retry_after_s = no.retry_after_s;
+      p.by_limit = adm.gate.v == verdict::reject && !adm.ambiguous && !adm.no_master && !adm.unidentified;
+      return p;
+    }
+    case decision::delayed: p.next = next_step::hold; return p;
+    default: p.next = next_step::forward; return p;
+  }
+}
+
 void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,
               std::int64_t now_us) {
   g.release_held(rt.route_limits[r.index]);

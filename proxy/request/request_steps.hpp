@@ -37,6 +37,31 @@ struct refusal {
 };
 refusal refusal_for(const route& r, const admission& a);
 
+/// What a request's steps decided before any I/O: the proxy answers it,
+/// holds it until `adm.gate.release_us`, or forwards it.
+enum class next_step : std::uint8_t { answer, hold, forward };
+struct steps_decision {
+  next_step next = next_step::answer;
+  const route* r = nullptr;  ///< set unless no route matched or the path was refused
+  unsigned status = 0;       ///< next_step::answer: the status
+  std::string_view text;     ///< its text (empty when `why` is set)
+  std::string_view why;      ///< a 400's reason: the text is "bad request: WHY\n"
+  std::int64_t retry_after_s = 0;
+  bool by_limit = false;     ///< refused by the client's limit (a gRPC call then gets the route's grpc_status)
+  bool body_unread = false;  ///< refused for the request itself (413, 400): its body may still be arriving
+};
+
+/// The steps every request takes, whatever its protocol, up to its answer,
+/// hold or forwarding: the declared body size (413), the route (400 for a
+/// refused path, 404 for none), admission (identification, the gate,
+/// accounting; `deadline_us` as admit()'s), the limit fields the response
+/// carries (appended to `response_fields`) and the access-log record's
+/// admission part (`entry`, when logging). Each refusal is counted.
+/// `adm` is filled for a request that reached admission.
+steps_decision plan_request(admission_env& env, const runtime& rt, http1::request_head& req, std::string& target,
+                            const ip_address& peer, std::int64_t deadline_us, admission& adm,
+                            std::string& response_fields, access_entry* entry, std::int64_t now_us);
+
 /// A hold ended: its place among the held is free; a client that left gives
 /// its slot back to the gate (and is counted).
 void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,

@@ -9,13 +9,16 @@ namespace smockron::proxy {
 
 namespace {
 
-// The host without its port (an IPv6 literal keeps its brackets).
-std::string_view strip_port(std::string_view host) {
+// The host as servers read it: without its port (an IPv6 literal keeps its
+// brackets) and without the trailing dot of a fully qualified name
+// ("limited.example." is "limited.example", as nginx matches server_name).
+std::string_view host_name(std::string_view host) {
   if (!host.empty() && host.front() == '[') {
     const auto close = host.find(']');
     return host.substr(0, close == std::string_view::npos ? host.size() : close + 1);
   }
-  if (const auto colon = host.rfind(':'); colon != std::string_view::npos) return host.substr(0, colon);
+  if (const auto colon = host.rfind(':'); colon != std::string_view::npos) host = host.substr(0, colon);
+  if (host.size() > 1 && host.back() == '.') host.remove_suffix(1);
   return host;
 }
 
@@ -30,7 +33,7 @@ bool equals_lower(std::string_view host, std::string_view lower) {
 }  // namespace
 
 std::string normalize_host(std::string_view host) {
-  std::string out(strip_port(host));
+  std::string out(host_name(host));
   std::transform(out.begin(), out.end(), out.begin(), ascii_lower);
   return out;
 }
@@ -76,7 +79,7 @@ route_table::route_table(const config::proxy_config& cfg) {
 
 const route* route_table::match(std::string_view host_header, std::string_view path) const {
   // Compared in place, case-insensitively: no copy per request.
-  const std::string_view host = strip_port(host_header);
+  const std::string_view host = host_name(host_header);
   for (const auto& r : routes_) {
     switch (r.host_kind) {
       case route::host_match::any: break;

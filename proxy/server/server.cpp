@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "proxy/cluster/control_subscriber.hpp"
-#include "proxy/request/session.hpp"
+#include "proxy/http1/session.hpp"
 #include "proxy/request/worker.hpp"
 #include "proxy/server/admin.hpp"
 #include "shared/base/log.hpp"

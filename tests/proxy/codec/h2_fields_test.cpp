@@ -97,6 +97,10 @@ TEST(H2RequestFields, MalformedRequestsAreRefused) {
       {{{":method", "GET"}, {":scheme", "http"}, {":path", "/"}, {"te", "gzip"}}, "te other than trailers"},
       {{{":method", "GET"}, {":scheme", "http"}, {":authority", "a.example"}, {":path", "/"}, {"host", "b.example"}},
        "host differs from :authority"},
+      // RFC 9113 8.3.1: no userinfo; a host no server would read as one.
+      {{{":method", "GET"}, {":scheme", "http"}, {":authority", "user@limited.example"}, {":path", "/"}},
+       "invalid :authority"},
+      {{{":method", "GET"}, {":scheme", "http"}, {":path", "/"}, {"host", "a b"}}, "invalid :authority"},
       {{{":method", "POST"}, {":scheme", "http"}, {":path", "/"}, {"content-length", "1"}, {"content-length", "1"}},
        "repeated content-length"},
       // Found by fuzz_h2_fields: "coOkie" slipped past the cookie join as a second cookie field.

@@ -46,6 +46,9 @@ constexpr allowed k_allowed[] = {
      "RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without Host; Beast leaves that to the caller"},
     {"smockron_stricter: more than one Host",
      "RFC 9112 3.2: MUST answer 400 to more than one Host; routing and X-Forwarded-Host need exactly one"},
+    {"smockron_stricter: invalid Host",
+     "RFC 9112 3.2: MUST answer 400 to a Host with an invalid value (userinfo, spaces, a path): a host no server "
+     "would read as one must not be routed as another; Beast takes any field value"},
     {"smockron_stricter: obsolete line folding",
      "RFC 9112 5.2 lets a server reject obs-fold; Beast unfolds it, and a next hop that does not would split the line"},
     {"smockron_stricter: more than one Content-Length",
@@ -295,18 +298,26 @@ bool connection_not_token_list(const field_lines& fields) {
 // The field lines of the head forwarded upstream for a request with `in`, as
 // http1.hpp documents write_request_head: hop-by-hop lines (Connection and
 // what it lists except framing and Host, Keep-Alive, TE, Trailer, Upgrade
-// unless tunnelling, Proxy-*) and Expect: 100-continue dropped; X-Forwarded-For
+// unless tunnelling (never to h2c, which is not offered), HTTP2-Settings,
+// Proxy-*) and Expect: 100-continue dropped; X-Forwarded-For
 // lines folded into one with the peer appended; X-Forwarded-Proto and -Host
 // replaced unless the peer is trusted; a Forwarded element for this hop if
 // asked for; an empty Host for an HTTP/1.0 request without one;
 // "Connection: upgrade" when tunnelling.
 field_lines rewritten(const field_lines& in, unsigned version, const hop& via) {
   const std::string* upgrade = first_value(in, "Upgrade");
-  const bool tunnel = upgrade && !upgrade->empty() && connection_lists(in, "upgrade");
+  const auto offers_h2c = [&] {
+    for (const auto e : elements(*upgrade)) {
+      if (same_name(e, "h2c")) return true;
+    }
+    return false;
+  };
+  const bool tunnel = upgrade && !upgrade->empty() && connection_lists(in, "upgrade") && !offers_h2c();
   const std::string* expect = first_value(in, "Expect");
   const bool expect_continue = expect && same_name(*expect, "100-continue");
-  constexpr std::string_view k_hop[] = {"Connection",         "Keep-Alive",         "TE", "Trailer", "Proxy-Connection",
-                                        "Proxy-Authenticate", "Proxy-Authorization"};
+  constexpr std::string_view k_hop[] = {
+      "Connection",          "Keep-Alive",    "TE", "Trailer", "Proxy-Connection", "Proxy-Authenticate",
+      "Proxy-Authorization", "HTTP2-Settings"};
   field_lines out;
   std::string xff;
   for (const auto& [name, value] : in) {

@@ -199,6 +199,18 @@ TEST(Http1ParseRequest, Host) {
   EXPECT_TRUE(request_rejected("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"));
 }
 
+TEST(Http1ParseRequest, HostMustBeAHost) {
+  // RFC 9112 3.2: a Host no server reads as a host is answered 400, not routed elsewhere.
+  for (const char* host : {"user@limited.example", "a b", "a/b", "a?b", "[::1", "[]", "a:8x", "[::1]x", "a\"b"}) {
+    EXPECT_TRUE(request_rejected("GET / HTTP/1.1\r\nHost: " + std::string(host) + "\r\n\r\n")) << host;
+  }
+  for (const char* host : {"limited.example.", "LIMITED.example.:80", "[::1]:8080", "[::1]", "a:", "x_y.example",
+                           "%41.example", "192.0.2.1:443"}) {
+    EXPECT_FALSE(request_rejected("GET / HTTP/1.1\r\nHost: " + std::string(host) + "\r\n\r\n")) << host;
+  }
+  EXPECT_TRUE(valid_host(""));  // an absolute-form target's empty Host (RFC 9112 3.2)
+}
+
 TEST(Http1ParseRequest, ExpectContinue) {
   EXPECT_TRUE(request("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n").expect_continue);
   EXPECT_TRUE(request("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\n\r\n").expect_continue);
@@ -218,6 +230,9 @@ TEST(Http1ParseRequest, Upgrade) {
       {"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: keep-alive\r\n\r\n", false},
       {"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\n\r\n", false},
       {"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade:\r\nConnection: upgrade\r\n\r\n", false},
+      // h2c is not offered, so never relayed as a tunnel (a backend speaking it would be ungated).
+      {"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\r\n", false},
+      {"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket, H2C\r\n\r\n", false},
   };
   for (const auto& c : cases) EXPECT_EQ(request(c.text).upgrade, c.upgrade) << quoted(c.text);
 }
@@ -962,6 +977,26 @@ TEST(Http1WriteRequest, TunnelKeepsUpgrade) {
   EXPECT_EQ(plain_back.headers.count("Connection"), 0u);
   EXPECT_EQ(plain_back.headers.count("X-Hop"), 0u);
   EXPECT_FALSE(plain_back.upgrade);
+}
+
+TEST(Http1WriteRequest, H2cUpgradeIsDropped) {
+  const std::string_view text =
+      "GET / HTTP/1.1\r\n"
+      "Host: a\r\n"
+      "Connection: Upgrade, HTTP2-Settings\r\n"
+      "Upgrade: h2c\r\n"
+      "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+      "\r\n";
+  const auto head = request(text);
+  ASSERT_FALSE(head.upgrade);
+  const std::string out = forwarded(text, fwd("127.0.0.1", "http", head.upgrade));
+  const auto back = request(out);
+  EXPECT_EQ(back.headers.count("Upgrade"), 0u);
+  EXPECT_EQ(back.headers.count("HTTP2-Settings"), 0u);
+  EXPECT_EQ(back.headers.count("Connection"), 0u);
+  // Not listed in Connection either: still this hop's alone.
+  const std::string unlisted = forwarded("GET / HTTP/1.1\r\nHost: a\r\nHTTP2-Settings: AAMA\r\n\r\n", fwd("127.0.0.1"));
+  EXPECT_EQ(request(unlisted).headers.count("HTTP2-Settings"), 0u);
 }
 
 TEST(Http1WriteRequest, ManyConnectionLines) {

@@ -49,6 +49,11 @@ TEST(Routes, FirstMatchWinsByHostAndPathPrefix) {
   EXPECT_FALSE(t.match("example.com", "/private"));
   EXPECT_FALSE(t.match("other.org", "/v1/"));
   EXPECT_FALSE(t.match("evil-example.com", "/"));
+  // A fully qualified name's trailing dot is the same host (as nginx's server_name matches it).
+  EXPECT_EQ(t.match("api.example.com.", "/v1/x")->domain, "v1");
+  EXPECT_EQ(t.match("API.example.COM.:80", "/v1/x")->domain, "v1");
+  EXPECT_EQ(t.match("a.b.example.com.", "/")->domain, "wild");
+  EXPECT_FALSE(t.match("api.example.com..", "/v1/x"));  // one dot only
 }
 
 TEST(Routes, NormalizeHost) {
@@ -56,4 +61,5 @@ TEST(Routes, NormalizeHost) {
   EXPECT_EQ(normalize_host("[::1]:80"), "[::1]");
   EXPECT_EQ(normalize_host("host"), "host");
   EXPECT_EQ(normalize_host(""), "");
+  EXPECT_EQ(normalize_host("Example.COM.:80"), "example.com");
 }

@@ -10,10 +10,9 @@
 // multiplexed, trailers and all, which is what gRPC needs).
 //
 // The client's abuse is bounded and counted (smockron_proxy_http2_abuse_total):
-// concurrent streams, resets (Rapid Reset), frames that carry no request
-// (SETTINGS, PING, PRIORITY, empty DATA, unearned WINDOW_UPDATE), CONTINUATION
-// frames per header block, the decoded header list, and a response stalled
-// behind a window the client never opens (body_timeout).
+// concurrent streams, resets (Rapid Reset, and streams the server resets for what the client sent), frames that carry
+// no request (SETTINGS, PING, PRIORITY, empty DATA, unearned WINDOW_UPDATE), CONTINUATION frames per header block, the
+// decoded header list, and a response stalled behind a window the client never opens (body_timeout).
 #pragma once
 
 #include <memory>
@@ -32,13 +31,5 @@ inline constexpr std::string_view k_h2_preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r
 /// `rt`: the generation in force when the connection was accepted.
 awaitable<void> serve_h2(shared_state& s, worker& w, std::shared_ptr<connection> conn,
                          std::shared_ptr<const runtime> rt, const ip_address& peer, std::string peer_text);
-
-/// Forwards an HTTP/1.1 client's request (`c.request`, its head at the front
-/// of `c.in`) to route `r`'s HTTP/2 upstream: the body streamed up as it
-/// comes (de-chunked), the response back re-framed for the client (chunked,
-/// trailers included, for HTTP/1.1; until close for HTTP/1.0). Fills
-/// `c.outcome`; returns whether the client connection goes on.
-awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared_ptr<const runtime> rt, const route& r,
-                                         connection& c, const http1::forward_info& hop);
 
 }  // namespace smockron::proxy

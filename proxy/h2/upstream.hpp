@@ -28,7 +28,7 @@
 
 namespace smockron::proxy {
 
-struct h2_stream;  // a client's stream (h2_session.cpp)
+struct h2_stream;  // a client's stream (stream.hpp)
 struct h2_upstream_stream;
 
 /// What an upstream stream reports to the client stream it serves, and takes from it.
@@ -48,6 +48,8 @@ public:
   virtual std::size_t take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) = 0;
   /// The upstream stream now serving `st` (the client's calls below go to it).
   virtual void attach(h2_stream& st, h2_upstream_stream* up) = 0;
+  /// The request went to server `server` (an index into the upstream's servers): the outcome's server.
+  virtual void on_submitted(h2_stream& st, std::size_t server) = 0;
 };
 
 /// One request to start on an HTTP/2 upstream.

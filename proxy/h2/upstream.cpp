@@ -1,7 +1,6 @@
-// HTTP/2 to upstream servers (see h2_upstream.hpp).
-#include "proxy/request/h2_upstream.hpp"
+// HTTP/2 to upstream servers (see upstream.hpp).
+#include "proxy/h2/upstream_conn.hpp"
 
-#include <nghttp2/nghttp2.h>
 #include <openssl/ssl.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -10,145 +9,14 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
-#include <list>
-#include <unordered_map>
 
-#include "proxy/io/link.hpp"
 #include "proxy/io/tls.hpp"
 
 namespace smockron::proxy {
 
 using namespace asio::experimental::awaitable_operators;
-
-namespace {
-constexpr std::size_t k_read_size = 16384;
-constexpr std::size_t k_write_batch = 65536;
-constexpr int k_attempts = 2;  // a stream whose connection could not be made tries one more server
-}  // namespace
-
-struct h2_upstream_conn;
-
-struct h2_upstream_stream {
-  h2_upstream_conn* conn = nullptr;
-  std::int32_t id = -1;  ///< -1: waiting for its connection
-  h2_stream* st = nullptr;
-  h2_downstream* down = nullptr;  ///< null once the client side is done with it
-  std::shared_ptr<const runtime> rt;
-  const route* r = nullptr;
-  int attempts = 0;
-  std::string arena;
-  std::vector<h2::field> fields;
-  bool has_body = false;
-  bool body_sent = false;  ///< request body bytes went to the server (the stream cannot be sent again)
-  bool deferred = false;
-  bool got_head = false;
-  bool in_trailers = false;
-  std::string resp_arena;
-  struct span {
-    std::uint32_t n, nl, v, vl;
-  };
-  std::vector<span> resp;
-  steady::time_point last_activity{};
-
-  std::vector<h2::field> response() const {
-    std::vector<h2::field> out;
-    for (const auto& s : resp) out.push_back({{resp_arena.data() + s.n, s.nl}, {resp_arena.data() + s.v, s.vl}});
-    return out;
-  }
-  // Delivers the end (or failure) once and lets the client side go.
-  h2_downstream* detach() {
-    auto* d = down;
-    down = nullptr;
-    return d;
-  }
-};
-
-struct h2_upstream_pool::impl {
-  impl(executor_t e, const clock& c, proxy_metrics& m) : ex(e), clk(c), metrics(m) {}
-  void adopt(const runtime& rt);
-  void place(std::unique_ptr<h2_upstream_stream> s);
-  void fail(std::unique_ptr<h2_upstream_stream> s, unsigned status, std::string_view why);
-  void server_down(std::size_t upstream, std::size_t server, const runtime& rt);
-
-  executor_t ex;
-  const clock& clk;
-  proxy_metrics& metrics;
-  std::uint64_t generation = ~0ULL;
-  std::vector<std::vector<std::vector<std::shared_ptr<h2_upstream_conn>>>> conns;  ///< upstream, server
-  std::vector<std::vector<steady::time_point>> down_until;
-  std::vector<std::size_t> round_robin;
-  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
-};
-
-struct h2_upstream_conn : std::enable_shared_from_this<h2_upstream_conn> {
-  h2_upstream_conn(h2_upstream_pool::impl& p, std::shared_ptr<const runtime> rt, std::size_t u, std::size_t s)
-      : pool(p),
-        alive(p.alive),
-        rt(std::move(rt)),
-        upstream(u),
-        server(s),
-        sock(tcp_socket(p.ex)),
-        wake(p.ex),
-        ticker(p.ex) {}
-  ~h2_upstream_conn() {
-    if (session) nghttp2_session_del(session);
-  }
-
-  std::size_t active() const { return pending.size() + streams.size(); }
-  std::size_t limit() const {
-    auto m = static_cast<std::size_t>(rt->cfg.upstreams[upstream].max_streams);
-    if (session)
-      m = std::min<std::size_t>(m,
-                                nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS));
-    return m;
-  }
-  bool usable() const { return !dead && !goaway; }
-
-  void add(std::unique_ptr<h2_upstream_stream> s) {
-    s->conn = this;
-    if (ready) submit(std::move(s));
-    else pending.push_back(std::move(s));
-  }
-  void submit(std::unique_ptr<h2_upstream_stream> s);
-  void flush() { wake.cancel(); }
-  awaitable<void> run();
-  awaitable<bool> connect();
-  awaitable<void> read_loop();
-  awaitable<void> write_loop();
-  awaitable<void> tick_loop();
-  void die(unsigned status, std::string_view why);
-  void remove_from_pool();
-
-  static int on_header(nghttp2_session*, const nghttp2_frame* f, const uint8_t* name, size_t namelen,
-                       const uint8_t* value, size_t valuelen, uint8_t, void* ud);
-  static int on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void* ud);
-  static int on_data_chunk(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len, void* ud);
-  static int on_stream_close(nghttp2_session*, int32_t id, uint32_t error_code, void* ud);
-  static ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
-                           nghttp2_data_source* source, void*);
-
-  h2_upstream_stream* stream(std::int32_t id) {
-    const auto it = streams.find(id);
-    return it == streams.end() ? nullptr : it->second.get();
-  }
-
-  h2_upstream_pool::impl& pool;
-  std::shared_ptr<bool> alive;  ///< the pool still exists
-  std::shared_ptr<const runtime> rt;
-  std::size_t upstream, server;
-  link sock;
-  nghttp2_session* session = nullptr;
-  std::list<std::unique_ptr<h2_upstream_stream>> pending;
-  std::unordered_map<std::int32_t, std::unique_ptr<h2_upstream_stream>> streams;
-  steady_timer wake, ticker;
-  std::string out;
-  std::array<std::uint8_t, k_read_size> in{};
-  steady::time_point idle_since{};
-  steady::time_point write_since{};  ///< a write under way since (none: epoch)
-  bool ready = false, dead = false, goaway = false, connecting = true;
-};
+using namespace h2_upstream_detail;
 
 // ---------------------------------------------------------------------------- the pool
 
@@ -205,6 +73,7 @@ void h2_upstream_pool::impl::place(std::unique_ptr<h2_upstream_stream> s) {
     asio::co_spawn(ex, c->run(), asio::detached);
     return;
   }
+  metrics.upstream_no_server.inc();
   fail(std::move(s), 502, "upstream unavailable\n");
 }
 
@@ -270,7 +139,8 @@ void h2_upstream_conn::submit(std::unique_ptr<h2_upstream_stream> s) {
     return;
   }
   s->id = id;
-  s->last_activity = pool.clk.steady_now();
+  s->last_activity = s->sent = pool.clk.steady_now();
+  if (s->down) s->down->on_submitted(*s->st, server);
   streams.emplace(id, std::move(s));
   flush();
 }
@@ -326,8 +196,12 @@ awaitable<void> h2_upstream_conn::run() {
     auto waiting = std::move(pending);
     for (auto& s : waiting) {
       if (!s->down) continue;
-      if (++s->attempts < k_attempts) pool.place(std::move(s));
-      else pool.fail(std::move(s), 502, "upstream unavailable\n");
+      if (++s->attempts < k_attempts) {
+        pool.place(std::move(s));
+      } else {
+        pool.metrics.upstream_no_server.inc();
+        pool.fail(std::move(s), 502, "upstream unavailable\n");
+      }
     }
     co_return;
   }
@@ -440,110 +314,6 @@ void h2_upstream_conn::die(unsigned status, std::string_view why) {
     if (auto* d = s->detach()) d->on_failed(*s->st, status, why, s->got_head);
   }
   streams.clear();
-}
-
-int h2_upstream_conn::on_header(nghttp2_session* session, const nghttp2_frame* f, const uint8_t* name, size_t namelen,
-                                const uint8_t* value, size_t valuelen, uint8_t, void*) {
-  if (f->hd.type != NGHTTP2_HEADERS) return 0;
-  auto* s = static_cast<h2_upstream_stream*>(nghttp2_session_get_stream_user_data(session, f->hd.stream_id));
-  if (!s || !s->down) return 0;
-  const auto n = static_cast<std::uint32_t>(s->resp_arena.size());
-  s->resp_arena.append(reinterpret_cast<const char*>(name), namelen);
-  const auto v = static_cast<std::uint32_t>(s->resp_arena.size());
-  s->resp_arena.append(reinterpret_cast<const char*>(value), valuelen);
-  s->resp.push_back({n, static_cast<std::uint32_t>(namelen), v, static_cast<std::uint32_t>(valuelen)});
-  return 0;
-}
-
-int h2_upstream_conn::on_frame_recv(nghttp2_session* session, const nghttp2_frame* f, void* ud) {
-  auto& c = *static_cast<h2_upstream_conn*>(ud);
-  if (f->hd.type == NGHTTP2_GOAWAY) {
-    c.goaway = true;  // no new streams here; those under way finish
-    return 0;
-  }
-  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
-  auto* s = static_cast<h2_upstream_stream*>(nghttp2_session_get_stream_user_data(session, f->hd.stream_id));
-  if (!s || !s->down) return 0;
-  s->last_activity = c.pool.clk.steady_now();
-  const bool end_stream = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
-  if (f->hd.type == NGHTTP2_HEADERS) {
-    const auto fields = s->response();
-    if (!s->got_head) {
-      // 1xx heads are not passed on; the final one is.
-      const bool interim = !fields.empty() && fields.front().name == ":status" && fields.front().value.starts_with('1');
-      if (!interim) {
-        s->got_head = true;
-        const auto& counted = c.rt->upstream_metrics[c.upstream];
-        const unsigned code = fields.empty() ? 0 : static_cast<unsigned>(fields.front().value[0] - '0');
-        counted.by_class[std::clamp<unsigned>(code, 1, 5) - 1]->inc();
-        s->down->on_response(*s->st, fields, end_stream);
-      }
-    } else {
-      s->down->on_trailers(*s->st, fields);
-    }
-    s->resp.clear();
-    s->resp_arena.clear();
-  }
-  if (end_stream && s->got_head) {
-    if (auto* d = s->detach()) d->on_end(*s->st);
-  }
-  return 0;
-}
-
-int h2_upstream_conn::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, const uint8_t* data, size_t len,
-                                    void*) {
-  auto* s = static_cast<h2_upstream_stream*>(nghttp2_session_get_stream_user_data(session, id));
-  if (!s || !s->down) {
-    nghttp2_session_consume(session, id, len);  // nobody reads it
-    return 0;
-  }
-  // The connection's window opens at once, the stream's as the client takes
-  // the bytes: a slow client stalls its own stream (one window buffered), never its neighbours.
-  nghttp2_session_consume_connection(session, len);
-  s->down->on_data(*s->st, {reinterpret_cast<const char*>(data), len});
-  return 0;
-}
-
-int h2_upstream_conn::on_stream_close(nghttp2_session*, int32_t id, uint32_t error_code, void* ud) {
-  auto& c = *static_cast<h2_upstream_conn*>(ud);
-  const auto it = c.streams.find(id);
-  if (it == c.streams.end()) return 0;
-  auto s = std::move(it->second);
-  c.streams.erase(it);
-  // Refused unprocessed (REFUSED_STREAM, or beyond a GOAWAY's last stream,
-  // RFC 9113 8.7): safe to send again elsewhere, if no body byte went yet.
-  if (s->down && error_code == NGHTTP2_REFUSED_STREAM && !s->got_head && !s->body_sent && ++s->attempts < k_attempts) {
-    s->id = -1;
-    s->deferred = false;
-    s->conn = nullptr;  // the client's calls wait for its next connection
-    // The same object goes on (the client stream points to it), on the next turn: not from within nghttp2's call.
-    auto held = std::make_shared<std::unique_ptr<h2_upstream_stream>>(std::move(s));
-    asio::post(c.pool.ex, [&pool = c.pool, alive = c.alive, held] {
-      if (*alive && (*held)->down) pool.place(std::move(*held));
-    });
-    return 0;
-  }
-  if (auto* d = s->detach()) {
-    if (error_code != NGHTTP2_NO_ERROR) c.pool.metrics.upstream_reset.inc();
-    d->on_failed(*s->st, 502, "upstream reset the stream\n", s->got_head);
-  }
-  if (c.active() == 0) c.idle_since = c.pool.clk.steady_now();
-  return 0;
-}
-
-ssize_t h2_upstream_conn::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
-                                    nghttp2_data_source* source, void*) {
-  auto* s = static_cast<h2_upstream_stream*>(source->ptr);
-  if (!s->down) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // the client left: the stream is reset
-  bool eof = false;
-  const std::size_t n = s->down->take_body(*s->st, buf, length, eof);
-  if (n == 0 && !eof) {
-    s->deferred = true;
-    return NGHTTP2_ERR_DEFERRED;
-  }
-  if (eof) *flags |= NGHTTP2_DATA_FLAG_EOF;
-  if (n > 0) s->body_sent = true;
-  return static_cast<ssize_t>(n);
 }
 
 }  // namespace smockron::proxy

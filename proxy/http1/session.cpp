@@ -1,14 +1,15 @@
 // One client connection (see session.hpp).
-#include "proxy/request/session.hpp"
+#include "proxy/http1/session.hpp"
 
 #include <algorithm>
 #include <memory>
 #include <string>
 
 #include "proxy/codec/proxy_protocol.hpp"
+#include "proxy/h2/bridge.hpp"
+#include "proxy/h2/session.hpp"
+#include "proxy/http1/forward.hpp"
 #include "proxy/request/admission.hpp"
-#include "proxy/request/forward.hpp"
-#include "proxy/request/h2_session.hpp"
 #include "proxy/request/request_steps.hpp"
 
 namespace smockron::proxy {
@@ -172,37 +173,20 @@ private:
   awaitable<connection_next> serve_request(const std::shared_ptr<const runtime>& generation) {
     const runtime& rt = *generation;
     http1::request_head& req = c_.request;
-    const unsigned version = req.version;
     s_.metrics.http1_requests.inc();
     // The access log's line, begun now: the head's views do not outlive forwarding.
     if (rt.cfg.access_log) {
       entry_ = begin_entry(rt, req, peer_, peer_text_, s_.clk.wall_us());
       started_ = s_.clk.steady_now();
     }
-    if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
-      s_.metrics.bad_request.inc();
-      answered(413);
-      co_return co_await refuse(c_, version, 413, "request body too large\n");
-    }
-    std::string_view why;
-    const route* r = route_request(rt, req, c_.target, why);
-    if (!why.empty()) {
-      s_.metrics.bad_request.inc();
-      answered(400);
-      co_return co_await refuse_bad_request(version, why);
-    }
-    if (!r) {
-      s_.metrics.no_route.inc();
-      answered(404);
-      co_return co_await answer(404, "no route\n", 0);
-    }
     const std::int64_t now_us = s_.clk.wall_us();
     admission_env env{s_.gate, s_.metrics, w_.accounting};
-    const admission a = admit(env, rt, *r, req, peer_, now_us);
-    append_limit_fields(c_.response_fields, s_.gate, rt, *r, a, now_us);
-    if (entry_) note_admission(*entry_, *r, a);
-    if (a.outcome == decision::rejected) co_return co_await refuse_admission(*r, a);
-    if (a.outcome == decision::delayed) {
+    admission a;
+    const steps_decision plan =
+        plan_request(env, rt, req, c_.target, peer_, -1, a, c_.response_fields, entry_.get(), now_us);
+    if (plan.next == next_step::answer) co_return co_await answer_plan(plan);
+    const route* r = plan.r;
+    if (plan.next == next_step::hold) {
       // Held until its release time, unless the client leaves first. (No
       // coroutine of its own: every frame alive during a hold is memory each
       // held request costs.)
@@ -242,11 +226,13 @@ private:
     co_return next;
   }
 
-  // Answers a request the gate refused (a coroutine of its own, as forward_any).
-  awaitable<connection_next> refuse_admission(const route& r, const admission& a) {
-    const refusal no = refusal_for(r, a);
-    answered(no.status);
-    co_return co_await answer(no.status, no.text, no.retry_after_s);
+  // Answers a request the steps refused (a coroutine of its own: its frame is not every request's).
+  awaitable<connection_next> answer_plan(const steps_decision& plan) {
+    answered(plan.status);
+    const unsigned version = c_.request.version;
+    if (!plan.why.empty()) co_return co_await refuse_bad_request(version, plan.why);
+    if (plan.body_unread) co_return co_await refuse(c_, version, plan.status, plan.text);
+    co_return co_await answer(plan.status, plan.text, plan.retry_after_s);
   }
 
   double ms_since(steady::time_point from) const {

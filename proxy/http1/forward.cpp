@@ -1,5 +1,5 @@
 // Forwarding (see forward.hpp).
-#include "proxy/request/forward.hpp"
+#include "proxy/http1/forward.hpp"
 
 #include "proxy/request/cost.hpp"
 

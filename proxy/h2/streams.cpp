@@ -1,0 +1,234 @@
+// Each stream of a client connection: the request steps, answers, holds, forwarding, HTTP/2 upstream events (see
+// connection.hpp).
+#include "proxy/h2/connection.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace smockron::proxy {
+
+using namespace h2_detail;
+
+void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stream) {
+  st->dispatched = true;
+  if (end_stream) st->body_end = true;
+  if (s_.newer_than(*w_.rt)) w_.rt = s_.current();
+  st->rt = w_.rt;
+  const runtime& rt = *st->rt;
+  s_.metrics.h2_requests.inc();
+  const bool too_large = st->fields.too_large();
+  const std::string_view why = too_large ? std::string_view{} : st->fields.finish(end_stream, st->req);
+  st->grpc = h2::grpc::is_grpc(st->fields.content_type());
+  if (rt.cfg.access_log) {
+    st->entry = begin_entry(rt, st->req, peer_, peer_text_, s_.clk.wall_us());
+    st->entry->protocol = "HTTP/2";
+    st->started = s_.clk.steady_now();
+  }
+  if (too_large) {
+    s_.metrics.header_too_large.inc();
+    s_.metrics.h2_header_list.inc();
+    answer(*st, 431, "request headers too large\n");
+    return;
+  }
+  if (!why.empty()) {
+    s_.metrics.bad_request.inc();
+    answer(*st, 400, "bad request: " + std::string(why) + "\n");
+    return;
+  }
+  const std::int64_t now_us = s_.clk.wall_us();
+  admission_env env{s_.gate, s_.metrics, w_.accounting};
+  // A gRPC call is not held past its deadline: refused at once instead (as a hold beyond max_delay is).
+  const auto deadline = st->grpc ? h2::grpc::parse_timeout(st->fields.grpc_timeout()) : std::nullopt;
+  const steps_decision plan = plan_request(env, rt, st->req, st->target, peer_, deadline ? deadline->count() : -1,
+                                           st->adm, st->response_fields, st->entry.get(), now_us);
+  st->r = plan.r;
+  const admission& a = st->adm;
+  if (plan.next == next_step::answer) {
+    if (!plan.why.empty()) {
+      answer(*st, 400, "bad request: " + std::string(plan.why) + "\n");
+    } else {
+      answer(*st, plan.status, plan.text, plan.retry_after_s, plan.by_limit ? plan.r->grpc_status : 0,
+             plan.retry_after_s > 0 ? plan.retry_after_s * 1000 : -1);
+    }
+    return;
+  }
+  if (plan.next == next_step::hold) {
+    const std::int64_t wait_us = a.gate.release_us - now_us;
+    st->held = true;
+    st->held_from = s_.clk.steady_now();
+    st->timer = std::make_unique<steady_timer>(exec_);
+    st->timer->expires_after(std::chrono::microseconds(wait_us));
+    st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code& ec) {
+      if (!ec && !st->closed && st->held) self->release(st);
+    });
+    return;
+  }
+  start_forward(st);
+}
+
+void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
+  st->held = false;
+  end_hold(s_.gate, s_.metrics, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
+  if (st->entry)
+    st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
+  start_forward(st);
+}
+
+void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
+  st.closed = true;
+  if (st.adm.charge_when_done && st.forwarding) {
+    // A cost known only now (a response field, the body's size) is charged now, once.
+    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    st.cost_seen.bytes_in = st.body_bytes;
+    charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.cost_seen), s_.clk.wall_us());
+    st.adm.charge_when_done = false;
+  }
+  if (st.held) {
+    st.held = false;
+    end_hold(s_.gate, s_.metrics, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
+    if (st.entry)
+      st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
+  }
+  if (st.timer) st.timer->cancel();
+  cancel_upstream(st);
+  drop_body(st);
+  if (st.entry) {
+    st.entry->bytes_in = st.body_bytes;
+    st.entry->bytes_out = st.bytes_out;
+    st.entry->duration_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.started).count();
+    if (auto* log = s_.access.get()) log->write(*st.entry);
+    st.entry.reset();
+  }
+}
+
+void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, bool with_body) {
+  st.last_progress = s_.clk.coarse_steady_now();  // body_timeout for its body from now (sweep_loop)
+  const auto nv = to_nv(fields);
+  nghttp2_data_provider prd{};
+  prd.source.ptr = &st;
+  prd.read_callback = read_body;
+  nghttp2_submit_response(session_, st.id, nv.data(), nv.size(), with_body ? &prd : nullptr);
+  flush();
+}
+
+void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s,
+                           unsigned grpc_status, std::int64_t pushback_ms) {
+  finished(st, status);
+  drop_body(st);
+  std::vector<h2::field> fields;
+  if (st.grpc) {
+    // gRPC clients read a status from trailers, not an HTTP error: a trailers-only response.
+    std::string_view message = text;
+    while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
+    h2::grpc::refusal_fields(grpc_status != 0 ? grpc_status : h2::grpc::status_for_http(status), message, pushback_ms,
+                             st.response_fields, st.res().fields_arena, fields);
+    submit(st, fields, false);
+    return;
+  }
+  h2::simple_response_fields(status, retry_after_s, st.response_fields, st.res().fields_arena, fields);
+  st.res().out.assign(text);
+  st.res().out_end = true;
+  submit(st, fields, !st.req.head);
+}
+
+void h2_connection::push_out(h2_stream& st, std::string_view data) {
+  if (st.pending_out() == 0 && !data.empty()) st.last_progress = s_.clk.coarse_steady_now();
+  st.res().out.append(data);
+  if (st.res().deferred) {
+    st.res().deferred = false;
+    nghttp2_session_resume_data(session_, st.id);
+  }
+  flush();
+}
+
+http1::forward_info h2_connection::hop(const runtime& rt) const {
+  http1::forward_info info;
+  info.peer_ip = peer_text_;
+  info.proto = c_.client.tls() ? "https" : "http";
+  info.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
+  info.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
+                                  [&](const cidr& c) { return c.contains(peer_); });
+  return info;
+}
+
+void h2_connection::start_forward(const std::shared_ptr<h2_stream>& st) {
+  // On the next turn: the rest of the read that opened the stream is parsed
+  // first, so a reset in that read (the client's, or one its frames caused)
+  // and a flood that ends the connection keep it from the upstream and from
+  // taking an upstream connection.
+  asio::post(exec_, [self = shared_from_this(), st] { self->forward(st); });
+}
+
+void h2_connection::forward(const std::shared_ptr<h2_stream>& st) {
+  if (st->too_large || st->closed || st->resetting || ending_) return;
+  st->forwarding = true;
+  const runtime& rt = *st->rt;
+  if (rt.cfg.upstreams[st->r->upstream_index].http2()) {
+    w_.h2_pool.start(h2_upstream_request{*st, *this, st->req, hop(rt), st->rt, *st->r});
+    return;
+  }
+  st->timer = std::make_unique<steady_timer>(exec_);
+  asio::co_spawn(exec_, forward_h1(st), asio::detached);
+}
+
+// ---------------------------------------------------------------------------- HTTP/2 upstream events
+
+void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) {
+  if (st.closed) return;
+  unsigned status = 0;
+  for (const auto& f : fields) {
+    if (f.name == ":status") status = static_cast<unsigned>(std::atoi(std::string(f.value).c_str()));
+  }
+  finished(st, status);
+  if (st.r && st.r->cost.after_response()) note_cost_fields(*st.r, fields, st.cost_seen);
+  // The proxy's own lines go after the upstream's fields.
+  std::vector<h2::field> all = fields;
+  h2::line_fields(st.response_fields, st.res().fields_arena, all);
+  st.res().out_end = end_stream;
+  submit(st, all, !end_stream);
+}
+
+void h2_connection::on_data(h2_stream& st, std::string_view data) {
+  if (!st.closed) push_out(st, data);
+}
+
+void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
+  if (st.closed) return;
+  if (st.r && st.r->cost.after_response() && !st.cost_seen.cost_field) note_cost_fields(*st.r, fields, st.cost_seen);
+  h2::copy_fields(fields, st.res().trailers_arena, st.res().trailers);
+}
+
+void h2_connection::on_end(h2_stream& st) {
+  st.up2 = nullptr;
+  if (st.closed) return;
+  drop_body(st);
+  st.res().out_end = true;
+  push_out(st, {});
+}
+
+void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) {
+  st.up2 = nullptr;
+  if (st.closed) return;
+  drop_body(st);
+  if (response_started) {
+    reset(st, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  answer(st, status, why);
+}
+
+std::size_t h2_connection::take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) {
+  const std::size_t taken = st.take_body(buf, n, eof);
+  if (taken > 0) {
+    // The client may send as much again on this stream (the connection's part went at arrival).
+    nghttp2_session_consume_stream(session_, st.id, taken);
+    flush();
+  }
+  return taken;
+}
+
+}  // namespace smockron::proxy
