@@ -20,7 +20,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import WaitTimeout, free_ports, http_get, metric, wait_until  # noqa: E402
+from lib.http1 import http_get  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.ports import free_ports  # noqa: E402
+from lib.timing import WaitTimeout, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

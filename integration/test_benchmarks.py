@@ -28,8 +28,8 @@ import tempfile
 import time
 import unittest
 
-import harness
-from harness import binary
+import lib.daemons
+from lib.daemons import binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "bench")
@@ -62,7 +62,7 @@ def group_members(pgid: int) -> list[str]:
 
 class BenchmarkSmokeTest(unittest.TestCase):
     def bench_binary(self, name: str) -> str:
-        path = os.path.join(harness.BIN_DIR, name)
+        path = os.path.join(lib.daemons.BIN_DIR, name)
         if not os.access(path, os.X_OK):
             self.skipTest(f"{path} is not built (SMOCKRON_BENCHMARKS=OFF?)")
         return path
@@ -81,7 +81,7 @@ class BenchmarkSmokeTest(unittest.TestCase):
                 binary(name)
         tmp = tempfile.mkdtemp(prefix="smockron-bench-smoke-")
         self.addCleanup(shutil.rmtree, tmp, True)
-        env = dict(os.environ, SMOCKRON_BIN_DIR=harness.BIN_DIR)
+        env = dict(os.environ, SMOCKRON_BIN_DIR=lib.daemons.BIN_DIR)
         # Output to a file, not a pipe: a process left behind holding the pipe would stall the read.
         out_path = os.path.join(tmp, "output.txt")
         t0 = time.monotonic()

@@ -33,20 +33,13 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (  # noqa: E402
-    HOST,
-    DaemonTestCase,
-    MasterProcess,
-    ProxyProcess,
-    WaitTimeout,
-    access_log_keys,
-    fetch,
-    metric,
-    metric_sum,
-    parse_metrics,
-    read_access_log,
-    wait_until,
-)
+from lib.access_log import access_log_keys, read_access_log  # noqa: E402
+from lib.daemons import MasterProcess, ProxyProcess  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.metrics import metric, metric_sum, parse_metrics  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import WaitTimeout, wait_until  # noqa: E402
 
 ACC = "smockron_master_accounting_messages_total"
 M_CTL = "smockron_master_control_messages_total"

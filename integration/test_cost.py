@@ -21,9 +21,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import RawConn  # noqa: E402
-from harness import HOST, DaemonTestCase, fetch, now_ms, wait_until  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from lib.http1 import RawConn, fetch  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.redis_server import RedisServer  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 # A limit nothing in these tests reaches, so only the units count.
 WIDE = {"rules": [("1000/s", 100_000)], "algorithm": "gcra"}

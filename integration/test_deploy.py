@@ -17,7 +17,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, fetch  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMETHEUS = os.path.join(ROOT, "deploy", "prometheus")

@@ -38,20 +38,14 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (  # noqa: E402
-    HOST,
-    WARM_DOMAIN,
-    WARM_ROUTE,
-    DaemonTestCase,
-    ProxyProcess,
-    fetch,
-    free_ports,
-    max_in_window,
-    metric_sum,
-    read_access_log,
-    stop_process,
-    wait_until,
-)
+from lib.access_log import read_access_log  # noqa: E402
+from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
+from lib.daemons import ProxyProcess, stop_process  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.metrics import metric_sum  # noqa: E402
+from lib.ports import HOST, free_ports  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import max_in_window, wait_until  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_WAY_MS = 60

@@ -30,8 +30,12 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (HOST, REPO_ROOT, DaemonTestCase, Gatekeeper, MasterProcess, ProxyProcess, fetch,  # noqa: E402
-                     free_ports, now_ms, run_binary, stop_process, wait_until)
+from lib.daemons import REPO_ROOT, MasterProcess, ProxyProcess, run_binary, stop_process  # noqa: E402
+from lib.gatekeeper import Gatekeeper  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.ports import HOST, free_ports  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 EXAMPLES = os.path.join(REPO_ROOT, "config", "examples")
 TOKEN_BUDGET = os.path.join(EXAMPLES, "token-budget.toml")

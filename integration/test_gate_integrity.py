@@ -17,8 +17,12 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import RawConn, request_bytes  # noqa: E402
-from harness import DaemonTestCase, FakeMaster, fetch, metric, run_binary, wait_until  # noqa: E402
+from lib.daemons import run_binary  # noqa: E402
+from lib.gatekeeper import FakeMaster  # noqa: E402
+from lib.http1 import RawConn, fetch, request_bytes  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 

@@ -7,7 +7,7 @@ bodies a backend ends by closing re-framed as chunked for HTTP/1.1 clients
 (whose connection then stays open) and relayed raw, ended by close, to
 HTTP/1.0 clients. These tests check the exact bytes on either side with raw
 sockets (RawConn) and the backend's own record of what it received
-(backends.py: raw_body and trailers of every request), plus 1 GiB each way
+(lib/backends.py: raw_body and trailers of every request), plus 1 GiB each way
 with the proxy's RSS sampled (the one home of the streaming tests), and
 malformed or oversized request bodies.
 
@@ -29,8 +29,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import CHUNK_TRAILERS, MIB, PeerClosed, RawConn, request_bytes  # noqa: E402
-from harness import HOST, DaemonTestCase, bind_failed, fetch, free_port, http_get, wait_until  # noqa: E402
+from lib.backends import CHUNK_TRAILERS, MIB  # noqa: E402
+from lib.http1 import PeerClosed, RawConn, fetch, http_get, request_bytes  # noqa: E402
+from lib.ports import HOST, bind_failed, free_port  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 PARTS = b"part-0;part-1;part-2;"  # the body of /chunks?n=3
 # /chunks?n=3&trailers=1 exactly as the backend writes it after its head.
@@ -477,7 +480,7 @@ class ConnectionSmugglingTest(Http1Case):
 
 class StreamingTest(DaemonTestCase):
     """1 GiB each way (Content-Length and chunked), generated on the fly and only counted
-    on both ends (backends.py /upload counts and discards, /stream generates), while the
+    on both ends (lib/backends.py /upload counts and discards, /stream generates), while the
     proxy's VmRSS is sampled every 20 ms during the transfer and 5 times after it: it must
     stay within 30 MiB of its value before (bodies are streamed, never buffered). Each
     transfer has a 120 s deadline; the time taken is printed."""

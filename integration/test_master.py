@@ -26,18 +26,12 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (  # noqa: E402
-    PROBE_DOMAIN,
-    DaemonTestCase,
-    MasterProcess,
-    free_ports,
-    master_toml,
-    metric,
-    metric_sum,
-    now_ms,
-    run_binary,
-    wait_until,
-)
+from lib.config import PROBE_DOMAIN, master_toml  # noqa: E402
+from lib.daemons import MasterProcess, run_binary  # noqa: E402
+from lib.metrics import metric, metric_sum  # noqa: E402
+from lib.ports import free_ports  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 MASTER = "smockron-master"
 BASE_AHEAD_MS = 5000  # timestamps this far ahead of the master's clock keep "now" out of the results

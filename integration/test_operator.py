@@ -20,7 +20,10 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, fetch, metric, wait_until  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 

@@ -2,8 +2,8 @@
 
 Each test starts its own proxy (and, where the gate matters, a real
 smockron-master) on fresh 127.0.0.1 ports, plus Python backends from
-backends.py, and talks to the proxy over raw sockets where the exact bytes
-matter. The fixtures (start_proxy, gate_stack, prime, ...) are harness.py's
+lib/backends.py, and talks to the proxy over raw sockets where the exact bytes
+matter. The fixtures (start_proxy, gate_stack, prime, ...) are lib/testcase.py's
 DaemonTestCase. Time bounds are asserted only where timing is the behaviour
 (pacing, timeouts), in bands wide enough for a busy 2-core machine; latency
 figures belong in bench/. Every wait polls against a deadline.
@@ -35,30 +35,15 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import (  # noqa: E402
-    PeerClosed,
-    RawConn,
-    request_bytes,
-    ws_accept,
-    ws_frame,
-    ws_read_frame,
-)
-from harness import (  # noqa: E402
-    HELD,
-    HOST,
-    PROXY,
-    DaemonTestCase,
-    ProxyProcess,
-    access_log_keys,
-    binary,
-    fetch,
-    max_in_window,
-    metric,
-    proxy_toml,
-    read_access_log,
-    run_binary,
-    wait_until,
-)
+from lib.access_log import access_log_keys, read_access_log  # noqa: E402
+from lib.backends import ws_accept, ws_frame, ws_read_frame  # noqa: E402
+from lib.config import proxy_toml  # noqa: E402
+from lib.daemons import PROXY, ProxyProcess, binary, run_binary  # noqa: E402
+from lib.http1 import PeerClosed, RawConn, fetch, request_bytes  # noqa: E402
+from lib.metrics import HELD, metric  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import max_in_window, wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 

@@ -15,7 +15,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, binary, fetch, metric, wait_until  # noqa: E402
+from lib.daemons import binary  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 
 class UdpClient:

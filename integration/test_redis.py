@@ -18,8 +18,12 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, MasterProcess, now_ms, reserve_port, wait_until, zmq  # noqa: E402
-from redis_server import RedisSentinel, RedisServer  # noqa: E402
+from lib.daemons import MasterProcess  # noqa: E402
+from lib.gatekeeper import zmq  # noqa: E402
+from lib.ports import reserve_port  # noqa: E402
+from lib.redis_server import RedisSentinel, RedisServer  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 DOMAINS = {
     "api": {"rules": [("1/10s", 3)]},                      # sliding log, window 30 s

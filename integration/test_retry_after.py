@@ -29,7 +29,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, fetch  # noqa: E402  (adds Debian's dist-packages to the path)
+from lib.http1 import fetch  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402  (lib adds Debian's dist-packages to the path)
 
 import urllib3  # noqa: E402  (Debian's python3-urllib3)
 from urllib3.util.retry import Retry  # noqa: E402

@@ -20,7 +20,10 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, WaitTimeout, fetch, metric, wait_until  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import WaitTimeout, wait_until  # noqa: E402
 
 MASK = (1 << 64) - 1
 

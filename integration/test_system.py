@@ -1,5 +1,5 @@
 """Whole-system integration tests: a real smockron-master, real smockron-proxy
-gatekeepers and real backend processes (backends.py) on 127.0.0.1, with parts
+gatekeepers and real backend processes (lib/backends.py) on 127.0.0.1, with parts
 of the system killed and restarted under load.
 
 Scenarios (each test starts its own processes on fresh ports):
@@ -50,23 +50,16 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from backends import BackendProcess, RawConn, request_bytes  # noqa: E402
-from harness import (  # noqa: E402
-    HELD,
-    HOST,
-    WARM_DOMAIN,
-    WARM_ROUTE,
-    DaemonTestCase,
-    FakeMaster,
-    ProxyProcess,
-    WaitTimeout,
-    access_log_keys,
-    fetch,
-    metric_sum,
-    now_ms,
-    read_access_log,
-    wait_until,
-)
+from lib.access_log import access_log_keys, read_access_log  # noqa: E402
+from lib.backends import BackendProcess  # noqa: E402
+from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
+from lib.daemons import ProxyProcess  # noqa: E402
+from lib.gatekeeper import FakeMaster  # noqa: E402
+from lib.http1 import RawConn, fetch, request_bytes  # noqa: E402
+from lib.metrics import HELD, metric_sum  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import WaitTimeout, now_ms, wait_until  # noqa: E402
 
 REQUESTS = "smockron_proxy_requests_total"
 GONE = "smockron_proxy_held_client_disconnects_total"

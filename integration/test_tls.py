@@ -21,36 +21,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import PROXY, DaemonTestCase, binary, fetch, wait_until  # noqa: E402
-
-
-class TestCA:
-    """A CA and the certificates it signs (EC P-256, valid for two days), in `dir`."""
-
-    def __init__(self, dir: str):
-        self.dir = dir
-        self.cert = self.path("ca.pem")
-        self.key = self.path("ca.key")
-        self._openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-                      "-subj", "/CN=Smockron Test CA", "-keyout", self.key, "-out", self.cert)
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.dir, name)
-
-    def _openssl(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    def issue(self, name: str, cn: str, sans: str, usage: str = "serverAuth") -> tuple[str, str]:
-        """A certificate for `cn` with subject alternative names `sans`
-        ("DNS:localhost,IP:127.0.0.1"); returns (cert, key) paths."""
-        cert, key, csr, ext = (self.path(f"{name}.{x}") for x in ("pem", "key", "csr", "ext"))
-        with open(ext, "w") as f:
-            f.write(f"subjectAltName={sans}\nextendedKeyUsage={usage}\n")
-        self._openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={cn}",
-                      "-keyout", key, "-out", csr)
-        self._openssl("x509", "-req", "-in", csr, "-CA", self.cert, "-CAkey", self.key, "-CAcreateserial",
-                      "-days", "2", "-out", cert, "-extfile", ext)
-        return cert, key
+from lib.daemons import PROXY, binary  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
+from lib.tls_ca import TestCA  # noqa: E402
 
 
 def tls_connection(port: int, ca: str, sni: str = "localhost", alpn=("http/1.1",)) -> http.client.HTTPConnection:
@@ -279,7 +254,7 @@ class TlsUpstreamTest(DaemonTestCase):
     def setUp(self):
         super().setUp()
         self.ca = TestCA(self.tmp)
-        # clientAuth too: the test reads the backend's request log over TLS with it (backends.py).
+        # clientAuth too: the test reads the backend's request log over TLS with it (lib/backends.py).
         self.cert, self.key = self.ca.issue("backend", "backend.test", "DNS:backend.test,IP:127.0.0.1",
                                             "serverAuth,clientAuth")
 

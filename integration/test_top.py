@@ -14,7 +14,9 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import DaemonTestCase, now_ms, run_binary, wait_until  # noqa: E402
+from lib.daemons import run_binary  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 
 class TopTest(DaemonTestCase):

@@ -25,7 +25,7 @@ echo "== HTTP/2, gRPC and cost integration tests against the ASan + UBSan daemon
 asan_reports=$(mktemp -d)
 (cd integration && SMOCKRON_BIN_DIR="$PWD/../build-asan/bin" \
   ASAN_OPTIONS="detect_leaks=1:log_path=$asan_reports/asan" UBSAN_OPTIONS="print_stacktrace=1:log_path=$asan_reports/ubsan" \
-  timeout 900 python3 -m unittest test_http2 test_grpc test_cost)
+  timeout 900 python3 -m unittest test_http2 test_http2_abuse test_h2_defects test_protocol_pairs test_grpc test_cost)
 if compgen -G "$asan_reports/*" >/dev/null; then
   cat "$asan_reports"/*
   echo "sanitizer reports above" >&2

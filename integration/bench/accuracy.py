@@ -137,8 +137,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-import harness  # noqa: E402
-from harness import Daemon, free_ports, http_get, master_toml, max_in_window, parse_metrics, wait_until  # noqa: E402
+import lib.daemons  # noqa: E402
+from lib.config import master_toml  # noqa: E402
+from lib.daemons import Daemon  # noqa: E402
+from lib.gatekeeper import zmq as _zmq  # noqa: E402
+from lib.http1 import http_get  # noqa: E402
+from lib.metrics import parse_metrics  # noqa: E402
+from lib.ports import free_ports  # noqa: E402
+from lib.timing import max_in_window, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 HOST = "127.0.0.1"
@@ -223,7 +229,7 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
       A recv_ns domain status identifier received_ms delayed_ms cost
       C recv_ns domain identifier next_ms interval_ms
     (cost: the loginfo frame's "cost=N", else 1, the wire's default)"""
-    zmq = harness.zmq
+    zmq = _zmq
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
@@ -1693,7 +1699,7 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="smockron-accuracy-")
     copy_binaries(args.bin, os.path.join(tmp, "bin"))
-    harness.BIN_DIR = os.path.join(tmp, "bin")
+    lib.daemons.BIN_DIR = os.path.join(tmp, "bin")  # binary() reads it
 
     def on_term(*_):
         raise KeyboardInterrupt

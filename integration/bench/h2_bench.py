@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 
-# proxy_bench also puts integration/ on the path and re-exports harness.one_box_toml.
+# proxy_bench also puts integration/ on the path and re-exports lib.config.one_box_toml.
 from proxy_bench import (ROOT, children, cpu_seconds, free_port, metric_total, nginx_conf, one_box_toml,
                          system_busy_seconds)
 from tls_bench import contenders_needed, make_certificate, passive_opens, start

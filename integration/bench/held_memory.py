@@ -31,7 +31,11 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import free_port, http_get, metric, metric_sum, one_box_toml, wait_until  # noqa: E402
+from lib.config import one_box_toml  # noqa: E402
+from lib.http1 import http_get  # noqa: E402
+from lib.metrics import metric, metric_sum  # noqa: E402
+from lib.ports import free_port  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

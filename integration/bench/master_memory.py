@@ -27,8 +27,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import (DaemonTestCase, Gatekeeper, MasterProcess, free_ports, master_toml, metric,  # noqa: E402,F401
-                     now_ms, wait_until)
+from lib.config import master_toml  # noqa: E402
+from lib.daemons import MasterProcess  # noqa: E402
+from lib.gatekeeper import Gatekeeper  # noqa: E402
+from lib.metrics import metric  # noqa: E402
+from lib.ports import free_ports  # noqa: E402
+from lib.timing import now_ms, wait_until  # noqa: E402
 
 DOMAIN = "m"
 

@@ -16,7 +16,7 @@ import sys
 def _pyplot():
     try:
         import matplotlib  # noqa: F401
-    except ImportError:  # Debian's python3-matplotlib lives in dist-packages (see harness.py)
+    except ImportError:  # Debian's python3-matplotlib lives in dist-packages (see integration/lib/__init__.py)
         dist = "/usr/lib/python3/dist-packages"
         if dist not in sys.path:
             sys.path.append(dist)

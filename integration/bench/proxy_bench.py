@@ -37,7 +37,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import one_box_toml  # noqa: E402
+from lib.config import one_box_toml  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TICK = os.sysconf("SC_CLK_TCK")

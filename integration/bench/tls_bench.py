@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-# proxy_bench also puts integration/ on the path and re-exports harness.one_box_toml.
+# proxy_bench also puts integration/ on the path and re-exports lib.config.one_box_toml.
 from proxy_bench import ROOT, Proc, children, free_port, measure, nginx_conf, one_box_toml, run_wrk, wait_port
 
 LOADS = {  # name: (label, headers added to every request, unit of the rate, unit of CPU)

@@ -1,9 +1,10 @@
-"""Test backends and raw-socket clients for smockron-proxy's integration tests.
+"""The HTTP/1.1 test backend of smockron-proxy's integration tests (a process of its
+own) and BackendProcess, which runs it; the raw-socket clients are in lib/http1.py.
 
 Backend (python stdlib only, run as its own process so that its timing does not
 depend on the test process's GIL):
 
-    python3 backends.py [PORT]        # serves on 127.0.0.1:PORT (default 0: any free port)
+    python3 lib/backends.py [PORT]    # serves on 127.0.0.1:PORT (default 0: any free port)
                                       # until SIGTERM; prints "ready PORT" once listening
 
 Every request's arrival (wall clock, taken when the head has been parsed), its
@@ -30,8 +31,8 @@ What a request gets depends on its path:
                          framing and trailers included) when up to 4 KiB, else null;
                          trailers the raw trailer lines of a chunked body ("" if none)
 
-Test side: BackendProcess (start/stop by PID, log access), RawConn (exact bytes
-over one client connection, HTTP/1.1 response reader), WebSocket frame helpers.
+Test side: BackendProcess (start/stop by PID, log access) and the WebSocket
+frame helpers (clients' too). Only the standard library: this file runs as a script.
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ import json
 import os
 import select
 import signal
-import socket
 import ssl
 import struct
 import subprocess
@@ -497,185 +497,6 @@ class BackendProcess:
         if target_prefix is not None:
             out = [e for e in out if e["target"].startswith(target_prefix)]
         return out
-
-
-class Response:
-    def __init__(self, status: int, reason: str, headers: list[tuple[str, str]], body: bytes, raw_head: bytes):
-        self.status = status
-        self.reason = reason
-        self.header_list = headers
-        self.headers = {k.lower(): v for k, v in headers}
-        self.body = body
-        self.raw_head = raw_head
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __repr__(self):
-        return f"<Response {self.status} {self.headers} body={self.body[:200]!r}>"
-
-
-class PeerClosed(ConnectionError):
-    pass
-
-
-class RawConn:
-    """One client TCP connection with exact control over the bytes sent."""
-
-    def __init__(self, port: int, timeout: float = 5.0):
-        self.sock = socket.create_connection((HOST, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-        self.timeout = timeout
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def send(self, data: bytes | str) -> None:
-        self.sock.sendall(data.encode() if isinstance(data, str) else data)
-
-    def _fill(self, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("deadline passed")
-        self.sock.settimeout(left)
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise PeerClosed("connection closed by peer")
-        self.buf += data
-
-    def read_until(self, marker: bytes, deadline: float) -> bytes:
-        while (i := self.buf.find(marker)) < 0:
-            self._fill(deadline)
-        out = bytes(self.buf[: i + len(marker)])
-        del self.buf[: i + len(marker)]
-        return out
-
-    def read_exact(self, n: int, deadline: float | None = None) -> bytes:
-        deadline = deadline or time.monotonic() + self.timeout
-        while len(self.buf) < n:
-            self._fill(deadline)
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    def read_discard(self, n: int, deadline: float) -> int:
-        """Reads and drops n bytes without keeping them (large bodies)."""
-        got = min(n, len(self.buf))
-        del self.buf[:got]
-        while got < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("deadline passed")
-            self.sock.settimeout(left)
-            data = self.sock.recv(min(n - got, 1 << 20))
-            if not data:
-                raise PeerClosed("connection closed by peer")
-            extra = len(data) - (n - got)
-            if extra > 0:
-                self.buf += data[len(data) - extra:]
-            got += min(len(data), n - got)
-        return got
-
-    def read_head(self, timeout: float | None = None) -> tuple[int, str, list[tuple[str, str]], bytes]:
-        deadline = time.monotonic() + (timeout or self.timeout)
-        raw = self.read_until(b"\r\n\r\n", deadline)
-        lines = raw[:-4].decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        status = int(parts[1])
-        reason = parts[2] if len(parts) > 2 else ""
-        headers = []
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            headers.append((k.strip(), v.strip()))
-        return status, reason, headers, raw
-
-    def read_response(self, head_request: bool = False, timeout: float | None = None, keep_body: bool = True,
-                      allow_interim: bool = False) -> Response:
-        """The next response. 1xx are skipped unless allow_interim. Bodies by
-        Content-Length, chunked, or until EOF (kept, or only counted: body = b'' and
-        headers['x-body-bytes'] set when keep_body is False)."""
-        timeout = timeout or self.timeout
-        deadline = time.monotonic() + timeout
-        while True:
-            status, reason, headers, raw = self.read_head(deadline - time.monotonic())
-            if 100 <= status < 200 and status != 101 and not allow_interim:
-                continue
-            break
-        h = {k.lower(): v for k, v in headers}
-        body = bytearray()
-        count = 0
-        if head_request or status in (204, 304) or 100 <= status < 200:
-            pass
-        elif "chunked" in h.get("transfer-encoding", "").lower():
-            while True:
-                line = self.read_until(b"\r\n", deadline)
-                size = int(line.split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.read_until(b"\r\n", deadline) != b"\r\n":
-                        pass
-                    break
-                if keep_body:
-                    body += self.read_exact(size, deadline)
-                else:
-                    self.read_discard(size, deadline)
-                count += size
-                self.read_exact(2, deadline)
-        elif "content-length" in h:
-            n = int(h["content-length"])
-            if keep_body:
-                body += self.read_exact(n, deadline)
-            else:
-                self.read_discard(n, deadline)
-            count = n
-        else:
-            while True:
-                try:
-                    self._fill(deadline)
-                except PeerClosed:
-                    break
-            body += self.buf
-            count = len(self.buf)
-            self.buf.clear()
-        if not keep_body:
-            headers = headers + [("X-Body-Bytes", str(count))]
-        return Response(status, reason, headers, bytes(body), raw)
-
-    def wait_closed(self, timeout: float) -> bool:
-        """True if the peer closes (EOF or reset) within timeout; data received meanwhile is buffered."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._fill(deadline)
-            except PeerClosed:
-                return True
-            except ConnectionResetError:
-                return True
-            except (socket.timeout, TimeoutError):
-                return False
-
-
-def request_bytes(method: str = "GET", target: str = "/", headers=None, body: bytes = b"",
-                  host: str = "test.local", version: str = "HTTP/1.1") -> bytes:
-    """A request as exact bytes. headers: list of (name, value); Host first unless host is None;
-    Content-Length is added for a non-empty body unless one is given."""
-    lines = [f"{method} {target} {version}"]
-    hdrs = list(headers or [])
-    if host is not None:
-        lines.append(f"Host: {host}")
-    if body and not any(k.lower() in ("content-length", "transfer-encoding") for k, _ in hdrs):
-        hdrs.append(("Content-Length", str(len(body))))
-    lines += [f"{k}: {v}" for k, v in hdrs]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import socket
 import subprocess
 import time
 
-from harness import free_port, stop_process
+from lib.daemons import stop_process
+from lib.ports import free_port
 
 HOST = "127.0.0.1"
 
