@@ -117,7 +117,8 @@ void h2_connection::submit(h2_stream& st, const std::vector<h2::field>& fields, 
 
 void h2_connection::answer(h2_stream& st, unsigned status, std::string_view text, std::int64_t retry_after_s,
                            unsigned grpc_status, std::int64_t pushback_ms) {
-  finished(st, status);
+  // What the client gets: a gRPC call's answer is HTTP 200 with the status in its trailers.
+  finished(st, st.grpc ? 200 : status);
   drop_body(st);
   std::vector<h2::field> fields;
   if (st.grpc) {
