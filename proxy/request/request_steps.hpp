@@ -1,8 +1,9 @@
 // The steps of one request that do not depend on how it arrived: its route
 // (path prepared as the configuration says), the fields the proxy adds about
 // the limit, what a refusal answers, the end of a hold, and the access-log
-// record begun. An HTTP/1.1 connection (session.cpp) and an HTTP/2 stream
-// (h2_session.cpp) run the same steps, so both protocols are limited alike.
+// record begun, and plan_request, which takes a request through them. An
+// HTTP/1.1 connection (proxy/http1/session.cpp) and an HTTP/2 stream
+// (proxy/h2/streams.cpp) run the same steps, so both protocols are limited alike.
 #pragma once
 
 #include <cstdint>
