@@ -174,6 +174,14 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"[1-9]\d* processed by the master",
                             r"^smoke: OK")
 
+    def test_instructions(self):
+        """Instructions per request under callgrind, HTTP/1.1 and h2c: every request answered 2xx
+        and a count for each (the figure itself is not judged)."""
+        self.need("nginx", "h2load", "valgrind")
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "instructions.py"), "--smoke"])
+        self.assert_figures(out, r"^ smockron\s+h1\s+[\d,]+  mean of 1$", r"^ smockron\s+h2c\s+[\d,]+  mean of 1$",
+                            r"^smoke: OK")
+
     def test_held_memory(self):
         """2,000 requests held on their timers: RSS growth per held request at most 8 KiB, the
         held gauge reaches 2,000 and every one is dropped (not forwarded) on disconnect."""

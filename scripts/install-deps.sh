@@ -27,6 +27,8 @@ packages=(
 if [ "$test_deps" = 1 ]; then
   # Services and tools started by the tests and benchmarks themselves.
   packages+=(redis-server redis-sentinel nginx-light wrk procps docker-compose)
+  # callgrind, for the instructions-per-request benchmark (integration/bench/instructions.py).
+  packages+=(valgrind)
   # Real HTTP clients that honour Retry-After (integration/test_retry_after.py).
   packages+=(python3-urllib3)
   # HTTP/2 and gRPC peers (integration/test_http2.py, test_grpc.py, bench/h2_bench.py).

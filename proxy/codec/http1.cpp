@@ -150,9 +150,21 @@ bool has_token(std::string_view list, std::string_view token) {
   return for_each_token(list, [&](std::string_view t) { return iequals(t, token); });
 }
 
+namespace {
+// RFC 3986 3.2.2 reg-name (and IPv4address): unreserved, pct-encoded, sub-delims.
+constexpr std::array<bool, 256> make_reg_name_char() {
+  std::array<bool, 256> t{};
+  for (int c = '0'; c <= '9'; ++c) t[static_cast<std::size_t>(c)] = true;
+  for (int c = 'a'; c <= 'z'; ++c) t[static_cast<std::size_t>(c)] = true;
+  for (int c = 'A'; c <= 'Z'; ++c) t[static_cast<std::size_t>(c)] = true;
+  for (const char c : std::string_view("-._~%!$&'()*+,;=")) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}
+constexpr auto k_reg_name_char = make_reg_name_char();
+}  // namespace
+
 bool valid_host(std::string_view host) {
-  // uri-host: an IP-literal in brackets, or reg-name / IPv4address
-  // (unreserved, pct-encoded, sub-delims: RFC 3986 3.2.2).
+  // uri-host: an IP-literal in brackets, or reg-name / IPv4address.
   std::size_t i = 0;
   if (!host.empty() && host.front() == '[') {
     const auto close = host.find(']');
@@ -163,12 +175,7 @@ bool valid_host(std::string_view host) {
     }
     i = close + 1;
   } else {
-    static constexpr std::string_view k_reg_name_extra = "-._~%!$&'()*+,;=";
-    for (; i < host.size() && host[i] != ':'; ++i) {
-      const char c = host[i];
-      const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-      if (!alnum && k_reg_name_extra.find(c) == std::string_view::npos) return false;
-    }
+    while (i < host.size() && k_reg_name_char[static_cast<unsigned char>(host[i])]) ++i;
   }
   if (i == host.size()) return true;
   if (host[i] != ':') return false;

@@ -56,7 +56,7 @@ public:
     return taken;
   }
   void attach(h2_stream&, h2_upstream_stream* up) override { st.up2 = up; }
-  void on_submitted(h2_stream&, std::size_t server) override { st.cost_seen.server = server; }
+  void on_submitted(h2_stream&, std::size_t server) override { st.outcome.server = server; }
 
   h2_stream st;  ///< the request body and response bytes (no client session behind it)
   steady_timer body_wake, resp_wake;
@@ -84,7 +84,7 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
       break;
     }
     for (const auto& x : bufs.span()) b.st.body_in.append(static_cast<const char*>(x.data()), x.size());
-    b.st.body_bytes = relay.data_bytes;
+    b.st.outcome.bytes_in = relay.data_bytes;
     c.in.consume(*used);
     if (rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) {
       b.body_failed = true;
@@ -237,9 +237,9 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     };
     co_await both();
   }
-  c.outcome.bytes_in = b.st.body_bytes;
-  c.outcome.server = b.st.cost_seen.server;
-  if (r.cost.after_response()) {  // charged by the session once this returns
+  c.outcome.bytes_in = b.st.outcome.bytes_in;
+  c.outcome.server = b.st.outcome.server;  // the bridge's stream kept these (the client's outcome has the rest)
+  if (r.cost.after_response()) {           // charged by the session once this returns
     note_cost_fields(r, b.head, c.outcome);
     if (!c.outcome.cost_field) note_cost_fields(r, b.trailers, c.outcome);
   }

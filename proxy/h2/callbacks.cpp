@@ -74,9 +74,9 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
     nghttp2_session_consume(session, id, len);
     return 0;
   }
-  st->body_bytes += len;
+  st->outcome.bytes_in += len;
   const auto max = h.rt_->cfg.max_body_bytes;
-  if (max > 0 && st->body_bytes > max) {
+  if (max > 0 && st->outcome.bytes_in > max) {
     // Never forwarded as if complete: answered 413 if nothing else has, else reset with its upstream side.
     st->too_large = true;
     nghttp2_session_consume(session, id, len);
@@ -151,7 +151,7 @@ ssize_t h2_connection::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t
   const std::size_t n = std::min(length, st.pending_out());
   std::memcpy(buf, st.res().out.data() + st.res().out_at, n);
   st.res().out_at += n;
-  st.bytes_out += n;
+  st.outcome.bytes_out += n;
   if (n > 0) st.last_progress = h.s_.clk.coarse_steady_now();
   if (st.res().out_at == st.res().out.size()) {
     st.res().out.clear();

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -89,8 +90,7 @@ public:
   std::size_t take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) override;
   void attach(h2_stream& st, h2_upstream_stream* up) override { st.up2 = up; }
   void on_submitted(h2_stream& st, std::size_t server) override {
-    st.cost_seen.server = server;
-    if (st.entry) st.entry->upstream = to_string(st.rt->servers[st.r->upstream_index][server]);
+    st.outcome.server = server;  // the access log's upstream (note_outcome)
   }
 
 private:
@@ -126,10 +126,17 @@ private:
   }
   void dispatch(const std::shared_ptr<h2_stream>& st, bool end_stream);
   void release(const std::shared_ptr<h2_stream>& st);
-  void start_forward(const std::shared_ptr<h2_stream>& st);
+  /// Forwards the streams the last read opened and decided to forward.
+  void forward_opened();
   void forward(const std::shared_ptr<h2_stream>& st);
   awaitable<void> forward_h1(std::shared_ptr<h2_stream> st);
+  awaitable<std::optional<steady::time_point>> exchange_head_h1(h2_stream& st, connection& uc);
+  enum class response_start : std::uint8_t { failed, without_body, with_body };
+  response_start begin_response_h1(h2_stream& st, connection& uc, steady::time_point sent);
+  void end_response_h1(h2_stream& st, std::string& trailer_section);
   awaitable<bool> send_body_h1(h2_stream& st, connection& uc, bool chunked);
+  /// Counts a failed HTTP/1.1 exchange and answers `status`, if the stream is still there.
+  void fail_h1(h2_stream& st, metrics::counter& m, unsigned status, std::string_view why);
   void keep_trailers(h2_stream& st, std::string& section);
   void close_stream(h2_stream& st, std::uint32_t error_code);
 
@@ -188,6 +195,7 @@ private:
   std::string out_;
   std::array<std::uint8_t, h2_detail::k_read_size> in_{};
   h2::flood_guard flood_;
+  std::vector<std::shared_ptr<h2_stream>> opened_;  ///< to forward once the current read is parsed
   bool reading_done_ = false;
   bool writing_ = false;
   bool goaway_sent_ = false;

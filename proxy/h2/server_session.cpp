@@ -52,6 +52,7 @@ awaitable<void> h2_connection::read_loop() {
     if (rv < 0) {
       abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR);
     }
+    forward_opened();
     flush();
   }
   while (!fatal_ && nghttp2_session_want_read(session_)) {
@@ -67,6 +68,7 @@ awaitable<void> h2_connection::read_loop() {
         default: abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR); break;
       }
     }
+    forward_opened();
     update_deadline();
     flush();
   }

@@ -41,18 +41,18 @@ struct h2_stream {
   bool closed = false;    ///< nghttp2 closed it: done, or reset by the client
   bool body_end = false;  ///< the client's END_STREAM arrived
   bool too_large = false;
-  bool refused = false;     ///< its body is not wanted (answered by the proxy, or done): read and dropped
-  bool forwarding = false;  ///< handed to its upstream
-  bool resetting = false;   ///< nghttp2 resets it (for what the client sent): not to be forwarded
-  std::string body_in;      ///< request body bytes not yet sent upstream
-  std::size_t body_at = 0;  ///< of which taken already (an HTTP/2 upstream takes them piecewise)
-  std::uint64_t body_bytes = 0;
-  std::uint64_t bytes_out = 0;
+  bool refused = false;                ///< its body is not wanted (answered by the proxy, or done): read and dropped
+  bool forwarding = false;             ///< handed to its upstream
+  bool resetting = false;              ///< nghttp2 resets it (for what the client sent): not to be forwarded
+  std::string body_in;                 ///< request body bytes not yet sent upstream
+  std::size_t body_at = 0;             ///< of which taken already (an HTTP/2 upstream takes them piecewise)
   steady::time_point last_progress{};  ///< response bytes last taken by nghttp2 (or first buffered)
   unsigned status = 0;
   std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
   h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
-  request_outcome cost_seen;          ///< the response's cost field (a route whose cost is read from the response)
+  /// What became of it: body bytes each way, the upstream server, the
+  /// response's cost field (a route whose cost is read from the response).
+  request_outcome outcome;
   /// What answering uses, made when the stream is answered or forwarded: a
   /// held stream does not carry it (most of its memory otherwise).
   struct response {

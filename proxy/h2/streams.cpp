@@ -67,7 +67,7 @@ void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stre
     });
     return;
   }
-  start_forward(st);
+  opened_.push_back(st);  // forwarded once the read that opened it is parsed (forward_opened)
 }
 
 void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
@@ -75,7 +75,7 @@ void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
   end_hold(s_.gate, s_.metrics, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
   if (st->entry)
     st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
-  start_forward(st);
+  forward(st);
 }
 
 void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
@@ -83,8 +83,7 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   if (st.adm.charge_when_done && st.forwarding) {
     // A cost known only now (a response field, the body's size) is charged now, once.
     admission_env env{s_.gate, s_.metrics, w_.accounting};
-    st.cost_seen.bytes_in = st.body_bytes;
-    charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.cost_seen), s_.clk.wall_us());
+    charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.outcome), s_.clk.wall_us());
     st.adm.charge_when_done = false;
   }
   if (st.held) {
@@ -97,8 +96,7 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   cancel_upstream(st);
   drop_body(st);
   if (st.entry) {
-    st.entry->bytes_in = st.body_bytes;
-    st.entry->bytes_out = st.bytes_out;
+    note_outcome(*st.entry, *st.rt, st.r, st.outcome);
     st.entry->duration_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.started).count();
     if (auto* log = s_.access.get()) log->write(*st.entry);
     st.entry.reset();
@@ -147,21 +145,16 @@ void h2_connection::push_out(h2_stream& st, std::string_view data) {
 }
 
 http1::forward_info h2_connection::hop(const runtime& rt) const {
-  http1::forward_info info;
-  info.peer_ip = peer_text_;
-  info.proto = c_.client.tls() ? "https" : "http";
-  info.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
-  info.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
-                                  [&](const cidr& c) { return c.contains(peer_); });
-  return info;
+  return next_hop(rt, peer_, peer_text_, c_.client.tls() != nullptr);
 }
 
-void h2_connection::start_forward(const std::shared_ptr<h2_stream>& st) {
-  // On the next turn: the rest of the read that opened the stream is parsed
-  // first, so a reset in that read (the client's, or one its frames caused)
-  // and a flood that ends the connection keep it from the upstream and from
-  // taking an upstream connection.
-  asio::post(exec_, [self = shared_from_this(), st] { self->forward(st); });
+void h2_connection::forward_opened() {
+  // The rest of the read that opened these streams has been parsed: a reset
+  // in it (the client's, or one its frames caused) and a flood that ends the
+  // connection keep them from the upstream and from taking an upstream
+  // connection.
+  for (const auto& st : opened_) forward(st);
+  opened_.clear();
 }
 
 void h2_connection::forward(const std::shared_ptr<h2_stream>& st) {
@@ -185,7 +178,7 @@ void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fie
     if (f.name == ":status") status = static_cast<unsigned>(std::atoi(std::string(f.value).c_str()));
   }
   finished(st, status);
-  if (st.r && st.r->cost.after_response()) note_cost_fields(*st.r, fields, st.cost_seen);
+  if (st.r && st.r->cost.after_response()) note_cost_fields(*st.r, fields, st.outcome);
   // The proxy's own lines go after the upstream's fields.
   std::vector<h2::field> all = fields;
   h2::line_fields(st.response_fields, st.res().fields_arena, all);
@@ -199,7 +192,7 @@ void h2_connection::on_data(h2_stream& st, std::string_view data) {
 
 void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fields) {
   if (st.closed) return;
-  if (st.r && st.r->cost.after_response() && !st.cost_seen.cost_field) note_cost_fields(*st.r, fields, st.cost_seen);
+  if (st.r && st.r->cost.after_response() && !st.outcome.cost_field) note_cost_fields(*st.r, fields, st.outcome);
   h2::copy_fields(fields, st.res().trailers_arena, st.res().trailers);
 }
 

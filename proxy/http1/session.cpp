@@ -203,12 +203,7 @@ private:
       }
     }
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
-    http1::forward_info hop;
-    hop.peer_ip = peer_text_;
-    hop.proto = c_.client.tls() ? "https" : "http";
-    hop.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
-    hop.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
-                                   [&](const cidr& c) { return c.contains(peer_); });
+    const http1::forward_info hop = next_hop(rt, peer_, peer_text_, c_.client.tls() != nullptr);
     // One awaitable in this frame (alive while a request is held), whichever protocol the upstream speaks.
     awaitable<connection_next> exchange = rt.cfg.upstreams[r->upstream_index].http2()
                                               ? forward_to_h2(s_, w_, generation, *r, c_, hop)
@@ -217,11 +212,8 @@ private:
     // A cost known only now (a response field, the body's size) is charged now.
     if (a.charge_when_done) charge_done(env, rt, *r, a, cost_when_done(*r, c_.outcome), s_.clk.wall_us());
     if (entry_) {
-      const request_outcome& o = c_.outcome;
-      entry_->bytes_in = o.bytes_in;
-      entry_->bytes_out = o.bytes_out;
-      if (o.server) entry_->upstream = to_string(rt.servers[r->upstream_index][*o.server]);
-      answered(o.status);
+      note_outcome(*entry_, rt, r, c_.outcome);
+      answered(c_.outcome.status);
     }
     co_return next;
   }

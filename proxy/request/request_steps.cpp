@@ -152,6 +152,22 @@ std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::reques
   return e;
 }
 
+void note_outcome(access_entry& e, const runtime& rt, const route* r, const request_outcome& o) {
+  e.bytes_in = o.bytes_in;
+  e.bytes_out = o.bytes_out;
+  if (r && o.server) e.upstream = to_string(rt.servers[r->upstream_index][*o.server]);
+}
+
+http1::forward_info next_hop(const runtime& rt, const ip_address& peer, std::string_view peer_text, bool tls) {
+  http1::forward_info info;
+  info.peer_ip = peer_text;
+  info.proto = tls ? "https" : "http";
+  info.forwarded_element = rt.cfg.real_ip_header == config::proxy_config::real_ip_header_kind::forwarded;
+  info.trusted_peer = std::any_of(rt.cfg.trusted_proxies.begin(), rt.cfg.trusted_proxies.end(),
+                                  [&](const cidr& c) { return c.contains(peer); });
+  return info;
+}
+
 void note_admission(access_entry& e, const route& r, const admission& a) {
   e.decision = to_string(a.outcome);
   e.shadow = a.shadow ? to_string(*a.shadow) : std::string_view{};

@@ -73,5 +73,12 @@ std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::reques
                                           std::string_view peer_text, std::int64_t now_us);
 /// The record's admission part: decision, shadow, domain, identifier.
 void note_admission(access_entry& e, const route& r, const admission& a);
+/// The record's exchange part: body bytes each way and the upstream server
+/// (when `r` and one was used).
+void note_outcome(access_entry& e, const runtime& rt, const route* r, const request_outcome& o);
+
+/// What the next hop is told of the request's origin (X-Forwarded-*,
+/// Forwarded): the peer, the listener's scheme, whether the peer is trusted.
+http1::forward_info next_hop(const runtime& rt, const ip_address& peer, std::string_view peer_text, bool tls);
 
 }  // namespace smockron::proxy
