@@ -32,12 +32,14 @@ class DocsMatchTheTreeTest(unittest.TestCase):
                    and not glob.glob(os.path.join(ROOT, p))]
         self.assertEqual(missing, [], "docs/architecture.md names paths the tree does not have")
 
-    def test_every_proxy_layer_is_described(self):
+    def test_every_proxy_layer_and_master_part_is_described(self):
         page = read("docs/architecture.md")
-        layers = sorted(d for d in os.listdir(os.path.join(ROOT, "proxy"))
-                        if os.path.isdir(os.path.join(ROOT, "proxy", d)))
-        for layer in layers:
-            self.assertIn(f"`proxy/{layer}/`", page, f"proxy/{layer}/ is not in docs/architecture.md")
+        for daemon in ("proxy", "master"):
+            parts = sorted(d for d in os.listdir(os.path.join(ROOT, daemon))
+                           if os.path.isdir(os.path.join(ROOT, daemon, d)))
+            self.assertTrue(parts, daemon)
+            for part in parts:
+                self.assertIn(f"`{daemon}/{part}/", page, f"{daemon}/{part}/ is not in docs/architecture.md")
 
     def test_relative_links_resolve(self):
         pages = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))

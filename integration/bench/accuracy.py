@@ -76,7 +76,7 @@ requests that reached the backend in [t0, t0+D)) vs the ideal burst + rate x D; 
 window bound is rate + burst + G x 100 + 99 + hot units/s x RTT (a request is admitted
 while the client is under its burst, whatever its cost); a release spike is a held release
 less than half the earlier one's cost x interval after it. The reference is
-reference_units(): a port of master/rules.cpp in units plus the gatekeeper's guard, every
+reference_units(): a port of master/core/rules.cpp in units plus the gatekeeper's guard, every
 cost known at admission (for a response-charged route: the gate that would know the cost
 in advance). Also per weighted cell: the master's smockron_master_units_total vs the costs
 of what the gate let through (held requests included), and the cost fields the backend saw.
@@ -412,7 +412,7 @@ def reference(times, sc: Scenario, max_delay: float):
 
 class RuleEngine:
     """The master's rate rules for one identifier, counting cost units: a port of
-    master/rules.cpp (apply() and evaluate(), rate rules only, times in integer
+    master/core/rules.cpp (apply() and evaluate(), rate rules only, times in integer
     microseconds) for the weighted reference. Sliding log: rules with a burst up to
     120 keep the log of unit timestamps (a use of cost c is c units, each at its own
     time when it fits, else at the next free slot), larger ones are sliding-window

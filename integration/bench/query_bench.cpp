@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "bench_util.hpp"
-#include "master/query.hpp"
-#include "master/udp_responder.hpp"
+#include "master/core/query.hpp"
+#include "master/io/udp_responder.hpp"
 
 using namespace std::chrono;
 using steady = steady_clock;

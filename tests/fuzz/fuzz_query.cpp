@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_frames.hpp"
-#include "master/query.hpp"
+#include "master/core/query.hpp"
 
 using namespace smockron;
 

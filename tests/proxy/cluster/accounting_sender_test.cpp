@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "master/zmtp_subscriber.hpp"
+#include "master/io/zmtp_subscriber.hpp"
 #include "proxy/cluster/accounting_sender.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/protocol/hash_ring.hpp"

@@ -1,0 +1,263 @@
+// In-memory limiter state: hash map per domain + one intrusive LRU list.
+#include "master/engine/limiter.hpp"
+
+#include "master/engine/top.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace smockron::master {
+
+namespace {
+rules::limits compile_rules(config::algorithm_kind algo, const std::vector<config::rule_config>& rules,
+                            std::chrono::microseconds max_clock_skew) {
+  rules::limits l;
+  l.algo = algo == config::algorithm_kind::gcra ? rules::algorithm::gcra : rules::algorithm::sliding_log;
+  l.max_future_us = max_clock_skew.count();
+  for (const auto& r : rules) {
+    if (!r.is_quota()) {
+      l.rules.push_back({r.r.interval_us(), r.burst});
+      continue;
+    }
+    static constexpr std::array k_periods{rules::period::day, rules::period::week, rules::period::month,
+                                          rules::period::fixed};
+    l.quotas.push_back(
+        {r.quota, k_periods[static_cast<std::size_t>(r.per)], r.tz_offset_s * 1'000'000, r.per_length.count()});
+  }
+  return l;
+}
+}  // namespace
+
+rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
+  return compile_rules(d.algorithm, d.rules, max_clock_skew);
+}
+
+rules::limits compile(const config::domain_config& d, const config::override_config& o,
+                      std::chrono::microseconds max_clock_skew) {
+  return compile_rules(d.algorithm, o.rules, max_clock_skew);
+}
+
+limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)
+    : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {
+  for (auto& m : maps_) m.reserve(std::min<std::size_t>(max_identifiers_, 1 << 16));
+}
+
+limiter::~limiter() = default;
+
+void limiter::unlink(entry* e) {
+  if (cursor_ == e) cursor_ = e->prev;
+  (e->prev ? e->prev->next : head_) = e->next;
+  (e->next ? e->next->prev : tail_) = e->prev;
+  e->prev = e->next = nullptr;
+}
+
+void limiter::push_front(entry* e) {
+  e->prev = nullptr;
+  e->next = head_;
+  if (head_) head_->prev = e;
+  head_ = e;
+  if (!tail_) tail_ = e;
+}
+
+void limiter::mark(entry* e) {
+  if (e->dirty) return;
+  e->dirty = true;
+  e->dirty_next = nullptr;
+  e->dirty_prev = dirty_tail_;
+  (dirty_tail_ ? dirty_tail_->dirty_next : dirty_head_) = e;
+  dirty_tail_ = e;
+  ++dirty_count_;
+}
+
+void limiter::unmark(entry* e) {
+  if (!e->dirty) return;
+  e->dirty = false;
+  (e->dirty_prev ? e->dirty_prev->dirty_next : dirty_head_) = e->dirty_next;
+  (e->dirty_next ? e->dirty_next->dirty_prev : dirty_tail_) = e->dirty_prev;
+  e->dirty_prev = e->dirty_next = nullptr;
+  --dirty_count_;
+}
+
+void limiter::track_dirty() { track_dirty_ = true; }
+
+void limiter::mark_all_dirty() {
+  if (!track_dirty_) return;
+  for (entry* e = tail_; e; e = e->prev) mark(e);
+}
+
+void limiter::erase(entry* e) {
+  unmark(e);
+  unlink(e);
+  maps_[e->domain].erase(maps_[e->domain].find(*e->key));
+  --size_;
+}
+
+limiter::entry* limiter::touch(std::size_t domain, std::string_view identifier, bool create) {
+  map& m = maps_[domain];
+  auto it = m.find(identifier);
+  if (it == m.end()) {
+    if (!create) return nullptr;
+    if (size_ >= max_identifiers_) {
+      ++evictions_;
+      erase(tail_);
+    }
+    return insert(domain, identifier);
+  }
+  entry* en = &it->second;
+  if (en != head_) {
+    unlink(en);
+    push_front(en);
+  }
+  return en;
+}
+
+void limiter::stats::count(bool refused, std::int64_t now_us) {
+  const std::int64_t h = now_us / top_limited::k_half_us;
+  if (h != half) {
+    uses[1] = h == half + 1 ? uses[0] : 0;
+    refusals[1] = h == half + 1 ? refusals[0] : 0;
+    uses[0] = refusals[0] = 0;
+    half = h;
+  }
+  ++(refused ? refusals[0] : uses[0]);
+}
+
+std::pair<std::uint32_t, std::uint32_t> limiter::stats::last_minute(std::int64_t now_us) const {
+  const std::int64_t h = now_us / top_limited::k_half_us;
+  if (h == half) return {uses[0] + uses[1], refusals[0] + refusals[1]};
+  if (h == half + 1) return {uses[0], refusals[0]};
+  return {0, 0};
+}
+
+rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) {
+  if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
+  ++en->counts.n_req;
+  if (e.kind != rules::event_kind::accepted) ++en->counts.n_over;
+  en->counts.count(e.kind == rules::event_kind::rejected, now_us);
+  return rules::apply(*en->lim, en->st, e, now_us);
+}
+
+rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
+  // A rejection of an identifier nobody knows: nothing to record, nothing known.
+  entry* en = touch(domain, identifier, e.kind != rules::event_kind::rejected);
+  return en ? record(en, e, now_us) : rules::decision{};
+}
+
+limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
+  query_use out;
+  entry* en = touch(domain, identifier, true);
+  if (!en->st.empty() && rules::evaluate(*en->lim, en->st, now_us).throttled) {
+    out.over = true;
+    ++en->counts.n_req;
+    ++en->counts.n_over;
+    en->counts.count(true, now_us);
+  } else {
+    out.after = record(en, {rules::event_kind::accepted, now_us}, now_us);
+  }
+  out.st = &en->st;
+  out.lim = en->lim;
+  out.counts = &en->counts;
+  return out;
+}
+
+limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {
+  auto it = maps_[domain].find(identifier);
+  return it == maps_[domain].end() ? stats{} : it->second.counts;
+}
+
+limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier) {
+  auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
+  entry* en = &pos->second;
+  en->lim = &limits_[domain].of(identifier);
+  // A sliding log grows to its history as uses come (a burst of 1,000,000
+  // would otherwise reserve 8 MB for every identifier seen once).
+  en->st.times.reserve(en->lim->algo == rules::algorithm::gcra ? en->lim->rules.size()
+                                                               : std::min<std::size_t>(en->lim->history_cap(), 8));
+  en->domain = domain;
+  en->key = &pos->first;
+  ++size_;
+  push_front(en);
+  return en;
+}
+
+bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
+  const rules::limits& l = limits_of(domain, identifier);
+  if (!rules::compatible(l, st) || rules::expired(l, st, now_us)) return false;
+  auto it = maps_[domain].find(identifier);
+  if (it == maps_[domain].end()) {
+    // Restored state never evicts live state: past the cap it is dropped.
+    if (size_ >= max_identifiers_) return false;
+    entry* en = insert(domain, identifier);
+    en->st = st;
+    return true;
+  }
+  rules::merge(l, it->second.st, st);
+  if (track_dirty_) mark(&it->second);
+  return true;
+}
+
+std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
+  // A cursor walks from the least recently used end towards the head and
+  // resumes there on the next call, so every entry is examined eventually
+  // whatever the mix of domain windows, at a bounded cost per call.
+  std::size_t removed = 0;
+  budget = std::min(budget, size_);
+  while (budget-- > 0) {
+    entry* e = cursor_ ? cursor_ : tail_;
+    if (!e) break;
+    cursor_ = e->prev;
+    if (rules::expired(*e->lim, e->st, now_us)) {
+      erase(e);
+      ++removed;
+    }
+  }
+  expirations_ += removed;
+  return removed;
+}
+
+void limiter::reconfigure(std::vector<domain_limits> domains,
+                          const std::vector<std::optional<std::size_t>>& old_index) {
+  std::vector<map> maps(domains.size());
+  std::vector<bool> kept(maps_.size(), false);
+  for (std::size_t i = 0; i < domains.size(); ++i) {
+    if (!old_index[i]) continue;
+    const std::size_t old = *old_index[i];
+    kept[old] = true;
+    maps[i] = std::move(maps_[old]);
+    for (auto& [key, en] : maps[i]) {
+      en.domain = i;
+      const rules::limits* next = &domains[i].of(key);
+      // A changed algorithm or rule count makes old state meaningless; so
+      // does a changed layout of the counters and quotas (a rule's burst
+      // crossing k_exact_burst, a quota added or removed) for those numbers.
+      if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
+      if (!rules::same_aux_layout(*en.lim, *next)) en.st.aux.clear();
+      en.lim = next;  // points into `domains`' elements, which move into limits_ below
+    }
+  }
+  for (std::size_t old = 0; old < maps_.size(); ++old) {
+    if (kept[old]) continue;
+    for (auto& [key, en] : maps_[old]) {
+      unmark(&en);
+      unlink(&en);
+      --size_;
+    }
+  }
+  maps_ = std::move(maps);
+  limits_ = std::move(domains);
+}
+
+void limiter::set_max_identifiers(std::size_t max_identifiers) {
+  max_identifiers_ = std::max<std::size_t>(1, max_identifiers);
+  while (size_ > max_identifiers_) {
+    ++evictions_;
+    erase(tail_);
+  }
+}
+
+const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {
+  auto it = maps_[domain].find(identifier);
+  return it == maps_[domain].end() ? nullptr : &it->second.st;
+}
+
+}  // namespace smockron::master

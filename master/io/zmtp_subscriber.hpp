@@ -1,0 +1,148 @@
+// The master's accounting receiver: the SUB end of ZeroMQ PUB/SUB, spoken
+// on the wire (ZMTP 3.0 through shared/protocol/zmtp_session.hpp) over TCP or
+// IPC, on the master's own thread: its listener and connections are sources
+// of the master's event_loop.
+//
+// Why not a libzmq SUB socket: at gatekeeper rates libzmq's receive path (an
+// I/O thread that decodes every frame into a message object and hands it over
+// a pipe, then one zmq_msg_recv per frame) costs several times the rule logic
+// per message. Here one recv() brings in up to 64 KiB (hundreds of messages)
+// and the frames are views into that buffer. Any ZeroMQ PUB (libzmq 4.x,
+// pyzmq, a zmq_proxy XPUB) can publish to the master.
+//
+// Subscriptions go out only after the peer's READY arrived: a libzmq peer
+// that has not sent its own READY yet would take them for a handshake
+// command and drop the connection.
+//
+// Bounds: at most `max_peers` connections (more are closed at once), a
+// handshake must finish within `handshake_timeout`, one message is at most
+// k_max_message bytes (accounting messages are under 6 KiB by the wire
+// limits: a larger one is skipped on its own, the connection stays), output a
+// peer does not read is capped; a peer breaking a bound is disconnected, never
+// the daemon. TCP keepalive finds vanished gatekeepers.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "master/io/event_loop.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/base/net.hpp"
+#include "shared/protocol/zmtp_session.hpp"
+
+namespace smockron::master {
+
+class zmtp_subscriber {
+public:
+  /// Largest message (all frames with their headers) a peer may send.
+  static constexpr std::size_t k_max_message = 32 * 1024;
+  /// A message over k_max_message is skipped on its own (its frames consumed
+  /// by length, counted in smockron_master_accounting_oversized_total) and
+  /// the connection stays; one declared over this is taken as a stream that
+  /// cannot be read (framing fault).
+  static constexpr std::uint64_t k_max_skip = 16 * 1024 * 1024;
+  /// Frames kept per message; more set `truncated` (the message is malformed).
+  static constexpr std::size_t k_max_frames = 8;
+
+  struct options {
+    std::size_t max_peers = 1024;
+    std::chrono::milliseconds handshake_timeout{10'000};
+    int rcvbuf = 4 * 1024 * 1024;  ///< SO_RCVBUF of every connection (0 = kernel default)
+    int sndbuf = 0;                ///< SO_SNDBUF of every connection (0 = kernel default)
+    /// TCP peers allowed to connect (empty: anyone); others are closed at
+    /// accept, counted (smockron_master_refused_connections_total) and logged.
+    std::vector<cidr> allow;
+  };
+
+  using message_fn = std::function<void(std::span<const std::string_view> frames, bool truncated)>;
+
+  /// Binds and listens on `endpoint` ("tcp://host:port", port may be "*" or
+  /// 0; "ipc:///path" or "ipc://@abstract"), watched by `loop`. Throws
+  /// std::runtime_error with a clear message when the endpoint is invalid or
+  /// cannot be bound.
+  zmtp_subscriber(event_loop& loop, const std::string& endpoint, options o, const clock& clk, metrics::registry& reg);
+  ~zmtp_subscriber();
+  zmtp_subscriber(const zmtp_subscriber&) = delete;
+  zmtp_subscriber& operator=(const zmtp_subscriber&) = delete;
+
+  /// The bound endpoint, with the port chosen by the kernel when it was "*".
+  const std::string& endpoint() const { return endpoint_; }
+
+  /// Prefix subscriptions, sent to every connected peer and to each new one.
+  void subscribe(std::string_view topic);
+  void unsubscribe(std::string_view topic);
+
+  /// Who gets every complete message that arrives while the loop turns
+  /// (frames point into an internal buffer, valid during the call).
+  void on_message(message_fn f) { on_message_ = std::move(f); }
+  /// Messages handed over so far.
+  std::size_t delivered() const { return delivered_; }
+  /// After each turn of the loop: accepting resumes after a pause, handshakes
+  /// that took too long end, closed connections are freed.
+  void after_turn();
+
+  /// One turn of the loop and after_turn(), with `f` for the messages
+  /// (tests, and whoever has nothing else on the loop). Returns how many.
+  std::size_t poll(std::chrono::milliseconds timeout, message_fn f);
+
+  /// Peers that finished the handshake.
+  std::size_t peers() const;
+
+private:
+  struct peer;
+  struct listener final : event_loop::source {
+    zmtp_subscriber& self;
+    explicit listener(zmtp_subscriber& s) : self(s) {}
+    void on_ready(std::uint32_t) override { self.accept_all(); }
+  };
+  void peer_ready(peer& p, std::uint32_t events);
+  void accept_all();
+  bool admitted(const sockaddr_storage& from);
+  void on_readable(peer& p);
+  void parse(peer& p);
+  void send_subscription(bool subscribe, std::string_view topic);
+  void send(peer& p, std::string_view bytes);
+  void flush(peer& p);
+  void drop(peer& p, zmtp::fault why, std::string_view detail);
+  void close(peer& p);
+  void expire_handshakes();
+  void update_interest(peer& p);
+
+  event_loop& loop_;
+  listener listener_{*this};
+  message_fn on_message_;
+  std::size_t delivered_ = 0;
+  const clock& clock_;
+  options opt_;
+  std::string endpoint_;
+  std::string unlink_path_;  ///< ipc socket file removed on destruction
+  int listen_fd_ = -1;
+  std::vector<std::unique_ptr<peer>> peers_;
+  std::vector<std::string> topics_;
+  std::size_t subscription_bytes_ = 0;  ///< all subscription frames, as sent to a new peer
+  std::chrono::steady_clock::time_point next_expiry_check_{};
+  std::chrono::steady_clock::time_point accept_paused_until_{};
+  bool accept_paused_ = false;
+  std::atomic<std::size_t> ready_peers_{0};  ///< read by the admin thread
+
+  metrics::counter& connections_;
+  metrics::counter& refused_;
+  metrics::counter& oversized_;
+  metrics::counter* faults_[zmtp::fault_count] = {};  ///< the faults a subscriber can meet (others stay null)
+  std::shared_ptr<spdlog::logger> log_;
+  log::rate_limiter fault_log_;
+};
+
+}  // namespace smockron::master

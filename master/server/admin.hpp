@@ -1,0 +1,19 @@
+// The master's admin endpoint: /metrics, /livez (the accounting loop turns),
+// /readyz, /status (domains, rules, overrides, store) and
+// /status/DOMAIN/IDENTIFIER (one identifier's state, percent-encoded).
+#pragma once
+
+#include <string_view>
+
+#include "master/server/service.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/daemon/admin_server.hpp"
+
+namespace smockron::master {
+
+/// What the admin endpoint answers for `path` and its `query` (called on the
+/// admin thread; the service answers through its own thread-safe calls).
+admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path,
+                                      std::string_view query);
+
+}  // namespace smockron::master

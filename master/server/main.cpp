@@ -1,0 +1,90 @@
+// smockron-master: start-up and signals. The service (service.hpp) receives
+// accounting messages from gatekeepers, applies the rules and publishes
+// DELAY_UNTIL on the main thread; the admin endpoint (admin.hpp) and signals
+// run on a second thread.
+#include <boost/asio/io_context.hpp>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "master/server/admin.hpp"
+#include "master/server/service.hpp"
+#include "shared/daemon/admin_server.hpp"
+#include "shared/daemon/daemon.hpp"
+#include "shared/daemon/signals.hpp"
+#include "smockron/version.hpp"
+
+namespace asio = boost::asio;
+using namespace smockron;
+
+int main(int argc, char** argv) {
+  int exit_code = 0;
+  auto start = daemon::prepare(argc, argv, "smockron-master", {"--healthcheck"},
+                               "  --healthcheck      probe the admin endpoint's /livez; exit 0 if healthy\n", "master",
+                               nullptr, exit_code);
+  if (!start) return exit_code;
+  if (!start->options.extra.empty()) return daemon::healthcheck(start->cfg.master->admin);
+  const config::master_config& cfg = *start->cfg.master;
+  auto log = log::get("master");
+
+  zmq::context_t zmq_ctx(1);
+  metrics::registry registry;
+  std::unique_ptr<master::service> svc;
+  try {
+    svc = std::make_unique<master::service>(cfg, zmq_ctx, system_clock::instance(), registry);
+  } catch (const std::exception& e) {  // zmq::error_t (control) or std::runtime_error (accounting)
+    log->critical("cannot bind accounting {} / control {}: {}", cfg.accounting, cfg.control, e.what());
+    return 1;
+  }
+
+  std::atomic<bool> stop{false};
+  asio::io_context ioc(1);
+  std::unique_ptr<admin_server> admin;
+  try {
+    admin = std::make_unique<admin_server>(
+        ioc, cfg.admin,
+        [&](std::string_view path, std::string_view query) {
+          return master::admin_response(*svc, registry, path, query);
+        },
+        admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
+                                                                    "Connections refused by an endpoint's allow list",
+                                                                    metrics::labels({{"endpoint", "admin"}}))});
+  } catch (const std::exception& e) {
+    log->critical("admin endpoint: {}", e.what());
+    return 1;
+  }
+
+  signal_handler signals(
+      ioc,
+      [&] {
+        log->info("SIGHUP: reloading configuration");
+        svc->request_reload([&]() -> std::optional<config::master_config> {
+          auto next = daemon::reload(start->options, "master");
+          if (next && next->master) return std::move(*next->master);
+          if (next) log->error("reload rejected: no [master] table");
+          return std::nullopt;
+        });
+      },
+      [&](int sig) {
+        log->info("signal {}: shutting down", sig);
+        stop = true;
+      },
+      // SIGUSR1 is what log rotation sends every daemon; the master writes only to stderr.
+      [&] { log->info("SIGUSR1: no log file to reopen (the master logs to stderr)"); });
+  std::thread admin_thread([&] { ioc.run(); });
+
+  log->info("smockron-master {} accounting={} control={} admin={} domains={}{}", version_string, cfg.accounting,
+            cfg.control, cfg.admin.to_string(), cfg.domains.size(),
+            cfg.query ? " query=udp:" + host_port{cfg.query->host, svc->query_port()}.to_string() : std::string());
+  svc->run(stop);
+  svc->finish(std::chrono::seconds(2));
+
+  admin->stop();
+  ioc.stop();
+  admin_thread.join();
+  log->info("stopped");
+  return 0;
+}

@@ -1,0 +1,354 @@
+// The master's loop (see service.hpp).
+#include "master/server/service.hpp"
+
+#include <sys/epoll.h>
+
+#include <zmq.hpp>
+
+#include <algorithm>
+#include <array>
+#include <thread>
+#include <vector>
+
+#include "master/io/control_publisher.hpp"
+#include "master/io/udp_responder.hpp"
+#include "master/server/status.hpp"
+#include "master/store/redis_store.hpp"
+
+namespace smockron::master {
+namespace {
+
+std::string topic(std::string_view domain) { return std::string(domain) + std::string(1, '\0'); }
+
+// Settings that need a restart keep their running values in `next`; returns
+// the keys that differed (for the log).
+std::string keep_restart_only(const config::master_config& running, config::master_config& next) {
+  using c = config::master_config;
+  return config::restart_only<c>(running, next)
+      .keep(&c::accounting, "accounting")
+      .keep(&c::control, "control")
+      .keep(&c::admin, "admin")
+      .keep(&c::query, "query")
+      .keep(&c::query_allow, "query_allow")
+      .keep(&c::max_accounting_peers, "max_accounting_peers")
+      .keep(&c::control_hwm, "control_hwm")
+      .keep(&c::accounting_allow, "accounting_allow")
+      .keep(&c::admin_allow, "admin_allow")
+      .keep(&c::control_allow, "control_allow")
+      .keep(&c::startup_backlog, "startup_backlog")
+      .keep(&c::store, "store")
+      .keep(&c::redis, "redis")
+      .keep(&c::redis_target, "redis")
+      .keep(&c::redis_timeout, "redis_timeout")
+      .keep(&c::log_level, "log_level")
+      .changed();
+}
+
+}  // namespace
+
+service::service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg)
+    : cfg_(cfg),
+      clock_(clk),
+      metrics_(reg),
+      accounting_(loop_, cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk,
+                  reg),
+      ingest_(cfg, clk, reg),
+      control_(std::make_unique<control_publisher>(ctx, cfg, reg)),
+      reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
+      reload_failures_(reg.add_counter("smockron_master_reload_failures_total",
+                                       "Reloads rejected because the new configuration was invalid")),
+      held_dropped_(reg.add_counter("smockron_master_accounting_dropped_total",
+                                    "Accounting messages dropped while the master read its states from Redis "
+                                    "(more than startup_backlog arrived)")),
+      restore_skipped_(
+          reg.add_counter("smockron_master_redis_restore_skipped_total",
+                          "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
+      log_(log::get("master")) {
+  // Subscribed to exactly the owned domains: topic = name + "\0" makes the
+  // prefix match exact, so masters can split domains between them.
+  for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
+  if (cfg.store == config::store_kind::redis) {
+    redis_store::options o;
+    o.url = cfg.redis_target;
+    o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.redis_timeout);
+    o.load_limit = cfg.max_identifiers;
+    store_ = std::make_unique<redis_store>(std::move(o), reg);
+    ingest_.states().track_dirty();
+    reg.add_callback(
+        "smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis", "",
+        [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
+  }
+  if (cfg.query) {
+    query_ = std::make_unique<udp_responder>(*cfg.query, cfg.query_allow);
+    const auto ignored = [&reg](const char* reason) -> metrics::counter* {
+      return &reg.add_counter("smockron_master_query_ignored_total", "Query datagrams not answered, by reason",
+                              metrics::labels({{"reason", reason}}));
+    };
+    query_ignored_ = query_counters{ignored("malformed"), ignored("unknown_command"), ignored("too_large"),
+                                    ignored("refused"), ignored("send_failed")};
+    if (!loop_.add(query_->fd(), EPOLLIN, queries_ready_))  // level-triggered: what one call leaves is seen again
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl (query endpoint)");
+  }
+  metrics::add_build_info(reg, "master");
+  heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
+  // A master that answers its admin endpoint but whose loop has stopped is
+  // stale: no accounting is decided (what /livez says, as a number to alert on).
+  reg.add_callback("smockron_master_loop_age_seconds", "Seconds since the accounting loop last turned", "", [this] {
+    const auto beat = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
+    return std::chrono::duration<double>(clock_.steady_now() - beat).count();
+  });
+}
+
+service::~service() = default;
+
+std::uint16_t service::query_port() const { return query_ ? query_->port() : 0; }
+
+void service::serve_queries() {
+  const std::int64_t now_us = clock_.wall_us();
+  query_->serve([&](std::string_view in, std::string& out) {
+    const auto parsed = query::parse(in);
+    if (!parsed.req) {
+      (parsed.why == query::ignored::unknown_command ? query_ignored_->unknown_command : query_ignored_->malformed)
+          ->inc();
+      return false;
+    }
+    const auto result = ingest_.answer(*parsed.req, now_us, out);
+    if (result.publish) control_->delay_until(*result.publish);
+    return result.answered;
+  });
+  const auto& seen = query_->seen();
+  const std::uint64_t now[3] = {seen.too_large, seen.refused, seen.send_failed};
+  metrics::counter* counters[3] = {query_ignored_->too_large, query_ignored_->refused, query_ignored_->send_failed};
+  for (int i = 0; i < 3; ++i) {
+    counters[i]->inc(now[i] - query_seen_[i]);
+    query_seen_[i] = now[i];
+  }
+}
+
+void service::handle(std::span<const std::string_view> frames, bool truncated) {
+  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us())) control_->delay_until(*d);
+}
+
+std::size_t service::poll_once(std::chrono::milliseconds timeout) {
+  const std::size_t before = accounting_.delivered();
+  loop_.run_once(timeout);
+  accounting_.after_turn();
+  const std::size_t n = accounting_.delivered() - before;
+  const auto now = clock_.steady_now();
+  heartbeat_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  if (store_) pump_store(now, false);
+  if (now >= next_sweep_) {
+    sweep_left_ = ingest::k_sweep_batch;
+    next_sweep_ = now + cfg_.sweep_interval;
+  }
+  if (sweep_left_ > 0) {
+    const std::size_t slice = std::min(sweep_left_, ingest::k_sweep_slice);
+    ingest_.sweep(clock_.wall_us(), slice);
+    sweep_left_ -= slice;
+  }
+  control_->tick(ingest_.domains(), ingest_, now);
+  if (queries_pending_.exchange(false)) answer_queries();
+  if (reload_requested_.exchange(false)) {
+    std::function<std::optional<config::master_config>()> loader;
+    {
+      std::lock_guard lock(status_mutex_);
+      loader = reload_loader_;
+    }
+    if (auto next = loader ? loader() : std::nullopt) reconfigure(std::move(*next));
+    else reload_failures_.inc();
+  }
+  return n;
+}
+
+void service::run(const std::atomic<bool>& stop) {
+  if (store_) restore_from_store(stop);
+  while (!stop.load(std::memory_order_relaxed)) {
+    try {
+      // Wake at least every 50 ms whatever sweep_interval is: stop and reload
+      // requests and the liveness heartbeat must not wait for a long sweep tick.
+      const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.sweep_interval);
+      // While a sweep is under way, its next slice comes right after what has arrived.
+      poll_once(sweep_left_ > 0 ? std::chrono::milliseconds(0)
+                                : std::clamp(tick, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      if (e.num() == ETERM) return;
+      log_->error("accounting loop: {}", e.what());
+    } catch (const std::exception& e) {
+      // Never seen; if it were to repeat, a pause keeps it from spinning a core.
+      log_->error("accounting loop: {}", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+// Gatekeepers connect and publish while the states are read back: their
+// messages are held (at most startup_backlog, the rest dropped and counted)
+// and processed in order once the states are back.
+void service::restore_from_store(const std::atomic<bool>& stop) {
+  const auto since = clock_.steady_now();
+  std::vector<std::vector<std::string>> held;
+  accounting_.on_message([&](std::span<const std::string_view> frames, bool truncated) {
+    if (held.size() >= static_cast<std::size_t>(cfg_.startup_backlog)) {
+      held_dropped_.inc();
+    } else if (truncated) {
+      handle(frames, true);  // counted as malformed now; needs no state
+    } else {
+      held.emplace_back(frames.begin(), frames.end());
+    }
+  });
+  while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
+    pump_store(clock_.steady_now(), false);
+    heartbeat_ns_.store(clock_.steady_now().time_since_epoch().count(), std::memory_order_relaxed);
+    loop_.run_once(std::chrono::milliseconds(2));
+    accounting_.after_turn();
+  }
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
+  pump_store(clock_.steady_now(), false);
+  log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
+             store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),
+             held.size());
+  for (const auto& m : held) {
+    std::array<std::string_view, zmtp_subscriber::k_max_frames> v;
+    for (std::size_t i = 0; i < m.size(); ++i) v[i] = m[i];
+    handle({v.data(), m.size()});
+  }
+}
+
+void service::pump_store(std::chrono::steady_clock::time_point now, bool force) {
+  limiter& states = ingest_.states();
+  if (store_->take_resync()) states.mark_all_dirty();
+  const std::int64_t now_us = clock_.wall_us();
+  for (auto& l : store_->take_loaded()) {
+    const auto i = ingest_.find(l.domain);
+    if (!i || states.limits_of(*i, l.identifier).algo != l.algo || !states.restore(*i, l.identifier, l.st, now_us)) {
+      restore_skipped_.inc();
+    }
+  }
+  unwritten_.store(states.dirty(), std::memory_order_relaxed);
+  if (states.dirty() == 0 || !store_->idle() || (!force && now < next_flush_)) return;
+  next_flush_ = now + k_flush_interval;
+  std::vector<redis_store::write> batch;
+  batch.reserve(std::min(states.dirty(), k_flush_batch));
+  states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
+    const auto& d = ingest_.domains()[domain];
+    const rules::limits& l = states.limits_of(domain, identifier);
+    const std::int64_t ttl_ms = (rules::expires_at_us(l, st) - now_us + 999) / 1000;
+    if (ttl_ms <= 0) return;  // can no longer matter; Redis lets its copy expire too
+    batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
+  });
+  store_->submit(std::move(batch));
+  unwritten_.store(states.dirty(), std::memory_order_relaxed);
+}
+
+void service::finish(std::chrono::milliseconds deadline) {
+  if (!store_) return;
+  const auto until = clock_.steady_now() + deadline;
+  const limiter& states = ingest_.states();
+  while (states.dirty() > 0 && store_->up() && clock_.steady_now() < until) {
+    if (store_->idle()) pump_store(clock_.steady_now(), true);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_.steady_now());
+  store_->stop(std::max(left, std::chrono::milliseconds(0)));
+  if (states.dirty() > 0) log_->warn("shutdown: {} state(s) not written to redis", states.dirty());
+}
+
+void service::reconfigure(config::master_config next) {
+  if (const std::string waiting = keep_restart_only(cfg_, next); !waiting.empty())
+    log_->warn("reload: {} change(s) take effect only after a restart", waiting);
+  const auto changes = ingest_.reconfigure(next);
+  for (const auto& name : changes.removed) accounting_.unsubscribe(topic(name));
+  for (const auto& name : changes.added) accounting_.subscribe(topic(name));
+  control_->domains_changed(ingest_.domains().size());  // the new rules reach the gatekeepers at once
+  {
+    std::lock_guard lock(status_mutex_);
+    cfg_ = std::move(next);
+  }
+  reloads_.inc();
+  log_->info("configuration reloaded: {} domain(s)", ingest_.domains().size());
+}
+
+void service::request_reload(std::function<std::optional<config::master_config>()> loader) {
+  {
+    std::lock_guard lock(status_mutex_);
+    reload_loader_ = std::move(loader);
+  }
+  reload_requested_ = true;
+}
+
+std::string service::readiness() const {
+  if (!store_) return "ready (store: memory)\n";
+  return "ready (store: " + store_->describe() + ")\n";
+}
+
+bool service::alive(std::chrono::steady_clock::duration max_stall) const {
+  const auto beat = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(heartbeat_ns_.load(std::memory_order_relaxed)));
+  return clock_.steady_now() - beat < max_stall;
+}
+
+std::optional<std::string> service::ask(std::shared_ptr<status_query> q, std::chrono::milliseconds timeout) {
+  auto answer = q->answer.get_future();
+  {
+    std::lock_guard lock(queries_mutex_);
+    queries_.push_back(std::move(q));
+  }
+  queries_pending_ = true;
+  if (answer.wait_for(timeout) != std::future_status::ready) return std::nullopt;
+  return answer.get();
+}
+
+std::optional<std::string> service::identifier_status(std::string_view domain, std::string_view identifier,
+                                                      std::chrono::milliseconds timeout) {
+  auto q = std::make_shared<status_query>();
+  q->domain = domain;
+  q->identifier = identifier;
+  return ask(std::move(q), timeout);
+}
+
+std::optional<std::string> service::top(std::string_view domain, std::size_t n, std::chrono::milliseconds timeout) {
+  auto q = std::make_shared<status_query>();
+  q->domain = domain;
+  q->top = true;
+  q->n = n;
+  return ask(std::move(q), timeout);
+}
+
+void service::answer_queries() {
+  std::vector<std::shared_ptr<status_query>> batch;
+  {
+    std::lock_guard lock(queries_mutex_);
+    batch.swap(queries_);
+  }
+  const auto now = clock_.wall_us();
+  for (const auto& q : batch) {
+    if (q->top) {
+      q->answer.set_value(master::top_json(ingest_, q->domain, q->n, now));
+      continue;
+    }
+    const auto d = ingest_.find(q->domain);
+    if (!d) {
+      q->answer.set_value(std::string());  // no such domain
+      continue;
+    }
+    const auto& dom = ingest_.domains()[*d];
+    const auto& limits = ingest_.states().limits(*d);
+    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, limits.of(q->identifier),
+                                                       limits.overrides.contains(q->identifier),
+                                                       ingest_.states().find(*d, q->identifier), now));
+  }
+}
+
+std::string service::status_json() const {
+  std::lock_guard lock(status_mutex_);
+  std::optional<store_status> st;
+  if (store_) st = store_status{store_->up(), unwritten_.load(std::memory_order_relaxed) + store_->queued()};
+  return master::status_json(cfg_, st, metrics_);
+}
+
+}  // namespace smockron::master

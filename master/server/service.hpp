@@ -1,0 +1,149 @@
+// smockron-master's loop, on the thread that calls run(): reads accounting
+// messages (zmtp_subscriber.hpp, subscribed to the owned domains only), has
+// them decided (ingest.hpp), publishes DELAY_UNTIL and POLICY
+// (control_publisher.hpp), sweeps expired states, pumps the Redis store
+// (redis_store.hpp) and applies reloads between polls.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "master/engine/ingest.hpp"
+#include "master/io/zmtp_subscriber.hpp"
+#include "shared/base/clock.hpp"
+#include "shared/base/log.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/config/config.hpp"
+
+namespace zmq {
+class context_t;
+}
+
+namespace smockron::master {
+
+class control_publisher;
+class redis_store;
+class udp_responder;
+
+class service {
+public:
+  /// Store write-behind: at most this many states per pipelined batch, a batch
+  /// at most every k_flush_interval (a busy identifier is written once per batch).
+  static constexpr std::size_t k_flush_batch = 4096;
+  static constexpr std::chrono::milliseconds k_flush_interval{5};
+
+  /// Binds both endpoints; throws (zmq::error_t for control, std::runtime_error
+  /// for accounting) if one cannot be bound (start-up only).
+  service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
+  ~service();
+
+  /// Runs until `stop` becomes true (checked at least every 50 ms). With a
+  /// Redis store, first waits until the store has read its states back or
+  /// found Redis unreachable, so a restarted master does not start from
+  /// nothing; accounting messages arriving meanwhile are held (at most
+  /// startup_backlog) and processed in order afterwards.
+  void run(const std::atomic<bool>& stop);
+  /// One turn of the loop: waits up to `timeout` for messages, processes
+  /// them, then the timers (sweep, store, POLICY) and a pending reload.
+  /// Returns the number of messages processed.
+  std::size_t poll_once(std::chrono::milliseconds timeout);
+  /// Processes one accounting message given as frames, as poll_once() does
+  /// for each message received.
+  void handle(std::span<const std::string_view> frames, bool truncated = false);
+
+  /// Hands every unwritten state to the store and stops it, waiting at most `deadline`.
+  void finish(std::chrono::milliseconds deadline);
+
+  /// Asks the loop to reload; `loader` runs on the loop thread and returns
+  /// the new config, or nothing to keep the current one (thread-safe).
+  void request_reload(std::function<std::optional<config::master_config>()> loader);
+
+  /// Body of /readyz (thread-safe). The master is always ready: without Redis it decides from memory.
+  std::string readiness() const;
+  /// JSON for /status (thread-safe).
+  std::string status_json() const;
+  /// JSON for /status/<domain>/<identifier> (thread-safe): asked of the loop,
+  /// which owns the states, and answered within its next turn (at most 50 ms
+  /// away). Empty when the domain is unknown; nothing when the loop did not answer in `timeout`.
+  std::optional<std::string> identifier_status(std::string_view domain, std::string_view identifier,
+                                               std::chrono::milliseconds timeout);
+  /// JSON for /top (thread-safe): the `n` identifiers limited most in the
+  /// last minute, per domain (or of `domain` only), asked of the loop as
+  /// identifier_status is. Empty when `domain` is unknown; nothing when the
+  /// loop did not answer in `timeout`.
+  std::optional<std::string> top(std::string_view domain, std::size_t n, std::chrono::milliseconds timeout);
+  /// True while the loop has run recently (for /livez; thread-safe).
+  bool alive(std::chrono::steady_clock::duration max_stall) const;
+  /// Tracked (domain, identifier) states (loop thread).
+  std::size_t tracked() const { return ingest_.states().tracked(); }
+  /// The accounting endpoint as bound (the port filled in when it was "*").
+  const std::string& accounting_endpoint() const { return accounting_.endpoint(); }
+  /// The UDP query endpoint's port as bound (0: no query endpoint).
+  std::uint16_t query_port() const;
+
+private:
+  void reconfigure(config::master_config next);
+  void pump_store(std::chrono::steady_clock::time_point now, bool force);
+  void restore_from_store(const std::atomic<bool>& stop);
+
+  config::master_config cfg_;  ///< guarded by status_mutex_ for readers on other threads
+  const clock& clock_;
+  metrics::registry& metrics_;
+  event_loop loop_;  ///< accounting and the UDP query endpoint; turned by poll_once()
+  zmtp_subscriber accounting_;
+  ingest ingest_;
+  std::unique_ptr<control_publisher> control_;
+  std::unique_ptr<redis_store> store_;
+  // The UDP query endpoint (cfg.query), a source of the same loop as accounting.
+  void serve_queries();
+  struct queries_ready final : event_loop::source {
+    service& self;
+    explicit queries_ready(service& s) : self(s) {}
+    void on_ready(std::uint32_t) override { self.serve_queries(); }
+  };
+  queries_ready queries_ready_{*this};
+  std::unique_ptr<udp_responder> query_;
+  struct query_counters {
+    metrics::counter *malformed, *unknown_command, *too_large, *refused, *send_failed;
+  };
+  std::optional<query_counters> query_ignored_;
+  std::uint64_t query_seen_[3] = {};  ///< the responder's counts already added (too_large, refused, send_failed)
+  std::chrono::steady_clock::time_point next_sweep_{};
+  std::size_t sweep_left_ = 0;  ///< entries the current sweep tick still examines (in slices)
+  std::chrono::steady_clock::time_point next_flush_{};
+  std::atomic<std::size_t> unwritten_{0};  ///< the limiter's dirty count as last seen by the loop (for other threads)
+
+  metrics::counter& reloads_;
+  metrics::counter& reload_failures_;
+  metrics::counter& held_dropped_;
+  metrics::counter& restore_skipped_;
+
+  std::shared_ptr<spdlog::logger> log_;
+  std::atomic<bool> reload_requested_{false};
+  std::function<std::optional<config::master_config>()> reload_loader_;
+  mutable std::mutex status_mutex_;  // guards cfg_ reads from the admin thread and reload_loader_
+  // Identifier status queries from the admin thread, answered by the loop.
+  struct status_query {
+    std::string domain, identifier;
+    bool top = false;  ///< GET /top: `domain` (empty: every domain), `n` identifiers each
+    std::size_t n = 0;
+    std::promise<std::optional<std::string>> answer;
+  };
+  std::optional<std::string> ask(std::shared_ptr<status_query> q, std::chrono::milliseconds timeout);
+  void answer_queries();
+  std::mutex queries_mutex_;
+  std::vector<std::shared_ptr<status_query>> queries_;
+  std::atomic<bool> queries_pending_{false};
+  std::atomic<std::int64_t> heartbeat_ns_{0};
+};
+
+}  // namespace smockron::master

@@ -1,0 +1,43 @@
+// The master's /status document (JSON): the store, and per domain its
+// algorithm, rules and tracked identifiers; one identifier's standing; and
+// who is limited now (/top).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "master/core/rules.hpp"
+#include "master/engine/ingest.hpp"
+#include "shared/base/metrics.hpp"
+#include "shared/config/config.hpp"
+
+namespace smockron::master {
+
+struct store_status {
+  bool connected = false;
+  std::size_t unwritten_states = 0;
+};
+
+/// `store`: nothing for the memory store. Tracked identifiers are read from
+/// the per-domain gauges in `reg` (thread-safe).
+std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
+                        metrics::registry& reg);
+
+/// JSON for GET /status/<domain>/<identifier>: the rules that apply
+/// (`overridden`: the identifier's own, from the domain's overrides), the
+/// recorded uses (sliding log) or theoretical arrival times (GCRA), and
+/// whether the identifier is throttled now and until when. `st`: its state,
+/// nothing when none is tracked (never seen, or expired).
+std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
+                                   bool overridden, const rules::state* st, std::int64_t now_us);
+
+/// JSON for GET /top: per domain (every domain when `domain` is empty), the
+/// `n` identifiers limited most in the last 30 to 60 s (top.hpp), each with
+/// its limited uses (and the summary's possible error), whether it is
+/// throttled now and until when, and its uses and refusals in that window.
+/// Empty when `domain` names no domain.
+std::string top_json(const ingest& in, std::string_view domain, std::size_t n, std::int64_t now_us);
+
+}  // namespace smockron::master

@@ -1,0 +1,455 @@
+// Redis write-behind store (see redis_store.hpp). hiredis's blocking API on a
+// thread of its own: every call is bounded by the configured timeout.
+#include "master/store/redis_store.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+
+#include "shared/base/log.hpp"
+
+namespace smockron::master {
+namespace {
+
+constexpr std::string_view k_log_tag = "sliding-log:";
+constexpr std::string_view k_gcra_tag = "gcra:";
+constexpr std::size_t k_load_chunk = 1024;
+
+struct reply_deleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+
+timeval to_timeval(std::chrono::milliseconds d) {
+  timeval tv{};
+  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(d.count() / 1000);
+  tv.tv_usec = static_cast<decltype(tv.tv_usec)>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+reply_ptr command(redisContext* c, const std::vector<std::string_view>& args) {
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (auto a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  return reply_ptr(
+      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+}
+
+std::string_view str(const redisReply* r) { return {r->str, r->len}; }
+
+}  // namespace
+
+std::string store_key(std::string_view domain, std::string_view identifier) {
+  std::string k;
+  k.reserve(k_store_prefix.size() + domain.size() + 1 + identifier.size());
+  k += k_store_prefix;
+  k += domain;
+  k += '\0';
+  k += identifier;
+  return k;
+}
+
+bool split_store_key(std::string_view key, std::string_view& domain, std::string_view& identifier) {
+  if (!key.starts_with(k_store_prefix)) return false;
+  key.remove_prefix(k_store_prefix.size());
+  const auto nul = key.find('\0');
+  if (nul == std::string_view::npos || nul == 0) return false;
+  domain = key.substr(0, nul);
+  identifier = key.substr(nul + 1);
+  return true;
+}
+
+namespace {
+void append_numbers(std::string& out, const std::vector<std::int64_t>& v) {
+  char buf[24];
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ',';
+    const auto r = std::to_chars(buf, buf + sizeof buf, v[i]);
+    out.append(buf, r.ptr);
+  }
+}
+
+// Comma-separated non-negative numbers; false if malformed.
+bool parse_numbers(std::string_view v, std::vector<std::int64_t>& out) {
+  while (!v.empty()) {
+    std::int64_t t = 0;
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), t);
+    if (r.ec != std::errc() || t < 0) return false;
+    out.push_back(t);
+    v.remove_prefix(static_cast<std::size_t>(r.ptr - v.data()));
+    if (v.empty()) break;
+    if (v.front() != ',' || v.size() == 1) return false;
+    v.remove_prefix(1);
+  }
+  return true;
+}
+}  // namespace
+
+std::string encode_state(rules::algorithm algo, const rules::state& s) {
+  std::string out(algo == rules::algorithm::gcra ? k_gcra_tag : k_log_tag);
+  append_numbers(out, s.times);
+  if (!s.aux.empty()) {
+    out += ';';
+    append_numbers(out, s.aux);
+  }
+  return out;
+}
+
+std::optional<std::pair<rules::algorithm, rules::state>> decode_state(std::string_view v) {
+  rules::algorithm algo;
+  if (v.starts_with(k_log_tag)) {
+    algo = rules::algorithm::sliding_log;
+    v.remove_prefix(k_log_tag.size());
+  } else if (v.starts_with(k_gcra_tag)) {
+    algo = rules::algorithm::gcra;
+    v.remove_prefix(k_gcra_tag.size());
+  } else {
+    return std::nullopt;
+  }
+  rules::state s;
+  const std::size_t semi = v.find(';');
+  if (!parse_numbers(v.substr(0, semi), s.times)) return std::nullopt;
+  if (semi != std::string_view::npos) {
+    if (semi + 1 == v.size() || !parse_numbers(v.substr(semi + 1), s.aux)) return std::nullopt;
+  }
+  if (algo == rules::algorithm::sliding_log && !std::is_sorted(s.times.begin(), s.times.end())) return std::nullopt;
+  return std::pair(algo, std::move(s));
+}
+
+redis_store::redis_store(options o, metrics::registry& reg)
+    : opt_(std::move(o)),
+      sentinels_(opt_.url.sentinels),
+      current_(opt_.url.sentinels.empty() ? opt_.url.address : opt_.url.sentinels.front()),
+      up_gauge_(reg.add_gauge("smockron_master_redis_up", "1 while the Redis store is connected")),
+      writes_(reg.add_counter("smockron_master_redis_writes_total", "States written to Redis")),
+      write_errors_(
+          reg.add_counter("smockron_master_redis_write_errors_total", "States Redis refused to write (error replies)")),
+      connection_errors_(reg.add_counter("smockron_master_redis_connection_errors_total",
+                                         "Failed connects and lost connections to Redis")),
+      connects_(reg.add_counter("smockron_master_redis_connects_total", "Successful connections to Redis")),
+      loaded_total_(reg.add_counter("smockron_master_redis_loaded_total", "States read back from Redis at start-up")),
+      flush_seconds_(reg.add_histogram("smockron_master_redis_flush_seconds",
+                                       "Time to write one pipelined batch to Redis",
+                                       metrics::exponential_buckets(1e-5, 2, 18))) {
+  down_since_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
+  thread_ = std::thread([this] { run(); });
+}
+
+redis_store::~redis_store() { stop(opt_.timeout * 2); }
+
+void redis_store::stop(std::chrono::milliseconds deadline) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!stop_) {
+      stop_ = true;
+      stop_deadline_ = std::chrono::steady_clock::now() + deadline;
+    }
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void redis_store::submit(std::vector<write> batch) {
+  if (batch.empty()) return;
+  queued_.fetch_add(batch.size(), std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex_);
+    if (pending_.empty()) pending_ = std::move(batch);
+    else pending_.insert(pending_.end(), std::make_move_iterator(batch.begin()), std::make_move_iterator(batch.end()));
+    pending_flag_.store(true, std::memory_order_release);
+  }
+  cv_.notify_one();
+}
+
+std::vector<redis_store::loaded> redis_store::take_loaded() {
+  if (!loaded_flag_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(mutex_);
+  loaded_flag_.store(false, std::memory_order_relaxed);
+  return std::exchange(loaded_chunk_, {});
+}
+
+host_port redis_store::current() const {
+  std::lock_guard lock(mutex_);
+  return current_;
+}
+
+std::string redis_store::describe() const {
+  std::string where = "redis " + current().to_string() + "/" + std::to_string(opt_.url.db);
+  if (!opt_.url.sentinels.empty()) where += " (primary \"" + opt_.url.primary_name + "\" from Sentinel)";
+  if (up()) return where + ": connected";
+  const auto since = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(down_since_ns_.load()));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ": unreachable for %.1fs (deciding from memory; writes resume when it returns)", s);
+  return where + buf;
+}
+
+void redis_store::wait_stop(std::chrono::milliseconds d) {
+  std::unique_lock lock(mutex_);
+  cv_.wait_for(lock, d, [&] { return stop_; });
+}
+
+void redis_store::disconnect(const char* what) {
+  auto log = log::get("master");
+  log->warn("redis {}: {}: {}", current().to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
+  ctx_.reset();
+  connection_errors_.inc();
+  if (up_.exchange(false)) down_since_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
+  up_gauge_.set(0);
+}
+
+std::optional<host_port> redis_store::discover() {
+  // Sentinel's client guidelines: ask each Sentinel in turn, and start with
+  // the one that answered last time.
+  auto log = log::get("master");
+  for (std::size_t i = 0; i < sentinels_.size(); ++i) {
+    const host_port& s = sentinels_[i];
+    context c(redisConnectWithTimeout(s.host.c_str(), s.port, to_timeval(opt_.timeout)));
+    if (!c || c->err) {
+      log->debug("redis sentinel {}: {}", s.to_string(), c ? c->errstr : "out of memory");
+      continue;
+    }
+    redisSetTimeout(c.get(), to_timeval(opt_.timeout));
+    auto r = command(c.get(), {"SENTINEL", "get-master-addr-by-name", opt_.url.primary_name});
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_STRING) {
+      log->warn("redis sentinel {}: no primary named \"{}\" ({})", s.to_string(), opt_.url.primary_name,
+                !r                             ? std::string(c->errstr)
+                : r->type == REDIS_REPLY_ERROR ? std::string(str(r.get()))
+                                               : "no answer");
+      continue;
+    }
+    int port = 0;
+    const std::string_view p = str(r->element[1]);
+    const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (ec != std::errc() || end != p.data() + p.size() || port <= 0 || port > 65535) continue;
+    std::rotate(sentinels_.begin(), sentinels_.begin() + static_cast<std::ptrdiff_t>(i), sentinels_.end());
+    return host_port{std::string(str(r->element[0])), static_cast<std::uint16_t>(port)};
+  }
+  return std::nullopt;
+}
+
+bool redis_store::connect() {
+  host_port target = opt_.url.address;
+  if (!sentinels_.empty()) {
+    auto primary = discover();
+    if (!primary) {
+      connection_errors_.inc();
+      return false;
+    }
+    target = std::move(*primary);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    current_ = target;
+  }
+  ctx_.reset(redisConnectWithTimeout(target.host.c_str(), target.port, to_timeval(opt_.timeout)));
+  if (!ctx_ || ctx_->err) {
+    if (ctx_) ctx_.reset();
+    connection_errors_.inc();
+    return false;
+  }
+  redisSetTimeout(ctx_.get(), to_timeval(opt_.timeout));
+  if (!opt_.url.password.empty()) {
+    auto r = command(ctx_.get(), {"AUTH", opt_.url.password});
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+      disconnect("AUTH failed");
+      return false;
+    }
+  }
+  if (opt_.url.db != 0) {
+    const std::string db = std::to_string(opt_.url.db);
+    auto r = command(ctx_.get(), {"SELECT", db});
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+      disconnect("SELECT failed");
+      return false;
+    }
+  }
+  // Sentinel may name a primary that was demoted since (its answer is a
+  // moment old): only the node itself knows its role.
+  if (!sentinels_.empty() && !is_primary()) {
+    disconnect("not the primary (ROLE); asking Sentinel again");
+    return false;
+  }
+  // A hung server still completes the TCP handshake (the kernel does it):
+  // only an answer proves it is there.
+  if (auto r = command(ctx_.get(), {"PING"}); !r || r->type == REDIS_REPLY_ERROR) {
+    ctx_.reset();
+    connection_errors_.inc();
+    return false;
+  }
+  connects_.inc();
+  up_ = true;
+  up_gauge_.set(1);
+  log::get("master")->info("redis {} connected (db {}{})", target.to_string(), opt_.url.db,
+                           sentinels_.empty() ? "" : ", primary \"" + opt_.url.primary_name + "\" from Sentinel");
+  return true;
+}
+
+bool redis_store::load() {
+  const std::string match = std::string(k_store_prefix) + "*";
+  std::string cursor = "0";
+  std::size_t total = 0;
+  std::vector<loaded> chunk;
+  auto publish = [&] {
+    if (chunk.empty()) return;
+    loaded_total_.inc(chunk.size());
+    std::lock_guard lock(mutex_);
+    loaded_chunk_.insert(loaded_chunk_.end(), std::make_move_iterator(chunk.begin()),
+                         std::make_move_iterator(chunk.end()));
+    loaded_flag_.store(true, std::memory_order_release);
+    chunk.clear();
+  };
+  do {
+    auto r = command(ctx_.get(), {"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      publish();
+      disconnect("SCAN failed");
+      return false;
+    }
+    cursor = std::string(str(r->element[0]));
+    const redisReply* keys = r->element[1];
+    if (keys->elements == 0) continue;
+    std::vector<std::string_view> args{"MGET"};
+    for (std::size_t i = 0; i < keys->elements; ++i) args.push_back(str(keys->element[i]));
+    auto values = command(ctx_.get(), args);
+    if (!values || values->type != REDIS_REPLY_ARRAY || values->elements != keys->elements) {
+      publish();
+      disconnect("MGET failed");
+      return false;
+    }
+    for (std::size_t i = 0; i < values->elements && total < opt_.load_limit; ++i) {
+      const redisReply* v = values->element[i];
+      std::string_view domain, identifier;
+      if (v->type != REDIS_REPLY_STRING || !split_store_key(str(keys->element[i]), domain, identifier)) continue;
+      auto st = decode_state(str(v));
+      if (!st) continue;
+      chunk.push_back({std::string(domain), std::string(identifier), st->first, std::move(st->second)});
+      ++total;
+      if (chunk.size() >= k_load_chunk) publish();
+    }
+  } while (cursor != "0" && total < opt_.load_limit);
+  publish();
+  log::get("master")->info("redis: read {} state(s) back", total);
+  return true;
+}
+
+bool redis_store::write_batch(const std::vector<write>& batch) {
+  const auto started = std::chrono::steady_clock::now();
+  std::string ttl;
+  for (const write& w : batch) {
+    ttl = std::to_string(std::max<std::int64_t>(1, w.ttl_ms));
+    const char* argv[] = {"SET", w.key.data(), w.value.data(), "PX", ttl.data()};
+    const std::size_t lens[] = {3, w.key.size(), w.value.size(), 2, ttl.size()};
+    if (redisAppendCommandArgv(ctx_.get(), 5, argv, lens) != REDIS_OK) {
+      disconnect("pipelining SET failed");
+      return false;
+    }
+  }
+  std::uint64_t ok = 0, refused = 0, readonly = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || !raw) {
+      writes_.inc(ok);
+      write_errors_.inc(refused);
+      disconnect("writing states failed");
+      return false;
+    }
+    reply_ptr r(static_cast<redisReply*>(raw));
+    if (r->type != REDIS_REPLY_ERROR) ++ok;
+    else if (str(r.get()).starts_with("READONLY")) ++readonly;  // a replica now: a failover happened
+    else ++refused;
+  }
+  writes_.inc(ok);
+  write_errors_.inc(refused);
+  if (readonly > 0) {
+    // The whole batch is written again to the new primary (what this node
+    // took is there too, or was lost with it: rewriting is always right).
+    disconnect("the node became a replica (READONLY)");
+    return false;
+  }
+  flush_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return true;
+}
+
+bool redis_store::is_primary() {
+  auto r = command(ctx_.get(), {"ROLE"});
+  return r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->type == REDIS_REPLY_STRING &&
+         str(r->element[0]) == "master";
+}
+
+bool redis_store::ping() {
+  // Through Sentinel, the idle check is ROLE: a primary demoted to a replica
+  // (a failover while this master was idle) is left at once.
+  if (!sentinels_.empty()) {
+    if (!is_primary()) {
+      disconnect(ctx_ && ctx_->err ? "ROLE failed" : "no longer the primary (ROLE); asking Sentinel again");
+      return false;
+    }
+    return true;
+  }
+  auto r = command(ctx_.get(), {"PING"});
+  if (!r || r->type == REDIS_REPLY_ERROR) {
+    disconnect("PING failed");
+    return false;
+  }
+  return true;
+}
+
+void redis_store::run() {
+  auto backoff = std::chrono::milliseconds(50);
+  std::vector<write> in_flight;
+  for (;;) {
+    bool stopping = false;
+    {
+      std::lock_guard lock(mutex_);
+      stopping = stop_;
+      if (stopping && ((in_flight.empty() && pending_.empty()) || std::chrono::steady_clock::now() >= stop_deadline_)) {
+        break;
+      }
+    }
+    if (!ctx_) {
+      if (!connect()) {
+        settled_.store(true, std::memory_order_release);
+        if (stopping) break;
+        wait_stop(backoff);
+        backoff = std::min(backoff * 2, opt_.max_backoff);
+        continue;
+      }
+      backoff = std::chrono::milliseconds(50);
+      if (!loaded_) {
+        if (!load()) continue;
+        loaded_ = true;
+      }
+      settled_.store(true, std::memory_order_release);
+      resync_.store(true, std::memory_order_release);  // Redis may have lost what it had
+    }
+    if (in_flight.empty()) {
+      std::unique_lock lock(mutex_);
+      if (pending_.empty() && !stop_)
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) {
+        const bool s = stop_;
+        lock.unlock();
+        if (!s) ping();  // notices a dead Redis while idle, for /readyz
+        continue;
+      }
+      in_flight.swap(pending_);
+      pending_flag_.store(false, std::memory_order_release);
+    }
+    if (write_batch(in_flight)) {
+      queued_.fetch_sub(in_flight.size(), std::memory_order_relaxed);
+      in_flight.clear();
+    }  // else kept, retried after reconnecting
+  }
+  up_ = false;
+  up_gauge_.set(0);
+}
+
+}  // namespace smockron::master

@@ -1,0 +1,153 @@
+// The master's decisions without sockets: accounting frames in, the
+// DELAY_UNTIL to publish out, every refusal counted.
+#include <gtest/gtest.h>
+
+#include "master/engine/ingest.hpp"
+#include "master/server/status.hpp"
+
+#include <nlohmann/json.hpp>
+
+using namespace smockron;
+using namespace std::string_literals;
+
+namespace {
+
+config::master_config two_domains() {
+  auto r = config::load_string(R"(
+[master]
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 2 } ]
+[master.domains.slow]
+rules = [ { rate = "1/s", burst = 1 } ]
+)",
+                               "test");
+  return *r.cfg->master;
+}
+
+class Ingest : public ::testing::Test {
+protected:
+  Ingest() : cfg_(two_domains()), ingest_(cfg_, clock_, registry_) {}
+
+  std::optional<wire::delay_until> handle(std::vector<std::string> frames) {
+    std::vector<std::string_view> v(frames.begin(), frames.end());
+    kept_ = std::move(frames);  // the result views into them
+    return ingest_.handle(v, false, clock_.wall_us());
+  }
+  std::string ms(std::int64_t offset) const { return std::to_string(clock_.wall_ms() + offset); }
+
+  manual_clock clock_;
+  metrics::registry registry_;
+  config::master_config cfg_;
+  master::ingest ingest_;
+  std::vector<std::string> kept_;
+};
+
+TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}));
+  const auto d = handle({"api\0"s, "ACCEPTED", "k", ms(0), ""});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->domain, "api");
+  EXPECT_EQ(d->identifier, "k");
+  EXPECT_EQ(d->next_ms, clock_.wall_ms() + 100);
+  EXPECT_EQ(d->interval_ms, 100);
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "other", ms(0), ""})) << "identifiers are apart";
+  EXPECT_EQ(ingest_.states().tracked(), 2u);
+}
+
+TEST_F(Ingest, RefusalsAreCountedByReason) {
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", "soon", ""}));
+  EXPECT_FALSE(handle({"nobody\0"s, "ACCEPTED", "k", ms(0), ""}));
+  std::vector<std::string_view> one = {"api\0"s};
+  EXPECT_FALSE(ingest_.handle(one, true, clock_.wall_us())) << "a truncated message is malformed";
+  const auto text = registry_.render();
+  EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\"timestamp_not_numeric\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\"frame_count\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_unknown_domain_total 1"), std::string::npos);
+  EXPECT_EQ(ingest_.states().tracked(), 0u);
+}
+
+TEST_F(Ingest, ReconfigureKeepsStatesOfDomainsThatStay) {
+  handle({"api\0"s, "ACCEPTED", "k", ms(0), ""});
+  auto next = cfg_;
+  next.domains.erase(next.domains.begin() + 1);  // drop "slow"
+  auto extra = next.domains[0];
+  extra.name = "new";
+  next.domains.push_back(extra);
+  const auto changes = ingest_.reconfigure(next);
+  EXPECT_EQ(changes.added, std::vector<std::string>{"new"});
+  EXPECT_EQ(changes.removed, std::vector<std::string>{"slow"});
+  EXPECT_TRUE(ingest_.find("new"));
+  EXPECT_FALSE(ingest_.find("slow"));
+  EXPECT_TRUE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""})) << "the first use was kept: the second throttles";
+}
+
+TEST_F(Ingest, SweepExpiresIdleStates) {
+  handle({"slow\0"s, "ACCEPTED", "k", ms(0), ""});
+  EXPECT_EQ(ingest_.states().tracked(), 1u);
+  clock_.advance(std::chrono::seconds(10));
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_EQ(ingest_.states().tracked(), 0u);
+  EXPECT_NE(registry_.render().find("smockron_master_expirations_total 1"), std::string::npos);
+}
+
+}  // namespace
+
+// /status/DOMAIN/IDENTIFIER: rules, recorded uses and the throttle, from a state.
+TEST(IdentifierStatus, RulesUsesAndThrottle) {
+  smockron::rules::limits l;
+  l.rules = {{100'000, 2}};  // 10/s burst 2
+  smockron::rules::state st;
+  const std::int64_t now = 1'700'000'000'000'000;
+  st.times = {now - 50'000, now - 10'000};
+  auto doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "k\xff", l, false, &st, now));
+  EXPECT_EQ(doc["identifier"], "k\xef\xbf\xbd") << "invalid UTF-8 replaced, never thrown";
+  EXPECT_EQ(doc["algorithm"], "sliding-log");
+  EXPECT_EQ(doc["rules"][0]["interval_ms"], 100.0);
+  EXPECT_EQ(doc["uses_ms"], nlohmann::json::array({(now - 50'000) / 1000, (now - 10'000) / 1000}));
+  EXPECT_TRUE(doc["throttled"]);
+  EXPECT_EQ(doc["next_allowed_ms"], (now + 100'000) / 1000) << "the spec's max(now, last) + 1/rate";
+  doc = nlohmann::json::parse(smockron::master::identifier_status_json("api", "new", l, false, nullptr, now));
+  EXPECT_FALSE(doc["tracked"]);
+  EXPECT_FALSE(doc["throttled"]);
+  EXPECT_FALSE(doc.contains("next_allowed_ms"));
+}
+
+// The query protocol's over_limit is a use in the same state as the
+// gatekeepers' accounting; get_stats and get_size report on it.
+TEST_F(Ingest, QueriesShareTheLimitWithAccounting) {
+  struct asked {
+    std::string answer;
+    std::optional<wire::delay_until> publish;
+  };
+  const auto ask = [&](std::string_view datagram) -> std::optional<asked> {
+    const auto parsed = query::parse(datagram);
+    EXPECT_TRUE(parsed.req) << datagram;
+    std::string out;
+    const auto r = ingest_.answer(*parsed.req, clock_.wall_us(), out);
+    if (!r.answered) return std::nullopt;
+    return asked{out, r.publish};
+  };
+  // One HTTP use of "k" (api: 10/s burst 2), then the UDP uses.
+  EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}));
+  auto a = ask("7 over_limit api k");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->answer, "7 ok N 2.0 2.0 1") << "the second use of the burst of 2, in a 200 ms window (1 s, rounded up)";
+  ASSERT_TRUE(a->publish) << "the burst is used up: gatekeepers hold k's HTTP requests too";
+  EXPECT_EQ(a->publish->identifier, "k");
+  EXPECT_EQ(a->publish->next_ms, clock_.wall_ms() + 100);
+  a = ask("8 over_limit api k");
+  EXPECT_EQ(a->answer, "8 ok Y 2.0 2.0 1");
+  EXPECT_FALSE(a->publish) << "over the limit: nothing recorded";
+  // A REJECTED from a gatekeeper counts as over too.
+  handle({"api\0"s, "REJECTED", "k", ms(0), ""});
+  EXPECT_EQ(ask("get_stats api k")->answer, "n_req=4 n_over=2 last_max_rate=2 key=api k");
+  EXPECT_EQ(ask("get_stats api nobody")->answer, "n_req=0 n_over=0 last_max_rate=0 key=api nobody");
+  clock_.advance(std::chrono::milliseconds(250));  // past the window: this use is the only one in it
+  EXPECT_EQ(ask("over_limit api k")->answer, "ok N 1.0 2.0 1");
+  EXPECT_TRUE(ask("9 get_size")->answer.starts_with("9 size="));
+  EXPECT_TRUE(ask("get_size")->answer.ends_with(" keys=1"));
+  EXPECT_FALSE(ask("over_limit nope k")) << "a domain this master does not own: ignored";
+  const std::string m = registry_.render();
+  EXPECT_NE(m.find("smockron_master_query_ignored_total{reason=\"unknown_domain\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("smockron_master_queries_total{command=\"over_limit\"} 3"), std::string::npos);
+}

@@ -1,0 +1,54 @@
+// The Redis store's key and value layout (the I/O itself is tested against a
+// real redis-server in integration/test_redis.py).
+#include "master/store/redis_store.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace smockron;
+using namespace smockron::master;
+
+TEST(RedisStore, KeyIsPrefixDomainNulIdentifier) {
+  const std::string k = store_key("api:v1", std::string_view("user\0:x", 7));
+  EXPECT_EQ(k, std::string("smockron:api:v1\0user\0:x", 23));
+  std::string_view d, id;
+  ASSERT_TRUE(split_store_key(k, d, id));
+  EXPECT_EQ(d, "api:v1");  // a ':' in the domain is no ambiguity: the first \0 ends it
+  EXPECT_EQ(id, std::string_view("user\0:x", 7));
+  ASSERT_TRUE(split_store_key(store_key("d", ""), d, id));
+  EXPECT_EQ(id, "");
+  EXPECT_FALSE(split_store_key("smockron:nodomain", d, id));
+  EXPECT_FALSE(split_store_key(std::string("other:d\0i", 9), d, id));
+  EXPECT_FALSE(split_store_key(std::string("smockron:\0i", 11), d, id));
+}
+
+TEST(RedisStore, ValueRoundTripsAndRejectsGarbage) {
+  const rules::state s{{1700000000000000, 1700000000100000}};
+  EXPECT_EQ(encode_state(rules::algorithm::sliding_log, s), "sliding-log:1700000000000000,1700000000100000");
+  EXPECT_EQ(encode_state(rules::algorithm::gcra, rules::state{{5}}), "gcra:5");
+  EXPECT_EQ(encode_state(rules::algorithm::sliding_log, rules::state{}), "sliding-log:");
+  for (auto algo : {rules::algorithm::sliding_log, rules::algorithm::gcra}) {
+    auto back = decode_state(encode_state(algo, s));
+    ASSERT_TRUE(back);
+    EXPECT_EQ(back->first, algo);
+    EXPECT_EQ(back->second.times, s.times);
+  }
+  // Counters and quotas (state::aux) follow a ";"; a value written before them has none.
+  const rules::state with_aux{{1700000000000000}, {1699999920000000, 12, 3, 1698796800000000, 77}};
+  EXPECT_EQ(encode_state(rules::algorithm::sliding_log, with_aux),
+            "sliding-log:1700000000000000;1699999920000000,12,3,1698796800000000,77");
+  auto aux_back = decode_state(encode_state(rules::algorithm::sliding_log, with_aux));
+  ASSERT_TRUE(aux_back);
+  EXPECT_EQ(aux_back->second.times, with_aux.times);
+  EXPECT_EQ(aux_back->second.aux, with_aux.aux);
+  auto only_aux = decode_state("gcra:;5,6");
+  ASSERT_TRUE(only_aux);
+  EXPECT_TRUE(only_aux->second.times.empty());
+  EXPECT_EQ(only_aux->second.aux, (std::vector<std::int64_t>{5, 6}));
+  auto empty = decode_state("sliding-log:");
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(empty->second.times.empty());
+  for (const char* bad : {"", "sliding-log", "leaky:1", "gcra:1,", "gcra:,1", "gcra:1;", "gcra:1;x", "gcra:1;2;3",
+                          "sliding-log:;1,,2", "gcra:x", "gcra:-5", "sliding-log:2,1", "gcra:99999999999999999999"}) {
+    EXPECT_FALSE(decode_state(bad)) << bad;
+  }
+}
