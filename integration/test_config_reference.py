@@ -29,7 +29,8 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The parser: the load, the checks both schemas use, and each daemon's table.
 CONFIG_SOURCES = [os.path.join(ROOT, "shared", "config", f)
-                  for f in ("config.cpp", "config_reader.cpp", "config_master.cpp", "config_proxy.cpp")]
+                  for f in ("config.cpp", "config_reader.cpp", "config_master.cpp", "config_proxy.cpp",
+                            "config_routes.cpp")]
 CONFIG_READER = os.path.join(ROOT, "shared", "config", "config_reader.hpp")
 REFERENCE = os.path.join(ROOT, "docs", "configuration.md")
 
@@ -59,8 +60,12 @@ READERS = {
     ("read_overrides", "r"): "[master.domains.NAME]",  # r.get("overrides")
     ("read_overrides", "orr"): "overrides entries",
     ("read_proxy", "r"): "[proxy]",
-    ("read_proxy", "jr"): "[proxy.jwt]",
-    ("read_proxy", "sr"): "tls_sni entries",
+    ("read_http2", "r"): "[proxy]",
+    ("read_paths", "r"): "[proxy]",
+    ("read_jwt", "r"): "[proxy]",  # r.typed("jwt")
+    ("read_jwt", "jr"): "[proxy.jwt]",
+    ("read_tls", "r"): "[proxy]",
+    ("read_tls", "sr"): "tls_sni entries",
     ("read_upstreams", "r"): "[proxy]",  # r.get("upstreams")
     ("read_upstreams", "ur"): "[proxy.upstreams.NAME]",
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
@@ -316,10 +321,10 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual(["issuer", "audience"], documented["[proxy.jwt]"])
 
     def test_a_reader_the_map_does_not_know_fails(self):
-        source = self.source + '\nvoid read_tls(reader& r, tls_config& t) {\n  r.string("cert_file", t.cert);\n}\n'
+        source = self.source + '\nvoid read_ciphers(reader& r, tls_config& t) {\n  r.string("cert_file", t.cert);\n}\n'
         problems = "\n".join(self.check(source=source))
         self.assertIn("READERS does not say which table `r` reads", problems)
-        self.assertIn("read_tls()", problems)
+        self.assertIn("read_ciphers()", problems)
 
     def test_a_key_read_outside_the_reader_fails(self):
         source = self.source.replace('if (rt->contains("max_held")) {',

@@ -220,30 +220,10 @@ std::size_t header_list::count(std::string_view name) const {
   return n;
 }
 
-parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out, std::size_t& scanned) {
-  const auto bounds = find_head(data, max_head, scanned);
-  if (bounds.status != parse_status::complete) return {bounds.status, bounds.reason};
-  const std::string_view head = data.substr(0, bounds.end);
-  out.headers.clear();
-  out.size = bounds.end;
-
-  const auto eol = head.find("\r\n", bounds.start);
-  const std::string_view line = head.substr(bounds.start, eol - bounds.start);
-  const auto sp1 = line.find(' ');
-  const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos) return bad("malformed request line");
-  out.method = line.substr(0, sp1);
-  out.target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  if (!is_token(out.method)) return bad("invalid method");
-  if (out.target.empty()) return bad("empty request target");
-  for (const char ch : out.target) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c <= 0x20 || c == 0x7f) return bad("invalid request target");
-  }
-  if (!parse_version(line.substr(sp2 + 1), out.version)) return bad("unsupported HTTP version");
-  if (const auto why = parse_fields(head, eol + 2, out.headers); !why.empty()) return bad(why);
-
-  // One pass over the headers for everything the proxy decides on.
+namespace {
+// The request's fields, parsed into out.headers: one pass over them for
+// everything the proxy decides on (Host, framing, connection, Expect, Upgrade).
+parse_result decide_request_fields(request_head& out) {
   std::size_t hosts = 0, lengths = 0, encodings = 0;
   std::string_view length_value, encoding_value;
   std::optional<std::string_view> expect, upgrade;
@@ -313,6 +293,33 @@ parse_result parse_request(std::string_view data, std::size_t max_head, request_
   out.upgrade = upgrade && !upgrade->empty() && conn_upgrade && !has_token(*upgrade, "h2c");
   out.head = out.method == "HEAD";
   return {parse_status::complete, {}};
+}
+}  // namespace
+
+parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out, std::size_t& scanned) {
+  const auto bounds = find_head(data, max_head, scanned);
+  if (bounds.status != parse_status::complete) return {bounds.status, bounds.reason};
+  const std::string_view head = data.substr(0, bounds.end);
+  out.headers.clear();
+  out.size = bounds.end;
+
+  const auto eol = head.find("\r\n", bounds.start);
+  const std::string_view line = head.substr(bounds.start, eol - bounds.start);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos) return bad("malformed request line");
+  out.method = line.substr(0, sp1);
+  out.target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  if (!is_token(out.method)) return bad("invalid method");
+  if (out.target.empty()) return bad("empty request target");
+  for (const char ch : out.target) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c <= 0x20 || c == 0x7f) return bad("invalid request target");
+  }
+  if (!parse_version(line.substr(sp2 + 1), out.version)) return bad("unsupported HTTP version");
+  if (const auto why = parse_fields(head, eol + 2, out.headers); !why.empty()) return bad(why);
+
+  return decide_request_fields(out);
 }
 
 parse_result parse_request(std::string_view data, std::size_t max_head, request_head& out) {

@@ -171,6 +171,7 @@ private:
     failed
   };
   bool fail(std::string_view why);
+  bool size_line(unsigned char c);
   // The trailer field named so far (its first bytes): a framing, routing or connection field is refused.
   bool forbidden_trailer() const;
 

@@ -267,5 +267,8 @@ void each_table(const toml::node& n, const std::string& key, sink& s, const std:
 /// Each daemon's table (config_master.cpp, config_proxy.cpp).
 master_config read_master(const toml::table& t, sink& s);
 proxy_config read_proxy(const toml::table& t, sink& s);
+/// The [proxy] table's [[proxy.routes]] and [[proxy.shards]] (config_routes.cpp).
+void read_routes(reader& r, proxy_config& p);
+void read_shards(reader& r, proxy_config& p);
 
 }  // namespace smockron::config::detail
