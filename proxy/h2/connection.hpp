@@ -93,8 +93,23 @@ public:
     st.outcome.server = server;  // the access log's upstream (note_outcome)
   }
 
-private:
+  // The session without its socket (the loops above use these; tests and the
+  // fuzz target drive them directly, frames in memory).
+  /// Makes nghttp2's session and queues the server's SETTINGS. False: nghttp2 failed.
   bool start();
+  /// The client's bytes, as a read brings them: parsed, streams decided (and
+  /// those to forward forwarded), abuse answered with GOAWAY.
+  void receive(const std::uint8_t* data, std::size_t n);
+  /// Every byte the session has to send now (what the write loop would write).
+  std::string take_output();
+  /// Whether nghttp2 still reads or writes (false once the connection has ended).
+  bool alive() const {
+    return !fatal_ && (nghttp2_session_want_read(session_) || nghttp2_session_want_write(session_));
+  }
+
+private:
+  /// Takes what nghttp2 has to send into out_ (a write's worth at most); nghttp2's failure ends the connection.
+  void gather_output();
   awaitable<void> read_loop();
   awaitable<void> write_loop();
   awaitable<void> sweep_loop();

@@ -47,49 +47,61 @@ awaitable<void> h2_connection::read_loop() {
   // What was read before the protocol was known (the preface, perhaps more).
   if (c_.in.size() > 0) {
     const auto pre = view(c_.in);
-    const auto rv = nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(pre.data()), pre.size());
+    receive(reinterpret_cast<const std::uint8_t*>(pre.data()), pre.size());
     c_.in.consume(c_.in.size());
-    if (rv < 0) {
-      abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR);
-    }
-    forward_opened();
-    flush();
   }
   while (!fatal_ && nghttp2_session_want_read(session_)) {
     auto [ec, n] = co_await c_.client.async_read_some(asio::buffer(in_), nothrow);
     if (ec) break;
-    const auto rv = nghttp2_session_mem_recv(session_, in_.data(), n);
-    if (rv < 0) {
-      switch (rv) {
-        case NGHTTP2_ERR_TOO_MANY_CONTINUATIONS:
-          abuse(s_.metrics.h2_continuation_flood, NGHTTP2_ENHANCE_YOUR_CALM);
-          break;
-        case NGHTTP2_ERR_FLOODED: abuse(s_.metrics.h2_ack_flood, NGHTTP2_ENHANCE_YOUR_CALM); break;
-        default: abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR); break;
-      }
-    }
-    forward_opened();
-    update_deadline();
-    flush();
+    receive(in_.data(), n);
   }
   reading_done_ = true;
   sweep_timer_.cancel();
   flush();
 }
 
+void h2_connection::receive(const std::uint8_t* data, std::size_t n) {
+  const auto rv = nghttp2_session_mem_recv(session_, data, n);
+  if (rv < 0) {
+    switch (rv) {
+      case NGHTTP2_ERR_TOO_MANY_CONTINUATIONS:
+        abuse(s_.metrics.h2_continuation_flood, NGHTTP2_ENHANCE_YOUR_CALM);
+        break;
+      case NGHTTP2_ERR_FLOODED: abuse(s_.metrics.h2_ack_flood, NGHTTP2_ENHANCE_YOUR_CALM); break;
+      default: abuse(s_.metrics.h2_protocol_error, NGHTTP2_PROTOCOL_ERROR); break;
+    }
+  }
+  forward_opened();
+  update_deadline();
+  flush();
+}
+
+void h2_connection::gather_output() {
+  while (out_.size() < k_write_batch) {
+    const uint8_t* data = nullptr;
+    const auto n = nghttp2_session_mem_send(session_, &data);
+    if (n < 0) {
+      fatal_ = true;
+      return;
+    }
+    if (n == 0) return;
+    out_.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
+  }
+}
+
+std::string h2_connection::take_output() {
+  std::string taken;
+  for (gather_output(); !out_.empty(); gather_output()) {
+    taken.append(out_);
+    out_.clear();
+  }
+  return taken;
+}
+
 awaitable<void> h2_connection::write_loop() {
   auto self = shared_from_this();
   for (;;) {
-    while (out_.size() < k_write_batch) {
-      const uint8_t* data = nullptr;
-      const auto n = nghttp2_session_mem_send(session_, &data);
-      if (n < 0) {
-        fatal_ = true;
-        break;
-      }
-      if (n == 0) break;
-      out_.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-    }
+    gather_output();
     if (out_.empty()) {
       // Done when neither side has more to say (GOAWAY sent, or the client gone).
       if (fatal_ || reading_done_ || (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)))
