@@ -205,6 +205,12 @@ awaitable<void> h2_upstream_conn::run() {
     }
     co_return;
   }
+  open_session();
+  co_await (read_loop() && write_loop() && tick_loop());
+  die(502, "upstream connection lost\n");
+}
+
+void h2_upstream_conn::open_session() {
   nghttp2_session_callbacks* cb = nullptr;
   nghttp2_session_callbacks_new(&cb);
   nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
@@ -230,19 +236,39 @@ awaitable<void> h2_upstream_conn::run() {
     if (s->down) submit(std::move(s));
   }
   idle_since = pool.clk.steady_now();
-  co_await (read_loop() && write_loop() && tick_loop());
-  die(502, "upstream connection lost\n");
+}
+
+bool h2_upstream_conn::receive(const std::uint8_t* data, std::size_t n) {
+  if (nghttp2_session_mem_recv(session, data, n) < 0) {
+    pool.metrics.upstream_reset.inc();
+    return false;
+  }
+  flush();
+  return true;
+}
+
+void h2_upstream_conn::gather_output() {
+  while (!dead && out.size() < k_write_batch) {
+    const uint8_t* data = nullptr;
+    const auto n = nghttp2_session_mem_send(session, &data);
+    if (n <= 0) return;
+    out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
+  }
+}
+
+std::string h2_upstream_conn::take_output() {
+  std::string taken;
+  for (gather_output(); !out.empty(); gather_output()) {
+    taken.append(out);
+    out.clear();
+  }
+  return taken;
 }
 
 awaitable<void> h2_upstream_conn::read_loop() {
   while (!dead && nghttp2_session_want_read(session)) {
     auto [ec, n] = co_await sock.async_read_some(asio::buffer(in), nothrow);
-    if (ec || !*alive) break;
-    if (nghttp2_session_mem_recv(session, in.data(), n) < 0) {
-      pool.metrics.upstream_reset.inc();
-      break;
-    }
-    flush();
+    if (ec || !*alive || !receive(in.data(), n)) break;
   }
   dead = true;
   flush();
@@ -251,12 +277,7 @@ awaitable<void> h2_upstream_conn::read_loop() {
 
 awaitable<void> h2_upstream_conn::write_loop() {
   for (;;) {
-    while (!dead && out.size() < k_write_batch) {
-      const uint8_t* data = nullptr;
-      const auto n = nghttp2_session_mem_send(session, &data);
-      if (n <= 0) break;
-      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-    }
+    gather_output();
     if (out.empty()) {
       if (dead || (!nghttp2_session_want_read(session) && !nghttp2_session_want_write(session))) break;
       wake.expires_at(steady::time_point::max());

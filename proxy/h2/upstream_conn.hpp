@@ -110,6 +110,14 @@ struct h2_upstream_conn : std::enable_shared_from_this<h2_upstream_conn> {
   void submit(std::unique_ptr<h2_upstream_stream> s);
   void flush() { wake.cancel(); }
   awaitable<void> run();
+  // The connection without its socket (run's loops use these; tests drive them, frames in memory).
+  /// Makes nghttp2's client session, sends SETTINGS, submits the streams that waited.
+  void open_session();
+  /// The server's bytes, as a read brings them. False: not HTTP/2 (counted; the connection ends).
+  bool receive(const std::uint8_t* data, std::size_t n);
+  /// Every byte the session has to send now.
+  std::string take_output();
+  void gather_output();
   awaitable<bool> connect();
   awaitable<void> read_loop();
   awaitable<void> write_loop();
