@@ -22,6 +22,8 @@ namespace smockron::proxy::test {
 inline constexpr std::string_view k_session_config = R"(
 [proxy]
 listen = "127.0.0.1:0"
+accounting = []  # no master: nothing to connect to
+control = []
 fail_closed = true
 http2_reset_burst = 5
 http2_reset_rate = 1
