@@ -116,8 +116,7 @@ int h2_connection::on_frame_send(nghttp2_session*, const nghttp2_frame* f, void*
   if ((f->hd.type == NGHTTP2_DATA || f->hd.type == NGHTTP2_HEADERS) && (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
     if (const auto st = h.find(f->hd.stream_id); st && !st->body_end) {
       h.drop_body(*st);
-      nghttp2_submit_rst_stream(h.session_, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
-      h.flush();
+      h.reset(st->id, NGHTTP2_NO_ERROR);  // not counted against the reset bound: the answer is complete
     }
   }
   return 0;
