@@ -40,7 +40,7 @@ from lib.h2frames import (
     settings_frame,
     window_update_frame,
 )
-from lib.ports import HOST
+from lib.ports import HOST, OwnsSocket
 from lib.timing import WaitTimeout
 
 _DIST = "/usr/lib/python3/dist-packages"
@@ -100,7 +100,7 @@ class Stream:
                 f" ({self.data_bytes} B) ended={self.ended} reset={self.reset}>")
 
 
-class H2Client:
+class H2Client(OwnsSocket):
     """One HTTP/2 client connection with exact control over the frames sent.
 
     Plain (prior knowledge) or TLS (ALPN; `alpn` is what is offered, `self.alpn` what
@@ -167,19 +167,6 @@ class H2Client:
             self.send(PREFACE + settings_frame(settings))
             if handshake:
                 self.handshake()
-
-    # ---- lifetime
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # ---- sending
     def send(self, data: bytes, tolerate_close: bool = False) -> None:

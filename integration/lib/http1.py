@@ -9,7 +9,7 @@ import json
 import socket
 import time
 
-from lib.ports import HOST
+from lib.ports import HOST, OwnsSocket
 
 HttpResponse = collections.namedtuple("HttpResponse", "status headers body")
 
@@ -48,7 +48,7 @@ class PeerClosed(ConnectionError):
     pass
 
 
-class RawConn:
+class RawConn(OwnsSocket):
     """One client TCP connection with exact control over the bytes sent."""
 
     def __init__(self, port: int, timeout: float = 5.0):
@@ -56,18 +56,6 @@ class RawConn:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
         self.timeout = timeout
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def send(self, data: bytes | str) -> None:
         self.sock.sendall(data.encode() if isinstance(data, str) else data)

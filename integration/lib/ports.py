@@ -54,3 +54,19 @@ def bind_failed(log: str) -> bool:
     """Whether a process's log says it could not bind an address (a port taken
     between free_ports() and the bind)."""
     return bool(_BIND_FAILURE_RE.search(log))
+
+
+class OwnsSocket:
+    """A client holding one socket in `self.sock`: closed once, as a context manager too."""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -19,6 +19,7 @@
 
 #include "proxy/codec/h2_fields.hpp"
 #include "proxy/h2/flood_guard.hpp"
+#include "proxy/h2/pump.hpp"
 #include "proxy/h2/stream.hpp"
 #include "proxy/h2/upstream.hpp"
 #include "proxy/request/request_steps.hpp"
@@ -30,7 +31,6 @@ using namespace asio::experimental::awaitable_operators;
 
 namespace h2_detail {
 constexpr std::size_t k_read_size = 16384;
-constexpr std::size_t k_write_batch = 65536;  // frame bytes gathered into one write at most
 /// Response bytes a stream buffers before its upstream is read again.
 constexpr std::size_t k_stream_buffer = 65536;
 /// The connection's receive window. Request body bytes give the connection's

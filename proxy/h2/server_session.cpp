@@ -77,24 +77,12 @@ void h2_connection::receive(const std::uint8_t* data, std::size_t n) {
 }
 
 void h2_connection::gather_output() {
-  while (out_.size() < k_write_batch) {
-    const uint8_t* data = nullptr;
-    const auto n = nghttp2_session_mem_send(session_, &data);
-    if (n < 0) {
-      fatal_ = true;
-      return;
-    }
-    if (n == 0) return;
-    out_.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-  }
+  if (!h2::gather(session_, out_)) fatal_ = true;
 }
 
 std::string h2_connection::take_output() {
-  std::string taken;
-  for (gather_output(); !out_.empty(); gather_output()) {
-    taken.append(out_);
-    out_.clear();
-  }
+  std::string taken = h2::take_all(session_);
+  if (!out_.empty()) taken.insert(0, std::exchange(out_, {}));
   return taken;
 }
 

@@ -248,20 +248,12 @@ bool h2_upstream_conn::receive(const std::uint8_t* data, std::size_t n) {
 }
 
 void h2_upstream_conn::gather_output() {
-  while (!dead && out.size() < k_write_batch) {
-    const uint8_t* data = nullptr;
-    const auto n = nghttp2_session_mem_send(session, &data);
-    if (n <= 0) return;
-    out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-  }
+  if (!dead && !h2::gather(session, out)) dead = true;
 }
 
 std::string h2_upstream_conn::take_output() {
-  std::string taken;
-  for (gather_output(); !out.empty(); gather_output()) {
-    taken.append(out);
-    out.clear();
-  }
+  std::string taken = h2::take_all(session);
+  if (!out.empty()) taken.insert(0, std::exchange(out, {}));
   return taken;
 }
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "proxy/h2/pump.hpp"
 #include "proxy/h2/upstream.hpp"
 #include "proxy/io/link.hpp"
 
@@ -19,7 +20,6 @@ namespace smockron::proxy {
 
 namespace h2_upstream_detail {
 constexpr std::size_t k_read_size = 16384;
-constexpr std::size_t k_write_batch = 65536;
 constexpr int k_attempts = 2;  // a stream whose connection could not be made tries one more server
 }  // namespace h2_upstream_detail
 

@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/proxy/h2/nghttp2_peer.hpp"
 #include "tests/proxy/h2/session_fixture.hpp"
 
 namespace smockron::proxy::test {
 namespace {
 
 // A client: libnghttp2's client session, recording what the server says.
-class h2_client {
+class h2_client : public nghttp2_peer {
 public:
   h2_client() {
     nghttp2_session_callbacks* cb = nullptr;
@@ -48,10 +49,6 @@ public:
     nghttp2_session_callbacks_del(cb);
     nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, nullptr, 0);
   }
-  ~h2_client() { nghttp2_session_del(session); }
-  h2_client(const h2_client&) = delete;
-  h2_client& operator=(const h2_client&) = delete;
-
   /// A GET on `authority` (and an X-Key when given); its stream id.
   std::int32_t get(std::string_view authority, std::string_view key = {}) {
     std::vector<nghttp2_nv> nv = {field(":method", "GET"), field(":scheme", "http"), field(":authority", authority),
@@ -60,32 +57,11 @@ public:
     return nghttp2_submit_request(session, nullptr, nv.data(), nv.size(), nullptr, nullptr);
   }
 
-  /// What the client has to send now.
-  std::string take() {
-    std::string out;
-    for (;;) {
-      const uint8_t* data = nullptr;
-      const auto n = nghttp2_session_mem_send(session, &data);
-      if (n <= 0) return out;
-      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-    }
-  }
-  void give(const std::string& bytes) {
-    nghttp2_session_mem_recv(session, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
-
-  nghttp2_session* session = nullptr;
   std::map<std::int32_t, int> status;
   std::map<std::int32_t, std::map<std::string, std::string>> fields;
   std::map<std::int32_t, std::string> body;
   std::map<std::int32_t, std::uint32_t> resets;
   int goaway = -1;
-
-private:
-  static nghttp2_nv field(std::string_view n, std::string_view v) {
-    return {reinterpret_cast<uint8_t*>(const_cast<char*>(n.data())),
-            reinterpret_cast<uint8_t*>(const_cast<char*>(v.data())), n.size(), v.size(), NGHTTP2_NV_FLAG_NONE};
-  }
 };
 
 // Both sides exchange until neither has more to say (a bounded number of turns).

@@ -14,6 +14,7 @@
 #include "proxy/h2/upstream_conn.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/config/config.hpp"
+#include "tests/proxy/h2/nghttp2_peer.hpp"
 
 namespace smockron::proxy::test {
 namespace {
@@ -62,7 +63,7 @@ struct recording_downstream final : h2_downstream {
 };
 
 // A server: libnghttp2's server session; the test says what it answers.
-class h2_server {
+class h2_server : public nghttp2_peer {
 public:
   h2_server() {
     nghttp2_session_callbacks* cb = nullptr;
@@ -75,9 +76,6 @@ public:
     nghttp2_session_callbacks_del(cb);
     nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, nullptr, 0);
   }
-  ~h2_server() { nghttp2_session_del(session); }
-  h2_server(const h2_server&) = delete;
-  h2_server& operator=(const h2_server&) = delete;
 
   /// Answers `id` with `status`, `body`, and trailers when given.
   void respond(std::int32_t id, std::string_view status, std::string body_text, bool trailers) {
@@ -105,27 +103,9 @@ public:
     };
     nghttp2_submit_response(session, id, nv, 1, &prd);
   }
-  std::string take() {
-    std::string out;
-    for (;;) {
-      const uint8_t* data = nullptr;
-      const auto n = nghttp2_session_mem_send(session, &data);
-      if (n <= 0) return out;
-      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-    }
-  }
-  void give(const std::string& b) {
-    nghttp2_session_mem_recv(session, reinterpret_cast<const uint8_t*>(b.data()), b.size());
-  }
-
-  nghttp2_session* session = nullptr;
   std::vector<std::int32_t> requests;
 
 private:
-  static nghttp2_nv field(std::string_view n, std::string_view v) {
-    return {reinterpret_cast<uint8_t*>(const_cast<char*>(n.data())),
-            reinterpret_cast<uint8_t*>(const_cast<char*>(v.data())), n.size(), v.size(), NGHTTP2_NV_FLAG_NONE};
-  }
   std::string body;
   std::size_t at = 0;
   bool with_trailers = false;
