@@ -71,6 +71,7 @@ READERS = {
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
     ("read_routes", "rr"): "[[proxy.routes]]",
     ("read_cost", "rr"): "[[proxy.routes]]",
+    ("read_cost_estimate", "rr"): "[[proxy.routes]]",
     ("read_identify", "tr"): "identify source tables",
     ("read_shards", "r"): "[proxy]",  # r.get("shards")
     ("read_shards", "hr"): "[[proxy.shards]]",

@@ -195,10 +195,9 @@ std::int64_t free_slot(const limits& l, const state& s, std::int64_t t, std::int
     if (fits(l, s, r, t)) all_broken = false;
     else slot = std::max(slot, s.times.back() + r.interval_us);
   }
-  // The debt is bounded: a gatekeeper that keeps accepting (failing open, an
-  // older version, lost DELAY_UNTILs) cannot lock a client out for longer
-  // than one window or max_future_us, whichever is longer.
-  return std::min(slot, std::max(t, now + l.max_debt_us()));
+  // Every unit is paid back, however far ahead that puts the client (up to
+  // the representation bound).
+  return std::min(slot, std::max(t, now + k_max_debt_us));
 }
 
 // False when the unit is too old to be inside any window (it cannot change a
@@ -229,7 +228,7 @@ void record_log(const limits& l, state& s, event e, std::int64_t now) {
   if (left == 0 || s.times.empty()) return;
   // The remaining units go at last + k x interval (k = 1..left), at most the
   // debt bound; the history keeps the newest history_cap() of all.
-  const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
+  const std::int64_t most = std::max(e.at_us, now + k_max_debt_us);
   const std::int64_t last = s.times.back();
   const auto cap = static_cast<std::int64_t>(l.history_cap());
   const std::int64_t first_k = std::max<std::int64_t>(1, left - cap + 1);
@@ -252,12 +251,50 @@ void evaluate_gcra(const limits& l, const state& s, std::int64_t now, decision& 
 
 void record_gcra(const limits& l, state& s, event e, std::int64_t now) {
   s.times.resize(l.rules.size(), 0);
-  // The debt is bounded as for the sliding log (see free_slot): the next
-  // allowed time runs at most one interval past now + max_debt_us, whatever
-  // the cost (as c uses of one would leave it).
-  const std::int64_t most = std::max(e.at_us, now + l.max_debt_us());
+  // Every unit is charged (up to the representation bound, see free_slot).
+  const std::int64_t most = std::max(e.at_us, now + k_max_debt_us);
   for (std::size_t i = 0; i < l.rules.size(); ++i)
     s.times[i] = gcra_after(l.rules[i], s.times[i], e.at_us, e.cost, most);
+}
+
+// ---- Giving units back (an adjustment of -n: a reservation that cost less).
+
+// An arrival time n intervals earlier, never before `now` (earlier is the
+// same as now to GCRA: nothing is owed).
+std::int64_t gcra_refund(const rule& r, std::int64_t tat, std::int64_t n, std::int64_t now) {
+  if (tat <= now) return tat;
+  const std::int64_t back = (tat - now) / r.interval_us < n ? tat - now : n * r.interval_us;
+  return tat - back;
+}
+
+void refund_log(const limits& l, state& s, std::int64_t n, std::int64_t now) {
+  if (l.algo == algorithm::gcra) {
+    for (std::size_t i = 0; i < l.rules.size() && i < s.times.size(); ++i)
+      s.times[i] = gcra_refund(l.rules[i], s.times[i], n, now);
+    return;
+  }
+  // The n newest units: the reservation's, or as many later ones (the
+  // windows count them alike).
+  const std::int64_t keep =
+      static_cast<std::int64_t>(s.times.size()) - std::min<std::int64_t>(n, static_cast<std::int64_t>(s.times.size()));
+  s.times.resize(static_cast<std::size_t>(keep));
+}
+
+void refund_aux(const limits& l, state& s, std::int64_t at, std::int64_t n, std::int64_t now) {
+  if (s.aux.size() != l.aux_size()) return;
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    if (!l.counted(l.rules[i])) continue;
+    std::int64_t* a = &s.aux[counter_at(l, i)];
+    a[3] = gcra_refund(l.rules[i], a[3], n, now);
+    const std::int64_t w = l.rules[i].window_us();
+    const std::int64_t start = floor_div(at, w) * w;
+    if (start == a[0]) a[2] = std::max<std::int64_t>(0, a[2] - n);
+    else if (start == a[0] - w) a[1] = std::max<std::int64_t>(0, a[1] - n);
+  }
+  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
+    std::int64_t* a = &s.aux[quota_at(l, i)];
+    if (window_start_us(l.quotas[i], at) == a[0]) a[1] = std::max<std::int64_t>(0, a[1] - n);
+  }
 }
 
 void evaluate_aux(const limits& l, const state& s, std::int64_t now, decision& d) {
@@ -307,8 +344,14 @@ decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
   // A refusal records no use, and the next allowed time stays where the uses
   // put it (GCRA's does not depend on now; the sliding log's starts from the
   // last use). A use of no units (its cost is charged later) is the same.
-  if (e.kind == event_kind::rejected || e.cost <= 0) return evaluate_all(l, s, now_us, true);
   e.at_us = std::min(e.at_us, now_us + l.max_future_us);
+  if (e.kind == event_kind::adjust && e.cost < 0) {
+    const std::int64_t n = -e.cost;
+    if (!l.rules.empty()) refund_log(l, s, n, now_us);
+    refund_aux(l, s, std::min(e.at_us, now_us), n, now_us);
+    return evaluate(l, s, now_us);
+  }
+  if (e.kind == event_kind::rejected || e.cost <= 0) return evaluate_all(l, s, now_us, true);
   if (!l.rules.empty()) {
     if (l.algo == algorithm::gcra) record_gcra(l, s, e, now_us);
     else record_log(l, s, e, now_us);
@@ -319,7 +362,7 @@ decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
     // later (a held request's release time, a gatekeeper's fast clock): a
     // window ahead of now would hide the current one's units until it came.
     const std::int64_t at = std::min(e.at_us, now_us);
-    const std::int64_t most = std::max(at, now_us + l.max_debt_us());
+    const std::int64_t most = std::max(at, now_us + k_max_debt_us);
     for (std::size_t i = 0; i < l.rules.size(); ++i) {
       if (l.counted(l.rules[i])) charge_counter(l, s, i, at, e.cost, most);
     }

@@ -78,18 +78,24 @@ struct limits {
   std::size_t aux_size() const;
   static constexpr std::size_t k_reorder_slack = 4;
   std::int64_t max_window_us() const;
-  /// How far past now uses over the limit may be charged (the longest window,
-  /// or max_future_us if longer): a gatekeeper that keeps accepting a client
-  /// (failing open, an older version) cannot lock it out for hours.
-  std::int64_t max_debt_us() const { return std::max(max_future_us, max_window_us()); }
 };
 
-/// Kind of accounting event.
-enum class event_kind : std::uint8_t { accepted, delayed, rejected };
+/// How far past now the uses of a client may put its next allowed time: a
+/// bound of representation only (~4.5 years, the longest span a POLICY
+/// carries, so that a gatekeeper's arithmetic cannot overflow). Every unit
+/// charged is paid back at the rule's rate, however many: a request of a
+/// million units costs what a million requests of one do.
+inline constexpr std::int64_t k_max_debt_us = std::int64_t{1} << 47;
+
+/// Kind of accounting event. `adjust` corrects the cost of a use reported
+/// before (a reservation at an estimate, corrected once the real cost is known).
+enum class event_kind : std::uint8_t { accepted, delayed, rejected, adjust };
 
 /// An accounting event: `at_us` is the receive time for accepted requests and
 /// the delayed time for delayed ones (rejected events do not enter the history).
 /// `cost`: the units the request used (0: none, the event only asks for a decision).
+/// An adjustment: `cost` more units used at `at_us` (the time of the use it
+/// corrects), or, when negative, that many of the units charged then given back.
 struct event {
   event_kind kind = event_kind::accepted;
   std::int64_t at_us = 0;
@@ -131,7 +137,12 @@ struct decision {
 /// time is admitted then, however often it was refused meanwhile.
 /// A quota counts the units of the events in its current window; when they
 /// reach its limit, the next request is allowed at the window's end.
-/// The debt of a rate rule is bounded (limits::max_debt_us), whatever the cost.
+/// Every unit is charged in full (up to k_max_debt_us ahead), whatever the cost.
+/// An adjustment of +n charges n units at its time as a use would; one of -n
+/// gives back n units: GCRA arrival times move back n intervals (never before
+/// now), the sliding log drops its n newest entries (a reservation is at most
+/// a burst: the gatekeeper refuses a larger one, so its units are in the
+/// log), counters and quotas take n from the window the use was counted in.
 decision apply(const limits& l, state& s, event e, std::int64_t now_us);
 
 /// Evaluates without recording anything.

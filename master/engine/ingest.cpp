@@ -69,8 +69,14 @@ void ingest::install(const config::master_config& cfg) {
     }
     s.units = &metrics_.add_counter("smockron_master_units_total",
                                     "Cost units charged by domain (ACCEPTED and DELAYED; a request costs 1 unless "
-                                    "its message carries a cost)",
+                                    "its message carries a cost; adjustments up)",
                                     metrics::labels({{"domain", d.name}}));
+    s.refunded = &metrics_.add_counter("smockron_master_units_refunded_total",
+                                       "Cost units given back by domain (adjustments of reservations down)",
+                                       metrics::labels({{"domain", d.name}}));
+    s.adjustments = &metrics_.add_counter("smockron_master_adjustments_total",
+                                          "Corrections of reported costs by domain (REJECTED messages with adjust=)",
+                                          metrics::labels({{"domain", d.name}}));
     s.tracked = &metrics_.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                     metrics::labels({{"domain", d.name}}));
     index_.emplace(d.name, slots.size());
@@ -133,18 +139,26 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     return std::nullopt;
   }
   domain& d = domains_[it->second];
-  d.messages[msg->state]->inc();
   rules::event e;
   switch (msg->state) {
     case wire::status::accepted: e = {rules::event_kind::accepted, msg->received_ms * 1000, msg->cost}; break;
     case wire::status::delayed: e = {rules::event_kind::delayed, msg->delayed_ms * 1000, msg->cost}; break;
     case wire::status::rejected: e = {rules::event_kind::rejected, msg->received_ms * 1000, 0}; break;
   }
-  if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
+  if (msg->adjust != 0) {
+    // A correction of a reservation, not a refusal: never counted as one.
+    e = {rules::event_kind::adjust, msg->received_ms * 1000, msg->adjust};
+    d.adjustments->inc();
+    (msg->adjust > 0 ? d.units : d.refunded)
+        ->inc(static_cast<std::uint64_t>(msg->adjust > 0 ? msg->adjust : -msg->adjust));
+  } else {
+    d.messages[msg->state]->inc();
+    if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
+  }
   const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
-  if (msg->state != wire::status::accepted || (dec.throttled && dec.next_us > now_us)) {
+  if ((msg->state != wire::status::accepted && msg->adjust == 0) || (dec.throttled && dec.next_us > now_us)) {
     top_.limited(it->second, msg->identifier, now_us);
   }
   std::optional<wire::delay_until> out;

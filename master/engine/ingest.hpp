@@ -40,7 +40,9 @@ public:
     rules::limits limits;
     enum_array<wire::status, metrics::counter*, wire::status_count> messages;  ///< by status
     metrics::gauge* tracked = nullptr;
-    metrics::counter* units = nullptr;  ///< cost units charged (ACCEPTED and DELAYED)
+    metrics::counter* units = nullptr;     ///< cost units charged (ACCEPTED, DELAYED and adjustments up)
+    metrics::counter* refunded = nullptr;  ///< cost units given back (adjustments down)
+    metrics::counter* adjustments = nullptr;
   };
 
   ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg);

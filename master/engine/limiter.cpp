@@ -131,6 +131,7 @@ std::pair<std::uint32_t, std::uint32_t> limiter::stats::last_minute(std::int64_t
 
 rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) {
   if (track_dirty_ && e.kind != rules::event_kind::rejected) mark(en);
+  if (e.kind == rules::event_kind::adjust) return rules::apply(*en->lim, en->st, e, now_us);  // not a request
   ++en->counts.n_req;
   if (e.kind != rules::event_kind::accepted) ++en->counts.n_over;
   en->counts.count(e.kind == rules::event_kind::rejected, now_us);
@@ -139,7 +140,9 @@ rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) 
 
 rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
   // A rejection of an identifier nobody knows: nothing to record, nothing known.
-  entry* en = touch(domain, identifier, e.kind != rules::event_kind::rejected);
+  // A refund for an identifier nobody knows (expired, evicted) has nothing to give back.
+  const bool creates = e.kind == rules::event_kind::adjust ? e.cost > 0 : e.kind != rules::event_kind::rejected;
+  entry* en = touch(domain, identifier, creates);
   return en ? record(en, e, now_us) : rules::decision{};
 }
 

@@ -215,8 +215,24 @@ bool gate::take_held(const gate_limits& limits) {
   return true;
 }
 
+bool gate::over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now_us) const {
+  if (units <= 1 || !any_quotas_.load(std::memory_order_relaxed)) return false;
+  std::lock_guard lock(quotas_mutex_);
+  const auto it = quotas_.find(domain);
+  if (it == quotas_.end() || now_us - it->second.updated_us > wire::policy_fresh_ms * 1000) return false;
+  const auto items = std::span(it->second.items).first(it->second.count);
+  return std::any_of(items.begin(), items.end(), [&](const auto& q) { return units > q.limit; });
+}
+
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                            const gate_limits& limits, std::int64_t units, std::int64_t pace_units) {
+  if (over_quota(domain, units, now_us)) {
+    gate_decision d;
+    d.v = verdict::reject;
+    d.reason = reject_reason::cost_over_limit;
+    d.units = units;
+    return d;
+  }
   policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
@@ -238,9 +254,14 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   refresh(e, guard, now_us);
   const std::int64_t max_delay =
       limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);
-  const request_plan p = plan_request(e, guard, max_delay, limits.pacing_fresh_us, now_us);
+  const request_plan p = plan_request(e, guard, max_delay, limits.pacing_fresh_us, now_us, units);
   gate_decision d;
   d.units = units;
+  if (p.never) {
+    d.v = verdict::reject;
+    d.reason = reject_reason::cost_over_limit;
+    return d;
+  }
   if (p.accept) {
     record_accept(e, guard, now_us, units);
     return d;
@@ -283,6 +304,19 @@ void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_
   if (guard.count == 0 || it == s.map.end()) return;  // decide() made the entry if the guard tracks the client
   refresh(it->second, guard, now_us);
   proxy::charge(it->second, guard, now_us, units);
+}
+
+void gate::refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
+  if (units <= 0) return;
+  policy guard = read_policy(domain, now_us);
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  guard = policy_for(s, k, guard, now_us);
+  const auto it = s.map.find(k);
+  if (guard.count == 0 || it == s.map.end()) return;
+  refresh(it->second, guard, now_us);
+  proxy::refund(it->second, guard, now_us, units);
 }
 
 void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {

@@ -34,7 +34,9 @@
 namespace smockron::proxy {
 
 enum class verdict : std::uint8_t { accept, delay, reject };
-enum class reject_reason : std::uint8_t { none, delay_too_long, held_full };
+/// cost_over_limit: the request costs more than a rule's burst or a quota's
+/// limit, so no wait would let it through (refused at once, nothing charged).
+enum class reject_reason : std::uint8_t { none, delay_too_long, held_full, cost_over_limit };
 
 struct gate_decision {
   verdict v = verdict::accept;
@@ -135,16 +137,20 @@ public:
   /// Decides a request. A delay reserves a slot (the next held request of
   /// this identifier goes one interval later) and counts as held until
   /// release_held() is called.
-  /// `units`: what the request costs, when known now (0: charged later, with
-  /// charge()). `pace_units`: the cost the next held request of the client
-  /// waits out after this one, when held (its cost, or an estimate when it is
-  /// charged later; 0: `units`).
+  /// `units`: what the request costs (its known cost, or the estimate
+  /// reserved for it), charged before it is admitted: it goes when all of
+  /// them fit (see plan_request). More than a rule's burst or a fresh
+  /// quota's limit is refused at once (cost_over_limit) and charges nothing.
+  /// 0: the request only checks the limit. `pace_units`: the cost the next
+  /// held request of the client waits out after this one, when held (0: `units`).
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0);
 
   /// A request admitted earlier turned out to cost `units` (known once it
   /// was done): the guard charges them now.
   void charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us);
+  /// A request reserved at an estimate cost `units` fewer: the guard gives them back.
+  void refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us);
 
   /// The client's standing under the domain's rules (after any use decide() charged).
   quota_state quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us);
@@ -206,6 +212,8 @@ private:
     std::array<std::atomic<std::int64_t>, k_guard_rules> interval{};
     std::array<std::atomic<std::int64_t>, k_guard_rules> burst{};
   };
+  /// True when `units` exceed one of the domain's fresh quotas (a cost no window holds).
+  bool over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now_us) const;
   /// Appends the domain's fresh quotas to `q` (none for an overridden identifier).
   void add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
                   std::int64_t now_us) const;

@@ -18,24 +18,30 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us) {
 }
 
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
-                          std::int64_t pacing_fresh_us, std::int64_t now_us) {
+                          std::int64_t pacing_fresh_us, std::int64_t now_us, std::int64_t units) {
   request_plan p;
+  const std::int64_t u = std::max<std::int64_t>(units, 1);
   const bool master_fresh = now_us - e.updated_us <= pacing_fresh_us;
-  p.release_us = master_fresh ? std::max(e.next_us, e.local_next_us) : e.next_us;
+  // The master's next allowed time is when one unit fits; u units fit u - 1
+  // of its intervals later (bounded as its times are).
+  std::int64_t master_us = e.next_us;
+  if (u > 1 && e.next_us != 0 && e.interval_us > 0)
+    master_us += std::min(u - 1, wire::max_policy_span_us / e.interval_us) * e.interval_us;
+  p.release_us = master_fresh || guard.count != 0 ? std::max(master_us, e.local_next_us) : master_us;
   p.pace_us = e.interval_us;
-  std::int64_t max_delay = max_delay_us;
-  // The guard: the earliest time every rule's GCRA conforms.
+  // The guard: the earliest time every rule's GCRA conforms for u units.
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
-    const std::int64_t conform = e.tat[i] - (r.burst - 1) * r.interval_us;
+    if (u > r.burst) {
+      p.never = true;  // no wait makes room for more than a burst
+      return p;
+    }
+    const std::int64_t conform = e.tat[i] - (r.burst - u) * r.interval_us;
     if (conform > p.release_us) {
       p.release_us = conform;
       p.pace_us = r.interval_us;
-      // Until the master has spoken about this client, the gate holds it only
-      // a little on its own authority: every gatekeeper would fill its own
-      // queue of paced slots up to max_delay within the first round trip, and
-      // those G queues released together are G times the rate.
-      if (!master_fresh) max_delay = std::min(max_delay, k_guard_hold_intervals * p.pace_us);
+    } else if (p.pace_us == 0) {
+      p.pace_us = r.interval_us;  // the master never gave one: held requests go at the rule's rate
     }
   }
   if (p.release_us <= now_us) {
@@ -43,6 +49,13 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
     return p;
   }
   if (e.spare_us != 0 && e.spare_us < p.release_us) p.spare_us = e.spare_us;
+  // Until the master has spoken about this client, the gate holds it only a
+  // little on its own authority (its guard, its own queue): every gatekeeper
+  // would fill its own queue of paced slots up to max_delay within the first
+  // round trip, and those G queues released together are G times the rate.
+  std::int64_t max_delay = max_delay_us;
+  if (!master_fresh && p.release_us > master_us && p.pace_us > 0)
+    max_delay = std::min(max_delay, k_guard_hold_intervals * p.pace_us);
   p.too_long = p.release_us - now_us > max_delay;
   return p;
 }
@@ -52,12 +65,21 @@ void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::in
   for (std::size_t i = 0; i < guard.count; ++i) {
     const guard_rule& r = guard.rules[i];
     const std::int64_t window = r.burst * r.interval_us;  // at most 2^47 (POLICY's bound)
-    // The next allowed time, burst - 1 intervals before the arrival time,
-    // at most one interval past at + max(k_guard_debt_us, window).
-    const std::int64_t most = at + std::max(k_guard_debt_us, window) + window;
+    // Every unit (the arrival time at most the representation bound ahead).
+    const std::int64_t most = at + wire::max_policy_span_us + window;
     const std::int64_t from = std::max(e.tat[i], at);
     const std::int64_t room = std::max<std::int64_t>(0, most - from) / r.interval_us;
     e.tat[i] = units <= room ? from + units * r.interval_us : std::max(from, most);
+  }
+}
+
+void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {
+  if (units <= 0) return;
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const std::int64_t interval = guard.rules[i].interval_us;
+    std::int64_t& tat = e.tat[i];
+    if (tat <= now_us) continue;  // nothing owed: earlier is the same
+    tat -= (tat - now_us) / interval < units ? tat - now_us : units * interval;
   }
 }
 

@@ -49,6 +49,7 @@ struct request_plan {
   std::int64_t release_us = 0;  ///< otherwise: when it may go
   std::int64_t pace_us = 0;     ///< the interval the next held request of the client goes after it
   bool too_long = false;        ///< the wait is longer than this request may be held: refuse
+  bool never = false;           ///< the request costs more than a rule's burst: it can never fit, refuse
   /// A slot a held client gave back, earlier than release_us, this request may take (0: none).
   std::int64_t spare_us = 0;
 };
@@ -57,23 +58,26 @@ struct request_plan {
 /// starts afresh; a spare slot not taken by its time lapses.
 void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us);
 
-/// The plan for a request of the client at `now_us` (reads `e` only).
-/// `max_delay_us`: how far ahead this request may be held. `pacing_fresh_us`:
-/// local pacing counts only while the master spoke about the client this
-/// recently (fail-open when it is gone).
+/// The plan for a request of `units` (its cost, charged before it is
+/// admitted: 0 is taken as 1, a request that only checks the limit) of the
+/// client at `now_us` (reads `e` only): it goes when all its units fit under
+/// every rule, the master's (its next allowed time is one unit's; each unit
+/// more waits one of its intervals) and the guard's. `max_delay_us`: how far
+/// ahead this request may be held. `pacing_fresh_us`: this gatekeeper's own
+/// queue is paced while the master spoke about the client this recently, or
+/// while the domain's policy is fresh (a guard: the master is there); with
+/// neither, only the master's own DELAY_UNTIL counts (fail-open when it is gone).
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
-                          std::int64_t pacing_fresh_us, std::int64_t now_us);
-
-/// How far past `at` the guard's debt may put a client's next allowed time
-/// (as the master's, with its default max_clock_skew): at most this or one
-/// rule's window, whichever is longer.
-inline constexpr std::int64_t k_guard_debt_us = 60'000'000;
+                          std::int64_t pacing_fresh_us, std::int64_t now_us, std::int64_t units = 1);
 
 /// The guard charges `units` used at `at` (a request's cost): each rule's
 /// arrival time moves out by units x interval, so a refusal's Retry-After
-/// names when the cost is paid back, as the master's DELAY_UNTIL will; the
-/// debt is bounded as the master bounds it (k_guard_debt_us).
+/// names when the cost is paid back, as the master's DELAY_UNTIL will. Every
+/// unit is charged, as the master charges it (up to wire::max_policy_span_us ahead).
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units);
+/// The guard gives back `units` charged before (a reservation that cost less):
+/// each rule's arrival time moves back units x interval, never before `now_us`.
+void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units);
 /// The request was forwarded now: the guard charges its `units` at `now_us`.
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);
 /// The request is held until `p.release_us`: charged then, and the next held

@@ -21,6 +21,20 @@ void account(admission_env& env, const runtime& rt, const route& r, wire::status
   env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
 }
 
+// A reservation's use at `at_ms` cost `delta` units more (or fewer, < 0).
+void adjust(admission_env& env, const runtime& rt, const route& r, std::string_view id, std::int64_t at_ms,
+            std::int64_t delta) {
+  wire::accounting m;
+  m.domain = r.domain;
+  m.state = wire::status::rejected;
+  m.identifier = id;
+  m.received_ms = at_ms;
+  m.adjust = delta;
+  (delta > 0 ? env.metrics.cost_units : env.metrics.cost_refunded)
+      .inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
+  env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
+}
+
 void count_fallback(proxy_metrics& m, cost_fallback why) {
   switch (why) {
     case cost_fallback::none: break;
@@ -95,15 +109,22 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   gate_limits limits = rt.route_limits[r.index];
   const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
   if (deadline_binds) limits.max_delay_us = deadline_us;
-  // The cost, when it is known now; else it is charged when the request is done.
+  // The cost, when it is known now; else the estimate a response-charged
+  // request reserves: either is charged before admission (it must fit). A
+  // body without a length is charged only when it is done.
   const std::optional<cost_charge> cost = cost_at_admission(r, req);
   if (cost) count_fallback(env.metrics, cost->why);
-  const std::int64_t units = cost ? cost->units : 0;
-  // A held request's successor waits out its cost; one charged later is
-  // taken to cost cost_default until then (its true cost moves the master's time).
-  const std::int64_t pace_units = cost ? units : std::max<std::int64_t>(1, r.cost_default);
+  const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req);
+  const std::int64_t units = charged ? charged->units : 0;
+  // A held request's successor waits out its cost (taken as cost_default
+  // when nothing is known of it until it is done).
+  const std::int64_t pace_units = charged ? units : std::max<std::int64_t>(1, r.cost_default);
   a.gate = env.g.decide(domain, id, now_us, limits, units, pace_units);
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
+  if (a.charge_when_done && charged) {
+    a.reserved = units;
+    a.reserved_at_ms = a.gate.v == verdict::delay && !r.shadow ? (a.gate.release_us + 999) / 1000 : now_us / 1000;
+  }
   if (r.shadow) {
     // What would have happened is counted; what happens is a request forwarded now.
     const decision would = a.gate.v == verdict::reject  ? decision::rejected
@@ -117,16 +138,21 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     a.shadow = would;
     a.outcome = decision::accepted;
     a.charge_when_done = !cost;
-    if (cost) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
+    if (a.charge_when_done && charged) {
+      a.reserved = units;
+      a.reserved_at_ms = now_us / 1000;
+    }
+    if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
     count[decision::accepted]->inc();
     return a;
   }
   switch (a.gate.v) {
     case verdict::reject:
       a.outcome = decision::rejected;
-      (a.gate.reason == reject_reason::held_full ? env.metrics.reject_held_full
-       : deadline_binds                          ? env.metrics.reject_grpc_deadline
-                                                 : env.metrics.reject_too_long)
+      (a.gate.reason == reject_reason::held_full         ? env.metrics.reject_held_full
+       : a.gate.reason == reject_reason::cost_over_limit ? env.metrics.reject_cost_over_limit
+       : deadline_binds                                  ? env.metrics.reject_grpc_deadline
+                                                         : env.metrics.reject_too_long)
           .inc();
       account(env, rt, r, wire::status::rejected, id, now_us, 0);
       break;
@@ -136,15 +162,15 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       // the master then knows every gatekeeper's reservations within a round
       // trip, which is what holds one limit across gatekeepers. A prepaid
       // slot (given back by a held client that left) was reported already.
-      // (A cost known only when the request is done is accounted then.)
-      if (!a.gate.prepaid && cost) {
+      // (A body without a length is accounted when the request is done.)
+      if (!a.gate.prepaid && charged) {
         account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000, units);
       }
       env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
       break;
     case verdict::accept:
       a.outcome = decision::accepted;
-      if (cost) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
+      if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
       break;
   }
   count[a.outcome]->inc();
@@ -155,8 +181,19 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
                  std::int64_t now_us) {
   if (!a.charge_when_done || !a.who) return;
   count_fallback(env.metrics, cost.why);
-  account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, cost.units);
-  env.g.charge(rt.gate_domain[r.domain_index], a.who->value, cost.units, now_us);
+  const auto domain = rt.gate_domain[r.domain_index];
+  if (a.reserved < 0) {
+    account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, cost.units);
+    env.g.charge(domain, a.who->value, cost.units, now_us);
+    return;
+  }
+  // No cost field (the client or the upstream broke off, the upstream never
+  // said): the request keeps the estimate it reserved.
+  const std::int64_t delta = cost.why == cost_fallback::missing ? 0 : cost.units - a.reserved;
+  if (delta == 0) return;
+  adjust(env, rt, r, a.who->value, a.reserved_at_ms, delta);
+  if (delta > 0) env.g.charge(domain, a.who->value, delta, now_us);
+  else env.g.refund(domain, a.who->value, -delta, now_us);
 }
 
 }  // namespace smockron::proxy

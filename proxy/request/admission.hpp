@@ -28,9 +28,14 @@ struct admission {
   /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
   std::optional<decision> shadow;
   /// The request's cost is known only once it is done (the route's cost is a
-  /// response field, or the size of a body without a length): its use was
-  /// not accounted yet; charge_done() accounts it with its cost.
+  /// response field, or the size of a body without a length): charge_done()
+  /// accounts it with its cost.
   bool charge_when_done = false;
+  /// A response-charged request: the units of the estimate reserved (charged
+  /// and accounted) at admission, which charge_done() corrects; -1: none (a
+  /// body without a length, whose use is accounted only when it is done).
+  std::int64_t reserved = -1;
+  std::int64_t reserved_at_ms = 0;  ///< the time the reservation was accounted at (its use's time)
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -59,9 +64,13 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
                 const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us = -1);
 
 /// A request admitted with charge_when_done is done (forwarded, answered or
-/// failed) at `now_us`: its use is accounted now, ACCEPTED at that time with
-/// its cost (so a spec master counts it as one use), and the gate's guard
-/// charges it. Call it once, only for a request that was forwarded.
+/// failed) at `now_us`. One that reserved an estimate has it corrected: the
+/// difference is accounted as an adjustment of the reservation's use (a
+/// REJECTED message with adjust=, which a spec master ignores: it counted the
+/// reservation as the request's one use) and charged or given back by the
+/// gate's guard. Otherwise its use is accounted now, ACCEPTED at that time
+/// with its cost, and the guard charges it. Call it once, only for a request
+/// that was forwarded.
 void charge_done(admission_env& env, const runtime& rt, const route& r, const admission& a, const cost_charge& cost,
                  std::int64_t now_us);
 

@@ -26,17 +26,24 @@ cost_charge cost_of_value(const route& r, std::optional<std::string_view> value)
   return cost_of_count(r, units);
 }
 
+namespace {
+// The value of a request field read as a cost: one line, or cost_default.
+cost_charge cost_of_request_field(const route& r, std::string_view name, const http1::request_head& req) {
+  std::optional<std::string_view> value;
+  for (const auto& f : req.headers) {
+    if (!http1::iequals(f.name, name)) continue;
+    if (value) return {r.cost_default, cost_fallback::malformed};  // which would the backend mean?
+    value = f.value;
+  }
+  return cost_of_value(r, value);
+}
+}  // namespace
+
 std::optional<cost_charge> cost_at_admission(const route& r, const http1::request_head& req) {
   using kind = config::route_config::cost_source::kind;
   switch (r.cost.type) {
     case kind::constant: return cost_charge{r.cost.units, cost_fallback::none};
-    case kind::header: {
-      // One line; several lines of the field are malformed (which would the backend mean?).
-      request_outcome seen;
-      note_cost_fields(r, req.headers, seen);
-      if (seen.cost_fields_several) return cost_charge{r.cost_default, cost_fallback::malformed};
-      return cost_of_value(r, seen.cost_field);
-    }
+    case kind::header: return cost_of_request_field(r, r.cost.field, req);
     case kind::request_bytes:
       if (req.body == http1::framing::none) return cost_of_count(r, 0);
       if (req.body == http1::framing::length) return cost_of_count(r, req.content_length);
@@ -44,6 +51,14 @@ std::optional<cost_charge> cost_at_admission(const route& r, const http1::reques
     case kind::response_header: return std::nullopt;
   }
   return std::nullopt;
+}
+
+std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req) {
+  if (!r.cost.after_response()) return std::nullopt;
+  if (!r.cost_estimate) return cost_charge{r.cost_default, cost_fallback::none};
+  if (r.cost_estimate->type == config::route_config::cost_source::kind::constant)
+    return cost_charge{r.cost_estimate->units, cost_fallback::none};
+  return cost_of_request_field(r, r.cost_estimate->field, req);
 }
 
 void note_cost_trailer(const route& r, std::string_view section, request_outcome& o) {

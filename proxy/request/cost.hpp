@@ -36,6 +36,11 @@ cost_charge cost_of_count(const route& r, std::uint64_t units);
 /// Content-Length), then charged with cost_when_done().
 std::optional<cost_charge> cost_at_admission(const route& r, const http1::request_head& req);
 
+/// What a request whose cost is known only from its response reserves at
+/// admission: the route's cost_estimate (a constant, or a request field read
+/// as a cost is, at most cost_max), else cost_default. Nothing for any other cost.
+std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req);
+
 /// Notes the route's cost field among a response's fields (its head, or its
 /// trailers as HTTP/2 carries them) in `o` (response_header costs). Any
 /// range of items with `name` and `value` (http1::header_list, h2 fields).

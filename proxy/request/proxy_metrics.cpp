@@ -89,7 +89,11 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       cost_malformed(cost_fallback(r, "malformed")),
       cost_over_max(cost_fallback(r, "over_max")),
       cost_units(r.add_counter("smockron_proxy_cost_units_total",
-                               "Cost units of the uses accounted to the masters (ACCEPTED and DELAYED)")),
+                               "Cost units of the uses accounted to the masters (ACCEPTED and DELAYED, and "
+                               "corrections of estimates up)")),
+      cost_refunded(r.add_counter("smockron_proxy_cost_refunded_units_total",
+                                  "Cost units reserved at an estimate and given back (the real cost was lower)")),
+      reject_cost_over_limit(reject(r, "cost_over_limit")),
       delay_seconds(
           r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
       shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",

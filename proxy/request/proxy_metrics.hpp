@@ -56,6 +56,10 @@ struct proxy_metrics {
   metrics::counter &cost_missing, &cost_malformed, &cost_over_max;
   /// smockron_proxy_cost_units_total: units charged to the masters (every accounted use).
   metrics::counter& cost_units;
+  /// smockron_proxy_cost_refunded_units_total: units of reservations given back (real costs below their estimates).
+  metrics::counter& cost_refunded;
+  /// A request whose cost is more than a rule's burst or a quota (reason cost_over_limit).
+  metrics::counter& reject_cost_over_limit;
   metrics::histogram& delay_seconds;
   metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };

@@ -26,7 +26,7 @@ void append_ratelimit_fields(std::string& out, std::string_view domain, const qu
 
 /// Appends "Smockron-Decision: accepted" / "delayed;held_ms=250" /
 /// "rejected;reason=delay_too_long" (a shadow route adds ";shadow=<would-be>").
-/// `reason`: why a rejected request was (delay_too_long, held_full, no_master, unidentified).
+/// `reason`: why a rejected request was (delay_too_long, held_full, cost_over_limit, no_master, unidentified).
 void append_decision_field(std::string& out, decision d, std::optional<decision> shadow, std::string_view reason,
                            std::int64_t held_ms);
 

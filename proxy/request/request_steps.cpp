@@ -63,19 +63,22 @@ const route* route_request(const runtime& rt, http1::request_head& req, std::str
 
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
                          std::int64_t now_us) {
+  // A cost no wait lets through is not a client's standing: no rate-limit fields for it.
   const bool limited =
-      a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject);
+      a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject &&
+                                         a.gate.reason != reject_reason::cost_over_limit);
   if (a.who && !r.domain.empty() && (limited || r.ratelimit_headers)) {
     const auto q = g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us);
     const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
     append_ratelimit_fields(out, r.domain, q, throttled_s);
   }
   if (r.explain) {
-    const std::string_view reason = a.no_master                                 ? "no_master"
-                                    : a.ambiguous                               ? "ambiguous_identifier"
-                                    : a.unidentified                            ? "unidentified"
-                                    : a.gate.reason == reject_reason::held_full ? "held_full"
-                                                                                : "delay_too_long";
+    const std::string_view reason = a.no_master                                       ? "no_master"
+                                    : a.ambiguous                                     ? "ambiguous_identifier"
+                                    : a.unidentified                                  ? "unidentified"
+                                    : a.gate.reason == reject_reason::held_full       ? "held_full"
+                                    : a.gate.reason == reject_reason::cost_over_limit ? "cost_over_limit"
+                                                                                      : "delay_too_long";
     append_decision_field(out, a.outcome, a.shadow, reason,
                           a.outcome == decision::delayed ? (a.gate.release_us - now_us + 999) / 1000 : 0);
   }
@@ -88,6 +91,9 @@ refusal refusal_for(const route& r, const admission& a) {
   // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
   if (a.gate.reason == reject_reason::held_full)
     return {503, "too many requests held, retry later\n", a.gate.retry_after_s};
+  // No wait would let it through: no Retry-After (it would be a promise not kept).
+  if (a.gate.reason == reject_reason::cost_over_limit)
+    return {r.status, "request cost exceeds the rate limit's burst or quota\n", 0};
   return {r.status, "rate limit exceeded, retry later\n", a.gate.retry_after_s};
 }
 

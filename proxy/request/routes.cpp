@@ -73,6 +73,7 @@ route_table::route_table(const config::proxy_config& cfg) {
     r.cost = rc.cost;
     r.cost_max = rc.cost_max;
     r.cost_default = rc.cost_default;
+    r.cost_estimate = rc.cost_estimate;
     routes_.push_back(std::move(r));
   }
 }

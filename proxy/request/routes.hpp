@@ -31,6 +31,8 @@ struct route {
   config::route_config::cost_source cost;  ///< what one request uses, in units
   std::int64_t cost_max = 1'000'000;
   std::int64_t cost_default = 1;
+  /// What a response-charged request reserves at admission (nothing: cost_default).
+  std::optional<config::route_config::cost_source> cost_estimate;
 };
 
 class route_table {

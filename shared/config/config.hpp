@@ -179,10 +179,14 @@ struct route_config {
     kind type = kind::constant;
     std::int64_t units = 1;  ///< constant
     std::string field;       ///< header, response_header: the field's name, lower-case
-    /// Known only once the request is done: charged then (the request is admitted on the client's standing).
+    /// Known only once the request is done: an estimate is reserved at admission and corrected then.
     bool after_response() const { return type == kind::response_header; }
   };
   cost_source cost;
+  /// What a response_header cost reserves at admission (`cost_estimate`): a
+  /// constant or a request field (kind constant or header); nothing:
+  /// cost_default. Charged as a known cost, corrected when the real one is known.
+  std::optional<cost_source> cost_estimate;
   std::int64_t cost_max = 1'000'000;  ///< a larger cost is charged as this (counted)
   std::int64_t cost_default = 1;      ///< the charge of a cost that is missing or malformed (counted)
 };

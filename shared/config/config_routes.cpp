@@ -140,6 +140,39 @@ void read_cost(reader& rr, const std::string& path, route_config& route) {
   }
 }
 
+// A response_header cost's `cost_estimate`: an integer or "header:NAME", at most cost_max.
+void read_cost_estimate(reader& rr, const std::string& path, route_config& route) {
+  using kind = route_config::cost_source::kind;
+  const toml::node* n = rr.get("cost_estimate");
+  if (n == nullptr) return;
+  const std::string key = path + ".cost_estimate";
+  if (route.cost.type != kind::response_header) {
+    rr.errors().add(
+        *n, key,
+        "has no effect unless cost is \"response_header:NAME\" (a cost known at admission is charged as it is)");
+    return;
+  }
+  route_config::cost_source e;
+  if (const auto* v = n->as_integer()) {
+    if (v->get() < 0 || v->get() > route.cost_max) {
+      rr.errors().add(*n, key, "must be between 0 and cost_max (" + std::to_string(route.cost_max) + ")");
+      return;
+    }
+    e.units = v->get();
+  } else if (const auto* t = n->as_string(); t != nullptr && t->get().starts_with("header:")) {
+    e.type = kind::header;
+    e.field = field_name(std::string_view(t->get()).substr(7));
+    if (e.field.empty()) {
+      rr.errors().add(*n, key, "\"header:\" needs a field name (a token, e.g. \"header:X-Max-Tokens\")");
+      return;
+    }
+  } else {
+    rr.errors().add(*n, key, "expected an integer or \"header:NAME\"");
+    return;
+  }
+  route.cost_estimate = std::move(e);
+}
+
 }  // namespace
 
 void detail::read_routes(reader& r, proxy_config& p) {
@@ -172,8 +205,9 @@ void detail::read_routes(reader& r, proxy_config& p) {
       route.domain = d->get();
     } else if (!rt->contains("domain")) {
       // Not limited: every key that shapes limiting would do nothing, so none is accepted.
-      for (const char* k : {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt",
-                            "ratelimit_headers", "explain", "grpc_status", "cost", "cost_max", "cost_default"}) {
+      for (const char* k :
+           {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt", "ratelimit_headers",
+            "explain", "grpc_status", "cost", "cost_max", "cost_default", "cost_estimate"}) {
         if (const toml::node* kn = rt->get(k)) {
           r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
         }
@@ -225,6 +259,7 @@ void detail::read_routes(reader& r, proxy_config& p) {
         r.errors().add(*g, path + ".grpc_status", "expected 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE)");
     }
     read_cost(rr, path, route);
+    read_cost_estimate(rr, path, route);
     p.routes.push_back(std::move(route));
   }
 }

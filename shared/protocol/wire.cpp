@@ -75,6 +75,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::interval_invalid: return "interval_invalid";
     case decode_error::policy_invalid: return "policy_invalid";
     case decode_error::cost_invalid: return "cost_invalid";
+    case decode_error::adjust_invalid: return "adjust_invalid";
     case decode_error::quota_invalid: return "quota_invalid";
   }
   return "unknown";
@@ -130,6 +131,16 @@ result<accounting> decode_accounting(frames f) {
       auto cost = parse_timestamp(rest.substr(0, end));
       if (!cost || cost.value() > max_cost) return decode_error::cost_invalid;
       m.cost = cost.value();
+      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    } else if (m.state == status::rejected && m.loginfo.starts_with(adjust_prefix)) {
+      std::string_view rest = m.loginfo.substr(adjust_prefix.size());
+      const std::size_t end = rest.find(' ');
+      std::string_view number = rest.substr(0, end);
+      const bool negative = number.starts_with('-');
+      if (negative) number.remove_prefix(1);
+      auto n = parse_timestamp(number);
+      if (!n || n.value() == 0 || n.value() > max_cost) return decode_error::adjust_invalid;
+      m.adjust = negative ? -n.value() : n.value();
       m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
     }
   }
@@ -262,12 +273,20 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
     e.frame[4] = std::string_view{};
   }
   e.count = 5;
-  // A loginfo that starts with "cost=" on its own would be read as a cost: it gets the prefix too.
-  if (m.cost != 1 || m.loginfo.starts_with(cost_prefix)) {
+  if (m.adjust != 0 && (m.state != status::rejected || m.adjust < -max_cost || m.adjust > max_cost)) {
+    return std::nullopt;
+  }
+  // A loginfo that starts with "cost=" on its own would be read as a cost (or
+  // one of a REJECTED message that starts with "adjust=", as an adjustment):
+  // it gets the cost prefix too.
+  const bool adjusts = m.adjust != 0;
+  const bool reads_as_adjust = m.state == status::rejected && m.loginfo.starts_with(adjust_prefix);
+  if (adjusts || m.cost != 1 || m.loginfo.starts_with(cost_prefix) || reads_as_adjust) {
     if (m.cost < 0 || m.cost > max_cost) return std::nullopt;
-    // "cost=N", then " " + loginfo when there is one, within max_loginfo_bytes.
-    char* out = std::copy(cost_prefix.begin(), cost_prefix.end(), s.loginfo.data());
-    out = std::to_chars(out, out + 20, m.cost).ptr;  // 13 digits at most
+    // "cost=N" (or "adjust=N"), then " " + loginfo when there is one, within max_loginfo_bytes.
+    const std::string_view prefix = adjusts ? adjust_prefix : cost_prefix;
+    char* out = std::copy(prefix.begin(), prefix.end(), s.loginfo.data());
+    out = std::to_chars(out, out + 20, adjusts ? m.adjust : m.cost).ptr;  // 14 characters at most
     const auto used = static_cast<std::size_t>(out - s.loginfo.data());
     if (!m.loginfo.empty()) {
       if (used + 1 + m.loginfo.size() > max_loginfo_bytes) return std::nullopt;

@@ -49,8 +49,9 @@ enum class decode_error : std::uint8_t {
   policy_invalid,          ///< POLICY rules frame malformed
   cost_invalid,            ///< loginfo starts with "cost=" but no valid cost follows
   quota_invalid,           ///< QUOTA quotas frame malformed
+  adjust_invalid,          ///< a REJECTED message's loginfo starts with "adjust=" but no valid adjustment follows
 };
-inline constexpr std::size_t decode_error_count = 17;
+inline constexpr std::size_t decode_error_count = 18;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -65,6 +66,17 @@ std::string_view to_string(decode_error e);
 inline constexpr std::string_view cost_prefix = "cost=";
 inline constexpr std::int64_t max_cost = 1'000'000'000'000;
 
+/// A correction of a use reported before (wire addition, in the loginfo
+/// frame as the cost is): a REJECTED message whose loginfo starts with
+/// "adjust=N" (N a signed decimal, not 0, |N| at most max_cost, then the end
+/// or a space and free text) says the use of the identifier reported at
+/// received_ms cost N units more than it said (N < 0: -N units fewer, given
+/// back). A gatekeeper sends one when a request reserved at an estimate ends
+/// and its real cost is known. A spec master records nothing for a REJECTED
+/// message, so it still counts one use per request; smockron-master charges
+/// or gives back the units and never counts it as a refusal.
+inline constexpr std::string_view adjust_prefix = "adjust=";
+
 /// Accounting message: [domain\0, status, identifier, received_ms, delayed_ms|"", (loginfo)].
 struct accounting {
   std::string_view domain;
@@ -74,6 +86,7 @@ struct accounting {
   std::int64_t delayed_ms = 0;  ///< meaningful only when state == delayed
   std::string_view loginfo;     ///< optional, empty = frame omitted on encode (decoded: the text after the cost)
   std::int64_t cost = 1;        ///< units used; not 1: encoded as the loginfo's "cost=N" prefix
+  std::int64_t adjust = 0;      ///< REJECTED only: not 0, a correction, the loginfo's "adjust=N" prefix
 };
 
 /// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].
@@ -197,7 +210,8 @@ struct encoded {
 };
 
 /// Encodes; returns nothing if a field exceeds its bound (a cost outside
-/// [0, max_cost] included) or the domain has a "\0".
+/// [0, max_cost], an adjustment outside it or on a message not REJECTED
+/// included) or the domain has a "\0".
 std::optional<encoded> encode(const accounting& m, scratch& s);
 std::optional<encoded> encode(const delay_until& m, scratch& s);
 /// Refuses more than max_policy_rules rules, or an interval or burst below 1 or over 15 digits.

@@ -102,13 +102,95 @@ TEST_P(InUnits, ACostBeyondTheBurstIsPaidBackAtTheRate) {
   EXPECT_TRUE(evaluate(l, s, t0 + 4'599 * ms).throttled);
 }
 
-TEST_P(InUnits, AHugeCostLeavesABoundedDebt) {
+TEST_P(InUnits, AHugeCostIsChargedUpToTheRepresentationBound) {
   const limits l = make(GetParam(), {per_second(10, 5)});
   state s;
   const decision d = use(l, s, 1'000'000'000'000, t0, t0);
   ASSERT_TRUE(d.throttled);
-  EXPECT_LE(d.next_us, t0 + l.max_debt_us() + 100 * ms);
-  EXPECT_GE(d.next_us, t0 + l.max_debt_us() - 500 * ms);
+  EXPECT_LE(d.next_us, t0 + k_max_debt_us + 100 * ms);
+  EXPECT_GE(d.next_us, t0 + k_max_debt_us - 500 * ms);
+}
+
+TEST_P(InUnits, AMillionUnitsCostWhatAMillionUsesOfOneDo) {
+  // 100/min burst 100: one request of a million units is paid back at the
+  // rule's rate, ~6.9 days, not one window (no cap by time).
+  const limits l = make(GetParam(), {{600 * ms, 100}});
+  state s;
+  const decision d = use(l, s, 1'000'000, t0, t0);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + (1'000'000 - 100 + 1) * 600 * ms);
+  // A response that used 2,000 against 100/min moves the next allowed time ~19 minutes.
+  state s2;
+  const decision d2 = use(l, s2, 2'000, t0, t0);
+  EXPECT_EQ(d2.next_us, t0 + (2'000 - 100 + 1) * 600 * ms);
+}
+
+decision adjust(const limits& l, state& s, std::int64_t delta, std::int64_t at, std::int64_t now) {
+  return apply(l, s, {event_kind::adjust, at, delta}, now);
+}
+
+TEST_P(InUnits, AReservationCorrectedDownIsAsIfTheRealCostWasCharged) {
+  // 10/s burst 20: 15 reserved, 5 used. What is left afterwards equals a use of 5.
+  const limits l = make(GetParam(), {per_second(10, 20)});
+  state reserved;
+  state real;
+  use(l, reserved, 15, t0, t0);
+  adjust(l, reserved, -10, t0, t0 + 100 * ms);
+  use(l, real, 5, t0, t0);
+  for (std::int64_t t = t0 + 100 * ms; t <= t0 + 3'000 * ms; t += 100 * ms) {
+    EXPECT_EQ(window_uses(l, reserved, 0, t), window_uses(l, real, 0, t)) << (t - t0) / ms;
+  }
+  // What comes next is decided as after a use of 5.
+  for (std::int64_t t = t0 + 100 * ms; t <= t0 + 1'000 * ms; t += 300 * ms) {
+    const decision a = use(l, reserved, 7, t, t);
+    const decision b = use(l, real, 7, t, t);
+    EXPECT_EQ(a.throttled, b.throttled) << (t - t0) / ms;
+    EXPECT_EQ(a.next_us, b.next_us) << (t - t0) / ms;
+  }
+}
+
+TEST_P(InUnits, AReservationCorrectedUpChargesTheDifference) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  state s;
+  use(l, s, 2, t0, t0);
+  const decision d = adjust(l, s, 48, t0, t0 + 10 * ms);  // 50 in all
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.next_us, t0 + 4'600 * ms);
+}
+
+TEST_P(InUnits, ARefundNeverMovesTheNextAllowedTimeBeforeNow) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  state s;
+  use(l, s, 5, t0, t0);
+  adjust(l, s, -1'000'000, t0, t0 + 50 * ms);  // more than was ever charged
+  EXPECT_FALSE(evaluate(l, s, t0 + 50 * ms).throttled);
+  // Five fit at once again, the sixth does not.
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(use(l, s, 1, t0 + 50 * ms, t0 + 50 * ms).throttled);
+  EXPECT_TRUE(use(l, s, 1, t0 + 50 * ms, t0 + 50 * ms).throttled);
+}
+
+TEST_P(InUnits, ARefundGivesBackToTheQuotaWindowOfTheUse) {
+  const limits l = make(GetParam(), {}, {{100, period::day}});
+  state s;
+  use(l, s, 80, t0, t0);
+  adjust(l, s, -30, t0, t0 + 1'000 * ms);
+  EXPECT_EQ(quota_used(l, s, 0, t0 + 1'000 * ms), 50);
+  // A refund of a use from yesterday's window leaves today's count alone.
+  adjust(l, s, -30, t0 - day_us, t0 + 1'000 * ms);
+  EXPECT_EQ(quota_used(l, s, 0, t0 + 1'000 * ms), 50);
+  adjust(l, s, 70, t0, t0 + 1'000 * ms);
+  EXPECT_EQ(quota_used(l, s, 0, t0 + 1'000 * ms), 120);
+  EXPECT_TRUE(evaluate(l, s, t0 + 1'000 * ms).throttled);
+}
+
+TEST(CountedRule, ARefundTakesUnitsFromTheWindowTheyWereCountedIn) {
+  // 1000/s burst 500 (a counter): 400 reserved, 100 used.
+  const limits l = make(algorithm::sliding_log, {per_second(1000, 500)});
+  state s;
+  use(l, s, 400, t0, t0);
+  adjust(l, s, -300, t0, t0 + 1 * ms);
+  EXPECT_NEAR(window_uses(l, s, 0, t0 + 1 * ms), 100, 1);
+  EXPECT_FALSE(use(l, s, 399, t0 + 1 * ms, t0 + 1 * ms).throttled);
 }
 
 TEST_P(InUnits, ACostBeyondABurstAsLongAsTheDebtBoundIsPaidBack) {

@@ -104,7 +104,7 @@ TEST(Gate, SlotOfAHeldClientThatLeftIsTakenPrepaidByTheNextRequest) {
 
 TEST(Gate, ASlotReportedForOneCostNeverCarriesAnother) {
   // A held request of 1 unit leaves: its slot is for 1 unit, so a request of
-  // 100 does not take it (it queues and is reported with its own cost);
+  // 10 does not take it (it queues and is reported with its own cost);
   // a held request whose cost is charged later (0 now) reported nothing, so
   // it gives nothing back.
   gate g;
@@ -112,10 +112,11 @@ TEST(Gate, ASlotReportedForOneCostNeverCarriesAnother) {
   const auto one = g.decide(0, "a", t0, limits());
   g.release_held({});
   g.cancel(0, "a", one, t0 + 10 * ms);
-  const auto costly = g.decide(0, "a", t0 + 20 * ms, limits(), 100);
+  const auto costly = g.decide(0, "a", t0 + 20 * ms, limits(), 10);
   EXPECT_EQ(costly.v, verdict::delay);
   EXPECT_FALSE(costly.prepaid);
-  EXPECT_EQ(costly.units, 100);
+  EXPECT_EQ(costly.units, 10);
+  EXPECT_EQ(costly.release_us, t0 + 100 * ms + 9 * 50 * ms) << "all 10 units fit only then";
   g.release_held({});
   EXPECT_TRUE(g.decide(0, "a", t0 + 20 * ms, limits()).prepaid) << "still there for a request of 1";
   g.release_held({});

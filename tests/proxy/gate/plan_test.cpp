@@ -164,17 +164,19 @@ TEST(GatePlan, RetryAfterIsWholeSecondsRoundedUpAtLeastOne) {
   EXPECT_EQ(retry_after_s(now - 5, now), 1);
 }
 
-TEST(GatePlan, TheGuardsDebtIsBoundedAsTheMastersIs) {
-  // 1/s burst 2 (a 2 s window): a cost of 10^12 leaves the next allowed time
-  // at most one interval past now + 60 s (k_guard_debt_us), not years away.
+TEST(GatePlan, TheGuardChargesEveryUnitUpToTheRepresentationBound) {
+  // 1/s burst 2: 300 units are paid back at the rate (no cap by time); a
+  // cost of 10^12 leaves the next allowed time at the bound POLICY can carry.
   const guard_policy g = one_rule(1'000, 2);
   client_entry e;
   e.policy_seq = g.seq;
+  charge(e, g, now, 300);
+  EXPECT_EQ(plan_request(e, g, max_delay, fresh, now).release_us, now + 299 * 1'000 * ms);
   for (int i = 0; i < 100; ++i) charge(e, g, now, 1'000'000'000'000);
   const request_plan p = plan_request(e, g, max_delay, fresh, now);
   EXPECT_FALSE(p.accept);
-  EXPECT_LE(p.release_us, now + k_guard_debt_us + 1'000 * ms);
-  EXPECT_GE(p.release_us, now + k_guard_debt_us);
+  EXPECT_LE(p.release_us, now + smockron::wire::max_policy_span_us + 2'000 * ms);
+  EXPECT_GE(p.release_us, now + smockron::wire::max_policy_span_us);
 }
 
 TEST(GatePlan, AHeldRequestsSuccessorWaitsOutItsCost) {
@@ -188,4 +190,47 @@ TEST(GatePlan, AHeldRequestsSuccessorWaitsOutItsCost) {
   EXPECT_EQ(e.local_next_us, now + 50 * ms + 100 * 10 * ms) << "100 units: 100 intervals";
   record_hold(e, g, p, 0, 1'000'000'000'000);
   EXPECT_LE(e.local_next_us, now + 50 * ms + smockron::wire::max_policy_span_us) << "bounded";
+}
+
+TEST(GatePlan, AllTheUnitsOfARequestMustFit) {
+  // The guard: 1 per 500 ms, burst 10, 4 used.
+  const guard_policy g = one_rule(500, 10);
+  client_entry e;
+  e.policy_seq = g.seq;
+  e.tat[0] = now + 4 * 500 * ms;
+  EXPECT_TRUE(plan_request(e, g, max_delay, fresh, now, 6).accept) << "6 fit beside 4";
+  const request_plan seven = plan_request(e, g, max_delay, fresh, now, 7);
+  EXPECT_FALSE(seven.accept) << "7 do not: held until one more unit is paid back";
+  EXPECT_EQ(seven.release_us, now + 500 * ms);
+  const request_plan eleven = plan_request(e, g, max_delay, fresh, now, 11);
+  EXPECT_TRUE(eleven.never) << "more than the burst never fits";
+  EXPECT_FALSE(eleven.accept);
+  EXPECT_FALSE(plan_request(e, g, max_delay, fresh, now, 10).never);
+  // The master's next allowed time is one unit's: 5 units wait 4 of its intervals more.
+  EXPECT_EQ(plan_request(master_says(300, 0, 100), no_guard(), max_delay, fresh, now, 5).release_us, now + 700 * ms);
+  EXPECT_EQ(plan_request(master_says(300, 0, 100), no_guard(), max_delay, fresh, now, 0).release_us, now + 300 * ms)
+      << "a request of no units checks one";
+}
+
+TEST(GatePlan, ItsOwnQueueIsPacedWhileTheDomainsPolicyIsFresh) {
+  // The master last spoke about the client 3 s ago (it has nothing new to
+  // say: the client is held here, within its limit), but it is there (the
+  // domain's policy is fresh): the held requests stay one chain.
+  client_entry e = master_says(100);
+  e.local_next_us = now + 700 * ms;
+  e.updated_us = now - 3'000 * ms;
+  EXPECT_EQ(plan_request(e, one_rule(100, 10), max_delay, fresh, now).release_us, now + 700 * ms);
+  EXPECT_EQ(plan_request(e, no_guard(), max_delay, fresh, now).release_us, now + 100 * ms)
+      << "no policy: the master is gone, fail open to its own word";
+}
+
+TEST(GatePlan, ARefundMovesTheArrivalTimeBackNeverBeforeNow) {
+  const guard_policy g = one_rule(500, 4);
+  client_entry e;
+  e.policy_seq = g.seq;
+  charge(e, g, now, 10);
+  refund(e, g, now, 4);
+  EXPECT_EQ(e.tat[0], now + 6 * 500 * ms);
+  refund(e, g, now + 1'000 * ms, 100);
+  EXPECT_EQ(e.tat[0], now + 1'000 * ms);
 }

@@ -158,15 +158,58 @@ TEST_P(CostAdmission, UnitsAreAccountedNowOrWhenDone) {
   ASSERT_EQ(a.outcome, decision::accepted);
   const bool later = GetParam() == "\"response_header:X-Tokens-Used\"";
   EXPECT_EQ(a.charge_when_done, later);
-  const double now_units = GetParam() == "5" ? 5 : GetParam() == "\"header:X-Cost\"" ? 9 : later ? 0 : 4;
+  // A response-charged request reserves cost_default (1) now.
+  const double now_units = GetParam() == "5" ? 5 : GetParam() == "\"header:X-Cost\"" ? 9 : later ? 1 : 4;
   EXPECT_EQ(metric("smockron_proxy_cost_units_total"), now_units);
   if (later) {
     request_outcome o;
     o.cost_field = "250";
     const route& r = *rt_.routes.match(req_.host, req_.target);
     charge_done(env_, rt_, r, a, cost_when_done(r, o), clock_.wall_us());
-    EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 250);
+    EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 250) << "the reservation, then 249 more";
   }
+}
+
+class CostEstimate : public CostAdmission {};
+INSTANTIATE_TEST_SUITE_P(Estimates, CostEstimate,
+                         ::testing::Values("\"response_header:X-Tokens-Used\"\ncost_estimate = \"header:X-Max\""));
+
+TEST_P(CostEstimate, TheEstimateIsReservedAndCorrectedBothWays) {
+  const route& r = *rt_.routes.match("x", "/");
+  const auto a = admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 300\r\n\r\n");
+  ASSERT_EQ(a.outcome, decision::accepted);
+  EXPECT_EQ(a.reserved, 300);
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 300);
+  request_outcome o;
+  o.cost_field = "120";
+  charge_done(env_, rt_, r, a, cost_when_done(r, o), clock_.wall_us());
+  EXPECT_EQ(metric("smockron_proxy_cost_refunded_units_total"), 180);
+  // Above the estimate: the difference more.
+  const auto b = admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 10\r\n\r\n");
+  o.cost_field = "25";
+  charge_done(env_, rt_, r, b, cost_when_done(r, o), clock_.wall_us());
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 300 + 10 + 15);
+  // No cost field at the end (the upstream or the client broke off): the estimate stays.
+  const auto c = admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 40\r\n\r\n");
+  charge_done(env_, rt_, r, c, cost_when_done(r, request_outcome{}), clock_.wall_us());
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 300 + 10 + 15 + 40);
+  EXPECT_EQ(metric("smockron_proxy_cost_refunded_units_total"), 180);
+  // No estimate field: cost_default (1).
+  EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\n\r\n").reserved, 1);
+}
+
+TEST_P(CostEstimate, AnEstimateOverTheBurstIsRefusedAtOnceAndChargesNothing) {
+  const std::vector<guard_rule> rules{{600'000, 100}};  // 100/min burst 100
+  gate_.set_policy(rt_.gate_domain[0], rules, clock_.wall_us());
+  const auto a = admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 101\r\n\r\n");
+  EXPECT_EQ(a.outcome, decision::rejected);
+  EXPECT_EQ(a.gate.reason, reject_reason::cost_over_limit);
+  EXPECT_FALSE(a.charge_when_done);
+  EXPECT_EQ(metric("smockron_proxy_rejects_total{reason=\"cost_over_limit\"}"), 1);
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 0);
+  // The client's standing is untouched: its whole burst is there.
+  EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 100\r\n\r\n").outcome, decision::accepted);
+  EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Max: 1\r\n\r\n").outcome, decision::delayed);
 }
 
 TEST_P(CostAdmission, AMissingCostIsChargedAsCostDefaultAndCounted) {

@@ -863,6 +863,27 @@ TEST(Config, RouteCost) {
   EXPECT_NE(one_error(route_with("cost = 1.5")).find("expected an integer or"), std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_max = 0")).find("cost_max: must be between 1"),
             std::string::npos);
+  // A late cost's estimate: an integer or a request field, at most cost_max.
+  const std::string late = "cost = \"response_header:X-Tokens-Used\"\ncost_max = 5000\n";
+  EXPECT_FALSE(parsed(late).cost_estimate);
+  const auto fixed = parsed(late + "cost_estimate = 300");
+  ASSERT_TRUE(fixed.cost_estimate);
+  EXPECT_EQ(fixed.cost_estimate->type, kind::constant);
+  EXPECT_EQ(fixed.cost_estimate->units, 300);
+  const auto field = parsed(late + "cost_estimate = \"header:X-Max-Tokens\"");
+  ASSERT_TRUE(field.cost_estimate);
+  EXPECT_EQ(field.cost_estimate->type, kind::header);
+  EXPECT_EQ(field.cost_estimate->field, "x-max-tokens");
+  EXPECT_NE(
+      one_error(route_with(late + "cost_estimate = 5001")).find("cost_estimate: must be between 0 and cost_max (5000)"),
+      std::string::npos);
+  EXPECT_NE(one_error(route_with(late + "cost_estimate = \"header:\"")).find("needs a field name"), std::string::npos);
+  EXPECT_NE(one_error(route_with(late + "cost_estimate = \"json:max_tokens\""))
+                .find("expected an integer or \"header:NAME\""),
+            std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_estimate = 3")).find("cost_estimate: has no effect unless"),
+            std::string::npos);
+  EXPECT_NE(one_error(route_with("cost_estimate = 3")).find("cost_estimate: has no effect unless"), std::string::npos);
   // A route without a domain is not limited: a cost would do nothing.
   EXPECT_NE(one_error("[proxy.upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\nupstream = \"app\"\n"
                       "cost = 3\n")

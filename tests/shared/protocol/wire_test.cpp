@@ -349,6 +349,66 @@ TEST(Wire, CostErrorsAndPlainLoginfo) {
   EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "cost= 3"}), decode_error::cost_invalid);
 }
 
+TEST(Wire, AdjustGoldenBytesAndRoundTrip) {
+  scratch s;
+  accounting m{"llm", status::rejected, "key-1", 1'795'514'400'123, 0, {}, 1};
+  m.adjust = -180;
+  auto e = encode(m, s);
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->count, 6u);
+  const std::vector<std::string> golden{"llm\0"s, "REJECTED", "key-1", "1795514400123", "", "adjust=-180"};
+  for (std::size_t i = 0; i < golden.size(); ++i) EXPECT_EQ(e->frame[i], golden[i]) << i;
+  auto back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->state, status::rejected);
+  EXPECT_EQ(back->adjust, -180);
+  EXPECT_EQ(back->loginfo, "");
+  m.adjust = 25;
+  m.loginfo = "curl/8";
+  e = encode(m, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[5], "adjust=25 curl/8");
+  back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->adjust, 25);
+  EXPECT_EQ(back->loginfo, "curl/8");
+  // The bounds; only a REJECTED message carries one; a REJECTED loginfo that
+  // would read as one gets a cost prefix.
+  m.loginfo = {};
+  m.adjust = -max_cost;
+  EXPECT_TRUE(encode(m, s));
+  m.adjust = max_cost + 1;
+  EXPECT_FALSE(encode(m, s));
+  m.adjust = 5;
+  m.state = status::accepted;
+  EXPECT_FALSE(encode(m, s));
+  auto tricky = encode(accounting{"llm", status::rejected, "k", 1, 0, "adjust=5", 1}, s);
+  ASSERT_TRUE(tricky);
+  EXPECT_EQ(tricky->frame[5], "cost=1 adjust=5");
+  back = decode_accounting(tricky->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->adjust, 0);
+  EXPECT_EQ(back->loginfo, "adjust=5");
+  auto free_text = encode(accounting{"llm", status::accepted, "k", 1, 0, "adjust=5", 1}, s);
+  ASSERT_TRUE(free_text);
+  EXPECT_EQ(free_text->frame[5], "adjust=5");
+}
+
+TEST(Wire, AdjustErrorsAndPlainLoginfo) {
+  // Only a REJECTED message's loginfo is read for it: elsewhere it is free text.
+  const std::vector<std::string> frames{"api\0"s, "ACCEPTED", "k", "1", "", "adjust=-5"};
+  auto v = views(frames);
+  auto plain = decode_accounting(v);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->adjust, 0);
+  EXPECT_EQ(plain->loginfo, "adjust=-5");
+  for (const char* bad : {"adjust=", "adjust=0", "adjust=-0", "adjust=-", "adjust=+5", "adjust=--5", "adjust=5x",
+                          "adjust=1000000000001", "adjust=-1000000000001", "adjust= 5"}) {
+    EXPECT_EQ(accounting_error({"api\0"s, "REJECTED", "k", "1", "", bad}), decode_error::adjust_invalid) << bad;
+  }
+  EXPECT_EQ(to_string(decode_error::adjust_invalid), "adjust_invalid");
+}
+
 TEST(Wire, QuotaGoldenBytesAndRoundTrip) {
   scratch s;
   quota_policy q;
