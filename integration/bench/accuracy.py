@@ -228,7 +228,8 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
     endpoint) as lines in out_path, flushed every 20 ms:
       A recv_ns domain status identifier received_ms delayed_ms cost
       C recv_ns domain identifier next_ms interval_ms
-    (cost: the loginfo frame's "cost=N", else 1, the wire's default)"""
+    (cost: the loginfo frame's "cost=N", else 1, the wire's default; a REJECTED
+    message with "adjust=N" is written with status ADJUST and cost N, signed)"""
     zmq = _zmq
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -264,10 +265,16 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                     dom = d(f[0].rstrip(b"\0"))
                     if kind == "A" and len(f) >= 5:
                         cost = 1
+                        status = d(f[1])
                         if len(f) > 5 and f[5].startswith(b"cost="):
                             digits = f[5][5:].split(b" ", 1)[0]
                             cost = int(digits) if digits.isdigit() else -1
-                        out.write(f"A {now} {dom} {d(f[1])} {d(f[2])} {d(f[3])} {d(f[4])} {cost}\n")
+                        elif len(f) > 5 and f[1] == b"REJECTED" and f[5].startswith(b"adjust="):
+                            # a reservation's correction: recorded as status ADJUST, its signed units
+                            digits = f[5][7:].split(b" ", 1)[0]
+                            cost = int(digits) if digits.lstrip(b"-").isdigit() else 0
+                            status = "ADJUST"
+                        out.write(f"A {now} {dom} {status} {d(f[2])} {d(f[3])} {d(f[4])} {cost}\n")
                     elif kind == "C" and len(f) >= 4 and f[1] == b"DELAY_UNTIL":
                         out.write(f"C {now} {dom} {d(f[2])} {d(f[3])} {d(f[4]) if len(f) > 4 else '-'}\n")
             if time.monotonic() - last_flush > 0.02:
@@ -1082,6 +1089,8 @@ def counters(box: Box, domain: str):
             elif name in ("smockron_proxy_accounting_dropped_total", "smockron_proxy_cost_units_total",
                           "smockron_proxy_cost_fallback_total"):
                 proxy_other[name] += v
+            elif name == "smockron_proxy_cost_refunded_units_total":  # net of reservations given back
+                proxy_other["smockron_proxy_cost_units_total"] -= v
     master_acc, master_other = collections.Counter(), collections.Counter()
     for n, l, v in parse_metrics(box.master.metrics()):
         if l.get("domain") != domain:
@@ -1090,6 +1099,8 @@ def counters(box: Box, domain: str):
             master_acc[l["status"]] += v
         elif n == "smockron_master_units_total":
             master_other["units"] += v
+        elif n == "smockron_master_units_refunded_total":  # reservations corrected down
+            master_other["units"] -= v
     return proxy_dec, proxy_other, master_acc, master_other
 
 
@@ -1178,7 +1189,7 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
         if f[0] == "A" and f[2] == sc.domain:
             acct[f[3]] += 1
             cost = int(f[7]) if len(f) > 7 else 1
-            if f[3] in ("ACCEPTED", "DELAYED"):
+            if f[3] in ("ACCEPTED", "DELAYED", "ADJUST"):
                 acct_units += cost
             if f[3] == "DELAYED":
                 reserved[f[4]].append((int(f[6]) / 1000, cost))
@@ -1298,9 +1309,12 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
                max_iv_steady=max_units_in_window([p for p in hot_pts if p[0] >= t0 + 1.0], iv_window),
                ref_max1s=max_units_in_window(ref_pts, 1.0))
     # Held releases: hot arrivals whose access-log decision is "delayed". A release spike: the next
-    # one less than half the earlier one's payback (cost x interval; one interval unweighted) after it.
+    # one less than half its own cost's worth of intervals after the earlier one (a request goes
+    # once all its units fit, so a hot client's next waits until that many are paid back; for a
+    # response-charged route, the estimate it reserved, cost_default; one interval unweighted).
     def spike(a, b):
-        return (b[0] - a[0]) < 0.5 * a[1] * sc.min_interval
+        units = sc.cost_default if sc.cost == "response" else b[1]
+        return (b[0] - a[0]) < 0.5 * units * sc.min_interval
 
     held = [(a[0], u) for a, u in zip(hot, hot_cost) if decisions.get((hot_id, a[1], a[2])) == "delayed"]
     gaps = [(b[0] - a[0]) * 1000 for a, b in zip(held, held[1:])]
@@ -1341,7 +1355,8 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     rs_ms = sorted((round(x * 1000), u) for x, u in rsv_all if x < t_close)
     cnt = collections.Counter(ms for ms, _ in rs_ms)
     res["shared"] = sum(v - 1 for v in cnt.values() if v > 1)
-    res["close_rsv"] = sum(1 for a, b in zip(rs_ms, rs_ms[1:]) if b[0] - a[0] < spike_ms * a[1])
+    res["close_rsv"] = sum(1 for a, b in zip(rs_ms, rs_ms[1:])
+                           if b[0] - a[0] < spike_ms * (sc.cost_default if sc.cost == "response" else b[1]))
     res["reserved_n"] = len(rs_ms)
     # Control loop seen from outside: a gatekeeper reserves slot s (DELAYED, decision time received_ms);
     # how long until the master's DELAY_UNTIL moves past s (sniffer's clock, ms resolution of received_ms).
@@ -1399,7 +1414,8 @@ def report(res: dict, args) -> dict:
           f"{res['max_iv']}{units} (after the first second: {res['max_iv_steady']})")
     ok_spike = res["spikes"] == 0
     late = res["late"]
-    apart = (f"< {res['spike_ms']:g} ms x the earlier one's cost apart" if w else f"< {res['spike_ms']:.0f} ms apart")
+    apart = (f"< {res['spike_ms']:g} ms x its own cost (reserved) after the earlier one" if w
+             else f"< {res['spike_ms']:.0f} ms apart")
     print(f"            held releases {res['held_n']}" + (f" ({res['held_units']} units)" if w else "")
           + f": spacing min {res['gap_min']:.1f} p1 {res['gap_p1']:.1f} "
           f"median {res['gap_med']:.1f} ms; release spikes ({apart}) {res['spikes']} "

@@ -38,7 +38,22 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       latency_(reg.add_histogram("smockron_master_processing_seconds",
                                  "Time to decide one accounting message (decode, rules); one message in 16 is sampled",
                                  metrics::exponential_buckets(1e-6, 2, 18))),
+      reservations_(cfg.max_identifiers),
+      reservation_timeout_(cfg.reservation_timeout),
+      reservations_opened_(reg.add_counter("smockron_master_reservations_total",
+                                           "Uses reported at an estimate (reserve=), held open until corrected")),
+      reservations_untracked_(reg.add_counter(
+          "smockron_master_reservations_untracked_total",
+          "Reservations not held open (max_identifiers already were): charged, never given back on a departure")),
+      released_gone_(reg.add_counter("smockron_master_reservations_released_total",
+                                     "Open reservations given back, by reason",
+                                     metrics::labels({{"reason", "gatekeeper_gone"}}))),
+      released_timeout_(reg.add_counter("smockron_master_reservations_released_total",
+                                        "Open reservations given back, by reason",
+                                        metrics::labels({{"reason", "timeout"}}))),
       log_(log::get("master")) {
+  reg.add_callback("smockron_master_reservations_open", "Reservations held open (not corrected yet)", "",
+                   [this] { return static_cast<double>(reservations_.size()); });
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     decode_errors_[i] =
         &reg.add_counter("smockron_master_decode_errors_total", "Malformed accounting messages by reason",
@@ -71,9 +86,11 @@ void ingest::install(const config::master_config& cfg) {
                                     "Cost units charged by domain (ACCEPTED and DELAYED; a request costs 1 unless "
                                     "its message carries a cost; adjustments up)",
                                     metrics::labels({{"domain", d.name}}));
-    s.refunded = &metrics_.add_counter("smockron_master_units_refunded_total",
-                                       "Cost units given back by domain (adjustments of reservations down)",
-                                       metrics::labels({{"domain", d.name}}));
+    s.refunded =
+        &metrics_.add_counter("smockron_master_units_refunded_total",
+                              "Cost units given back by domain (reservations corrected down, or given back when "
+                              "their gatekeeper left or they timed out)",
+                              metrics::labels({{"domain", d.name}}));
     s.adjustments = &metrics_.add_counter("smockron_master_adjustments_total",
                                           "Corrections of reported costs by domain (REJECTED messages with adjust=)",
                                           metrics::labels({{"domain", d.name}}));
@@ -106,6 +123,8 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   }
   limiter_.reconfigure(compile_all(next), old_index);
   limiter_.set_max_identifiers(next.max_identifiers);
+  reservations_.set_max_open(next.max_identifiers);
+  reservation_timeout_ = next.reservation_timeout;
   top_ = top_limited(next.domains.size(), next.top_identifiers);
   install(next);
   return changes;
@@ -120,7 +139,7 @@ void ingest::log_bad(std::string_view what, std::string_view detail) {
 }
 
 std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view> frames, bool truncated,
-                                                std::int64_t now_us) {
+                                                std::int64_t now_us, std::uint64_t peer) {
   // The latency histogram samples one message in 16: two clock reads per
   // message would cost more than the measurement is worth at 500k msg/s.
   const bool sampled = (++handled_ & 15) == 0;
@@ -145,20 +164,32 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     case wire::status::delayed: e = {rules::event_kind::delayed, msg->delayed_ms * 1000, msg->cost}; break;
     case wire::status::rejected: e = {rules::event_kind::rejected, msg->received_ms * 1000, 0}; break;
   }
-  if (msg->adjust != 0) {
+  if (msg->adjust) {
     // A correction of a reservation, not a refusal: never counted as one.
-    e = {rules::event_kind::adjust, msg->received_ms * 1000, msg->adjust};
+    // The difference is charged whether the reservation is still open or not
+    // (a master restarted from Redis has the reservation in the state, not in
+    // its book); one given back already (its connection closed, or it timed
+    // out) is then charged only the difference (docs/cost.md).
+    reservations_.close(peer, d.name, msg->identifier, msg->received_ms);
+    const std::int64_t delta = *msg->adjust;
+    e = {rules::event_kind::adjust, msg->received_ms * 1000, delta};
     d.adjustments->inc();
-    (msg->adjust > 0 ? d.units : d.refunded)
-        ->inc(static_cast<std::uint64_t>(msg->adjust > 0 ? msg->adjust : -msg->adjust));
+    if (delta != 0) (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
+    if (delta == 0) return std::nullopt;
   } else {
     d.messages[msg->state]->inc();
     if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
+    if (msg->reserve) {
+      reservations_opened_.inc();
+      const std::int64_t at_ms = msg->state == wire::status::delayed ? msg->delayed_ms : msg->received_ms;
+      if (!reservations_.open({peer, d.name, std::string(msg->identifier), at_ms, msg->cost, now_us}))
+        reservations_untracked_.inc();
+    }
   }
   const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
-  if ((msg->state != wire::status::accepted && msg->adjust == 0) || (dec.throttled && dec.next_us > now_us)) {
+  if ((msg->state != wire::status::accepted && !msg->adjust) || (dec.throttled && dec.next_us > now_us)) {
     top_.limited(it->second, msg->identifier, now_us);
   }
   std::optional<wire::delay_until> out;
@@ -230,7 +261,24 @@ ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us
   return result;
 }
 
+std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us) {
+  const auto gone = reservations_.take_peer(peer);
+  release(gone, released_gone_, now_us);
+  return gone.size();
+}
+
+void ingest::release(const std::vector<reservations::reservation>& gone, metrics::counter& why, std::int64_t now_us) {
+  for (const auto& r : gone) {
+    why.inc();
+    const auto i = find(r.domain);
+    if (!i) continue;  // the domain was removed by a reload
+    domains_[*i].refunded->inc(static_cast<std::uint64_t>(r.units));
+    limiter_.apply(*i, r.identifier, {rules::event_kind::adjust, r.at_ms * 1000, -r.units}, now_us);
+  }
+}
+
 void ingest::sweep(std::int64_t now_us, std::size_t budget) {
+  release(reservations_.take_older(now_us - reservation_timeout_.count(), budget), released_timeout_, now_us);
   // Small slices often: a long sweep would stall the loop and show in the
   // control-loop p99 (1,000 entries every 10 ms = 100k entries/s examined).
   expirations_.inc(limiter_.sweep(now_us, budget));

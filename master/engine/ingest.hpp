@@ -16,6 +16,7 @@
 #include "master/core/query.hpp"
 #include "master/core/rules.hpp"
 #include "master/engine/limiter.hpp"
+#include "master/engine/reservations.hpp"
 #include "master/engine/top.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/enum_array.hpp"
@@ -51,8 +52,17 @@ public:
   /// more than the receiver keeps) at wall time `now_us`. Returns the
   /// DELAY_UNTIL to publish (views into the message and the domain list,
   /// valid until the next call), or nothing.
-  std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated,
-                                          std::int64_t now_us);
+  /// `peer`: the accounting connection it came on (0: none known): a
+  /// reservation ("reserve=N") is held open for that connection until its
+  /// correction ("adjust=N") arrives on it.
+  std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated, std::int64_t now_us,
+                                          std::uint64_t peer = 0);
+
+  /// The accounting connection `peer` closed: its gatekeeper's open
+  /// reservations are given back (their units refunded). Returns how many.
+  std::size_t peer_closed(std::uint64_t peer, std::int64_t now_us);
+  /// Reservations held open now.
+  std::size_t open_reservations() const { return reservations_.size(); }
 
   /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
   /// appended to `out`; none for a domain this master does not own (ignored, counted). An
@@ -83,6 +93,8 @@ public:
 
 private:
   void install(const config::master_config& cfg);
+  /// Gives back the units of reservations that died (`why`: gatekeeper_gone, timeout).
+  void release(const std::vector<reservations::reservation>& gone, metrics::counter& why, std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
 
   const clock& clock_;
@@ -98,6 +110,12 @@ private:
   metrics::counter& evictions_;
   metrics::counter& expirations_;
   metrics::histogram& latency_;
+  reservations reservations_;
+  std::chrono::microseconds reservation_timeout_;
+  metrics::counter& reservations_opened_;
+  metrics::counter& reservations_untracked_;  ///< more than max_identifiers open: not tracked
+  metrics::counter& released_gone_;
+  metrics::counter& released_timeout_;
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;
   std::shared_ptr<spdlog::logger> log_;

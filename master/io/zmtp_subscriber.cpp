@@ -133,6 +133,7 @@ struct zmtp_subscriber::peer final : event_loop::source {
   std::size_t len = 0;
   std::string out;
   std::chrono::steady_clock::time_point since;
+  std::uint64_t id = 0;  ///< unique for the subscriber's life (never reused)
 };
 
 namespace {
@@ -177,6 +178,7 @@ zmtp_subscriber::zmtp_subscriber(event_loop& loop, const std::string& endpoint, 
 }
 
 zmtp_subscriber::~zmtp_subscriber() {
+  on_closed_ = nullptr;  // shutting down: nobody to tell (and whoever was told may be gone)
   for (auto& p : peers_) close(*p);
   loop_.remove(listen_fd_);
   ::close(listen_fd_);
@@ -277,6 +279,7 @@ void zmtp_subscriber::accept_all() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
     if (opt_.sndbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &opt_.sndbuf, sizeof opt_.sndbuf);
     auto p = std::make_unique<peer>(*this);
+    p->id = ++last_peer_id_;
     p->fd = fd;
     p->since = clock_.steady_now();
     if (!loop_.add(fd, EPOLLIN, *p)) {
@@ -323,6 +326,7 @@ void zmtp_subscriber::on_readable(peer& p) {
 }
 
 void zmtp_subscriber::parse(peer& p) {
+  current_peer_ = p.id;  // whose messages parse() delivers
   struct events final : zmtp::session_events {
     zmtp_subscriber& self;
     std::string& replies;
@@ -404,6 +408,7 @@ void zmtp_subscriber::close(peer& p) {
   loop_.remove(p.fd);
   ::close(p.fd);
   p.closed = true;
+  if (on_closed_) on_closed_(p.id);
 }
 
 void zmtp_subscriber::expire_handshakes() {

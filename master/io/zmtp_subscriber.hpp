@@ -89,6 +89,12 @@ public:
   void on_message(message_fn f) { on_message_ = std::move(f); }
   /// Messages handed over so far.
   std::size_t delivered() const { return delivered_; }
+  /// The connection whose message is being handed over (during on_message):
+  /// an id unique for this subscriber's life.
+  std::uint64_t current_peer() const { return current_peer_; }
+  /// Who is told, with its id, when a connection closes (its gatekeeper left,
+  /// or broke a bound): what it had open dies with it.
+  void on_peer_closed(std::function<void(std::uint64_t)> f) { on_closed_ = std::move(f); }
   /// After each turn of the loop: accepting resumes after a pause, handshakes
   /// that took too long end, closed connections are freed.
   void after_turn();
@@ -123,7 +129,10 @@ private:
   event_loop& loop_;
   listener listener_{*this};
   message_fn on_message_;
+  std::function<void(std::uint64_t)> on_closed_;
   std::size_t delivered_ = 0;
+  std::uint64_t current_peer_ = 0;
+  std::uint64_t last_peer_id_ = 0;
   const clock& clock_;
   options opt_;
   std::string endpoint_;

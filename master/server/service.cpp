@@ -67,8 +67,11 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
   for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
-  accounting_.on_message(
-      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
+  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
+    handle(frames, truncated, accounting_.current_peer());
+  });
+  // A gatekeeper's reservations die with its connection.
+  accounting_.on_peer_closed([this](std::uint64_t peer) { ingest_.peer_closed(peer, clock_.wall_us()); });
   if (cfg.store == config::store_kind::redis) {
     redis_store::options o;
     o.url = cfg.redis_target;
@@ -128,8 +131,8 @@ void service::serve_queries() {
   }
 }
 
-void service::handle(std::span<const std::string_view> frames, bool truncated) {
-  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us())) control_->delay_until(*d);
+void service::handle(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer) {
+  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us(), peer)) control_->delay_until(*d);
 }
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {
@@ -190,14 +193,14 @@ void service::run(const std::atomic<bool>& stop) {
 // and processed in order once the states are back.
 void service::restore_from_store(const std::atomic<bool>& stop) {
   const auto since = clock_.steady_now();
-  std::vector<std::vector<std::string>> held;
+  std::vector<std::pair<std::vector<std::string>, std::uint64_t>> held;  // frames, connection
   accounting_.on_message([&](std::span<const std::string_view> frames, bool truncated) {
     if (held.size() >= static_cast<std::size_t>(cfg_.startup_backlog)) {
       held_dropped_.inc();
     } else if (truncated) {
       handle(frames, true);  // counted as malformed now; needs no state
     } else {
-      held.emplace_back(frames.begin(), frames.end());
+      held.emplace_back(std::vector<std::string>(frames.begin(), frames.end()), accounting_.current_peer());
     }
   });
   while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
@@ -206,16 +209,17 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
     loop_.run_once(std::chrono::milliseconds(2));
     accounting_.after_turn();
   }
-  accounting_.on_message(
-      [this](std::span<const std::string_view> frames, bool truncated) { handle(frames, truncated); });
+  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
+    handle(frames, truncated, accounting_.current_peer());
+  });
   pump_store(clock_.steady_now(), false);
   log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
              store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),
              held.size());
-  for (const auto& m : held) {
+  for (const auto& [m, peer] : held) {
     std::array<std::string_view, zmtp_subscriber::k_max_frames> v;
     for (std::size_t i = 0; i < m.size(); ++i) v[i] = m[i];
-    handle({v.data(), m.size()});
+    handle({v.data(), m.size()}, false, peer);
   }
 }
 

@@ -58,7 +58,8 @@ public:
   std::size_t poll_once(std::chrono::milliseconds timeout);
   /// Processes one accounting message given as frames, as poll_once() does
   /// for each message received.
-  void handle(std::span<const std::string_view> frames, bool truncated = false);
+  /// `peer`: the accounting connection it came on (0: none; tests).
+  void handle(std::span<const std::string_view> frames, bool truncated = false, std::uint64_t peer = 0);
 
   /// Hands every unwritten state to the store and stops it, waiting at most `deadline`.
   void finish(std::chrono::milliseconds deadline);

@@ -116,7 +116,7 @@ accounting_sender::~accounting_sender() { counters_.unsent.inc(batch_.size()); }
 
 void accounting_sender::account(const wire::accounting& m, const policy& p) {
   // Refusals may be sampled (they charge nothing); a correction of a cost never is.
-  if (m.state == wire::status::rejected && m.adjust == 0 && p.rejected_sample < 1.0 &&
+  if (m.state == wire::status::rejected && !m.adjust && p.rejected_sample < 1.0 &&
       std::uniform_real_distribution<double>(0, 1)(sample_rng_) >= p.rejected_sample) {
     return;
   }

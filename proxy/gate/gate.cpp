@@ -289,7 +289,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   }
   d.v = verdict::delay;
   d.interval_us = p.pace_us;
-  record_hold(e, guard, p, units, pace_units > 0 ? pace_units : units);
+  record_hold(e, guard, p, units, pace_units > 0 ? pace_units : 1);
   return d;
 }
 

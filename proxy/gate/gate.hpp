@@ -141,8 +141,9 @@ public:
   /// reserved for it), charged before it is admitted: it goes when all of
   /// them fit (see plan_request). More than a rule's burst or a fresh
   /// quota's limit is refused at once (cost_over_limit) and charges nothing.
-  /// 0: the request only checks the limit. `pace_units`: the cost the next
-  /// held request of the client waits out after this one, when held (0: `units`).
+  /// 0: the request only checks the limit. `pace_units`: the paces the next
+  /// held request of the client waits after this one before its own units
+  /// (0: 1; more for a cost charged only when the request is done).
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0);
 

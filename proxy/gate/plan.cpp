@@ -27,7 +27,7 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   std::int64_t master_us = e.next_us;
   if (u > 1 && e.next_us != 0 && e.interval_us > 0)
     master_us += std::min(u - 1, wire::max_policy_span_us / e.interval_us) * e.interval_us;
-  p.release_us = master_fresh || guard.count != 0 ? std::max(master_us, e.local_next_us) : master_us;
+  p.release_us = master_us;
   p.pace_us = e.interval_us;
   // The guard: the earliest time every rule's GCRA conforms for u units.
   for (std::size_t i = 0; i < guard.count; ++i) {
@@ -43,6 +43,13 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
     } else if (p.pace_us == 0) {
       p.pace_us = r.interval_us;  // the master never gave one: held requests go at the rule's rate
     }
+  }
+  // This gatekeeper's own queue: after the last held request, its u units
+  // take u paces (the first of them counted in local_next_us).
+  if ((master_fresh || guard.count != 0) && e.local_next_us != 0) {
+    const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
+    const std::int64_t more = pace == 0 ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
+    p.release_us = std::max(p.release_us, e.local_next_us + more);
   }
   if (p.release_us <= now_us) {
     p.accept = true;
@@ -73,14 +80,26 @@ void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::in
   }
 }
 
+namespace {
+// `t` moved back `units` of `interval`, never before `now`.
+void move_back(std::int64_t& t, std::int64_t interval, std::int64_t units, std::int64_t now) {
+  if (t <= now) return;  // nothing owed: earlier is the same
+  t -= (t - now) / interval < units ? t - now : units * interval;
+}
+}  // namespace
+
 void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {
   if (units <= 0) return;
+  bool rate_bound = false;
   for (std::size_t i = 0; i < guard.count; ++i) {
-    const std::int64_t interval = guard.rules[i].interval_us;
-    std::int64_t& tat = e.tat[i];
-    if (tat <= now_us) continue;  // nothing owed: earlier is the same
-    tat -= (tat - now_us) / interval < units ? tat - now_us : units * interval;
+    move_back(e.tat[i], guard.rules[i].interval_us, units, now_us);
+    rate_bound = rate_bound || guard.rules[i].interval_us == e.interval_us;
   }
+  // The master's next allowed time charged the units too, and it gives
+  // them back when the correction reaches it; until its next DELAY_UNTIL
+  // (which only moves the time forward here) this gatekeeper does the same.
+  // Only a time one of the rules set (a quota's window end is not paid back).
+  if (rate_bound) move_back(e.next_us, e.interval_us, units, now_us);
 }
 
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {

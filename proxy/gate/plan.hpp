@@ -76,13 +76,16 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
 /// unit is charged, as the master charges it (up to wire::max_policy_span_us ahead).
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units);
 /// The guard gives back `units` charged before (a reservation that cost less):
-/// each rule's arrival time moves back units x interval, never before `now_us`.
+/// each rule's arrival time moves back units x interval, never before `now_us`,
+/// and so does the master's next allowed time when a rule set it (its
+/// interval is a rule's), as the master's own will.
 void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units);
 /// The request was forwarded now: the guard charges its `units` at `now_us`.
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);
 /// The request is held until `p.release_us`: charged then, and the next held
-/// request of the client goes `pace_units` paces later (its cost, or an
-/// estimate of it: it is paid back before the next leaves).
+/// request of the client goes `pace_units` paces later (1: the next one's own
+/// units are added when it is planned; more for a request whose cost is
+/// charged only when it is done, which is paid back before the next leaves).
 void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units = 1,
                  std::int64_t pace_units = 1);
 /// The request takes the spare slot (already reported to the master).

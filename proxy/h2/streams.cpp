@@ -71,7 +71,8 @@ void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stre
 
 void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
   st->held = false;
-  end_hold(s_.gate, s_.metrics, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
+  admission_env env{s_.gate, s_.metrics, w_.accounting};
+  end_hold(env, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
   if (st->entry)
     st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
   forward(st);
@@ -87,7 +88,8 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   }
   if (st.held) {
     st.held = false;
-    end_hold(s_.gate, s_.metrics, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
+    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    end_hold(env, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
     if (st.entry)
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
   }

@@ -195,7 +195,7 @@ private:
       shrink_head();
       // The gate speaks wall time; the hold is that far from now.
       const hold_end end = co_await hold(c_, std::chrono::microseconds(a.gate.release_us - s_.clk.wall_us()));
-      end_hold(s_.gate, s_.metrics, rt, *r, a, end, s_.clk.wall_us());
+      end_hold(env, rt, *r, a, end, s_.clk.wall_us());
       if (entry_) entry_->held_ms = ms_since(held_from);
       if (end == hold_end::client_left) {
         answered(0);  // the client left while held

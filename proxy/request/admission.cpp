@@ -7,8 +7,9 @@ namespace smockron::proxy {
 namespace {
 
 void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
-             std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1) {
+             std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1, bool reserve = false) {
   wire::accounting m;
+  m.reserve = reserve;
   m.domain = r.domain;
   m.state = st;
   m.identifier = id;
@@ -21,7 +22,7 @@ void account(admission_env& env, const runtime& rt, const route& r, wire::status
   env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
 }
 
-// A reservation's use at `at_ms` cost `delta` units more (or fewer, < 0).
+// Closes the reservation whose use was at `at_ms`: it cost `delta` units more (fewer, < 0; 0: as reserved).
 void adjust(admission_env& env, const runtime& rt, const route& r, std::string_view id, std::int64_t at_ms,
             std::int64_t delta) {
   wire::accounting m;
@@ -30,8 +31,9 @@ void adjust(admission_env& env, const runtime& rt, const route& r, std::string_v
   m.identifier = id;
   m.received_ms = at_ms;
   m.adjust = delta;
-  (delta > 0 ? env.metrics.cost_units : env.metrics.cost_refunded)
-      .inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
+  if (delta != 0)
+    (delta > 0 ? env.metrics.cost_units : env.metrics.cost_refunded)
+        .inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
   env.accounting.account(m, {rt.cfg.accounting_flush, rt.cfg.rejected_sample});
 }
 
@@ -116,9 +118,9 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   if (cost) count_fallback(env.metrics, cost->why);
   const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req);
   const std::int64_t units = charged ? charged->units : 0;
-  // A held request's successor waits out its cost (taken as cost_default
-  // when nothing is known of it until it is done).
-  const std::int64_t pace_units = charged ? units : std::max<std::int64_t>(1, r.cost_default);
+  // A held request's successor waits out its own cost (planned with it),
+  // and a cost known only when the request is done, taken as cost_default.
+  const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
   a.gate = env.g.decide(domain, id, now_us, limits, units, pace_units);
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
   if (a.charge_when_done && charged) {
@@ -142,7 +144,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       a.reserved = units;
       a.reserved_at_ms = now_us / 1000;
     }
-    if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
+    if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units, a.reserved >= 0);
     count[decision::accepted]->inc();
     return a;
   }
@@ -164,13 +166,14 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       // slot (given back by a held client that left) was reported already.
       // (A body without a length is accounted when the request is done.)
       if (!a.gate.prepaid && charged) {
-        account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000, units);
+        account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000, units,
+                a.reserved >= 0);
       }
       env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
       break;
     case verdict::accept:
       a.outcome = decision::accepted;
-      if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units);
+      if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units, a.reserved >= 0);
       break;
   }
   count[a.outcome]->inc();
@@ -190,10 +193,14 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
   // No cost field (the client or the upstream broke off, the upstream never
   // said): the request keeps the estimate it reserved.
   const std::int64_t delta = cost.why == cost_fallback::missing ? 0 : cost.units - a.reserved;
-  if (delta == 0) return;
-  adjust(env, rt, r, a.who->value, a.reserved_at_ms, delta);
+  adjust(env, rt, r, a.who->value, a.reserved_at_ms, delta);  // closes it, whatever the difference
   if (delta > 0) env.g.charge(domain, a.who->value, delta, now_us);
-  else env.g.refund(domain, a.who->value, -delta, now_us);
+  else if (delta < 0) env.g.refund(domain, a.who->value, -delta, now_us);
+}
+
+void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a) {
+  if (a.reserved < 0 || !a.who || a.gate.prepaid) return;
+  adjust(env, rt, r, a.who->value, a.reserved_at_ms, 0);
 }
 
 }  // namespace smockron::proxy

@@ -74,4 +74,9 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
 void charge_done(admission_env& env, const runtime& rt, const route& r, const admission& a, const cost_charge& cost,
                  std::int64_t now_us);
 
+/// A held request that reserved an estimate is dropped (its client left):
+/// the reservation is closed at its estimate (the client is charged it, as
+/// the slot it held was; a prepaid slot's reservation was closed by its own).
+void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a);
+
 }  // namespace smockron::proxy

@@ -139,12 +139,13 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
   }
 }
 
-void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,
+void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
               std::int64_t now_us) {
-  g.release_held(rt.route_limits[r.index]);
+  env.g.release_held(rt.route_limits[r.index]);
   if (end == hold_end::released) return;
-  m.client_gone_held.inc();
-  g.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
+  env.metrics.client_gone_held.inc();
+  env.g.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
+  close_reservation(env, rt, r, a);
 }
 
 std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,

@@ -64,8 +64,8 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
                             std::string& response_fields, access_entry* entry, std::int64_t now_us);
 
 /// A hold ended: its place among the held is free; a client that left gives
-/// its slot back to the gate (and is counted).
-void end_hold(gate& g, proxy_metrics& m, const runtime& rt, const route& r, const admission& a, hold_end end,
+/// its slot back to the gate (and is counted), and its reservation is closed.
+void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
               std::int64_t now_us);
 
 /// The access-log record of `req`, begun when its head is complete.

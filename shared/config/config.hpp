@@ -82,6 +82,10 @@ struct master_config {
   /// identifiers limited most): its memory bound, and the most /top lists.
   std::uint64_t top_identifiers = 100;
   microseconds max_clock_skew = std::chrono::seconds(60);
+  /// A reservation (a use reported at an estimate) not corrected by its
+  /// gatekeeper within this long is given back, as when its gatekeeper's
+  /// connection closes: longer than any response a route may take.
+  microseconds reservation_timeout = std::chrono::minutes(10);
   /// Accounting messages held while the Redis store loads at start-up (more
   /// are dropped, counted). In normal running nothing queues in the master:
   /// it reads straight off its connections (master/zmtp_subscriber.hpp).

@@ -207,6 +207,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
   r.unsigned_integer("top_identifiers", m.top_identifiers, 1, 10'000);
   r.duration("max_clock_skew", m.max_clock_skew);
+  r.duration("reservation_timeout", m.reservation_timeout, std::chrono::seconds(1));
   r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);
   r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);
   r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);

@@ -76,6 +76,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::policy_invalid: return "policy_invalid";
     case decode_error::cost_invalid: return "cost_invalid";
     case decode_error::adjust_invalid: return "adjust_invalid";
+    case decode_error::reserve_invalid: return "reserve_invalid";
     case decode_error::quota_invalid: return "quota_invalid";
   }
   return "unknown";
@@ -125,23 +126,32 @@ result<accounting> decode_accounting(frames f) {
   if (f.size() == 6) {
     if (f[5].size() > max_loginfo_bytes) return decode_error::frame_too_large;
     m.loginfo = f[5];
+    // "PREFIX=N" then the end or " " and the rest of the loginfo: N (signed
+    // when allowed), or nothing when it is not a valid number.
+    const auto number = [&](std::string_view prefix, bool sign) -> std::optional<std::int64_t> {
+      const std::string_view rest = m.loginfo.substr(prefix.size());
+      const std::size_t end = rest.find(' ');
+      std::string_view digits = rest.substr(0, end);
+      const bool negative = sign && digits.starts_with('-');
+      if (negative) digits.remove_prefix(1);
+      auto n = parse_timestamp(digits);
+      if (!n || n.value() > max_cost) return std::nullopt;
+      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+      return negative ? -n.value() : n.value();
+    };
+    const bool use = m.state != status::rejected;
     if (m.loginfo.starts_with(cost_prefix)) {
-      const std::string_view rest = m.loginfo.substr(cost_prefix.size());
-      const std::size_t end = rest.find(' ');
-      auto cost = parse_timestamp(rest.substr(0, end));
-      if (!cost || cost.value() > max_cost) return decode_error::cost_invalid;
-      m.cost = cost.value();
-      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
-    } else if (m.state == status::rejected && m.loginfo.starts_with(adjust_prefix)) {
-      std::string_view rest = m.loginfo.substr(adjust_prefix.size());
-      const std::size_t end = rest.find(' ');
-      std::string_view number = rest.substr(0, end);
-      const bool negative = number.starts_with('-');
-      if (negative) number.remove_prefix(1);
-      auto n = parse_timestamp(number);
-      if (!n || n.value() == 0 || n.value() > max_cost) return decode_error::adjust_invalid;
-      m.adjust = negative ? -n.value() : n.value();
-      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+      const auto n = number(cost_prefix, false);
+      if (!n) return decode_error::cost_invalid;
+      m.cost = *n;
+    } else if (use && m.loginfo.starts_with(reserve_prefix)) {
+      const auto n = number(reserve_prefix, false);
+      if (!n) return decode_error::reserve_invalid;
+      m.cost = *n;
+      m.reserve = true;
+    } else if (!use && m.loginfo.starts_with(adjust_prefix)) {
+      m.adjust = number(adjust_prefix, true);
+      if (!m.adjust) return decode_error::adjust_invalid;
     }
   }
   return m;
@@ -273,20 +283,20 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
     e.frame[4] = std::string_view{};
   }
   e.count = 5;
-  if (m.adjust != 0 && (m.state != status::rejected || m.adjust < -max_cost || m.adjust > max_cost)) {
-    return std::nullopt;
-  }
+  const bool use = m.state != status::rejected;
+  if (m.adjust && (use || *m.adjust < -max_cost || *m.adjust > max_cost)) return std::nullopt;
+  if (m.reserve && !use) return std::nullopt;
   // A loginfo that starts with "cost=" on its own would be read as a cost (or
-  // one of a REJECTED message that starts with "adjust=", as an adjustment):
-  // it gets the cost prefix too.
-  const bool adjusts = m.adjust != 0;
-  const bool reads_as_adjust = m.state == status::rejected && m.loginfo.starts_with(adjust_prefix);
-  if (adjusts || m.cost != 1 || m.loginfo.starts_with(cost_prefix) || reads_as_adjust) {
+  // one that starts with "reserve=" or, REJECTED, "adjust=", as those): it
+  // gets the cost prefix too.
+  const bool reads_as_more =
+      m.loginfo.starts_with(cost_prefix) || m.loginfo.starts_with(use ? reserve_prefix : adjust_prefix);
+  if (m.adjust || m.reserve || m.cost != 1 || reads_as_more) {
     if (m.cost < 0 || m.cost > max_cost) return std::nullopt;
-    // "cost=N" (or "adjust=N"), then " " + loginfo when there is one, within max_loginfo_bytes.
-    const std::string_view prefix = adjusts ? adjust_prefix : cost_prefix;
+    // "cost=N" (or "reserve=N", "adjust=N"), then " " + loginfo when there is one, within max_loginfo_bytes.
+    const std::string_view prefix = m.adjust ? adjust_prefix : m.reserve ? reserve_prefix : cost_prefix;
     char* out = std::copy(prefix.begin(), prefix.end(), s.loginfo.data());
-    out = std::to_chars(out, out + 20, adjusts ? m.adjust : m.cost).ptr;  // 14 characters at most
+    out = std::to_chars(out, out + 20, m.adjust ? *m.adjust : m.cost).ptr;  // 14 characters at most
     const auto used = static_cast<std::size_t>(out - s.loginfo.data());
     if (!m.loginfo.empty()) {
       if (used + 1 + m.loginfo.size() > max_loginfo_bytes) return std::nullopt;

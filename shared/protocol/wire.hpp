@@ -50,8 +50,9 @@ enum class decode_error : std::uint8_t {
   cost_invalid,            ///< loginfo starts with "cost=" but no valid cost follows
   quota_invalid,           ///< QUOTA quotas frame malformed
   adjust_invalid,          ///< a REJECTED message's loginfo starts with "adjust=" but no valid adjustment follows
+  reserve_invalid,         ///< loginfo starts with "reserve=" but no valid cost follows
 };
-inline constexpr std::size_t decode_error_count = 18;
+inline constexpr std::size_t decode_error_count = 19;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -66,15 +67,24 @@ std::string_view to_string(decode_error e);
 inline constexpr std::string_view cost_prefix = "cost=";
 inline constexpr std::int64_t max_cost = 1'000'000'000'000;
 
-/// A correction of a use reported before (wire addition, in the loginfo
-/// frame as the cost is): a REJECTED message whose loginfo starts with
-/// "adjust=N" (N a signed decimal, not 0, |N| at most max_cost, then the end
-/// or a space and free text) says the use of the identifier reported at
-/// received_ms cost N units more than it said (N < 0: -N units fewer, given
-/// back). A gatekeeper sends one when a request reserved at an estimate ends
-/// and its real cost is known. A spec master records nothing for a REJECTED
-/// message, so it still counts one use per request; smockron-master charges
-/// or gives back the units and never counts it as a refusal.
+/// A reservation (wire addition, in the loginfo frame as the cost is): an
+/// ACCEPTED or DELAYED message whose loginfo starts with "reserve=N" instead
+/// of "cost=N" is a use of N units, as "cost=N" is, whose N is an estimate
+/// (a request whose cost is known only from its response). The gatekeeper
+/// that sent it corrects it later with an adjustment on the same connection;
+/// until then the master holds it open, and gives its units back when that
+/// gatekeeper's connection closes or the reservation is older than the
+/// master's reservation_timeout.
+inline constexpr std::string_view reserve_prefix = "reserve=";
+
+/// A correction of a reservation (wire addition): a REJECTED message whose
+/// loginfo starts with "adjust=N" (N a signed decimal, |N| at most max_cost,
+/// then the end or a space and free text) closes the reservation of the
+/// identifier whose use was at received_ms (a DELAYED one's delayed_ms): its
+/// use cost N units more than reserved (N < 0: -N units fewer, given back;
+/// 0: as reserved). A spec master records nothing for a REJECTED message, so
+/// it still counts one use per request; smockron-master charges or gives
+/// back the units and never counts it as a refusal.
 inline constexpr std::string_view adjust_prefix = "adjust=";
 
 /// Accounting message: [domain\0, status, identifier, received_ms, delayed_ms|"", (loginfo)].
@@ -86,7 +96,8 @@ struct accounting {
   std::int64_t delayed_ms = 0;  ///< meaningful only when state == delayed
   std::string_view loginfo;     ///< optional, empty = frame omitted on encode (decoded: the text after the cost)
   std::int64_t cost = 1;        ///< units used; not 1: encoded as the loginfo's "cost=N" prefix
-  std::int64_t adjust = 0;      ///< REJECTED only: not 0, a correction, the loginfo's "adjust=N" prefix
+  bool reserve = false;         ///< ACCEPTED or DELAYED: `cost` is an estimate ("reserve=N")
+  std::optional<std::int64_t> adjust = std::nullopt;  ///< REJECTED only: a reservation's correction ("adjust=N")
 };
 
 /// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].
@@ -210,8 +221,8 @@ struct encoded {
 };
 
 /// Encodes; returns nothing if a field exceeds its bound (a cost outside
-/// [0, max_cost], an adjustment outside it or on a message not REJECTED
-/// included) or the domain has a "\0".
+/// [0, max_cost], an adjustment outside [-max_cost, max_cost] or on a message
+/// not REJECTED, a reservation on a REJECTED one included) or the domain has a "\0".
 std::optional<encoded> encode(const accounting& m, scratch& s);
 std::optional<encoded> encode(const delay_until& m, scratch& s);
 /// Refuses more than max_policy_rules rules, or an interval or burst below 1 or over 15 digits.

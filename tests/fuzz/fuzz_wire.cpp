@@ -18,8 +18,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(back->domain == a->domain && back->state == a->state && back->identifier == a->identifier);
     FUZZ_CHECK(back->received_ms == a->received_ms && back->loginfo == a->loginfo && back->cost == a->cost);
     FUZZ_CHECK(a->cost >= 0 && a->cost <= wire::max_cost);
-    FUZZ_CHECK(back->adjust == a->adjust && a->adjust >= -wire::max_cost && a->adjust <= wire::max_cost);
-    FUZZ_CHECK(a->adjust == 0 || a->state == wire::status::rejected);
+    FUZZ_CHECK(back->adjust == a->adjust && back->reserve == a->reserve);
+    FUZZ_CHECK(!a->adjust || (*a->adjust >= -wire::max_cost && *a->adjust <= wire::max_cost));
+    FUZZ_CHECK(!a->adjust || a->state == wire::status::rejected);
+    FUZZ_CHECK(!a->reserve || a->state != wire::status::rejected);
     FUZZ_CHECK(a->state != wire::status::delayed || back->delayed_ms == a->delayed_ms);
   }
   if (auto c = wire::decode_delay_until(f)) {

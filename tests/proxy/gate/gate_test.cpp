@@ -116,7 +116,7 @@ TEST(Gate, ASlotReportedForOneCostNeverCarriesAnother) {
   EXPECT_EQ(costly.v, verdict::delay);
   EXPECT_FALSE(costly.prepaid);
   EXPECT_EQ(costly.units, 10);
-  EXPECT_EQ(costly.release_us, t0 + 100 * ms + 9 * 50 * ms) << "all 10 units fit only then";
+  EXPECT_EQ(costly.release_us, t0 + 100 * ms + 10 * 50 * ms) << "behind the first held one, its 10 units";
   g.release_held({});
   EXPECT_TRUE(g.decide(0, "a", t0 + 20 * ms, limits()).prepaid) << "still there for a request of 1";
   g.release_held({});

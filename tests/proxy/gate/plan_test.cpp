@@ -210,6 +210,10 @@ TEST(GatePlan, AllTheUnitsOfARequestMustFit) {
   EXPECT_EQ(plan_request(master_says(300, 0, 100), no_guard(), max_delay, fresh, now, 5).release_us, now + 700 * ms);
   EXPECT_EQ(plan_request(master_says(300, 0, 100), no_guard(), max_delay, fresh, now, 0).release_us, now + 300 * ms)
       << "a request of no units checks one";
+  // Behind this gatekeeper's own queue, its units take as many paces.
+  client_entry queued = master_says(100, 0, 100);
+  queued.local_next_us = now + 700 * ms;
+  EXPECT_EQ(plan_request(queued, no_guard(), max_delay, fresh, now, 5).release_us, now + 1'100 * ms);
 }
 
 TEST(GatePlan, ItsOwnQueueIsPacedWhileTheDomainsPolicyIsFresh) {
@@ -233,4 +237,13 @@ TEST(GatePlan, ARefundMovesTheArrivalTimeBackNeverBeforeNow) {
   EXPECT_EQ(e.tat[0], now + 6 * 500 * ms);
   refund(e, g, now + 1'000 * ms, 100);
   EXPECT_EQ(e.tat[0], now + 1'000 * ms);
+  // The master's time moves back too when the rule set it, not when a quota did.
+  client_entry m = master_says(3'000, 0, 500);
+  m.policy_seq = g.seq;
+  refund(m, g, now, 2);
+  EXPECT_EQ(m.next_us, now + 2'000 * ms);
+  client_entry q = master_says(3'000, 0, 1);
+  q.policy_seq = g.seq;
+  refund(q, g, now, 2);
+  EXPECT_EQ(q.next_us, now + 3'000 * ms);
 }

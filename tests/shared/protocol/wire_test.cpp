@@ -387,8 +387,17 @@ TEST(Wire, AdjustGoldenBytesAndRoundTrip) {
   EXPECT_EQ(tricky->frame[5], "cost=1 adjust=5");
   back = decode_accounting(tricky->view());
   ASSERT_TRUE(back);
-  EXPECT_EQ(back->adjust, 0);
+  EXPECT_FALSE(back->adjust);
   EXPECT_EQ(back->loginfo, "adjust=5");
+  // 0 closes a reservation as reserved.
+  m.state = status::rejected;
+  m.adjust = 0;
+  e = encode(m, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[5], "adjust=0");
+  back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->adjust, 0);
   auto free_text = encode(accounting{"llm", status::accepted, "k", 1, 0, "adjust=5", 1}, s);
   ASSERT_TRUE(free_text);
   EXPECT_EQ(free_text->frame[5], "adjust=5");
@@ -400,13 +409,47 @@ TEST(Wire, AdjustErrorsAndPlainLoginfo) {
   auto v = views(frames);
   auto plain = decode_accounting(v);
   ASSERT_TRUE(plain);
-  EXPECT_EQ(plain->adjust, 0);
+  EXPECT_FALSE(plain->adjust);
   EXPECT_EQ(plain->loginfo, "adjust=-5");
-  for (const char* bad : {"adjust=", "adjust=0", "adjust=-0", "adjust=-", "adjust=+5", "adjust=--5", "adjust=5x",
-                          "adjust=1000000000001", "adjust=-1000000000001", "adjust= 5"}) {
+  for (const char* bad : {"adjust=", "adjust=-", "adjust=+5", "adjust=--5", "adjust=5x", "adjust=1000000000001",
+                          "adjust=-1000000000001", "adjust= 5"}) {
     EXPECT_EQ(accounting_error({"api\0"s, "REJECTED", "k", "1", "", bad}), decode_error::adjust_invalid) << bad;
   }
   EXPECT_EQ(to_string(decode_error::adjust_invalid), "adjust_invalid");
+}
+
+TEST(Wire, ReserveGoldenBytesAndRoundTrip) {
+  scratch s;
+  accounting m{"llm", status::delayed, "key-1", 1'795'514'400'123, 1'795'514'400'500, {}, 50};
+  m.reserve = true;
+  auto e = encode(m, s);
+  ASSERT_TRUE(e);
+  const std::vector<std::string> golden{"llm\0"s, "DELAYED", "key-1", "1795514400123", "1795514400500", "reserve=50"};
+  ASSERT_EQ(e->count, golden.size());
+  for (std::size_t i = 0; i < golden.size(); ++i) EXPECT_EQ(e->frame[i], golden[i]) << i;
+  auto back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->reserve);
+  EXPECT_EQ(back->cost, 50);
+  // Even an estimate of 1 says so; a REJECTED message reserves nothing.
+  m.cost = 1;
+  e = encode(m, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[5], "reserve=1");
+  m.state = status::rejected;
+  EXPECT_FALSE(encode(m, s));
+  // A plain loginfo that reads as a reservation gets the cost prefix; a
+  // REJECTED one is free text.
+  auto tricky = encode(accounting{"llm", status::accepted, "k", 1, 0, "reserve=5", 1}, s);
+  ASSERT_TRUE(tricky);
+  EXPECT_EQ(tricky->frame[5], "cost=1 reserve=5");
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "reserve=x"}), decode_error::reserve_invalid);
+  EXPECT_EQ(accounting_error({"api\0"s, "ACCEPTED", "k", "1", "", "reserve=-1"}), decode_error::reserve_invalid);
+  const std::vector<std::string> frames{"api\0"s, "REJECTED", "k", "1", "", "reserve=x"};
+  auto v = views(frames);
+  auto free_text = decode_accounting(v);
+  ASSERT_TRUE(free_text);
+  EXPECT_FALSE(free_text->reserve);
 }
 
 TEST(Wire, QuotaGoldenBytesAndRoundTrip) {
