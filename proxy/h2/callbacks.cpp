@@ -47,6 +47,7 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
         st->body_end = true;
         st->wake();
         if (st->up2) h2_upstream_body_ready(*st->up2);
+        h.body_progress(st);
       }
       break;
     }
@@ -56,6 +57,7 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
         st->body_end = true;
         st->wake();
         if (st->up2) h2_upstream_body_ready(*st->up2);
+        h.body_progress(st);
       }
       break;
     }
@@ -94,6 +96,7 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
   st->body_in.append(reinterpret_cast<const char*>(data), len);
   st->wake();
   if (st->up2) h2_upstream_body_ready(*st->up2);
+  h.body_progress(st);
   return 0;
 }
 

@@ -139,7 +139,19 @@ private:
     const auto it = streams_.find(id);
     return it == streams_.end() ? nullptr : it->second;
   }
+  /// Its head is complete: checked, then decided (decide), or, for a route
+  /// whose cost estimate is in the JSON body, once that much of the body is
+  /// in, the body ends, or body_timeout passes (prefix_wanted).
   void dispatch(const std::shared_ptr<h2_stream>& st, bool end_stream);
+  void decide(const std::shared_ptr<h2_stream>& st);
+  /// A stream waiting for the start of its body: decided when it is in (or ends).
+  void body_progress(const std::shared_ptr<h2_stream>& st) {
+    if (awaits_body(*st) && (st->body_end || st->body_in.size() >= st->prefix_wanted)) decide(st);
+  }
+  /// Still waiting for the start of its body, and not answered meanwhile (413).
+  static bool awaits_body(const h2_stream& st) {
+    return st.prefix_wanted != 0 && !st.closed && !st.too_large && st.status == 0;
+  }
   void release(const std::shared_ptr<h2_stream>& st);
   /// Forwards the streams the last read opened and decided to forward.
   void forward_opened();

@@ -40,6 +40,8 @@ struct h2_stream {
   bool held = false;
   bool closed = false;    ///< nghttp2 closed it: done, or reset by the client
   bool body_end = false;  ///< the client's END_STREAM arrived
+  /// Not 0: its steps wait for this much of the body (a cost estimate read from it).
+  std::size_t prefix_wanted = 0;
   bool too_large = false;
   bool refused = false;                ///< its body is not wanted (answered by the proxy, or done): read and dropped
   bool forwarding = false;             ///< handed to its upstream

@@ -38,12 +38,34 @@ void h2_connection::dispatch(const std::shared_ptr<h2_stream>& st, bool end_stre
     answer(*st, 400, "bad request: " + std::string(why) + "\n");
     return;
   }
+  if (const std::size_t want = end_stream ? 0 : body_prefix_wanted(rt, st->req, true)) {
+    // The DATA are kept in body_in as they come (the connection's window
+    // given back on arrival; the stream's, at most 64 KiB, when forwarded).
+    st->prefix_wanted = want;
+    st->timer = std::make_unique<steady_timer>(exec_);
+    st->timer->expires_after(rt.cfg.body_timeout);
+    st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code& ec) {
+      if (!ec && awaits_body(*st)) self->decide(st);  // what came is what there is
+    });
+    return;
+  }
+  decide(st);
+}
+
+void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
+  const runtime& rt = *st->rt;
+  std::string_view body_prefix;
+  if (st->prefix_wanted != 0) {
+    body_prefix = std::string_view(st->body_in).substr(0, st->prefix_wanted);
+    st->prefix_wanted = 0;
+    if (st->timer) st->timer->cancel();
+  }
   const std::int64_t now_us = s_.clk.wall_us();
   admission_env env{s_.gate, s_.metrics, w_.accounting};
   // A gRPC call is not held past its deadline: refused at once instead (as a hold beyond max_delay is).
   const auto deadline = st->grpc ? h2::grpc::parse_timeout(st->fields.grpc_timeout()) : std::nullopt;
   const steps_decision plan = plan_request(env, rt, st->req, st->target, peer_, deadline ? deadline->count() : -1,
-                                           st->adm, st->response_fields, st->entry.get(), now_us);
+                                           st->adm, st->response_fields, st->entry.get(), now_us, body_prefix);
   st->r = plan.r;
   const admission& a = st->adm;
   if (plan.next == next_step::answer) {

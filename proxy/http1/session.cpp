@@ -179,11 +179,21 @@ private:
       entry_ = begin_entry(rt, req, peer_, peer_text_, s_.clk.wall_us());
       started_ = s_.clk.steady_now();
     }
+    // A route whose cost estimate is a number in the JSON body: its start first.
+    std::string joined;
+    std::string_view body_prefix;
+    // (Not for a client that waits for 100-continue before it sends the body:
+    // that is answered once the request is admitted, with cost_default.)
+    if (const std::size_t want = req.expect_continue ? 0 : body_prefix_wanted(rt, req, false)) {
+      if (!co_await read_body_prefix(want, rt.cfg.body_timeout)) co_return connection_next::ends;
+      body_prefix = view(c_.in).substr(req.size, want);
+      if (!c_.early.empty()) body_prefix = joined.assign(body_prefix).append(c_.early).substr(0, want);
+    }
     const std::int64_t now_us = s_.clk.wall_us();
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     admission a;
     const steps_decision plan =
-        plan_request(env, rt, req, c_.target, peer_, -1, a, c_.response_fields, entry_.get(), now_us);
+        plan_request(env, rt, req, c_.target, peer_, -1, a, c_.response_fields, entry_.get(), now_us, body_prefix);
     if (plan.next == next_step::answer) co_return co_await answer_plan(plan);
     const route* r = plan.r;
     if (plan.next == next_step::hold) {
@@ -263,6 +273,23 @@ private:
   // 400 with the reason (its text built in this frame, not in every request's).
   awaitable<connection_next> refuse_bad_request(unsigned version, std::string_view why) {
     co_return co_await refuse(c_, version, 400, "bad request: " + std::string(why) + "\n");
+  }
+
+  // Reads until `want` bytes of the body are in: those that came with the
+  // head, then more into `early` (forwarded after the head, as the bytes that
+  // arrive during a hold are), so the head's views into `in` stay where they
+  // are. False when the client went away or took longer than `timeout`.
+  awaitable<bool> read_body_prefix(std::size_t want, steady::duration timeout) {
+    const std::size_t with_head = c_.in.size() - c_.request.size;
+    while (with_head + c_.early.size() < want) {
+      const std::size_t at = c_.early.size();
+      c_.early.resize(want - with_head);
+      const auto [ec, n] =
+          co_await read_more(c_, c_.client, asio::buffer(c_.early.data() + at, c_.early.size() - at), timeout);
+      c_.early.resize(at + n);
+      if (ec) co_return false;
+    }
+    co_return true;
   }
 
   // While held, the head buffer keeps only the bytes read (it was made for

@@ -49,7 +49,7 @@ void count_fallback(proxy_metrics& m, cost_fallback why) {
 }  // namespace
 
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
-                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us) {
+                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us, std::string_view body_prefix) {
   admission a;
   if (r.domain.empty()) {
     a.outcome = decision::exempt;
@@ -116,7 +116,8 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   // body without a length is charged only when it is done.
   const std::optional<cost_charge> cost = cost_at_admission(r, req);
   if (cost) count_fallback(env.metrics, cost->why);
-  const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req);
+  const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req, body_prefix);
+  if (!cost && charged) count_fallback(env.metrics, charged->why);  // an estimate not read as asked
   const std::int64_t units = charged ? charged->units : 0;
   // A held request's successor waits out its own cost (planned with it),
   // and a cost known only when the request is done, taken as cost_default.

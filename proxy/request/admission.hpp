@@ -60,8 +60,11 @@ struct admission_env {
 /// `deadline_us` >= 0: the request cannot wait longer than this (a gRPC
 /// call's grpc-timeout): a hold beyond it is refused as one beyond max_delay
 /// is, counted as reason grpc_deadline.
+/// `body_prefix`: the start of the request body, read before admission for a
+/// route whose estimate is a number in it (body_prefix_wanted()).
 admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
-                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us = -1);
+                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us = -1,
+                std::string_view body_prefix = {});
 
 /// A request admitted with charge_when_done is done (forwarded, answered or
 /// failed) at `now_us`. One that reserved an estimate has it corrected: the

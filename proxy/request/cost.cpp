@@ -3,6 +3,7 @@
 
 #include <charconv>
 
+#include "proxy/codec/json_field.hpp"
 #include "shared/base/text.hpp"
 
 namespace smockron::proxy {
@@ -48,17 +49,27 @@ std::optional<cost_charge> cost_at_admission(const route& r, const http1::reques
       if (req.body == http1::framing::none) return cost_of_count(r, 0);
       if (req.body == http1::framing::length) return cost_of_count(r, req.content_length);
       return std::nullopt;  // chunked: counted as it is relayed
-    case kind::response_header: return std::nullopt;
+    case kind::response_header:
+    case kind::json_body: return std::nullopt;
   }
   return std::nullopt;
 }
 
-std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req) {
+std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req,
+                                                 std::string_view body_prefix) {
+  using kind = config::route_config::cost_source::kind;
   if (!r.cost.after_response()) return std::nullopt;
   if (!r.cost_estimate) return cost_charge{r.cost_default, cost_fallback::none};
-  if (r.cost_estimate->type == config::route_config::cost_source::kind::constant)
-    return cost_charge{r.cost_estimate->units, cost_fallback::none};
-  return cost_of_request_field(r, r.cost_estimate->field, req);
+  switch (r.cost_estimate->type) {
+    case kind::constant: return cost_charge{r.cost_estimate->units, cost_fallback::none};
+    case kind::json_body: {
+      const json_field_result f = json_field(body_prefix, r.cost_estimate->field);
+      if (f.k == json_field_result::kind::number) return cost_of_value(r, f.digits);
+      return cost_charge{r.cost_default,
+                         f.k == json_field_result::kind::malformed ? cost_fallback::malformed : cost_fallback::missing};
+    }
+    default: return cost_of_request_field(r, r.cost_estimate->field, req);
+  }
 }
 
 void note_cost_trailer(const route& r, std::string_view section, request_outcome& o) {

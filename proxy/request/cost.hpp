@@ -37,9 +37,12 @@ cost_charge cost_of_count(const route& r, std::uint64_t units);
 std::optional<cost_charge> cost_at_admission(const route& r, const http1::request_head& req);
 
 /// What a request whose cost is known only from its response reserves at
-/// admission: the route's cost_estimate (a constant, or a request field read
-/// as a cost is, at most cost_max), else cost_default. Nothing for any other cost.
-std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req);
+/// admission: the route's cost_estimate (a constant; a request field read as
+/// a cost is; a number in the JSON body, of which `body_prefix` holds the
+/// start: at most cost_max, not found or not a count: cost_default, counted),
+/// else cost_default. Nothing for any other cost.
+std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req,
+                                                 std::string_view body_prefix = {});
 
 /// Notes the route's cost field among a response's fields (its head, or its
 /// trailers as HTTP/2 carries them) in `o` (response_header costs). Any

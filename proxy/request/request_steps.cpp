@@ -54,6 +54,17 @@ bool prepare_path(const runtime& rt, http1::request_head& req, std::string& targ
 
 }  // namespace
 
+std::size_t body_prefix_wanted(const runtime& rt, const http1::request_head& req, bool unknown_length_readable) {
+  if (!rt.json_estimates || req.body == http1::framing::none) return 0;
+  const std::string_view t = req.target;
+  const route* r = rt.routes.match(req.host, t.substr(0, t.find('?')));
+  if (r == nullptr || !r->cost_estimate || r->cost_estimate->type != config::route_config::cost_source::kind::json_body)
+    return 0;
+  if (req.body == http1::framing::length)
+    return std::min<std::uint64_t>(req.content_length, rt.cfg.cost_estimate_bytes);
+  return unknown_length_readable ? rt.cfg.cost_estimate_bytes : 0;
+}
+
 const route* route_request(const runtime& rt, http1::request_head& req, std::string& target, std::string_view& why) {
   std::string route_path;  // set when routes match another form of the path than the one forwarded
   if (!prepare_path(rt, req, target, route_path, why)) return nullptr;
@@ -99,7 +110,8 @@ refusal refusal_for(const route& r, const admission& a) {
 
 steps_decision plan_request(admission_env& env, const runtime& rt, http1::request_head& req, std::string& target,
                             const ip_address& peer, std::int64_t deadline_us, admission& adm,
-                            std::string& response_fields, access_entry* entry, std::int64_t now_us) {
+                            std::string& response_fields, access_entry* entry, std::int64_t now_us,
+                            std::string_view body_prefix) {
   steps_decision p;
   if (req.body == http1::framing::length && rt.cfg.max_body_bytes > 0 && req.content_length > rt.cfg.max_body_bytes) {
     env.metrics.bad_request.inc();
@@ -122,7 +134,7 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
     return p;
   }
   const route& r = *p.r;
-  adm = admit(env, rt, r, req, peer, now_us, deadline_us);
+  adm = admit(env, rt, r, req, peer, now_us, deadline_us, body_prefix);
   append_limit_fields(response_fields, env.g, rt, r, adm, now_us);
   if (entry) note_admission(*entry, r, adm);
   switch (adm.outcome) {

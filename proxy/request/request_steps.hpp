@@ -25,6 +25,14 @@ namespace smockron::proxy {
 /// nullptr when no route matches, or `why` set when the path is refused.
 const route* route_request(const runtime& rt, http1::request_head& req, std::string& target, std::string_view& why);
 
+/// How many bytes of the request body to read before its steps: a route whose
+/// cost estimate is a number in the JSON body wants its start (at most
+/// cost_estimate_bytes, at most the declared length; `unknown_length_readable`:
+/// a body of unknown length is read as it comes, as HTTP/2's DATA are; not
+/// HTTP/1.1's chunked coding, whose estimate is then cost_default). 0: nothing. Matches the route on the host and
+/// the path as sent (the steps match it again, on the prepared path).
+std::size_t body_prefix_wanted(const runtime& rt, const http1::request_head& req, bool unknown_length_readable);
+
 /// Appends the rate-limit fields (always when limited; on every response
 /// with ratelimit_headers) and the decision (explain) as header lines.
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
@@ -61,7 +69,8 @@ struct steps_decision {
 /// `adm` is filled for a request that reached admission.
 steps_decision plan_request(admission_env& env, const runtime& rt, http1::request_head& req, std::string& target,
                             const ip_address& peer, std::int64_t deadline_us, admission& adm,
-                            std::string& response_fields, access_entry* entry, std::int64_t now_us);
+                            std::string& response_fields, access_entry* entry, std::int64_t now_us,
+                            std::string_view body_prefix = {});
 
 /// A hold ended: its place among the held is free; a client that left gives
 /// its slot back to the gate (and is counted), and its reservation is closed.

@@ -85,6 +85,9 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
     }
   }
   normalize_path = cfg.normalize_path;
+  json_estimates = std::any_of(routes.routes().begin(), routes.routes().end(), [](const route& r) {
+    return r.cost_estimate && r.cost_estimate->type == config::route_config::cost_source::kind::json_body;
+  });
   path_options.merge_slashes = cfg.merge_slashes;
   using action = config::proxy_config::escaped_slashes_action;
   path_options.slashes = cfg.escaped_slashes == action::keep       ? path::escaped_slash::keep

@@ -51,6 +51,7 @@ struct runtime {
   std::vector<gate_limits> route_limits;
   std::unique_ptr<std::atomic<std::int64_t>[]> route_held;
   bool normalize_path = true;
+  bool json_estimates = false;  ///< some route's cost estimate is read from the JSON body (body_prefix_wanted)
   path::options path_options;
   /// Query parameters some route's hashed `query:` source reads: logs write
   /// their values hashed (redact_query), never in clear.

@@ -179,17 +179,19 @@ struct route_config {
   /// body's size (`"request_bytes"`), or a response field or trailer
   /// (`"response_header:X-Tokens-Used"`, charged when the response ends).
   struct cost_source {
-    enum class kind : std::uint8_t { constant, header, request_bytes, response_header };
+    /// json_body: a number in the JSON request body (`cost_estimate = "json:FIELD"` only).
+    enum class kind : std::uint8_t { constant, header, request_bytes, response_header, json_body };
     kind type = kind::constant;
     std::int64_t units = 1;  ///< constant
-    std::string field;       ///< header, response_header: the field's name, lower-case
+    std::string field;       ///< header, response_header: the field's name, lower-case; json_body: the member's name
     /// Known only once the request is done: an estimate is reserved at admission and corrected then.
     bool after_response() const { return type == kind::response_header; }
   };
   cost_source cost;
   /// What a response_header cost reserves at admission (`cost_estimate`): a
-  /// constant or a request field (kind constant or header); nothing:
-  /// cost_default. Charged as a known cost, corrected when the real one is known.
+  /// constant, a request field or a number in the JSON request body (kind
+  /// constant, header or json_body); nothing: cost_default. Charged as a
+  /// known cost, corrected when the real one is known.
   std::optional<cost_source> cost_estimate;
   std::int64_t cost_max = 1'000'000;  ///< a larger cost is charged as this (counted)
   std::int64_t cost_default = 1;      ///< the charge of a cost that is missing or malformed (counted)
@@ -236,7 +238,10 @@ struct proxy_config {
   microseconds grace_period = std::chrono::seconds(10);
   std::uint64_t max_header_bytes = 16 * 1024;
   std::uint64_t max_body_bytes = 0;  ///< 0 = unlimited (bodies are streamed)
-  double rejected_sample = 1.0;      ///< fraction of REJECTED accounting sent (0 = off)
+  /// How much of a request body is read before admission to find a
+  /// `cost_estimate = "json:FIELD"` (less than an HTTP/2 stream's window).
+  std::uint64_t cost_estimate_bytes = 16 * 1024;
+  double rejected_sample = 1.0;  ///< fraction of REJECTED accounting sent (0 = off)
   bool access_log = false;
   enum class access_log_format_kind : std::uint8_t { text, json };
   access_log_format_kind access_log_format = access_log_format_kind::text;

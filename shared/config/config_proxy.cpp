@@ -201,6 +201,7 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.duration("grace_period", p.grace_period);
   r.size("max_header_bytes", p.max_header_bytes, 256, 1024 * 1024);
   r.size("max_body_bytes", p.max_body_bytes, 0, UINT64_MAX >> 1);
+  r.size("cost_estimate_bytes", p.cost_estimate_bytes, 1, 65'535);
   r.real("rejected_sample", p.rejected_sample, 0.0, 1.0);
   r.boolean("access_log", p.access_log);
   r.choice("access_log_format", std::array<std::string_view, 2>{"text", "json"}, "format", p.access_log_format);

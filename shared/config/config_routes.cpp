@@ -140,7 +140,7 @@ void read_cost(reader& rr, const std::string& path, route_config& route) {
   }
 }
 
-// A response_header cost's `cost_estimate`: an integer or "header:NAME", at most cost_max.
+// A response_header cost's `cost_estimate`: an integer, "header:NAME" or "json:FIELD", at most cost_max.
 void read_cost_estimate(reader& rr, const std::string& path, route_config& route) {
   using kind = route_config::cost_source::kind;
   const toml::node* n = rr.get("cost_estimate");
@@ -166,8 +166,20 @@ void read_cost_estimate(reader& rr, const std::string& path, route_config& route
       rr.errors().add(*n, key, "\"header:\" needs a field name (a token, e.g. \"header:X-Max-Tokens\")");
       return;
     }
+  } else if (t != nullptr && t->get().starts_with("json:")) {
+    e.type = kind::json_body;
+    e.field = t->get().substr(5);
+    // A member name as written in the body, without escapes (json_field.hpp).
+    const bool plain = !e.field.empty() && std::all_of(e.field.begin(), e.field.end(), [](char ch) {
+      return static_cast<unsigned char>(ch) >= 0x20 && ch != '"' && ch != '\\' && ch != 0x7f;
+    });
+    if (!plain) {
+      rr.errors().add(*n, key,
+                      "\"json:\" needs a member name without quotes or backslashes (e.g. \"json:max_tokens\")");
+      return;
+    }
   } else {
-    rr.errors().add(*n, key, "expected an integer or \"header:NAME\"");
+    rr.errors().add(*n, key, "expected an integer, \"header:NAME\" or \"json:FIELD\"");
     return;
   }
   route.cost_estimate = std::move(e);

@@ -878,8 +878,13 @@ TEST(Config, RouteCost) {
       one_error(route_with(late + "cost_estimate = 5001")).find("cost_estimate: must be between 0 and cost_max (5000)"),
       std::string::npos);
   EXPECT_NE(one_error(route_with(late + "cost_estimate = \"header:\"")).find("needs a field name"), std::string::npos);
-  EXPECT_NE(one_error(route_with(late + "cost_estimate = \"json:max_tokens\""))
-                .find("expected an integer or \"header:NAME\""),
+  const auto json = parsed(late + "cost_estimate = \"json:max_tokens\"");
+  ASSERT_TRUE(json.cost_estimate);
+  EXPECT_EQ(json.cost_estimate->type, kind::json_body);
+  EXPECT_EQ(json.cost_estimate->field, "max_tokens");
+  EXPECT_NE(one_error(route_with(late + "cost_estimate = \"json:\"")).find("needs a member name"), std::string::npos);
+  EXPECT_NE(one_error(route_with(late + "cost_estimate = 'json:a\"b'")).find("needs a member name"), std::string::npos);
+  EXPECT_NE(one_error(route_with(late + "cost_estimate = \"body:x\"")).find("expected an integer, \"header:NAME\""),
             std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_estimate = 3")).find("cost_estimate: has no effect unless"),
             std::string::npos);
