@@ -1,11 +1,13 @@
 // A route's cost read from untrusted bytes: a request head's field, a
-// response head's field and a chunked trailer section. Never crashes, and
+// response head's field, a chunked trailer section, and an estimate read
+// from the start of a JSON body (json_field). Never crashes, and
 // every charge is within [0, cost_max] (cost_default when not read), its
 // reason agreeing with it.
 #include <cstdint>
 #include <string>
 
 #include "fuzz_frames.hpp"
+#include "proxy/codec/json_field.hpp"
 #include "proxy/request/cost.hpp"
 
 using namespace smockron;
@@ -46,5 +48,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!o.cost_field) note_cost_trailer(r, f[2], o);
   FUZZ_CHECK(sound(r, cost_when_done(r, o)));
   FUZZ_CHECK(sound(r, cost_of_value(r, f[2])));
+  // An estimate read from the start of a JSON body (any bytes, any member name).
+  config::route_config::cost_source estimate;
+  estimate.type = config::route_config::cost_source::kind::json_body;
+  estimate.field = std::string(f[0].substr(0, 16));
+  r.cost_estimate = estimate;
+  if (const auto e = estimate_at_admission(r, req, f[2])) FUZZ_CHECK(sound(r, *e));
+  const json_field_result j = json_field(f[2], estimate.field);
+  if (j.k == json_field_result::kind::number) {
+    FUZZ_CHECK(!j.digits.empty() && j.digits.size() <= 19);
+    FUZZ_CHECK(j.digits.find_first_not_of("0123456789") == std::string_view::npos);
+    FUZZ_CHECK(j.digits.data() >= f[2].data() && j.digits.data() + j.digits.size() <= f[2].data() + f[2].size());
+  }
   return 0;
 }
