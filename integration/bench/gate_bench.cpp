@@ -33,6 +33,13 @@ domain = "search"
 upstream = "app"
 identify = ["header:X-API-Key", "ip"]
 cost = "header:X-Cost"
+[[proxy.routes]]
+path = "/v1/"
+domain = "llm"
+upstream = "app"
+identify = ["header:X-API-Key", "ip"]
+cost = "response_header:X-Tokens-Used"
+cost_estimate = "json:max_tokens"
 )",
                                "bench");
   return *r.cfg->proxy;
@@ -103,6 +110,35 @@ void BM_GateDecisionHeaderCost(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_GateDecisionHeaderCost);
+
+// The same path on a route whose cost comes from the response and whose
+// estimate is read from the JSON body (an LLM call of ~600 bytes, max_tokens
+// last): the estimate found, charged by the gate, the reservation encoded.
+void BM_GateDecisionJsonEstimate(benchmark::State& state) {
+  gate_bench_setup b(3);
+  http1::request_head req;
+  req.headers.insert("Host", "api.example.com");
+  req.headers.insert("X-API-Key", "customer-4711");
+  req.headers.insert("Content-Type", "application/json");
+  const std::string body = R"({"model":"some-model-2026","messages":[{"role":"system","content":")" +
+                           std::string(200, 's') + R"("},{"role":"user","content":")" + std::string(300, 'u') +
+                           R"("}],"temperature":0.2,"stream":false,"max_tokens":512})";
+  for (auto _ : state) {
+    const route* r = b.routes.match(*req.headers.first("Host"), "/v1/chat/completions");
+    const auto found =
+        identify(r->identify, req.headers, "/v1/chat/completions", b.peer, {&b.trusted, nullptr, b.now / 1'000'000});
+    const std::string_view who = found.who ? std::string_view(found.who->value) : std::string_view("-");
+    const auto estimate = estimate_at_admission(*r, req, body);
+    const auto d = b.g.decide(static_cast<std::uint32_t>(r->domain_index), who, b.now, b.limits, estimate->units);
+    wire::accounting m{r->domain, wire::status::accepted, who, b.now / 1000, 0, {}};
+    m.cost = estimate->units;
+    m.reserve = true;
+    const auto enc = wire::encode(m, b.scratch);
+    benchmark::DoNotOptimize(d);
+    benchmark::DoNotOptimize(enc);
+  }
+}
+BENCHMARK(BM_GateDecisionJsonEstimate);
 
 void BM_GateDecision(benchmark::State& state) { gate_path(state, true); }
 void BM_GateDecisionIpSource(benchmark::State& state) { gate_path(state, false); }
