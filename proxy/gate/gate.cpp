@@ -294,7 +294,15 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
 }
 
 void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
-  if (units <= 0) return;
+  if (units > 0) correct(domain, identifier, units, now_us);
+}
+
+void gate::refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
+  if (units > 0) correct(domain, identifier, -units, now_us);
+}
+
+void gate::correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us) {
+  if (delta == 0) return;
   policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
@@ -303,20 +311,8 @@ void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_
   const auto it = s.map.find(k);
   if (guard.count == 0 || it == s.map.end()) return;  // decide() made the entry if the guard tracks the client
   refresh(it->second, guard, now_us);
-  proxy::charge(it->second, guard, now_us, units);
-}
-
-void gate::refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
-  if (units <= 0) return;
-  policy guard = read_policy(domain, now_us);
-  const key_view k{domain, identifier};
-  shard& s = shard_for(k);
-  std::lock_guard lock(s.mutex);
-  guard = policy_for(s, k, guard, now_us);
-  const auto it = s.map.find(k);
-  if (guard.count == 0 || it == s.map.end()) return;
-  refresh(it->second, guard, now_us);
-  proxy::refund(it->second, guard, now_us, units);
+  if (delta > 0) proxy::charge(it->second, guard, now_us, delta);
+  else proxy::refund(it->second, guard, now_us, -delta);
 }
 
 void gate::cancel(std::uint32_t domain, std::string_view identifier, const gate_decision& d, std::int64_t now_us) {

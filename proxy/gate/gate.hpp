@@ -215,6 +215,8 @@ private:
   };
   /// True when `units` exceed one of the domain's fresh quotas (a cost no window holds).
   bool over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now_us) const;
+  /// charge() (delta > 0) or refund() (delta < 0) under the client's lock.
+  void correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us);
   /// Appends the domain's fresh quotas to `q` (none for an overridden identifier).
   void add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
                   std::int64_t now_us) const;
