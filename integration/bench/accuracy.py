@@ -228,7 +228,7 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
     endpoint) as lines in out_path, flushed every 20 ms:
       A recv_ns domain status identifier received_ms delayed_ms cost
       C recv_ns domain identifier next_ms interval_ms
-    (cost: the loginfo frame's "cost=N", else 1, the wire's default; a REJECTED
+    (cost: the loginfo frame's "cost=N" or "reserve=N", else 1, the wire's default; a REJECTED
     message with "adjust=N" is written with status ADJUST and cost N, signed)"""
     zmq = _zmq
     stop = []
@@ -266,8 +266,8 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                     if kind == "A" and len(f) >= 5:
                         cost = 1
                         status = d(f[1])
-                        if len(f) > 5 and f[5].startswith(b"cost="):
-                            digits = f[5][5:].split(b" ", 1)[0]
+                        if len(f) > 5 and (f[5].startswith(b"cost=") or f[5].startswith(b"reserve=")):
+                            digits = f[5].split(b"=", 1)[1].split(b" ", 1)[0]  # a use, or a reservation's estimate
                             cost = int(digits) if digits.isdigit() else -1
                         elif len(f) > 5 and f[1] == b"REJECTED" and f[5].startswith(b"adjust="):
                             # a reservation's correction: recorded as status ADJUST, its signed units
@@ -1221,7 +1221,10 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     # included); a response's cost when the response ends (every request that reached the backend).
     forwarded = {(i, a[1], a[2]) for i, arr in arrivals.items() for a in arr}
     if sc.cost == "response":
-        expected_units = sum(cost_of.get(k, 0) for k in forwarded)
+        # What reached the backend, and the estimate (cost_default) of each held request whose
+        # client left (cut at the end): a reservation nobody corrects is charged as reserved.
+        expected_units = sum(cost_of.get(k, 0) for k in forwarded) + sc.cost_default * sum(
+            1 for k, dec in decisions.items() if dec == "delayed" and k in cost_of and k not in forwarded)
     else:
         expected_units = sum(cost_of[k] for k, dec in decisions.items()
                              if dec in ("accepted", "delayed") and k in cost_of)
