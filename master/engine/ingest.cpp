@@ -174,8 +174,8 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     const std::int64_t delta = *msg->adjust;
     e = {rules::event_kind::adjust, msg->received_ms * 1000, delta};
     d.adjustments->inc();
-    if (delta != 0) (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
-    if (delta == 0) return std::nullopt;
+    if (delta == 0) return std::nullopt;  // closed as reserved: nothing changes
+    (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
   } else {
     d.messages[msg->state]->inc();
     if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
