@@ -121,9 +121,7 @@ class TokenBudgetExampleTest(DaemonTestCase):
         self.wait_connected(self.proxy)
         # Control is connected; accounting too, from every worker (a message sent
         # before a worker's link is up would be counted unsent, not charged).
-        workers = int(wait_until(lambda: re.search(r"\((\d+) worker threads?\)", self.proxy.log()), 10,
-                                 message="the proxy's worker count in its log").group(1))
-        self.master.wait_metric("smockron_master_accounting_peers", predicate=lambda v: v >= workers, timeout=10)
+        self.wait_accounting(self.proxy)
         self.addCleanup(self.assert_nothing_unsent)
         self.charged = 0  # tokens of the calls the proxy let through (what the master must count)
 

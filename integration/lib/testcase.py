@@ -4,6 +4,7 @@ and a proxy gated by a real master with the ZeroMQ loop primed (gate_stack)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -174,12 +175,21 @@ class DaemonTestCase(unittest.TestCase):
         proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}}, [WARM_ROUTE] + routes,
                                  accounting=[master.accounting], control=[master.control], **proxy_keys)
         self.wait_connected(proxy)
+        self.wait_accounting(proxy)
         self.prime(proxy)
         return master, backend, proxy
 
     def wait_connected(self, proxy: ProxyProcess, masters: str = "1/1", timeout: float = 10.0) -> None:
         wait_until(lambda: f"masters connected: {masters}" in proxy.readyz(), timeout,
                    message=f"proxy {proxy.port}: masters connected: {masters}")
+
+    def wait_accounting(self, proxy: ProxyProcess, masters: int = 1, timeout: float = 10.0) -> None:
+        """Until every worker's accounting link to each of `masters` has the master's
+        subscriptions: a message sent before would be counted unsent, not charged."""
+        workers = int(wait_until(lambda: re.search(r"\((\d+) worker threads?\)", proxy.log()), timeout,
+                                 message="the proxy's worker count in its log").group(1))
+        proxy.wait_metric("smockron_proxy_accounting_links_subscribed", predicate=lambda v: v >= workers * masters,
+                          timeout=timeout)
 
     def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
         """Sends warm-up requests (one fresh X-Warm key each, route WARM_ROUTE) until a

@@ -58,6 +58,7 @@ struct accounting_sender::link {
   std::string pending, writing;  ///< queued; being written
   std::size_t pending_msgs = 0, writing_msgs = 0;
   bool write_busy = false;
+  bool subscribed = false;  ///< counted in counters::subscribed
 };
 
 accounting_sender::counters::counters(metrics::registry& r)
@@ -70,7 +71,10 @@ accounting_sender::counters::counters(metrics::registry& r)
                            "just reconnected); the request still passed")),
       lost(r.add_counter("smockron_proxy_accounting_lost_total",
                          "Accounting messages queued for a master whose connection broke before they "
-                         "were written (once per master)")) {
+                         "were written (once per master)")),
+      subscribed(r.add_gauge("smockron_proxy_accounting_links_subscribed",
+                             "Accounting connections (one per master per worker thread) the master has "
+                             "subscribed: messages are delivered on these only")) {
   for (const auto f : {zmtp::fault::greeting, zmtp::fault::mechanism, zmtp::fault::handshake, zmtp::fault::framing,
                        zmtp::fault::peer_error, zmtp::fault::subscriptions, zmtp::fault::timeout, zmtp::fault::connect,
                        zmtp::fault::closed, zmtp::fault::io}) {
@@ -112,7 +116,12 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
   }
 }
 
-accounting_sender::~accounting_sender() { counters_.unsent.inc(batch_.size()); }
+accounting_sender::~accounting_sender() {
+  counters_.unsent.inc(batch_.size());
+  for (const auto& l : links_) {
+    if (l->subscribed) counters_.subscribed.add(-1);
+  }
+}
 
 void accounting_sender::account(const wire::accounting& m, const policy& p) {
   // Refusals may be sampled (they charge nothing); a correction of a cost never is.
@@ -290,6 +299,10 @@ bool accounting_sender::parse(link& l) {
     }
     void on_subscription(bool subscribe, std::string_view topic) override {
       if (!l.subs.apply(subscribe, topic)) full = true;
+      if (subscribe && !l.subscribed && l.st == link::state::ready) {
+        l.subscribed = true;
+        self.counters_.subscribed.add(1);
+      }
     }
     bool full = false;
   };
@@ -363,6 +376,8 @@ void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) 
   l.write_busy = false;
   l.in.clear();
   l.subs.clear();
+  if (l.subscribed) counters_.subscribed.add(-1);
+  l.subscribed = false;
   l.pending.clear();
   l.writing.clear();
   l.pending_msgs = l.writing_msgs = 0;

@@ -55,6 +55,10 @@ public:
     metrics::counter& dropped;  ///< refused by at least one full queue (or unencodable)
     metrics::counter& unsent;   ///< no connected master subscribed to the domain
     metrics::counter& lost;     ///< queued for a master whose connection then broke
+    /// Connections (one per master per worker) that have the master's
+    /// subscriptions: only those deliver. A master subscribes just after the
+    /// handshake; what is sent before is unsent.
+    metrics::gauge& subscribed;
     /// smockron_proxy_accounting_disconnects_total by reason (null: cannot happen here).
     metrics::counter* disconnects[zmtp::fault_count] = {};
   };

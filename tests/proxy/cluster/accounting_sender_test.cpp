@@ -51,17 +51,15 @@ protected:
     master_->poll(std::chrono::milliseconds(0),
                   [this](std::span<const std::string_view> f, bool) { got_.emplace_back(f.begin(), f.end()); });
   }
-  // Connected and subscribed: a probe arrives. Then a last probe, named, is
-  // awaited: probes still in flight arrive before it (one connection, in
-  // order), so none of them is read later as a test's own message.
+  // Connected and subscribed (the gauge says so): the first message sent arrives.
   void connect() {
-    ASSERT_TRUE(until([&] { return sender_.connected() == 1 && master_->peers() == 1; }));
-    ASSERT_TRUE(until([&] {
-      if (got_.empty()) account(wire::status::delayed, "probe");
-      return !got_.empty();
-    }));
-    account(wire::status::delayed, "fence");
-    ASSERT_TRUE(until([&] { return !got_.empty() && got_.back().size() > 2 && got_.back()[2] == "fence"; }));
+    ASSERT_TRUE(until([&] { return metric("smockron_proxy_accounting_links_subscribed") == 1; }));
+    EXPECT_EQ(sender_.connected(), 1u);
+    account(wire::status::delayed, "first");
+    ASSERT_TRUE(until([&] { return !got_.empty(); }));
+    ASSERT_EQ(got_.size(), 1u);
+    EXPECT_EQ(got_[0][2], "first");
+    EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 0) << "nothing was sent before the subscription";
     got_.clear();
   }
   void account(wire::status st, std::string id, proxy::accounting_sender::policy p = {}) {
@@ -129,9 +127,9 @@ TEST_F(AccountingSender, ALostMasterIsCountedByReasonAndUnsentAfter) {
   master_.reset();
   ASSERT_TRUE(until([&] { return sender_.connected() == 0; }));
   EXPECT_EQ(metric("smockron_proxy_accounting_disconnects_total{reason=\"closed\"}"), 1);
-  const double unsent = metric("smockron_proxy_accounting_unsent_total");  // probes sent before the subscription
+  EXPECT_EQ(metric("smockron_proxy_accounting_links_subscribed"), 0);
   account(wire::status::delayed, "nobody");
-  EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), unsent + 1);
+  EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 1);
 }
 
 // A domain split across two masters by identifier: each message goes to the
