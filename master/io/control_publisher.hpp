@@ -1,11 +1,10 @@
-// The master's control stream: a libzmq XPUB socket carrying DELAY_UNTIL to
-// every gatekeeper, and each domain's POLICY (its rules, and one per
-// identifier with rules of its own, for the gatekeepers' own
-// first-round-trip bound and rate-limit fields) every policy interval and to
-// each gatekeeper as soon as it subscribes.
+// The master's control stream: our ZMTP publisher (zmtp_server, role pub, on
+// the master's loop) carrying DELAY_UNTIL to every gatekeeper, and each
+// domain's POLICY (its rules, and one per identifier with rules of its own,
+// for the gatekeepers' own first-round-trip bound and rate-limit fields)
+// every policy interval and to each gatekeeper as soon as it subscribes.
+// What is published during a turn of the loop leaves at its end, together.
 #pragma once
-
-#include <zmq.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -14,6 +13,9 @@
 #include <vector>
 
 #include "master/engine/ingest.hpp"
+#include "master/io/event_loop.hpp"
+#include "master/io/zmtp_server.hpp"
+#include "shared/base/clock.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/base/net.hpp"
 #include "shared/config/config.hpp"
@@ -26,10 +28,13 @@ public:
   /// Subscription-triggered POLICY messages for one domain are at least this far apart.
   static constexpr std::chrono::milliseconds k_policy_gap{100};
 
-  /// Binds `cfg.control`; throws zmq::error_t when it cannot.
-  control_publisher(zmq::context_t& ctx, const config::master_config& cfg, metrics::registry& reg);
+  /// Binds `cfg.control` (its connections served by `loop`); throws
+  /// std::runtime_error with a clear message when it cannot.
+  control_publisher(event_loop& loop, const config::master_config& cfg, const clock& clk, metrics::registry& reg);
 
-  /// Publishes one DELAY_UNTIL (dropped and counted when the queue is full).
+  const std::string& endpoint() const { return server_.endpoint(); }
+
+  /// Publishes one DELAY_UNTIL (dropped and counted for a gatekeeper whose queue is full).
   void delay_until(const wire::delay_until& m);
 
   /// POLICY for new subscriptions (at most one per domain per k_policy_gap:
@@ -39,9 +44,8 @@ public:
   void tick(const std::vector<ingest::domain>& domains, const ingest& lookup,
             std::chrono::steady_clock::time_point now);
 
-  /// Answers the ZAP requests of control connections (when control_allow is
-  /// set): libzmq asks before it completes each handshake.
-  void serve_zap();
+  /// After each turn of the loop: what was published leaves (see zmtp_server::after_turn).
+  void after_turn() { server_.after_turn(); }
 
   /// The domain list changed: every domain's POLICY goes out at the next tick.
   void domains_changed(std::size_t count);
@@ -55,17 +59,16 @@ private:
   void publish_policy(const ingest& lookup, std::size_t domain, std::chrono::steady_clock::time_point now);
   void send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l);
 
-  std::optional<zmq::socket_t> zap_;  ///< ZAP handler (RFC 27), bound before socket_ when control_allow is set
-  std::vector<cidr> allow_;
-  zmq::socket_t socket_;
+  zmtp_server server_;
   wire::scratch scratch_;
+  std::vector<std::string> asked_;  ///< topics subscribed to since the last tick (at most k_max_asked)
+  bool ask_all_ = false;            ///< more than that: every domain's POLICY is due
   std::vector<policy_slot> slots_;  ///< per domain index
   std::vector<std::size_t> due_;    ///< domains whose subscription-triggered POLICY waits for k_policy_gap
   std::chrono::steady_clock::time_point next_policy_{};
   metrics::counter& sent_;
   metrics::counter& dropped_;
   metrics::counter& policy_sent_;
-  metrics::counter& refused_;
 };
 
 }  // namespace smockron::master

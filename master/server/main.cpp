@@ -8,8 +8,6 @@
 #include <iostream>
 #include <thread>
 
-#include <zmq.hpp>
-
 #include "master/server/admin.hpp"
 #include "master/server/service.hpp"
 #include "shared/daemon/admin_server.hpp"
@@ -30,12 +28,11 @@ int main(int argc, char** argv) {
   const config::master_config& cfg = *start->cfg.master;
   auto log = log::get("master");
 
-  zmq::context_t zmq_ctx(1);
   metrics::registry registry;
   std::unique_ptr<master::service> svc;
   try {
-    svc = std::make_unique<master::service>(cfg, zmq_ctx, system_clock::instance(), registry);
-  } catch (const std::exception& e) {  // zmq::error_t (control) or std::runtime_error (accounting)
+    svc = std::make_unique<master::service>(cfg, system_clock::instance(), registry);
+  } catch (const std::exception& e) {  // std::runtime_error (an endpoint) or std::system_error (epoll)
     log->critical("cannot bind accounting {} / control {}: {}", cfg.accounting, cfg.control, e.what());
     return 1;
   }

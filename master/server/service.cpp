@@ -3,8 +3,6 @@
 
 #include <sys/epoll.h>
 
-#include <zmq.hpp>
-
 #include <algorithm>
 #include <array>
 #include <thread>
@@ -46,14 +44,14 @@ std::string keep_restart_only(const config::master_config& running, config::mast
 
 }  // namespace
 
-service::service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg)
+service::service(const config::master_config& cfg, const clock& clk, metrics::registry& reg)
     : cfg_(cfg),
       clock_(clk),
       metrics_(reg),
       accounting_(loop_, cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk,
                   reg),
       ingest_(cfg, clk, reg),
-      control_(std::make_unique<control_publisher>(ctx, cfg, reg)),
+      control_(std::make_unique<control_publisher>(loop_, cfg, clk, reg)),
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
       reload_failures_(reg.add_counter("smockron_master_reload_failures_total",
                                        "Reloads rejected because the new configuration was invalid")),
@@ -107,6 +105,8 @@ service::service(const config::master_config& cfg, zmq::context_t& ctx, const cl
 
 service::~service() = default;
 
+const std::string& service::control_endpoint() const { return control_->endpoint(); }
+
 std::uint16_t service::query_port() const { return query_ ? query_->port() : 0; }
 
 void service::serve_queries() {
@@ -154,6 +154,7 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   }
   control_->tick(ingest_.domains(), ingest_, now);
   if (queries_pending_.exchange(false)) answer_queries();
+  control_->after_turn();  // what this turn published leaves now, together
   if (reload_requested_.exchange(false)) {
     std::function<std::optional<config::master_config>()> loader;
     {
@@ -176,10 +177,6 @@ void service::run(const std::atomic<bool>& stop) {
       // While a sweep is under way, its next slice comes right after what has arrived.
       poll_once(sweep_left_ > 0 ? std::chrono::milliseconds(0)
                                 : std::clamp(tick, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      if (e.num() == ETERM) return;
-      log_->error("accounting loop: {}", e.what());
     } catch (const std::exception& e) {
       // Never seen; if it were to repeat, a pause keeps it from spinning a core.
       log_->error("accounting loop: {}", e.what());
@@ -208,6 +205,7 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
     heartbeat_ns_.store(clock_.steady_now().time_since_epoch().count(), std::memory_order_relaxed);
     loop_.run_once(std::chrono::milliseconds(2));
     accounting_.after_turn();
+    control_->after_turn();
   }
   accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
     handle(frames, truncated, accounting_.current_peer());
@@ -217,7 +215,7 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
              store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),
              held.size());
   for (const auto& [m, peer] : held) {
-    std::array<std::string_view, zmtp_subscriber::k_max_frames> v;
+    std::array<std::string_view, zmtp_server::k_max_frames> v;
     for (std::size_t i = 0; i < m.size(); ++i) v[i] = m[i];
     handle({v.data(), m.size()}, false, peer);
   }

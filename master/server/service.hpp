@@ -1,5 +1,5 @@
 // smockron-master's loop, on the thread that calls run(): reads accounting
-// messages (zmtp_subscriber.hpp, subscribed to the owned domains only), has
+// messages (zmtp_server.hpp, subscribed to the owned domains only), has
 // them decided (ingest.hpp), publishes DELAY_UNTIL and POLICY
 // (control_publisher.hpp), sweeps expired states, pumps the Redis store
 // (redis_store.hpp) and applies reloads between polls.
@@ -18,15 +18,11 @@
 #include <vector>
 
 #include "master/engine/ingest.hpp"
-#include "master/io/zmtp_subscriber.hpp"
+#include "master/io/zmtp_server.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/config/config.hpp"
-
-namespace zmq {
-class context_t;
-}
 
 namespace smockron::master {
 
@@ -41,9 +37,8 @@ public:
   static constexpr std::size_t k_flush_batch = 4096;
   static constexpr std::chrono::milliseconds k_flush_interval{5};
 
-  /// Binds both endpoints; throws (zmq::error_t for control, std::runtime_error
-  /// for accounting) if one cannot be bound (start-up only).
-  service(const config::master_config& cfg, zmq::context_t& ctx, const clock& clk, metrics::registry& reg);
+  /// Binds both endpoints; throws std::runtime_error if one cannot be bound (start-up only).
+  service(const config::master_config& cfg, const clock& clk, metrics::registry& reg);
   ~service();
 
   /// Runs until `stop` becomes true (checked at least every 50 ms). With a
@@ -88,6 +83,8 @@ public:
   std::size_t tracked() const { return ingest_.states().tracked(); }
   /// The accounting endpoint as bound (the port filled in when it was "*").
   const std::string& accounting_endpoint() const { return accounting_.endpoint(); }
+  /// The control endpoint as bound.
+  const std::string& control_endpoint() const;
   /// The UDP query endpoint's port as bound (0: no query endpoint).
   std::uint16_t query_port() const;
 
@@ -99,8 +96,8 @@ private:
   config::master_config cfg_;  ///< guarded by status_mutex_ for readers on other threads
   const clock& clock_;
   metrics::registry& metrics_;
-  event_loop loop_;  ///< accounting and the UDP query endpoint; turned by poll_once()
-  zmtp_subscriber accounting_;
+  event_loop loop_;  ///< accounting, control and the UDP query endpoint; turned by poll_once()
+  zmtp_server accounting_;
   ingest ingest_;
   std::unique_ptr<control_publisher> control_;
   std::unique_ptr<redis_store> store_;

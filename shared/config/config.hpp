@@ -88,9 +88,10 @@ struct master_config {
   microseconds reservation_timeout = std::chrono::minutes(10);
   /// Accounting messages held while the Redis store loads at start-up (more
   /// are dropped, counted). In normal running nothing queues in the master:
-  /// it reads straight off its connections (master/zmtp_subscriber.hpp).
+  /// it reads straight off its connections (master/io/zmtp_server.hpp).
   std::int64_t startup_backlog = 1'000'000;
   std::uint64_t max_accounting_peers = 1024;  ///< gatekeeper connections on the accounting endpoint
+  std::uint64_t max_control_peers = 1024;     ///< gatekeeper connections on the control endpoint
   /// Who may connect (TCP; empty: anyone): a publisher on the accounting
   /// endpoint can get any client throttled, so list the gatekeepers' networks.
   std::vector<cidr> accounting_allow;
@@ -101,7 +102,7 @@ struct master_config {
   std::optional<host_port> query;
   /// Who may send queries (empty: anyone): an over_limit records a use, so list the clients' networks.
   std::vector<cidr> query_allow;
-  std::int64_t control_hwm = 1'000'000;                         ///< ZMQ send high-water mark (messages)
+  std::int64_t control_hwm = 1'000'000;  ///< messages queued per control subscriber at most (0: no limit)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default
   std::vector<domain_config> domains;                           ///< sorted by name

@@ -17,10 +17,9 @@
 namespace smockron::config {
 namespace {
 
-using detail::check_accounting_endpoint;
 using detail::check_domain_name;
 using detail::check_log_level;
-using detail::check_zmq_endpoint;
+using detail::check_stream_endpoint;
 using detail::each_table;
 using detail::reader;
 using detail::sink;
@@ -171,11 +170,11 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   master_config m;
   reader r(t, "master", s);
   if (auto* e = r.typed<toml::value<std::string>>("accounting", "a ZeroMQ endpoint string")) {
-    if (auto msg = check_accounting_endpoint(e->get()); !msg.empty()) s.add(*e, "master.accounting", msg);
+    if (auto msg = check_stream_endpoint(e->get(), "accounting"); !msg.empty()) s.add(*e, "master.accounting", msg);
     else m.accounting = e->get();
   }
   if (auto* e = r.typed<toml::value<std::string>>("control", "a ZeroMQ endpoint string")) {
-    if (auto msg = check_zmq_endpoint(e->get()); !msg.empty()) s.add(*e, "master.control", msg);
+    if (auto msg = check_stream_endpoint(e->get(), "control"); !msg.empty()) s.add(*e, "master.control", msg);
     else m.control = e->get();
   }
   r.bind_address("admin", m.admin);
@@ -210,6 +209,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.duration("reservation_timeout", m.reservation_timeout, std::chrono::seconds(1));
   r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);
   r.unsigned_integer("max_accounting_peers", m.max_accounting_peers, 1, 1'000'000);
+  r.unsigned_integer("max_control_peers", m.max_control_peers, 1, 1'000'000);
   r.integer("control_hwm", m.control_hwm, 0, 1'000'000'000);
   r.duration("sweep_interval", m.sweep_interval, std::chrono::milliseconds(1));
   r.string("log_level", m.log_level);

@@ -17,12 +17,11 @@
 namespace smockron::config {
 namespace {
 
-using detail::check_accounting_endpoint;
 using detail::check_domain_name;
 using detail::check_log_level;
 using detail::check_pair;
 using detail::check_readable;
-using detail::check_zmq_endpoint;
+using detail::check_stream_endpoint;
 using detail::each_table;
 using detail::reader;
 using detail::sink;
@@ -185,8 +184,8 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.bind_address("listen", p.listen);
   r.bind_address("admin", p.admin);
   r.integer("threads", p.threads, 0, 1024);
-  r.string_list("accounting", p.accounting, check_accounting_endpoint);
-  r.string_list("control", p.control, check_zmq_endpoint);
+  r.string_list("accounting", p.accounting, [](std::string_view e) { return check_stream_endpoint(e, "accounting"); });
+  r.string_list("control", p.control, [](std::string_view e) { return check_stream_endpoint(e, "control"); });
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
   r.cidr_list("trusted_proxies", p.trusted_proxies);

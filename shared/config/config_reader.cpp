@@ -21,17 +21,11 @@ void check_log_level(reader& r, const std::string& level) {
                  "unknown level \"" + level + "\" (use trace, debug, info, warn, error, critical or off)");
 }
 
-std::string check_zmq_endpoint(std::string_view e) {
-  for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {
-    if (e.starts_with(scheme) && e.size() > scheme.size()) return {};
-  }
-  return "invalid ZeroMQ endpoint \"" + std::string(e) + "\" (expected tcp://host:port, ipc://path or inproc://name)";
-}
-
-// Accounting travels on the project's own ZMTP code (shared/zmtp_session):
-// a stream socket, so in-process ZeroMQ endpoints cannot carry it.
-std::string check_accounting_endpoint(std::string_view e) {
-  if (e.starts_with("inproc://")) return "accounting travels on tcp:// or ipc:// endpoints, not inproc://";
+// Accounting and control travel on the master's own ZMTP code
+// (master/io/zmtp_server.hpp): a stream socket, so in-process ZeroMQ
+// endpoints cannot carry them.
+std::string check_stream_endpoint(std::string_view e, std::string_view what) {
+  if (e.starts_with("inproc://")) return std::string(what) + " travels on tcp:// or ipc:// endpoints, not inproc://";
   if (parse_stream_endpoint(e)) return {};
   if (e.starts_with("ipc://") && e.size() - 6 > 107)
     return "ipc path longer than 107 bytes in \"" + std::string(e) + "\"";

@@ -231,10 +231,9 @@ private:
 
 /// log_level is one both daemons accept (checked here so that --check finds a bad one).
 void check_log_level(reader& r, const std::string& level);
-/// An error message for a ZeroMQ endpoint that is not one (empty: fine).
-std::string check_zmq_endpoint(std::string_view e);
-/// The same for an accounting endpoint: tcp:// or ipc:// (our own ZMTP code speaks it).
-std::string check_accounting_endpoint(std::string_view e);
+/// An error message for an accounting or control endpoint (`what`) that is
+/// not tcp:// or ipc:// (our own ZMTP code speaks them); empty: fine.
+std::string check_stream_endpoint(std::string_view e, std::string_view what);
 /// The same for a domain name.
 std::string check_domain_name(std::string_view name);
 /// Two keys that go together (a certificate and its key): both or neither.

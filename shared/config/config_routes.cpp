@@ -13,12 +13,10 @@
 namespace smockron::config {
 namespace {
 
-using detail::check_accounting_endpoint;
 using detail::check_domain_name;
 using detail::check_log_level;
 using detail::check_pair;
 using detail::check_readable;
-using detail::check_zmq_endpoint;
 using detail::each_table;
 using detail::reader;
 using detail::sink;

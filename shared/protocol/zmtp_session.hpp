@@ -1,7 +1,8 @@
 // One end of a ZMTP 3.0 connection with the NULL mechanism, without I/O:
-// bytes in, bytes and events out. Both ends of the accounting stream use it:
+// bytes in, bytes and events out. Both ends of the accounting stream use it,
 // the proxy's sender (role pub, proxy/cluster/accounting_sender.hpp) and the
-// master's receiver (role sub, master/zmtp_subscriber.hpp); the transports
+// master's receiver (role sub, master/io/zmtp_server.hpp), and the master's
+// control publisher (role pub, the same zmtp_server); the transports
 // only move bytes, keep deadlines and bound their output.
 //
 // The session checks the peer's greeting (ZMTP 3.x, NULL), its READY (a

@@ -1,5 +1,5 @@
 // The master's accounting loop (libzmq PUB -> the master's ZMTP receiver on
-// 127.0.0.1, control over in-process ZeroMQ) with a manual clock:
+// 127.0.0.1, its ZMTP publisher -> a libzmq SUB) with a manual clock:
 // DELAY_UNTIL contents, error counting, subscription filtering, reloads.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -17,10 +17,7 @@ using namespace smockron;
 using namespace std::string_literals;
 
 namespace {
-std::atomic<int> g_instance{0};
-
 config::master_config make_config() {
-  const int n = ++g_instance;
   auto r = config::load_string(R"(
 [master]
 [master.domains.api]
@@ -34,7 +31,7 @@ rules = [ { rate = "1/h", burst = 1 } ]
                                "test");
   auto cfg = *r.cfg->master;
   cfg.accounting = "tcp://127.0.0.1:*";
-  cfg.control = "inproc://control-" + std::to_string(n);
+  cfg.control = "tcp://127.0.0.1:*";
   return cfg;
 }
 
@@ -42,11 +39,11 @@ class MasterLoop : public ::testing::Test {
 protected:
   MasterLoop()
       : cfg_(make_config()),
-        svc_(cfg_, ctx_, clock_, registry_),
+        svc_(cfg_, clock_, registry_),
         pub_(ctx_, zmq::socket_type::pub),
         sub_(ctx_, zmq::socket_type::sub) {
     clock_.set_wall_ms(now_ms_);
-    sub_.connect(cfg_.control);
+    sub_.connect(svc_.control_endpoint());
     sub_.set(zmq::sockopt::subscribe, "");
     pub_.connect(svc_.accounting_endpoint());
     // Both subscriptions propagate asynchronously: probe until a DELAY_UNTIL
@@ -62,7 +59,7 @@ protected:
         return;
       }
     }
-    ADD_FAILURE() << "in-process sockets never connected";
+    ADD_FAILURE() << "the sockets never connected";
   }
 
   // Probes still in flight would each draw a DELAY_UNTIL that a test reads as
@@ -89,16 +86,21 @@ protected:
     std::vector<std::string_view> v(frames.begin(), frames.end());
     svc_.handle(v);
   }
-  // The next control message (POLICY too when `policies`), if one arrives within a short bound.
+  // The next control message (POLICY too when `policies`), if one arrives
+  // within a short bound. The loop turns meanwhile: what the master publishes
+  // leaves at the end of a turn.
   std::optional<std::vector<std::string>> next_control(bool policies = false) {
-    while (true) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < end) {
+      svc_.poll_once(std::chrono::milliseconds(0));
       zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(2000)) <= 0) return std::nullopt;
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(1)) <= 0) continue;
       zmq_util::multipart m;
-      if (!zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) return std::nullopt;
+      if (!zmq_util::recv(sub_, m, zmq::recv_flags::dontwait)) continue;
       if (!policies && m.frames()[1] == "POLICY") continue;
       return std::vector<std::string>(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
     }
+    return std::nullopt;
   }
   std::string ts(std::int64_t offset_ms) const { return std::to_string(now_ms_ + offset_ms); }
   std::string metrics() const { return registry_.render(); }
@@ -335,12 +337,15 @@ TEST_F(MasterLoop, NewSubscriberGetsItsDomainsPolicyAtOnce) {
     return std::nullopt;
   };
   const std::vector<std::string> slow{"slow\0"s, "POLICY", "", "100000/5 1000000/2"};
+  // The fixture's subscriber asked for every POLICY within the gap: those go out first.
+  clock_.advance(master::control_publisher::k_policy_gap);
+  for (int i = 0; i < 5; ++i) svc_.poll_once(std::chrono::milliseconds(1));
   zmq::socket_t first(ctx_, zmq::socket_type::sub), second(ctx_, zmq::socket_type::sub);
-  first.connect(cfg_.control);
+  first.connect(svc_.control_endpoint());
   first.set(zmq::sockopt::subscribe, "slow\0"s);
   clock_.advance(master::control_publisher::k_policy_gap);  // well under the periodic second
   EXPECT_EQ(wait_policy(first), slow);
-  second.connect(cfg_.control);
+  second.connect(svc_.control_endpoint());
   second.set(zmq::sockopt::subscribe, "slow\0"s);
   // Within the gap it waits; once the gap has passed it goes out.
   for (int i = 0; i < 20; ++i) svc_.poll_once(std::chrono::milliseconds(5));

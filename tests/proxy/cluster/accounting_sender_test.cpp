@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "master/io/zmtp_subscriber.hpp"
+#include "master/io/zmtp_server.hpp"
 #include "proxy/cluster/accounting_sender.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/protocol/hash_ring.hpp"
@@ -29,9 +29,8 @@ namespace {
 class AccountingSender : public ::testing::Test {
 protected:
   AccountingSender()
-      : master_(std::make_unique<master::zmtp_subscriber>(master_loop_, "tcp://127.0.0.1:*",
-                                                          master::zmtp_subscriber::options{}, system_clock::instance(),
-                                                          master_registry_)),
+      : master_(std::make_unique<master::zmtp_server>(master_loop_, "tcp://127.0.0.1:*", master::zmtp_server::options{},
+                                                      system_clock::instance(), master_registry_)),
         sender_(ioc_, {master_->endpoint()}, 1000, counters_) {
     master_->subscribe("api\0"s);
   }
@@ -80,7 +79,7 @@ protected:
 
   metrics::registry registry_, master_registry_;
   master::event_loop master_loop_;
-  std::unique_ptr<master::zmtp_subscriber> master_;
+  std::unique_ptr<master::zmtp_server> master_;
   boost::asio::io_context ioc_;
   proxy::accounting_sender::counters counters_{registry_};
   proxy::accounting_sender sender_;
@@ -137,10 +136,10 @@ TEST_F(AccountingSender, ALostMasterIsCountedByReasonAndUnsentAfter) {
 TEST(AccountingSenderShards, EachMessageGoesToTheShareOfItsIdentifier) {
   metrics::registry reg, mreg;
   master::event_loop loops[2];  // one master each, polled apart
-  std::vector<std::unique_ptr<master::zmtp_subscriber>> masters;
+  std::vector<std::unique_ptr<master::zmtp_server>> masters;
   for (int i = 0; i < 2; ++i) {
-    masters.push_back(std::make_unique<master::zmtp_subscriber>(
-        loops[i], "tcp://127.0.0.1:*", master::zmtp_subscriber::options{}, system_clock::instance(), mreg));
+    masters.push_back(std::make_unique<master::zmtp_server>(
+        loops[i], "tcp://127.0.0.1:*", master::zmtp_server::options{}, system_clock::instance(), mreg));
     masters.back()->subscribe("api\0"s);
     masters.back()->subscribe("other\0"s);
   }

@@ -39,6 +39,7 @@ max_identifiers = 5000
 max_clock_skew = "10s"
 startup_backlog = 0
 max_accounting_peers = 64
+max_control_peers = 32
 sweep_interval = "50ms"
 log_level = "debug"
 
@@ -116,6 +117,7 @@ upstream = "app"
   EXPECT_EQ(m.max_clock_skew, seconds(10));
   EXPECT_EQ(m.startup_backlog, 0);
   EXPECT_EQ(m.max_accounting_peers, 64u);
+  EXPECT_EQ(m.max_control_peers, 32u);
   EXPECT_EQ(m.sweep_interval, milliseconds(50));
   ASSERT_EQ(m.domains.size(), 2u);
   const auto* api = m.find_domain("api");

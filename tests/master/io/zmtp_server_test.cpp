@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "master/io/zmtp_subscriber.hpp"
+#include "master/io/zmtp_server.hpp"
 #include "shared/daemon/zmq_util.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;
-using master::zmtp_subscriber;
+using master::zmtp_server;
 
 namespace {
 
@@ -29,7 +29,7 @@ struct received {
 
 class Zmtp : public ::testing::Test {
 protected:
-  explicit Zmtp(zmtp_subscriber::options o = {}) : sub_(loop_, "tcp://127.0.0.1:*", o, clock_, registry_) {}
+  explicit Zmtp(zmtp_server::options o = {}) : sub_(loop_, "tcp://127.0.0.1:*", o, clock_, registry_) {}
 
   // Polls until `done` or 3,000 rounds of at most 1 ms.
   template <class F>
@@ -139,7 +139,7 @@ protected:
   manual_clock clock_;
   metrics::registry registry_;
   master::event_loop loop_;
-  zmtp_subscriber sub_;
+  zmtp_server sub_;
   std::vector<received> got_;
   std::vector<int> fds_;
 };
@@ -225,10 +225,10 @@ TEST_F(Zmtp, LibzmqPublisherUnderRandomContents) {
     }
     std::size_t wire_bytes = 0;  // what the bound counts: frames with their headers
     for (const auto& f : frames) wire_bytes += f.size() + (f.size() > 255 ? 9 : 2);
-    ASSERT_TRUE(wire_bytes < 30 * 1024 || wire_bytes > zmtp_subscriber::k_max_message);
+    ASSERT_TRUE(wire_bytes < 30 * 1024 || wire_bytes > zmtp_server::k_max_message);
     send(frames);
     if (frames[0] != "api\0"s) continue;  // filtered by the publisher
-    if (wire_bytes > zmtp_subscriber::k_max_message) ++oversized;
+    if (wire_bytes > zmtp_server::k_max_message) ++oversized;
     else want.push_back(std::move(frames));
   }
   send({"api\0"s, "last"});
@@ -279,7 +279,7 @@ TEST_F(Zmtp, SubscriptionChangesReachConnectedPublishers) {
 TEST_F(Zmtp, IpcEndpoint) {
   const std::string path = "/tmp/smockron-zmtp-test-" + std::to_string(::getpid()) + ".sock";
   {
-    zmtp_subscriber ipc(loop_, "ipc://" + path, {}, clock_, registry_);
+    zmtp_server ipc(loop_, "ipc://" + path, {}, clock_, registry_);
     ipc.subscribe("d\0"s);
     zmq::context_t ctx;
     zmq::socket_t pub(ctx, zmq::socket_type::pub);
@@ -300,14 +300,14 @@ TEST_F(Zmtp, IpcEndpoint) {
 TEST_F(Zmtp, BadEndpointsAreClearErrors) {
   for (const std::string e : {"tcp://127.0.0.1", "tcp://127.0.0.1:99999", "inproc://x", "udp://1:2"}) {
     try {
-      zmtp_subscriber bad(loop_, e, {}, clock_, registry_);
+      zmtp_server bad(loop_, e, {}, clock_, registry_);
       ADD_FAILURE() << e << " was accepted";
     } catch (const std::runtime_error& err) {
       EXPECT_NE(std::string(err.what()).find(e), std::string::npos) << err.what();
     }
   }
   // A port already bound.
-  EXPECT_THROW(zmtp_subscriber(loop_, sub_.endpoint(), {}, clock_, registry_), std::runtime_error);
+  EXPECT_THROW(zmtp_server(loop_, sub_.endpoint(), {}, clock_, registry_), std::runtime_error);
 }
 
 TEST_F(Zmtp, HandshakeThenSubscriptionsAfterPeersReady) {
@@ -349,7 +349,7 @@ TEST_F(Zmtp, TooManyFramesIsDeliveredAsTruncated) {
   write_all(fd, bytes);
   ASSERT_TRUE(pump([&] { return got_.size() == 1; }));
   EXPECT_TRUE(got_[0].truncated);
-  EXPECT_EQ(got_[0].frames.size(), zmtp_subscriber::k_max_frames);
+  EXPECT_EQ(got_[0].frames.size(), zmtp_server::k_max_frames);
 }
 
 TEST_F(Zmtp, PingIsAnsweredWithPongAndItsContext) {
@@ -516,4 +516,167 @@ TEST_F(ZmtpAllowList, PeersOutsideTheListAreClosedAtAcceptAndCounted) {
   EXPECT_EQ(::recv(fd, buf, 1, 0), 0) << "closed without a greeting";
   EXPECT_EQ(sub_.peers(), 0u);
   ::close(fd);
+}
+
+// ---- role pub: the control endpoint ---------------------------------------
+
+namespace {
+class ZmtpPublisher : public Zmtp {
+protected:
+  explicit ZmtpPublisher(std::size_t max_queued = 0)
+      : Zmtp({.role = zmtp::session::role::pub, .name = "control", .sndbuf = 4096, .max_queued = max_queued}) {
+    sub_.on_subscription([this](std::string_view topic) { told_.emplace_back(topic); });
+  }
+  zmtp_server::published publish(const std::vector<std::string>& frames) {
+    const std::vector<std::string_view> v(frames.begin(), frames.end());
+    return sub_.publish(v);
+  }
+  // A raw SUB with a small receive buffer (set before connecting, so the
+  // kernel does not grow it): handshake and `topics` sent, the server's
+  // greeting and READY read.
+  int raw_subscriber(const std::vector<std::string>& topics) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{0, 20'000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    fds_.push_back(fd);
+    std::string hello = greeting() + ready("SUB");
+    for (const auto& t : topics) hello += frame(0, "\x01" + t);
+    write_all(fd, hello);
+    EXPECT_EQ(raw_read(fd, 64 + 27).size(), 64u + 27u);
+    return fd;
+  }
+  // Reads `n` messages from a raw subscriber (turning the loop meanwhile, so
+  // what waits for EPOLLOUT is written); fewer if they stop coming.
+  std::vector<std::vector<std::string>> raw_messages(int fd, std::size_t n) {
+    std::vector<std::vector<std::string>> out;
+    std::vector<std::string> current;
+    std::string buf;
+    for (int empty = 0; empty < 500 && out.size() < n;) {
+      poll_once();
+      char chunk[65536];
+      const ssize_t r = ::recv(fd, chunk, sizeof chunk, 0);
+      if (r <= 0) {
+        ++empty;
+        continue;
+      }
+      empty = 0;
+      buf.append(chunk, static_cast<std::size_t>(r));
+      std::size_t at = 0;
+      zmtp::frame f;
+      while (zmtp::next_frame(std::string_view(buf).substr(at), 1 << 20, f) == zmtp::frame_status::ok) {
+        current.emplace_back(f.body);
+        at += f.size;
+        if (!f.more()) out.push_back(std::exchange(current, {}));
+      }
+      buf.erase(0, at);
+    }
+    return out;
+  }
+  std::vector<std::string> told_;
+};
+
+class ZmtpPublisherBounded : public ZmtpPublisher {
+protected:
+  ZmtpPublisherBounded() : ZmtpPublisher(100) {}
+};
+}  // namespace
+
+// Two libzmq SUBs (the gatekeepers' socket), one subscribed to a domain, one
+// to everything: each gets exactly what it subscribed to, whole and in order,
+// frames over 255 bytes included; every subscription is told.
+TEST_F(ZmtpPublisher, LibzmqSubscribersGetWhatTheySubscribedToWholeAndInOrder) {
+  zmq::context_t ctx;
+  zmq::socket_t api(ctx, zmq::socket_type::sub), all(ctx, zmq::socket_type::sub);
+  for (auto* s : {&api, &all}) s->set(zmq::sockopt::rcvhwm, 0);
+  api.set(zmq::sockopt::subscribe, "api\0"s);
+  all.set(zmq::sockopt::subscribe, "");
+  api.connect(sub_.endpoint());
+  all.connect(sub_.endpoint());
+  ASSERT_TRUE(pump([&] { return told_.size() == 2; }));
+  EXPECT_TRUE((told_ == std::vector{"api\0"s, ""s}) || (told_ == std::vector{""s, "api\0"s}));
+  EXPECT_EQ(metric("smockron_master_control_peers"), 2);
+  const std::string long_identifier(300, 'x');
+  std::vector<std::vector<std::string>> sent;
+  for (int i = 0; i < 3000; ++i) {
+    sent.push_back({i % 3 == 0 ? "other\0"s : "api\0"s, "DELAY_UNTIL",
+                    i % 7 == 0 ? long_identifier : "id-" + std::to_string(i), std::to_string(i), "1"});
+    const auto r = publish(sent.back());
+    EXPECT_EQ(r.queued, i % 3 == 0 ? 1u : 2u);
+    EXPECT_EQ(r.dropped, 0u);
+    if (i % 100 == 0) poll_once();  // some leave mid-way, the rest at the end of a turn
+  }
+  const auto drain = [&](zmq::socket_t& s, std::size_t n) {
+    std::vector<std::vector<std::string>> got;
+    for (int i = 0; i < 10'000 && got.size() < n; ++i) {
+      poll_once();
+      zmq_util::multipart m;
+      while (zmq_util::recv(s, m, zmq::recv_flags::dontwait)) {
+        got.emplace_back(m.views.begin(), m.views.begin() + static_cast<std::ptrdiff_t>(m.count));
+      }
+    }
+    return got;
+  };
+  std::vector<std::vector<std::string>> want_api;
+  for (const auto& m : sent)
+    if (m[0] == "api\0"s) want_api.push_back(m);
+  EXPECT_EQ(drain(api, want_api.size()), want_api);
+  EXPECT_EQ(drain(all, sent.size()), sent);
+}
+
+// A subscriber that stops reading: once the kernel's buffers are full, its
+// queue takes max_queued messages and the rest are dropped for it (as a
+// libzmq PUB past its high-water mark); it stays connected, and when it reads
+// again every message queued arrives whole and in order.
+TEST_F(ZmtpPublisherBounded, ASubscriberThatDoesNotReadLosesWhatIsPastItsQueueAndStays) {
+  const int fd = raw_subscriber({"api\0"s});
+  ASSERT_TRUE(pump([&] { return told_.size() == 1; }));
+  const std::string body(1024, 'b');
+  std::size_t queued = 0, dropped = 0;
+  for (int i = 0; i < 20'000; ++i) {  // 20 MB: far more than any socket buffer holds
+    const auto r = publish({"api\0"s, body, std::to_string(i)});
+    queued += r.queued;
+    dropped += r.dropped;
+  }
+  EXPECT_EQ(queued + dropped, 20'000u);
+  EXPECT_GT(dropped, 0u);
+  EXPECT_GE(queued, 100u);
+  EXPECT_EQ(sub_.peers(), 1u);
+  const auto got = raw_messages(fd, queued);
+  ASSERT_EQ(got.size(), queued);
+  long last = -1;
+  for (const auto& m : got) {
+    ASSERT_EQ(m.size(), 3u);
+    EXPECT_EQ(m[0], "api\0"s);
+    EXPECT_EQ(m[1], body);
+    const long id = std::stol(m[2]);
+    EXPECT_GT(id, last);
+    last = id;
+  }
+  // Drained: its queue takes messages again.
+  EXPECT_EQ(publish({"api\0"s, "after", "x"}).queued, 1u);
+  const auto after = raw_messages(fd, 1);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0][1], "after");
+}
+
+TEST_F(ZmtpPublisher, MoreSubscriptionsThanAllowedIsAFault) {
+  std::vector<std::string> topics;
+  for (int i = 0; i < 10'001; ++i) topics.push_back("t" + std::to_string(i));
+  const int fd = raw_subscriber(topics);
+  EXPECT_TRUE(closed_by_peer(fd));
+  EXPECT_EQ(metric("smockron_master_control_disconnects_total{reason=\"subscriptions\"}"), 1);
+}
+
+TEST_F(ZmtpPublisher, APubPeerIsAHandshakeFault) {
+  const int fd = raw_connect();
+  write_all(fd, greeting() + ready("PUB"));  // a PUB cannot talk to a PUB
+  EXPECT_TRUE(closed_by_peer(fd));
+  EXPECT_EQ(metric("smockron_master_control_disconnects_total{reason=\"handshake\"}"), 1);
 }

@@ -1,5 +1,5 @@
-// The master's accounting receiver (see zmtp_subscriber.hpp).
-#include "master/io/zmtp_subscriber.hpp"
+// The master's ZeroMQ endpoints (see zmtp_server.hpp).
+#include "master/io/zmtp_server.hpp"
 
 #include "shared/base/net.hpp"
 #include "shared/protocol/zmtp.hpp"
@@ -25,9 +25,12 @@ namespace {
 
 /// Input buffer per peer: twice the largest message, so after the complete
 /// messages are consumed a read always has at least k_max_message of room.
-constexpr std::size_t k_buffer = 2 * zmtp_subscriber::k_max_message;
+constexpr std::size_t k_buffer = 2 * zmtp_server::k_max_message;
 /// Output we queue for a peer that does not read (subscriptions, PONGs).
 constexpr std::size_t k_max_output = 64 * 1024;
+/// Role pub: a peer's queue is written as soon as it holds this much, not
+/// only at the end of the turn.
+constexpr std::size_t k_flush_at = 64 * 1024;
 
 struct bound_socket {
   int fd = -1;
@@ -36,7 +39,7 @@ struct bound_socket {
 };
 
 [[noreturn]] void fail(const std::string& endpoint, const std::string& what) {
-  throw std::runtime_error("accounting endpoint \"" + endpoint + "\": " + what);
+  throw std::runtime_error("endpoint \"" + endpoint + "\": " + what);
 }
 
 int open_listener(int family, const sockaddr* addr, socklen_t len, const std::string& endpoint, int rcvbuf) {
@@ -120,13 +123,23 @@ bound_socket bind_endpoint(const std::string& endpoint, int rcvbuf) {
 
 }  // namespace
 
-struct zmtp_subscriber::peer final : event_loop::source {
-  explicit peer(zmtp_subscriber& s) : owner(s) {}
+struct zmtp_server::peer final : event_loop::source {
+  explicit peer(zmtp_server& s)
+      : owner(s),
+        session(s.opt_.role,
+                s.opt_.role == zmtp::session::role::sub
+                    ? zmtp::session::limits{.max_message = k_max_message,
+                                            .max_skip = k_max_skip,
+                                            .max_frames = k_max_frames}
+                    : zmtp::session::limits{.max_message = k_max_message, .max_pong_backlog = k_max_output}),
+        subs(s.opt_.max_subscriptions) {}
   void on_ready(std::uint32_t events) override { owner.peer_ready(*this, events); }
-  zmtp_subscriber& owner;
+  zmtp_server& owner;
   int fd = -1;
-  zmtp::session session{zmtp::session::role::sub,
-                        {.max_message = k_max_message, .max_skip = k_max_skip, .max_frames = k_max_frames}};
+  zmtp::session session;
+  zmtp::subscription_set subs;  ///< role pub: what the peer subscribed to
+  std::size_t queued = 0;       ///< role pub: messages queued since `out` was last empty
+  bool unsent = false;          ///< role pub: listed in unsent_
   bool closed = false;
   bool want_output = false;  ///< EPOLLOUT registered
   std::unique_ptr<char[]> in = std::make_unique<char[]>(k_buffer);
@@ -137,32 +150,47 @@ struct zmtp_subscriber::peer final : event_loop::source {
 };
 
 namespace {
-// What a subscriber can meet, and so counts (the `reason` label).
+// What either role can meet, and so counts (the `reason` label); a publisher
+// also counts peers over max_subscriptions.
 constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mechanism,  zmtp::fault::handshake,
                                      zmtp::fault::framing,    zmtp::fault::peer_error, zmtp::fault::timeout,
                                      zmtp::fault::peer_limit, zmtp::fault::stalled};
+
+std::string metric(const std::string& name, std::string_view what) {
+  return "smockron_master_" + name + "_" + std::string(what);
+}
 }  // namespace
 
-zmtp_subscriber::zmtp_subscriber(event_loop& loop, const std::string& endpoint, options o, const clock& clk,
-                                 metrics::registry& reg)
+zmtp_server::zmtp_server(event_loop& loop, const std::string& endpoint, options o, const clock& clk,
+                         metrics::registry& reg)
     : loop_(loop),
       clock_(clk),
-      opt_(o),
-      connections_(reg.add_counter("smockron_master_accounting_connections_total",
-                                   "Gatekeeper connections accepted on the accounting endpoint")),
+      opt_(std::move(o)),
+      connections_(reg.add_counter(metric(opt_.name, "connections_total"),
+                                   "Gatekeeper connections accepted on the " + opt_.name + " endpoint")),
       refused_(reg.add_counter("smockron_master_refused_connections_total",
                                "Connections refused by an endpoint's allow list",
-                               metrics::labels({{"endpoint", "accounting"}}))),
-      oversized_(reg.add_counter("smockron_master_accounting_oversized_total",
-                                 "Accounting messages over 32 KiB, skipped (the connection stays)")),
-      log_(log::get("master.accounting")) {
-  for (const auto f : k_counted) {
-    faults_[static_cast<int>(f)] =
-        &reg.add_counter("smockron_master_accounting_disconnects_total",
-                         "Accounting connections closed for breaking the protocol or a bound, by reason",
-                         metrics::labels({{"reason", zmtp::to_string(f)}}));
+                               metrics::labels({{"endpoint", opt_.name}}))),
+      log_(log::get("master." + opt_.name)) {
+  const bool pub = opt_.role == zmtp::session::role::pub;
+  if (!pub) {
+    oversized_ = &reg.add_counter(metric(opt_.name, "oversized_total"),
+                                  "Accounting messages over 32 KiB, skipped (the connection stays)");
   }
-  bound_socket b = bind_endpoint(endpoint, opt_.rcvbuf);
+  const auto count = [&](zmtp::fault f) {
+    faults_[static_cast<int>(f)] = &reg.add_counter(
+        metric(opt_.name, "disconnects_total"),
+        "Connections to the " + opt_.name + " endpoint closed for breaking the protocol or a bound, by reason",
+        metrics::labels({{"reason", zmtp::to_string(f)}}));
+  };
+  for (const auto f : k_counted) count(f);
+  if (pub) count(zmtp::fault::subscriptions);
+  bound_socket b;
+  try {
+    b = bind_endpoint(endpoint, opt_.rcvbuf);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(opt_.name + " " + e.what());
+  }
   listen_fd_ = b.fd;
   endpoint_ = std::move(b.endpoint);
   unlink_path_ = std::move(b.unlink_path);
@@ -173,11 +201,11 @@ zmtp_subscriber::zmtp_subscriber(event_loop& loop, const std::string& endpoint, 
     throw std::system_error(e, std::generic_category(), "epoll_ctl");
   }
   // Last: a constructor that threw must not leave a callback to a dead object.
-  reg.add_callback("smockron_master_accounting_peers", "Gatekeepers connected to the accounting endpoint", "",
+  reg.add_callback(metric(opt_.name, "peers"), "Gatekeepers connected to the " + opt_.name + " endpoint", "",
                    [this] { return static_cast<double>(ready_peers_.load(std::memory_order_relaxed)); });
 }
 
-zmtp_subscriber::~zmtp_subscriber() {
+zmtp_server::~zmtp_server() {
   on_closed_ = nullptr;  // shutting down: nobody to tell (and whoever was told may be gone)
   for (auto& p : peers_) close(*p);
   loop_.remove(listen_fd_);
@@ -185,14 +213,14 @@ zmtp_subscriber::~zmtp_subscriber() {
   if (!unlink_path_.empty()) ::unlink(unlink_path_.c_str());
 }
 
-void zmtp_subscriber::subscribe(std::string_view topic) {
+void zmtp_server::subscribe(std::string_view topic) {
   if (std::find(topics_.begin(), topics_.end(), topic) != topics_.end()) return;
   topics_.emplace_back(topic);
   subscription_bytes_ += topic.size() + 10;
   send_subscription(true, topic);
 }
 
-void zmtp_subscriber::unsubscribe(std::string_view topic) {
+void zmtp_server::unsubscribe(std::string_view topic) {
   const auto it = std::find(topics_.begin(), topics_.end(), topic);
   if (it == topics_.end()) return;
   topics_.erase(it);
@@ -201,7 +229,7 @@ void zmtp_subscriber::unsubscribe(std::string_view topic) {
 }
 
 // To every peer past its handshake (the others get the whole list with their READY).
-void zmtp_subscriber::send_subscription(bool subscribe, std::string_view topic) {
+void zmtp_server::send_subscription(bool subscribe, std::string_view topic) {
   std::string body(1, subscribe ? '\x01' : '\0');  // appended: GCC 12 at -O3 warns (-Wrestrict) on "\x01" + string
   body += topic;
   std::string frame;
@@ -211,14 +239,14 @@ void zmtp_subscriber::send_subscription(bool subscribe, std::string_view topic) 
   }
 }
 
-std::size_t zmtp_subscriber::peers() const { return ready_peers_.load(std::memory_order_relaxed); }
+std::size_t zmtp_server::peers() const { return ready_peers_.load(std::memory_order_relaxed); }
 
-void zmtp_subscriber::peer_ready(peer& p, std::uint32_t events) {
+void zmtp_server::peer_ready(peer& p, std::uint32_t events) {
   if (!p.closed && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(p);
   if (!p.closed && (events & EPOLLOUT)) flush(p);
 }
 
-void zmtp_subscriber::after_turn() {
+void zmtp_server::after_turn() {
   const auto now = clock_.steady_now();
   if (accept_paused_ && now >= accept_paused_until_) {
     loop_.modify(listen_fd_, EPOLLIN, listener_);
@@ -228,11 +256,12 @@ void zmtp_subscriber::after_turn() {
     expire_handshakes();
     next_expiry_check_ = now + std::chrono::milliseconds(100);
   }
+  flush();  // what was published during the turn (unsent_ names no peer freed below)
   // Closed in a call of the loop's turn; freed only now, when no ready event can name them.
   std::erase_if(peers_, [](const auto& p) { return p->closed; });
 }
 
-std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, message_fn f) {
+std::size_t zmtp_server::poll(std::chrono::milliseconds timeout, message_fn f) {
   on_message(std::move(f));
   const std::size_t before = delivered_;
   loop_.run_once(timeout);
@@ -240,7 +269,7 @@ std::size_t zmtp_subscriber::poll(std::chrono::milliseconds timeout, message_fn 
   return delivered_ - before;
 }
 
-void zmtp_subscriber::accept_all() {
+void zmtp_server::accept_all() {
   for (;;) {
     sockaddr_storage from{};
     socklen_t from_len = sizeof from;
@@ -265,7 +294,7 @@ void zmtp_subscriber::accept_all() {
       faults_[static_cast<int>(zmtp::fault::peer_limit)]->inc();
       std::uint64_t suppressed = 0;
       if (fault_log_.allow(clock_.steady_now(), suppressed)) {
-        log_->warn("accounting connection refused: {} connections already (max_accounting_peers)", peers_.size());
+        log_->warn("{} connection refused: {} connections already (max_{}_peers)", opt_.name, peers_.size(), opt_.name);
       }
       continue;
     }
@@ -289,11 +318,11 @@ void zmtp_subscriber::accept_all() {
     connections_.inc();
     peer& ref = *p;
     peers_.push_back(std::move(p));
-    send(ref, zmtp::session::hello(zmtp::session::role::sub));
+    send(ref, zmtp::session::hello(opt_.role));
   }
 }
 
-bool zmtp_subscriber::admitted(const sockaddr_storage& from) {
+bool zmtp_server::admitted(const sockaddr_storage& from) {
   if (opt_.allow.empty() || (from.ss_family != AF_INET && from.ss_family != AF_INET6)) return true;  // ipc: local
   char text[INET6_ADDRSTRLEN] = {};
   if (from.ss_family == AF_INET) {
@@ -305,13 +334,13 @@ bool zmtp_subscriber::admitted(const sockaddr_storage& from) {
   refused_.inc();
   std::uint64_t suppressed = 0;
   if (fault_log_.allow(clock_.steady_now(), suppressed)) {
-    log_->warn("accounting connection from {} refused: not in accounting_allow ({} similar suppressed)", text,
+    log_->warn("{} connection from {} refused: not in {}_allow ({} similar suppressed)", opt_.name, text, opt_.name,
                suppressed);
   }
   return false;
 }
 
-void zmtp_subscriber::on_readable(peer& p) {
+void zmtp_server::on_readable(peer& p) {
   const ssize_t n = ::recv(p.fd, p.in.get() + p.len, k_buffer - p.len, 0);
   if (n == 0) {
     close(p);
@@ -325,12 +354,14 @@ void zmtp_subscriber::on_readable(peer& p) {
   parse(p);
 }
 
-void zmtp_subscriber::parse(peer& p) {
+void zmtp_server::parse(peer& p) {
   current_peer_ = p.id;  // whose messages parse() delivers
   struct events final : zmtp::session_events {
-    zmtp_subscriber& self;
+    zmtp_server& self;
+    peer& p;
     std::string& replies;
-    events(zmtp_subscriber& s, std::string& r) : self(s), replies(r) {}
+    bool over = false;  ///< role pub: more subscriptions than max_subscriptions
+    events(zmtp_server& s, peer& q, std::string& r) : self(s), p(q), replies(r) {}
     void on_ready() override {
       self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
       for (const auto& t : self.topics_) zmtp::append_frame(replies, 0, "\x01" + t);
@@ -340,19 +371,31 @@ void zmtp_subscriber::parse(peer& p) {
       ++self.delivered_;
     }
     void on_oversized(std::uint64_t bytes) override {
-      self.oversized_.inc();
+      self.oversized_->inc();
       std::uint64_t suppressed = 0;
       if (self.fault_log_.allow(self.clock_.steady_now(), suppressed)) {
-        self.log_->warn("accounting message of {} bytes skipped (over {}; {} similar suppressed)", bytes, k_max_message,
-                        suppressed);
+        self.log_->warn("{} message of {} bytes skipped (over {}; {} similar suppressed)", self.opt_.name, bytes,
+                        k_max_message, suppressed);
       }
     }
+    void on_subscription(bool subscribe, std::string_view topic) override {
+      if (!p.subs.apply(subscribe, topic)) over = true;
+      else if (subscribe && self.on_subscription_) self.on_subscription_(topic);
+    }
   };
-  std::string replies;  // subscriptions after READY, PONGs
-  events ev(*this, replies);
-  const std::size_t used = p.session.feed({p.in.get(), p.len}, ev, replies);
+  const bool pub = opt_.role == zmtp::session::role::pub;
+  std::string replies;  // role sub: subscriptions after READY, PONGs
+  events ev(*this, p, replies);
+  // A publisher's PONGs go behind the messages queued for the peer: the
+  // session answers no PING while that output is over k_max_output.
+  const std::size_t used = p.session.feed({p.in.get(), p.len}, ev, pub ? p.out : replies);
   if (!replies.empty()) send(p, replies);
+  else if (pub && !p.out.empty()) flush(p);
   if (const auto f = p.session.failed()) return drop(p, *f, p.session.detail());
+  if (ev.over) {
+    return drop(p, zmtp::fault::subscriptions,
+                "more than " + std::to_string(opt_.max_subscriptions) + " subscriptions");
+  }
   if (p.closed) return;
   // Keep the unfinished message (at most k_max_message plus a frame header,
   // so the next read has nearly k_max_message of room).
@@ -362,17 +405,56 @@ void zmtp_subscriber::parse(peer& p) {
   }
 }
 
-void zmtp_subscriber::send(peer& p, std::string_view bytes) {
+zmtp_server::published zmtp_server::publish(std::span<const std::string_view> frames) {
+  published r;
+  if (frames.empty()) return r;
+  bool framed = false;
+  for (auto& q : peers_) {
+    peer& p = *q;
+    if (p.closed || !p.session.ready() || !p.subs.matches(frames[0])) continue;
+    if (opt_.max_queued > 0 && p.queued >= opt_.max_queued) {
+      ++r.dropped;
+      continue;
+    }
+    if (!framed) {  // framed once, for the first peer that takes it
+      message_.clear();
+      for (std::size_t i = 0; i < frames.size(); ++i)
+        zmtp::append_frame(message_, i + 1 < frames.size() ? zmtp::flag_more : 0, frames[i]);
+      framed = true;
+    }
+    p.out += message_;
+    ++p.queued;
+    ++r.queued;
+    if (p.out.size() >= k_flush_at) {
+      flush(p);
+    } else if (!p.unsent) {
+      p.unsent = true;
+      unsent_.push_back(&p);
+    }
+  }
+  return r;
+}
+
+void zmtp_server::flush() {
+  for (peer* p : unsent_) {
+    p->unsent = false;
+    if (!p->closed) flush(*p);
+  }
+  unsent_.clear();
+}
+
+void zmtp_server::send(peer& p, std::string_view bytes) {
   p.out.append(bytes);
   flush(p);
   // What the kernel would not take yet may be the whole subscription list
-  // (one frame per domain) plus a bounded surplus (PONGs, later changes).
-  if (!p.closed && p.out.size() > subscription_bytes_ + k_max_output) {
+  // (one frame per domain) plus a bounded surplus (PONGs, later changes). A
+  // publisher's queue is bounded by max_queued instead.
+  if (!p.closed && opt_.role == zmtp::session::role::sub && p.out.size() > subscription_bytes_ + k_max_output) {
     drop(p, zmtp::fault::stalled, "peer does not read what the master sends");
   }
 }
 
-void zmtp_subscriber::flush(peer& p) {
+void zmtp_server::flush(peer& p) {
   while (!p.out.empty()) {
     const ssize_t n = ::send(p.fd, p.out.data(), p.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
@@ -385,24 +467,25 @@ void zmtp_subscriber::flush(peer& p) {
     }
     p.out.erase(0, static_cast<std::size_t>(n));
   }
+  if (p.out.empty()) p.queued = 0;
   if (p.out.empty() == !p.want_output) return;  // interest already right
   p.want_output = !p.out.empty();
   update_interest(p);
 }
 
-void zmtp_subscriber::update_interest(peer& p) { loop_.modify(p.fd, EPOLLIN | (p.want_output ? EPOLLOUT : 0u), p); }
+void zmtp_server::update_interest(peer& p) { loop_.modify(p.fd, EPOLLIN | (p.want_output ? EPOLLOUT : 0u), p); }
 
-void zmtp_subscriber::drop(peer& p, zmtp::fault why, std::string_view detail) {
+void zmtp_server::drop(peer& p, zmtp::fault why, std::string_view detail) {
   if (auto* c = faults_[static_cast<int>(why)]) c->inc();
   std::uint64_t suppressed = 0;
   if (fault_log_.allow(clock_.steady_now(), suppressed)) {
-    if (suppressed > 0) log_->warn("accounting connection closed: {} ({} similar suppressed)", detail, suppressed);
-    else log_->warn("accounting connection closed: {}", detail);
+    if (suppressed > 0) log_->warn("{} connection closed: {} ({} similar suppressed)", opt_.name, detail, suppressed);
+    else log_->warn("{} connection closed: {}", opt_.name, detail);
   }
   close(p);
 }
 
-void zmtp_subscriber::close(peer& p) {
+void zmtp_server::close(peer& p) {
   if (p.closed) return;
   if (p.session.ready()) ready_peers_.fetch_sub(1, std::memory_order_relaxed);
   loop_.remove(p.fd);
@@ -411,7 +494,7 @@ void zmtp_subscriber::close(peer& p) {
   if (on_closed_) on_closed_(p.id);
 }
 
-void zmtp_subscriber::expire_handshakes() {
+void zmtp_server::expire_handshakes() {
   const auto now = clock_.steady_now();
   for (auto& p : peers_) {
     if (!p->closed && !p->session.ready() && now - p->since >= opt_.handshake_timeout) {
