@@ -248,6 +248,9 @@ TEST(Config, MasterValueErrors) {
             std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting_hwm = 5\n").find("master.accounting_hwm: renamed to startup_backlog"),
             std::string::npos);
+  EXPECT_NE(one_error("[master]\ncontrol = \"inproc://c\"\n")
+                .find("master.control: control travels on tcp:// or ipc:// endpoints"),
+            std::string::npos);
   EXPECT_NE(one_error("[master]\naccounting = \"inproc://a\"\n")
                 .find("master.accounting: accounting travels on tcp:// or ipc:// endpoints"),
             std::string::npos);
