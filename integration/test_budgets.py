@@ -7,6 +7,9 @@
 - a cost that can never fit (over the rule's burst: a request field, or a
   request body's Content-Length) is refused at once (cost_over_limit), with
   no Retry-After, charging nothing: the client's standing is untouched;
+- a body without a length (chunked, or HTTP/2 without content-length) whose
+  size is the cost is cut off once it grows past what fits: never forwarded
+  whole, refused (or its HTTP/2 stream reset), the bytes that fit charged;
 - a cost known only from the response is charged in full, however far ahead
   that puts the client (no cap by the rule's window);
 - an estimate (cost_estimate) is reserved at admission (the RateLimit field
@@ -141,6 +144,59 @@ class RequestBytesTest(BudgetTestCase):
         self.assertEqual([e["body_bytes"] for e in self.backend.requests(key="carol")], [500])
         wait_until(lambda: self.units()[0] >= 500, 10, message="the 500 bytes charged")
         self.assertEqual(self.units(), (500, 0))
+
+
+class ChunkedBodyTest(BudgetTestCase):
+    """cost = "request_bytes" and a body without a length: it may grow to what fits
+    when the request goes (here the burst, 1000 bytes); past that it is cut off,
+    never forwarded whole, and the request is refused; the bytes that fit are charged."""
+
+    def setUp(self):
+        super().setUp()
+        self.stack([("1000/min", 1000)], cost="request_bytes")
+        self.wait_policy("/up")
+
+    def assert_cut_off(self, key: str) -> None:
+        """The backend saw the request begin and its connection end before the body did;
+        the bytes that fit are charged."""
+        seen = wait_until(lambda: (e := self.backend.requests(key=key)) and "error" in e[0] and e, 10,
+                          message="the backend's request cut off")
+        self.assertEqual(len(seen), 1)
+        self.assertFalse(seen[0]["complete"])
+        self.assertEqual(self.over_limit_rejects(), 1)
+        wait_until(lambda: self.units()[0] >= 1000, 10, message="the 1000 bytes that fit charged")
+        self.assertEqual(self.units(), (1000, 0))
+
+    def test_over_http1_a_chunked_body_past_what_fits_is_cut_off_and_refused(self):
+        chunk = b"12c\r\n" + b"x" * 300 + b"\r\n"  # 300 bytes
+        with RawConn(self.proxy.port, timeout=10) as c:
+            c.send(request_bytes("POST", "/up", [("X-API-Key", "dave"), ("Transfer-Encoding", "chunked")]))
+            c.send(chunk * 3)  # 900: they fit
+            c.send(chunk)  # 1200: past the burst
+            no = c.read_response()
+        self.assertEqual(no.status, 429, no)
+        self.assertNotIn("retry-after", no.headers)
+        self.assertIn(OVER_LIMIT_TEXT, no.body)
+        self.assert_cut_off("dave")
+
+    def test_over_http2_a_body_past_what_fits_is_cut_off(self):
+        h2 = self.closing(H2Client(self.proxy.port))
+        sid = h2.request("/up", "POST", [("x-api-key", "erin")], body=b"x" * 600, end_stream=False)
+        h2.send_data(sid, b"x" * 600, end_stream=False)  # 1200: past the burst
+        h2.wait(lambda: h2._stream(sid).done, 10, "the stream refused or reset")
+        st = h2._stream(sid)
+        # Refused when nothing was forwarded yet; else (the usual case: the
+        # stream went upstream with its head) reset with its upstream request.
+        if st.headers is not None:  # (then reset with NO_ERROR: the client had not ended its body)
+            self.assertEqual(st.status, 429, st)
+            self.assertIn(OVER_LIMIT_TEXT, bytes(st.data))
+            # Cut off before it went upstream: the backend never saw it, nothing was used.
+            self.assertEqual(self.over_limit_rejects(), 1)
+            self.assertEqual(self.backend.requests(key="erin"), [])
+            self.assertEqual(self.units(), (0, 0))
+        else:
+            self.assertEqual(st.reset, 8, st)  # CANCEL
+            self.assert_cut_off("erin")
 
 
 class LateCostTest(BudgetTestCase):

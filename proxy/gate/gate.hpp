@@ -52,6 +52,9 @@ struct gate_decision {
   /// a request of one unit takes a given-back slot: a slot reported for one
   /// cost must not carry another.
   std::int64_t units = 1;
+  /// A request of unknown cost (units 0) let through or held: the most units
+  /// that fit when it goes (units_that_fit); -1: no bound known.
+  std::int64_t fit_units = -1;
 };
 
 struct gate_limits {

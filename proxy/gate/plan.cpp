@@ -67,6 +67,21 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   return p;
 }
 
+std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us) {
+  std::int64_t most = -1;
+  const auto bound = [&most](std::int64_t n) {
+    n = std::max<std::int64_t>(n, 0);
+    most = most < 0 ? n : std::min(most, n);
+  };
+  for (std::size_t i = 0; i < guard.count; ++i) {
+    const guard_rule& r = guard.rules[i];
+    const std::int64_t owed = std::max<std::int64_t>(e.tat[i] - at_us, 0);
+    bound(r.burst - (owed + r.interval_us - 1) / r.interval_us);  // a unit partly paid back is not free
+  }
+  if (e.next_us != 0 && e.interval_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / e.interval_us + 1);
+  return most;
+}
+
 void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::int64_t units) {
   if (units <= 0) return;
   for (std::size_t i = 0; i < guard.count; ++i) {

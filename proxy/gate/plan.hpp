@@ -70,6 +70,12 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us);
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
                           std::int64_t pacing_fresh_us, std::int64_t now_us, std::int64_t units = 1);
 
+/// The most units a request could use at `at_us` and still fit under every
+/// rule the entry knows (each guard rule's burst left; the master's next
+/// allowed time, one unit per interval after it): what a request whose size
+/// is counted as it streams (a body without a length) may grow to. -1: no
+/// bound known (no policy, no word from the master).
+std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us);
 /// The guard charges `units` used at `at` (a request's cost): each rule's
 /// arrival time moves out by units x interval, so a refusal's Retry-After
 /// names when the cost is paid back, as the master's DELAY_UNTIL will. Every

@@ -10,6 +10,8 @@
 #include "proxy/codec/body_relay.hpp"
 #include "proxy/h2/stream.hpp"
 #include "proxy/h2/upstream.hpp"
+#include "proxy/request/cost.hpp"
+#include "proxy/request/request_steps.hpp"
 
 namespace smockron::proxy {
 
@@ -83,13 +85,15 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
       b.body_failed = true;
       break;
     }
-    for (const auto& x : bufs.span()) b.st.body_in.append(static_cast<const char*>(x.data()), x.size());
-    b.st.outcome.bytes_in = relay.data_bytes;
-    c.in.consume(*used);
-    if (rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) {
+    // Over a bound, the step's bytes never go: the upstream stream is reset, never ended.
+    if ((rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) ||
+        cut_by_cost(c.outcome, relay.data_bytes)) {
       b.body_failed = true;
       break;
     }
+    for (const auto& x : bufs.span()) b.st.body_in.append(static_cast<const char*>(x.data()), x.size());
+    b.st.outcome.bytes_in = relay.data_bytes;
+    c.in.consume(*used);
     if (relay.done) b.st.body_end = true;
     if (b.st.up2) h2_upstream_body_ready(*b.st.up2);
     if (relay.done) {
@@ -119,7 +123,8 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
 }
 
 // Writes the response to the client as the upstream's events come.
-awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runtime& rt, bool& chunked) {
+awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runtime& rt, const route& r,
+                                         bool& chunked) {
   const unsigned version = c.request.version >= 11 ? 11 : 10;
   const auto wait = [&]() -> awaitable<void> {
     b.resp_wake.expires_at(steady::time_point::max());
@@ -127,6 +132,11 @@ awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runt
   };
   while (!b.got_head && b.failed == 0 && !b.body_failed) co_await wait();
   if (!b.got_head) {
+    if (c.outcome.cost_cut) {  // its body grew past what its cost may
+      const refusal no = refusal_for_cost_cut(r);
+      c.outcome.status = no.status;
+      co_return co_await respond(c, version, no.status, no.text, false);
+    }
     const unsigned status = b.body_failed ? 400 : b.failed;
     c.outcome.status = status;
     co_return co_await respond(
@@ -198,7 +208,6 @@ awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runt
 
 awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared_ptr<const runtime> rt, const route& r,
                                          connection& c, const http1::forward_info& hop) {
-  c.outcome = {};
   http1::request_head& req = c.request;
   if (req.expect_continue && req.body != http1::framing::none && req.version >= 11) {
     static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -220,11 +229,11 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
   bool chunked = false;
   connection_next next = connection_next::ends;
   if (req.body == http1::framing::none) {
-    next = co_await pump_response(b, c, *rt, chunked);
+    next = co_await pump_response(b, c, *rt, r, chunked);
   } else {
     const auto both = [&]() -> awaitable<void> {
       co_await (pump_body(b, c, *rt) && [&]() -> awaitable<void> {
-        next = co_await pump_response(b, c, *rt, chunked);
+        next = co_await pump_response(b, c, *rt, r, chunked);
         // The body pump stops: waiting for room the upstream may never make, or
         // for client bytes nobody will take (the connection ends then).
         b.response_done = true;
@@ -238,6 +247,7 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     co_await both();
   }
   c.outcome.bytes_in = b.st.outcome.bytes_in;
+  if (c.outcome.cost_cut) s.metrics.reject_cost_over_limit.inc();
   c.outcome.server = b.st.outcome.server;  // the bridge's stream kept these (the client's outcome has the rest)
   if (r.cost.after_response()) {           // charged by the session once this returns
     note_cost_fields(r, b.head, c.outcome);

@@ -68,6 +68,7 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
                                            st->adm, st->response_fields, st->entry.get(), now_us, body_prefix);
   st->r = plan.r;
   const admission& a = st->adm;
+  st->outcome.body_cost_limit = a.body_limit;
   if (plan.next == next_step::answer) {
     if (!plan.why.empty()) {
       answer(*st, 400, "bad request: " + std::string(plan.why) + "\n");

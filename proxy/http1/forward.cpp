@@ -2,6 +2,7 @@
 #include "proxy/http1/forward.hpp"
 
 #include "proxy/request/cost.hpp"
+#include "proxy/request/request_steps.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
@@ -25,7 +26,7 @@ struct relay_leg {
 };
 
 struct relay_end {
-  enum class kind : std::uint8_t { done, bad_framing, too_large, write_failed, read_failed };
+  enum class kind : std::uint8_t { done, bad_framing, too_large, cost_cut, write_failed, read_failed };
   kind what = kind::done;
   boost::system::error_code ec;  ///< read_failed: the read's error, timed_out when the deadline passed
 };
@@ -40,7 +41,9 @@ awaitable<relay_end> relay_body(connection& c, const relay_leg& leg, body_relay&
   for (;;) {
     const auto used = body.step(view(leg.pending), bufs);
     if (!used) co_return relay_end{kind::bad_framing, {}};
+    // Checked before the step's bytes go: a body over a bound never reaches the upstream whole.
     if (leg.max_bytes > 0 && body.data_bytes > leg.max_bytes) co_return relay_end{kind::too_large, {}};
+    if (cut_by_cost(c.outcome, body.data_bytes)) co_return relay_end{kind::cost_cut, {}};
     if (!bufs.empty()) {
       boost::system::error_code ec;
       if (!send_now(leg.to, bufs, ec)) ec = std::get<0>(co_await write(c, leg.to, bufs, leg.write_timeout));
@@ -122,6 +125,13 @@ awaitable<exchange::step> exchange::send_request(int attempt) {
       c.outcome.status = 413;
       next = co_await refuse(c, version, 413, "request body too large\n");
       co_return step::answered;
+    case relay_end::kind::cost_cut: {
+      env.metrics.reject_cost_over_limit.inc();
+      const refusal no = refusal_for_cost_cut(r);
+      c.outcome.status = no.status;
+      next = co_await refuse(c, version, no.status, no.text);
+      co_return step::answered;
+    }
     case relay_end::kind::write_failed:
       if (c.fwd().up.reused && retryable && attempt == 0) co_return step::retry;
       env.metrics.upstream_reset.inc();
@@ -265,7 +275,6 @@ awaitable<void> exchange::pump(link& from, link& to, boost::beast::flat_buffer& 
 awaitable<connection_next> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
                                    const http1::forward_info& hop) {
   exchange x{env, rt, r, c};
-  c.outcome = {};
   const http1::request_head& req = c.request;
   if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {
     // The proxy answers 100-continue itself, once the gate has admitted the request.

@@ -212,6 +212,8 @@ private:
         co_return connection_next::ends;
       }
     }
+    c_.outcome = {};
+    c_.outcome.body_cost_limit = a.body_limit;
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
     const http1::forward_info hop = next_hop(rt, peer_, peer_text_, c_.client.tls() != nullptr);
     // One awaitable in this frame (alive while a request is held), whichever protocol the upstream speaks.

@@ -68,6 +68,11 @@ struct request_outcome {
   /// "response_header:NAME"), from the head or the trailers; nothing: absent.
   std::optional<std::string> cost_field;
   bool cost_fields_several = false;  ///< more than one line of that name (malformed)
+  /// Set at admission for a route whose cost is the request body's size and
+  /// a body without a length: the bytes that fit then (-1: no bound known).
+  /// A body growing past it is cut off, never forwarded whole (cut_by_cost).
+  std::int64_t body_cost_limit = -1;
+  bool cost_cut = false;  ///< it did: cut off, and the request refused (cost_over_limit)
 };
 
 /// What forwarding uses on a connection: the upstream connection in use, its

@@ -124,6 +124,8 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
   a.gate = env.g.decide(domain, id, now_us, limits, units, pace_units);
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
+  if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
+    a.body_limit = a.gate.fit_units;
   if (a.charge_when_done && charged) {
     a.reserved = units;
     a.reserved_at_ms = a.gate.v == verdict::delay && !r.shadow ? (a.gate.release_us + 999) / 1000 : now_us / 1000;
@@ -141,6 +143,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     a.shadow = would;
     a.outcome = decision::accepted;
     a.charge_when_done = !cost;
+    a.body_limit = -1;  // a shadow route refuses nothing
     if (a.charge_when_done && charged) {
       a.reserved = units;
       a.reserved_at_ms = now_us / 1000;

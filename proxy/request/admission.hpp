@@ -36,6 +36,10 @@ struct admission {
   /// body without a length, whose use is accounted only when it is done).
   std::int64_t reserved = -1;
   std::int64_t reserved_at_ms = 0;  ///< the time the reservation was accounted at (its use's time)
+  /// A route whose cost is the request body's size, and a body without a
+  /// length: the bytes that fit when the request goes (the gate's
+  /// fit_units); a body growing past them is cut off. -1: no bound.
+  std::int64_t body_limit = -1;
 };
 
 /// The identifier every unidentified request of a route shares (action

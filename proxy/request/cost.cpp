@@ -80,8 +80,17 @@ void note_cost_trailer(const route& r, std::string_view section, request_outcome
   });
 }
 
+bool cut_by_cost(request_outcome& o, std::uint64_t bytes) {
+  if (o.body_cost_limit < 0 || bytes <= static_cast<std::uint64_t>(o.body_cost_limit)) return false;
+  o.cost_cut = true;
+  return true;
+}
+
 cost_charge cost_when_done(const route& r, const request_outcome& o) {
-  if (r.cost.type == config::route_config::cost_source::kind::request_bytes) return cost_of_count(r, o.bytes_in);
+  if (r.cost.type == config::route_config::cost_source::kind::request_bytes) {
+    return cost_of_count(r,
+                         o.cost_cut ? std::min(o.bytes_in, static_cast<std::uint64_t>(o.body_cost_limit)) : o.bytes_in);
+  }
   if (o.cost_fields_several) return {r.cost_default, cost_fallback::malformed};
   return cost_of_value(r, o.cost_field);
 }

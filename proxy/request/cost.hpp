@@ -58,9 +58,14 @@ void note_cost_fields(const route& r, const Fields& fields, request_outcome& o) 
 /// The same, from a trailer section kept by the chunked decoder (when the head had none).
 void note_cost_trailer(const route& r, std::string_view section, request_outcome& o);
 
+/// True when `bytes` of a body are more than its cost may grow to
+/// (o.body_cost_limit): the body is then cut off (o.cost_cut), and the caller
+/// refuses the request with refusal_for_cost_cut() (request_steps.hpp).
+bool cut_by_cost(request_outcome& o, std::uint64_t bytes);
+
 /// The cost of a request admitted with charge_when_done, now that it is done:
 /// its response's cost field (response_header), or the body bytes relayed
-/// upstream (request_bytes).
+/// upstream (request_bytes; a body cut off is charged the bytes that fit).
 cost_charge cost_when_done(const route& r, const request_outcome& o);
 
 }  // namespace smockron::proxy

@@ -95,6 +95,11 @@ void append_limit_fields(std::string& out, gate& g, const runtime& rt, const rou
   }
 }
 
+refusal refusal_for_cost_cut(const route& r) {
+  // No wait would let it through: no Retry-After (it would be a promise not kept).
+  return {r.status, "request cost exceeds the rate limit's burst or quota\n", 0};
+}
+
 refusal refusal_for(const route& r, const admission& a) {
   if (a.ambiguous) return {400, "bad request: more than one value for the client identifier\n", 0};
   if (a.no_master) return {503, "no rate-limit master covers this route, retry later\n", 1};
@@ -102,9 +107,7 @@ refusal refusal_for(const route& r, const admission& a) {
   // A full queue is the proxy's own capacity, not the client's limit: 503 whatever the route's status.
   if (a.gate.reason == reject_reason::held_full)
     return {503, "too many requests held, retry later\n", a.gate.retry_after_s};
-  // No wait would let it through: no Retry-After (it would be a promise not kept).
-  if (a.gate.reason == reject_reason::cost_over_limit)
-    return {r.status, "request cost exceeds the rate limit's burst or quota\n", 0};
+  if (a.gate.reason == reject_reason::cost_over_limit) return refusal_for_cost_cut(r);
   return {r.status, "rate limit exceeded, retry later\n", a.gate.retry_after_s};
 }
 

@@ -45,6 +45,10 @@ struct refusal {
   std::int64_t retry_after_s = 0;
 };
 refusal refusal_for(const route& r, const admission& a);
+/// A request whose cost can never fit (cost_over_limit), refused at
+/// admission or cut off as its body grew past what fits (cut_by_cost): the
+/// route's status, no Retry-After.
+refusal refusal_for_cost_cut(const route& r);
 
 /// What a request's steps decided before any I/O: the proxy answers it,
 /// holds it until `adm.gate.release_us`, or forwards it.

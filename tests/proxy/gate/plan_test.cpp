@@ -247,3 +247,24 @@ TEST(GatePlan, ARefundMovesTheArrivalTimeBackNeverBeforeNow) {
   refund(q, g, now, 2);
   EXPECT_EQ(q.next_us, now + 3'000 * ms);
 }
+
+TEST(GatePlan, WhatFitsIsTheBurstLeftUnderEveryRuleAndTheMaster) {
+  // The guard: 1 per 500 ms, burst 10, 4 used (one of them half paid back: still owed).
+  const guard_policy g = one_rule(500, 10);
+  client_entry e;
+  e.policy_seq = g.seq;
+  e.tat[0] = now + 3'750 * ms;
+  EXPECT_EQ(units_that_fit(e, g, now), 10 - 8);
+  e.tat[0] = now + 4 * 500 * ms;
+  EXPECT_EQ(units_that_fit(e, g, now), 6);
+  EXPECT_EQ(units_that_fit(e, g, now + 1'000 * ms), 8) << "two more paid back a second later";
+  EXPECT_EQ(units_that_fit(e, g, now + 60'000 * ms), 10) << "never more than the burst";
+  // The master: its next allowed time is one unit's, each interval after it one more.
+  EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 300 * ms), 1);
+  EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 750 * ms), 5);
+  EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now), 0) << "not yet";
+  client_entry both = master_says(0, 0, 500);
+  both.tat[0] = now + 9 * 500 * ms;
+  EXPECT_EQ(units_that_fit(both, g, now), 1) << "the tighter of the two";
+  EXPECT_EQ(units_that_fit(client_entry{}, no_guard(), now), -1) << "nothing known: no bound";
+}

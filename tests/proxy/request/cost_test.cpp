@@ -97,6 +97,18 @@ TEST(Cost, KnownWhenDone) {
   EXPECT_EQ(cost_when_done(make_route(kind::request_bytes), relayed).units, 640);
 }
 
+TEST(Cost, ABodyWithoutALengthIsCutOffPastWhatFitsAndChargedThat) {
+  request_outcome o;
+  EXPECT_FALSE(cut_by_cost(o, 1'000'000)) << "no bound known: nothing is cut";
+  o.body_cost_limit = 1000;
+  EXPECT_FALSE(cut_by_cost(o, 1000)) << "all that fits";
+  EXPECT_FALSE(o.cost_cut);
+  EXPECT_TRUE(cut_by_cost(o, 1001));
+  EXPECT_TRUE(o.cost_cut);
+  o.bytes_in = 1200;  // the step that went past it was read, never sent
+  EXPECT_EQ(cost_when_done(make_route(kind::request_bytes), o).units, 1000);
+}
+
 namespace {
 
 config::proxy_config cost_config(const std::string& cost) {
@@ -223,4 +235,26 @@ TEST_P(CostAdmission, AMissingCostIsChargedAsCostDefaultAndCounted) {
   admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nX-Cost: 99999999\r\n\r\n");
   EXPECT_EQ(metric("smockron_proxy_cost_fallback_total{reason=\"over_max\"}"), 1);
   EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 1 + 1 + 1'000'000) << "cost_max";
+}
+
+class BodyCost : public CostAdmission {};
+INSTANTIATE_TEST_SUITE_P(RequestBytes, BodyCost, ::testing::Values("\"request_bytes\""));
+
+TEST_P(BodyCost, ABodyWithoutALengthMayGrowToWhatFitsWhenItGoes) {
+  const std::string chunked = "POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n";
+  EXPECT_EQ(admit_with(chunked).body_limit, -1) << "no policy yet: no bound known";
+  const std::vector<guard_rule> rules{{60'000, 1000}};  // 1000/min burst 1000
+  gate_.set_policy(rt_.gate_domain[0], rules, clock_.wall_us());
+  const auto a = admit_with(chunked);
+  ASSERT_EQ(a.outcome, decision::accepted);
+  EXPECT_TRUE(a.charge_when_done);
+  EXPECT_EQ(a.body_limit, 1000) << "the whole burst";
+  // 400 bytes used: 600 left for the next one.
+  request_outcome o;
+  o.bytes_in = 400;
+  charge_done(env_, rt_, *rt_.routes.match("x", "/"), a, cost_when_done(*rt_.routes.match("x", "/"), o),
+              clock_.wall_us());
+  EXPECT_EQ(admit_with(chunked).body_limit, 600);
+  // A length known at admission is charged then, and bounds nothing later.
+  EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nContent-Length: 5\r\n\r\n").body_limit, -1);
 }
