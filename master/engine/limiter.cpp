@@ -88,14 +88,13 @@ void limiter::mark_all_dirty() {
 void limiter::erase(entry* e) {
   unmark(e);
   unlink(e);
-  maps_[e->domain].erase(maps_[e->domain].find(*e->key));
+  maps_[e->domain].erase(e);
   --size_;
 }
 
 limiter::entry* limiter::touch(std::size_t domain, std::string_view identifier, bool create) {
-  map& m = maps_[domain];
-  auto it = m.find(identifier);
-  if (it == m.end()) {
+  entry* en = maps_[domain].find(identifier);
+  if (!en) {
     if (!create) return nullptr;
     if (size_ >= max_identifiers_) {
       ++evictions_;
@@ -103,7 +102,6 @@ limiter::entry* limiter::touch(std::size_t domain, std::string_view identifier, 
     }
     return insert(domain, identifier);
   }
-  entry* en = &it->second;
   if (en != head_) {
     unlink(en);
     push_front(en);
@@ -164,20 +162,18 @@ limiter::query_use limiter::use(std::size_t domain, std::string_view identifier,
 }
 
 limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {
-  auto it = maps_[domain].find(identifier);
-  return it == maps_[domain].end() ? stats{} : it->second.counts;
+  const entry* en = maps_[domain].find(identifier);
+  return en ? en->counts : stats{};
 }
 
 limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier) {
-  auto pos = maps_[domain].try_emplace(std::string(identifier)).first;
-  entry* en = &pos->second;
+  entry* en = maps_[domain].insert(identifier);
   en->lim = &limits_[domain].of(identifier);
   // A sliding log grows to its history as uses come (a burst of 1,000,000
   // would otherwise reserve 8 MB for every identifier seen once).
   en->st.times.reserve(en->lim->algo == rules::algorithm::gcra ? en->lim->rules.size()
                                                                : std::min<std::size_t>(en->lim->history_cap(), 8));
   en->domain = domain;
-  en->key = &pos->first;
   ++size_;
   push_front(en);
   return en;
@@ -186,16 +182,16 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
 bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
   const rules::limits& l = limits_of(domain, identifier);
   if (!rules::compatible(l, st) || rules::expired(l, st, now_us)) return false;
-  auto it = maps_[domain].find(identifier);
-  if (it == maps_[domain].end()) {
+  entry* en = maps_[domain].find(identifier);
+  if (!en) {
     // Restored state never evicts live state: past the cap it is dropped.
     if (size_ >= max_identifiers_) return false;
-    entry* en = insert(domain, identifier);
+    en = insert(domain, identifier);
     en->st = st;
     return true;
   }
-  rules::merge(l, it->second.st, st);
-  if (track_dirty_) mark(&it->second);
+  rules::merge(l, en->st, st);
+  if (track_dirty_) mark(en);
   return true;
 }
 
@@ -227,24 +223,24 @@ void limiter::reconfigure(std::vector<domain_limits> domains,
     const std::size_t old = *old_index[i];
     kept[old] = true;
     maps[i] = std::move(maps_[old]);
-    for (auto& [key, en] : maps[i]) {
+    maps[i].for_each([&](entry& en) {
       en.domain = i;
-      const rules::limits* next = &domains[i].of(key);
+      const rules::limits* next = &domains[i].of(en.key);
       // A changed algorithm or rule count makes old state meaningless; so
       // does a changed layout of the counters and quotas (a rule's burst
       // crossing k_exact_burst, a quota added or removed) for those numbers.
       if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
       if (!rules::same_aux_layout(*en.lim, *next)) en.st.aux.clear();
       en.lim = next;  // points into `domains`' elements, which move into limits_ below
-    }
+    });
   }
   for (std::size_t old = 0; old < maps_.size(); ++old) {
     if (kept[old]) continue;
-    for (auto& [key, en] : maps_[old]) {
+    maps_[old].for_each([&](entry& en) {
       unmark(&en);
       unlink(&en);
       --size_;
-    }
+    });
   }
   maps_ = std::move(maps);
   limits_ = std::move(domains);
@@ -259,8 +255,8 @@ void limiter::set_max_identifiers(std::size_t max_identifiers) {
 }
 
 const rules::state* limiter::find(std::size_t domain, std::string_view identifier) const {
-  auto it = maps_[domain].find(identifier);
-  return it == maps_[domain].end() ? nullptr : &it->second.st;
+  const entry* en = maps_[domain].find(identifier);
+  return en ? &en->st : nullptr;
 }
 
 }  // namespace smockron::master

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "master/core/rules.hpp"
+#include "master/engine/flat_index.hpp"
 #include "shared/base/string_hash.hpp"
 #include "shared/config/config.hpp"
 
@@ -88,7 +89,7 @@ public:
     while (n < max && dirty_head_) {
       entry* e = dirty_head_;
       unmark(e);
-      f(e->domain, std::string_view(*e->key), static_cast<const rules::state&>(e->st));
+      f(e->domain, std::string_view(e->key), static_cast<const rules::state&>(e->st));
       ++n;
     }
     return n;
@@ -136,9 +137,9 @@ private:
   // no separate allocation; the LRU list links those nodes.
   struct entry {
     rules::state st;
-    const rules::limits* lim = nullptr;  ///< limits_of(domain, *key), looked up once
+    const rules::limits* lim = nullptr;  ///< limits_of(domain, key), looked up once
     std::size_t domain = 0;
-    const std::string* key = nullptr;
+    std::string key;  ///< the identifier (set by the index)
     entry* prev = nullptr;
     entry* next = nullptr;
     entry* dirty_prev = nullptr;
@@ -146,7 +147,7 @@ private:
     bool dirty = false;
     stats counts;
   };
-  using map = string_map<entry>;
+  using map = flat_index<entry>;
 
   /// The entry of (domain, identifier), made most recently used; created
   /// (evicting the least recently used at the cap) when `create`, else null if absent.
