@@ -9,7 +9,8 @@
   no Retry-After, charging nothing: the client's standing is untouched;
 - a body without a length (chunked, or HTTP/2 without content-length) whose
   size is the cost is cut off once it grows past what fits: never forwarded
-  whole, refused (or its HTTP/2 stream reset), the bytes that fit charged;
+  whole, refused (or its HTTP/2 stream reset), charged all that fit
+  (HTTP/1.1 to an HTTP/1.1 or an h2c upstream, HTTP/2 to HTTP/1.1);
 - a cost known only from the response is charged in full, however far ahead
   that puts the client (no cap by the rule's window);
 - an estimate (cost_estimate) is reserved at admission (the RateLimit field
@@ -35,8 +36,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
+from lib.h2_servers import H2cBackend  # noqa: E402
 from lib.h2client import H2Client  # noqa: E402
 from lib.http1 import RawConn, fetch, request_bytes  # noqa: E402
+from lib.ports import HOST  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
 from lib.timing import wait_until  # noqa: E402
 
@@ -52,11 +56,27 @@ def route(**keys) -> dict:
 
 
 class BudgetTestCase(DaemonTestCase):
-    def stack(self, rules: list, **route_keys) -> None:
+    def stack(self, rules: list, h2c_host: str | None = None, **route_keys) -> None:
         """A master with DOMAIN (GCRA, `rules`), a backend and a proxy with route(**route_keys); every
-        worker's accounting link subscribed (gate_stack)."""
-        self.master, self.backend, self.proxy = self.gate_stack({DOMAIN: {"rules": rules, "algorithm": "gcra"}},
-                                                                [route(**route_keys)])
+        worker's accounting link subscribed (gate_stack). With h2c_host, the proxy has one more upstream,
+        an h2c server (self.h2c: lib/h2_servers.py's H2cBackend), to which route(**route_keys) takes the
+        requests for that host."""
+        domains = {DOMAIN: {"rules": rules, "algorithm": "gcra"}}
+        if h2c_host is None:
+            self.master, self.backend, self.proxy = self.gate_stack(domains, [route(**route_keys)])
+            return
+        # gate_stack's stack (the warm-up route's backend "app"), the h2c route first.
+        self.h2c = self.closing(H2cBackend())
+        self.master = self.start_master({**domains, WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+        self.backend = self.start_backend()
+        self.proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]},
+                                       "h2c": {"servers": [f"{HOST}:{self.h2c.port}"], "protocol": "h2c"}},
+                                      [WARM_ROUTE, route(host=h2c_host, upstream="h2c", **route_keys),
+                                       route(**route_keys)],
+                                      accounting=[self.master.accounting], control=[self.master.control])
+        self.wait_connected(self.proxy)
+        self.wait_accounting(self.proxy)
+        self.prime(self.proxy)
 
     def call(self, key: str, target: str = "/x", headers=(), **kw):
         return fetch(self.proxy.port, target, headers=list(headers), key=key, **kw)[0]
@@ -149,23 +169,31 @@ class RequestBytesTest(BudgetTestCase):
 class ChunkedBodyTest(BudgetTestCase):
     """cost = "request_bytes" and a body without a length: it may grow to what fits
     when the request goes (here the burst, 1000 bytes); past that it is cut off,
-    never forwarded whole, and the request is refused; the bytes that fit are charged."""
+    never forwarded whole, and the request is refused; the bytes that fit are charged.
+    Host H2C's requests go to an h2c upstream, every other's to an HTTP/1.1 one."""
+
+    H2C = "h2c.test"
 
     def setUp(self):
         super().setUp()
-        self.stack([("1000/min", 1000)], cost="request_bytes")
+        self.stack([("1000/min", 1000)], h2c_host=self.H2C, cost="request_bytes")
         self.wait_policy("/up")
 
-    def assert_cut_off(self, key: str) -> None:
-        """The backend saw the request begin and its connection end before the body did;
-        the bytes that fit are charged."""
-        seen = wait_until(lambda: (e := self.backend.requests(key=key)) and "error" in e[0] and e, 10,
-                          message="the backend's request cut off")
-        self.assertEqual(len(seen), 1)
-        self.assertFalse(seen[0]["complete"])
+    def assert_cut_off(self, key: str, complete_requests) -> None:
+        """Refused as a cost that never fits, charged all that fit (however much of the body
+        reached the upstream before the cut: none, when the cut came with the first bytes), and
+        never forwarded whole: `complete_requests(key)` (the upstream's) stays empty."""
         self.assertEqual(self.over_limit_rejects(), 1)
         wait_until(lambda: self.units()[0] >= 1000, 10, message="the 1000 bytes that fit charged")
         self.assertEqual(self.units(), (1000, 0))
+        self.assertEqual(complete_requests(key), [])
+
+    def backend_complete(self, key: str) -> list:
+        return [e for e in self.backend.requests(key=key) if e["complete"]]
+
+    def h2c_complete(self, key: str) -> list:
+        # The h2c server records only streams that ended.
+        return [r for r in self.h2c.requests if dict(r["headers"]).get("x-api-key") == key]
 
     def test_over_http1_a_chunked_body_past_what_fits_is_cut_off_and_refused(self):
         chunk = b"12c\r\n" + b"x" * 300 + b"\r\n"  # 300 bytes
@@ -177,7 +205,22 @@ class ChunkedBodyTest(BudgetTestCase):
         self.assertEqual(no.status, 429, no)
         self.assertNotIn("retry-after", no.headers)
         self.assertIn(OVER_LIMIT_TEXT, no.body)
-        self.assert_cut_off("dave")
+        self.assert_cut_off("dave", self.backend_complete)
+
+    def test_over_http1_to_an_h2c_upstream_a_chunked_body_past_what_fits_is_cut_off(self):
+        # The bridge (an HTTP/1.1 client's request on an upstream HTTP/2 stream): the stream has
+        # gone upstream, or not yet (its upstream connection opening), when the body is cut.
+        chunk = b"12c\r\n" + b"x" * 300 + b"\r\n"  # 300 bytes
+        with RawConn(self.proxy.port, timeout=10) as c:
+            c.send(request_bytes("POST", "/up", [("X-API-Key", "gus"), ("Transfer-Encoding", "chunked")],
+                                 host=self.H2C))
+            c.send(chunk * 3)  # 900: they fit
+            c.send(chunk)  # 1200: past the burst
+            no = c.read_response()
+        self.assertEqual(no.status, 429, no)
+        self.assertNotIn("retry-after", no.headers)
+        self.assertIn(OVER_LIMIT_TEXT, no.body)
+        self.assert_cut_off("gus", self.h2c_complete)
 
     def test_over_http2_a_body_past_what_fits_is_cut_off(self):
         h2 = self.closing(H2Client(self.proxy.port))
@@ -190,13 +233,9 @@ class ChunkedBodyTest(BudgetTestCase):
         if st.headers is not None:  # (then reset with NO_ERROR: the client had not ended its body)
             self.assertEqual(st.status, 429, st)
             self.assertIn(OVER_LIMIT_TEXT, bytes(st.data))
-            # Cut off before it went upstream: the backend never saw it, nothing was used.
-            self.assertEqual(self.over_limit_rejects(), 1)
-            self.assertEqual(self.backend.requests(key="erin"), [])
-            self.assertEqual(self.units(), (0, 0))
         else:
             self.assertEqual(st.reset, 8, st)  # CANCEL
-            self.assert_cut_off("erin")
+        self.assert_cut_off("erin", self.backend_complete)
 
 
 class LateCostTest(BudgetTestCase):

@@ -103,8 +103,9 @@ void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
 
 void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   st.closed = true;
-  if (st.adm.charge_when_done && st.forwarding) {
-    // A cost known only now (a response field, the body's size) is charged now, once.
+  if (st.adm.charge_when_done && (st.forwarding || st.outcome.cost_cut)) {
+    // A cost known only now (a response field, the body's size) is charged
+    // now, once; a body cut off past what fits is charged that, forwarded or not.
     admission_env env{s_.gate, s_.metrics, w_.accounting};
     charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.outcome), s_.clk.wall_us());
     st.adm.charge_when_done = false;

@@ -88,8 +88,10 @@ bool cut_by_cost(request_outcome& o, std::uint64_t bytes) {
 
 cost_charge cost_when_done(const route& r, const request_outcome& o) {
   if (r.cost.type == config::route_config::cost_source::kind::request_bytes) {
-    return cost_of_count(r,
-                         o.cost_cut ? std::min(o.bytes_in, static_cast<std::uint64_t>(o.body_cost_limit)) : o.bytes_in);
+    // A body cut off tried to use more than fit: it is charged all that did,
+    // however much of it the upstream got before the cut (that depends on
+    // how the bytes came in).
+    return cost_of_count(r, o.cost_cut ? static_cast<std::uint64_t>(o.body_cost_limit) : o.bytes_in);
   }
   if (o.cost_fields_several) return {r.cost_default, cost_fallback::malformed};
   return cost_of_value(r, o.cost_field);

@@ -65,7 +65,7 @@ bool cut_by_cost(request_outcome& o, std::uint64_t bytes);
 
 /// The cost of a request admitted with charge_when_done, now that it is done:
 /// its response's cost field (response_header), or the body bytes relayed
-/// upstream (request_bytes; a body cut off is charged the bytes that fit).
+/// upstream (request_bytes; a body cut off is charged all that fit).
 cost_charge cost_when_done(const route& r, const request_outcome& o);
 
 }  // namespace smockron::proxy

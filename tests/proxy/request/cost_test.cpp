@@ -105,8 +105,11 @@ TEST(Cost, ABodyWithoutALengthIsCutOffPastWhatFitsAndChargedThat) {
   EXPECT_FALSE(o.cost_cut);
   EXPECT_TRUE(cut_by_cost(o, 1001));
   EXPECT_TRUE(o.cost_cut);
-  o.bytes_in = 1200;  // the step that went past it was read, never sent
-  EXPECT_EQ(cost_when_done(make_route(kind::request_bytes), o).units, 1000);
+  // Charged all that fit, however much went upstream before the cut.
+  for (const std::uint64_t relayed : {0, 900, 1200}) {
+    o.bytes_in = relayed;
+    EXPECT_EQ(cost_when_done(make_route(kind::request_bytes), o).units, 1000);
+  }
 }
 
 namespace {
