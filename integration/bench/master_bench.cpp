@@ -6,6 +6,10 @@
 //     master's own /metrics; control messages/s received back;
 //  3. the control-loop latency (accounting sent -> DELAY_UNTIL received)
 //     p50/p99 while the master is paced at a fixed rate (default 100k/s).
+// Phases 1 and 2 also report the CPU time each receiver spent per message
+// (all its threads): when the master keeps up with the publisher, both rates
+// are the publisher's, and the CPU per message says which receiver does
+// less work for each.
 // With --redis, phase 2 runs again against a master with store = "redis" (a
 // redis-server started and killed by this program) and prints the ratio.
 // High-water marks are set deliberately (large) so nothing is dropped
@@ -15,6 +19,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,7 +31,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +142,35 @@ struct load_mix {
   std::string received, later;
 };
 
+// CPU time of this process (every thread), in seconds.
+double process_cpu_seconds() {
+  rusage r{};
+  ::getrusage(RUSAGE_SELF, &r);
+  const auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return s(r.ru_utime) + s(r.ru_stime);
+}
+
+// CPU time of process `pid` (every thread), in seconds (clock-tick resolution).
+double process_cpu_seconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// What one receiver did with the load: messages per second, CPU per message.
+struct receiver_figures {
+  double rate = 0;
+  double cpu_ns = 0;
+};
+
 // Phase 1 child: a bare SUB that counts messages and reports on a pipe.
 [[noreturn]] void bare_subscriber(const std::string& endpoint, long expected, int report_fd) {
   zmq::context_t ctx(1);
@@ -147,6 +183,7 @@ struct load_mix {
   long count = 0;
   bool ready = false;
   steady_clock::time_point first{}, last{};
+  double cpu_first = 0, cpu_last = 0;
   sub.set(zmq::sockopt::rcvtimeo, 3000);
   while (count < expected) {
     std::size_t n = 0;
@@ -164,22 +201,26 @@ struct load_mix {
       }
       continue;
     }
-    if (count == 0) first = steady_clock::now();
+    if (count == 0) {
+      first = steady_clock::now();
+      cpu_first = process_cpu_seconds();
+    }
     ++count;
     last = steady_clock::now();
   }
 done:
+  cpu_last = process_cpu_seconds();
   const double secs = duration<double>(last - first).count();
   char buf[128];
-  const int len = std::snprintf(buf, sizeof buf, "%ld %.6f\n", count, secs);
+  const int len = std::snprintf(buf, sizeof buf, "%ld %.6f %.6f\n", count, secs, cpu_last - cpu_first);
   (void)!::write(report_fd, buf, static_cast<std::size_t>(len));
   std::_Exit(0);
 }
 
-double zmq_ceiling(const options& o) {
+receiver_figures zmq_ceiling(const options& o) {
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   int fds[2];
-  if (::pipe(fds) != 0) return 0;
+  if (::pipe(fds) != 0) return {};
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(fds[0]);
@@ -203,7 +244,7 @@ double zmq_ceiling(const options& o) {
   }
   if (c != 'R') {
     std::fprintf(stderr, "bare subscriber never became ready\n");
-    return 0;
+    return {};
   }
   load_mix mix(o.identifiers);
   const std::int64_t t = wall_ms();
@@ -215,12 +256,14 @@ double zmq_ceiling(const options& o) {
   ::waitpid(child, nullptr, 0);
   ::close(fds[0]);
   long count = 0;
-  double secs = 0;
-  std::sscanf(buf, "%ld %lf", &count, &secs);
-  const double rate = secs > 0 ? static_cast<double>(count) / secs : 0;
-  std::printf("zeromq bare PUB->SUB:   %10.0f msg/s  (%ld of %ld received, %ld dropped)\n", rate, count, o.messages,
-              o.messages - count);
-  return rate;
+  double secs = 0, cpu = 0;
+  std::sscanf(buf, "%ld %lf %lf", &count, &secs, &cpu);
+  receiver_figures r;
+  r.rate = secs > 0 ? static_cast<double>(count) / secs : 0;
+  r.cpu_ns = count > 0 ? cpu * 1e9 / static_cast<double>(count) : 0;
+  std::printf("zeromq bare PUB->SUB:   %10.0f msg/s  (%ld of %ld received, %ld dropped), %.0f ns CPU per message\n",
+              r.rate, count, o.messages, o.messages - count, r.cpu_ns);
+  return r;
 }
 
 struct master_process {
@@ -339,8 +382,8 @@ struct control_listener {
   std::thread thread;
 };
 
-// Phases 2 (and 3 when `latency`) against one master; returns its ingest rate.
-double measure_master(const options& o, const std::string& store_config, const char* label, bool latency) {
+// Phases 2 (and 3 when `latency`) against one master; returns its ingest figures.
+receiver_figures measure_master(const options& o, const std::string& store_config, const char* label, bool latency) {
   master_process master;
   master.start(o, store_config);
   zmq::context_t ctx(1);
@@ -360,11 +403,12 @@ double measure_master(const options& o, const std::string& store_config, const c
     }
     if (!control.synced) {
       std::fprintf(stderr, "master never answered (is %s built?)\n", o.master.c_str());
-      return 0;
+      return {};
     }
   }
   const double before = master.processed();
   const long control_before = control.count;
+  const double cpu_before = process_cpu_seconds(master.pid);
 
   // Phase 2: ingest as fast as the publisher can send.
   load_mix mix(o.identifiers);
@@ -388,11 +432,15 @@ double measure_master(const options& o, const std::string& store_config, const c
     std::this_thread::sleep_for(5ms);
   }
   const double secs = duration<double>(done_at - start).count();
-  const double ingest = processed / secs;
+  receiver_figures fig;
+  fig.rate = processed / secs;
+  // (The wait after the last message is idle: it adds no CPU time.)
+  fig.cpu_ns = processed > 0 ? (process_cpu_seconds(master.pid) - cpu_before) * 1e9 / processed : 0;
+  const double ingest = fig.rate;
   const long control_msgs = control.count - control_before;
-  std::printf("master ingest (%s):%*s%10.0f msg/s  (%.0f of %ld processed, %.0f dropped)\n", label,
-              static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed, o.messages,
-              static_cast<double>(o.messages) - processed);
+  std::printf("master ingest (%s):%*s%10.0f msg/s  (%.0f of %ld processed, %.0f dropped), %.0f ns CPU per message\n",
+              label, static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed,
+              o.messages, static_cast<double>(o.messages) - processed, fig.cpu_ns);
   std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
   if (store_config.find("redis") != std::string::npos) {
     const auto written_at = steady_clock::now();
@@ -408,7 +456,7 @@ double measure_master(const options& o, const std::string& store_config, const c
                 metric_sum(after, "smockron_master_redis_write_errors_total"),
                 metric_sum(after, "smockron_master_redis_unwritten_states"));
   }
-  if (!latency) return ingest;
+  if (!latency) return fig;
 
   // Phase 3: control-loop latency while paced at latency_rate msg/s, spread
   // evenly in 100 us slots (a real stream is not a burst per millisecond).
@@ -449,7 +497,7 @@ double measure_master(const options& o, const std::string& store_config, const c
       "control-loop latency at %ld msg/s offered (%.0f achieved): p50 %.0f us, p99 %.0f us, max %.0f us "
       "(%zu of %zu probes answered)\n",
       o.latency_rate, achieved, pct(0.50), pct(0.99), lat.empty() ? 0.0 : lat.back(), lat.size(), probes);
-  return ingest;
+  return fig;
 }
 
 }  // namespace
@@ -478,14 +526,18 @@ int main(int argc, char** argv) {
   std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s\n", o.messages, o.identifiers,
               o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned");
 
-  const double ceiling = zmq_ceiling(o);
+  const receiver_figures ceiling = zmq_ceiling(o);
 
-  const double memory = measure_master(o, "", "memory", true);
+  const receiver_figures mem = measure_master(o, "", "memory", true);
+  const double memory = mem.rate;
   if (memory <= 0) {
     std::fprintf(stderr, "the master processed nothing: no figure\n");
     return 1;
   }
-  std::printf("ratio master/zeromq:    %10.2f\n", ceiling > 0 ? memory / ceiling : 0.0);
+  std::printf("ratio master/zeromq:    %10.2f\n", ceiling.rate > 0 ? memory / ceiling.rate : 0.0);
+  // Above 1: the master spends less CPU on a message than a bare libzmq SUB
+  // does to receive it (each may have waited for the publisher).
+  std::printf("CPU per message, zeromq/master: %.2f\n", mem.cpu_ns > 0 ? ceiling.cpu_ns / mem.cpu_ns : 0.0);
   if (o.redis) {
     redis_process redis;
     if (!redis.start()) {
@@ -496,7 +548,8 @@ int main(int argc, char** argv) {
         measure_master(o,
                        "store = \"redis\"\nredis = \"redis://127.0.0.1:" + std::to_string(redis.port) +
                            "/0\"\nstartup_backlog = 10000000\n",
-                       "redis", false);
+                       "redis", false)
+            .rate;
     std::printf("ratio redis/memory:     %10.2f  (goal >= 0.5)\n", memory > 0 ? with_redis / memory : 0.0);
     if (with_redis <= 0) return 1;
   }
