@@ -115,6 +115,12 @@ void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std
   // (which only moves the time forward here) this gatekeeper does the same.
   // Only a time one of the rules set (a quota's window end is not paid back).
   if (rate_bound) move_back(e.next_us, e.interval_us, units, now_us);
+  // This gatekeeper's own queue was planned at the units reserved, a pace
+  // each: requests planned from now go as much earlier (those held keep
+  // their times; the guard and the master still bound them all). Without
+  // this, a queue planned at generous estimates stays that slow.
+  const std::int64_t pace = e.interval_us > 0 ? e.interval_us : guard.count > 0 ? guard.rules[0].interval_us : 0;
+  if (pace > 0 && e.local_next_us != 0) move_back(e.local_next_us, pace, units, now_us);
 }
 
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {

@@ -84,7 +84,8 @@ void charge(client_entry& e, const guard_policy& guard, std::int64_t at, std::in
 /// The guard gives back `units` charged before (a reservation that cost less):
 /// each rule's arrival time moves back units x interval, never before `now_us`,
 /// and so does the master's next allowed time when a rule set it (its
-/// interval is a rule's), as the master's own will.
+/// interval is a rule's), as the master's own will, and this gatekeeper's
+/// next paced slot (units paces), for the requests planned after.
 void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units);
 /// The request was forwarded now: the guard charges its `units` at `now_us`.
 void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units = 1);

@@ -268,3 +268,19 @@ TEST(GatePlan, WhatFitsIsTheBurstLeftUnderEveryRuleAndTheMaster) {
   EXPECT_EQ(units_that_fit(both, g, now), 1) << "the tighter of the two";
   EXPECT_EQ(units_that_fit(client_entry{}, no_guard(), now), -1) << "nothing known: no bound";
 }
+
+TEST(GatePlan, ARefundBringsThisGatekeepersQueueForwardForTheRequestsPlannedAfter) {
+  // A queue planned at estimates of 100 units, 10 ms a unit: the next
+  // request of 100 would go 100 paces after the last held one.
+  const guard_policy g = one_rule(10, 1000);
+  client_entry e = master_says(0, 0, 10);
+  e.policy_seq = g.seq;
+  e.local_next_us = now + 2'000 * ms;
+  EXPECT_EQ(plan_request(e, g, 10'000 * ms, fresh, now, 100).release_us, now + (2'000 + 99 * 10) * ms);
+  // Two reservations came back 60 units under their estimates each.
+  refund(e, g, now, 120);
+  EXPECT_EQ(e.local_next_us, now + (2'000 - 1'200) * ms);
+  EXPECT_EQ(plan_request(e, g, 10'000 * ms, fresh, now, 100).release_us, now + (800 + 99 * 10) * ms);
+  refund(e, g, now, 1'000);
+  EXPECT_EQ(e.local_next_us, now) << "never before now";
+}
