@@ -195,32 +195,26 @@ class ChunkedBodyTest(BudgetTestCase):
         # The h2c server records only streams that ended.
         return [r for r in self.h2c.requests if dict(r["headers"]).get("x-api-key") == key]
 
-    def test_over_http1_a_chunked_body_past_what_fits_is_cut_off_and_refused(self):
+    def chunked_past_the_burst(self, key: str, complete_requests, host: str = "test.local") -> None:
+        """Over HTTP/1.1, a chunked body of 900 bytes (they fit), then 300 more: refused, cut off."""
         chunk = b"12c\r\n" + b"x" * 300 + b"\r\n"  # 300 bytes
         with RawConn(self.proxy.port, timeout=10) as c:
-            c.send(request_bytes("POST", "/up", [("X-API-Key", "dave"), ("Transfer-Encoding", "chunked")]))
+            c.send(request_bytes("POST", "/up", [("X-API-Key", key), ("Transfer-Encoding", "chunked")], host=host))
             c.send(chunk * 3)  # 900: they fit
             c.send(chunk)  # 1200: past the burst
             no = c.read_response()
         self.assertEqual(no.status, 429, no)
         self.assertNotIn("retry-after", no.headers)
         self.assertIn(OVER_LIMIT_TEXT, no.body)
-        self.assert_cut_off("dave", self.backend_complete)
+        self.assert_cut_off(key, complete_requests)
+
+    def test_over_http1_a_chunked_body_past_what_fits_is_cut_off_and_refused(self):
+        self.chunked_past_the_burst("dave", self.backend_complete)
 
     def test_over_http1_to_an_h2c_upstream_a_chunked_body_past_what_fits_is_cut_off(self):
         # The bridge (an HTTP/1.1 client's request on an upstream HTTP/2 stream): the stream has
         # gone upstream, or not yet (its upstream connection opening), when the body is cut.
-        chunk = b"12c\r\n" + b"x" * 300 + b"\r\n"  # 300 bytes
-        with RawConn(self.proxy.port, timeout=10) as c:
-            c.send(request_bytes("POST", "/up", [("X-API-Key", "gus"), ("Transfer-Encoding", "chunked")],
-                                 host=self.H2C))
-            c.send(chunk * 3)  # 900: they fit
-            c.send(chunk)  # 1200: past the burst
-            no = c.read_response()
-        self.assertEqual(no.status, 429, no)
-        self.assertNotIn("retry-after", no.headers)
-        self.assertIn(OVER_LIMIT_TEXT, no.body)
-        self.assert_cut_off("gus", self.h2c_complete)
+        self.chunked_past_the_burst("gus", self.h2c_complete, host=self.H2C)
 
     def test_over_http2_a_body_past_what_fits_is_cut_off(self):
         h2 = self.closing(H2Client(self.proxy.port))

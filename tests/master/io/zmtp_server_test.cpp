@@ -52,6 +52,23 @@ protected:
     return metric("smockron_master_accounting_disconnects_total{reason=\"" + std::string(reason) + "\"}");
   }
 
+  // A TCP client with a small receive buffer (set before connecting, so the
+  // kernel does not grow it), reads giving up after 20 ms.
+  int small_buffer_connect() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    fds_.push_back(fd);
+    const int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{0, 20'000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
+
   // A blocking TCP client that writes raw bytes.
   int raw_connect() {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -382,17 +399,7 @@ TEST_F(ZmtpSmallBuffers, SubscriptionsLargerThanTheSocketBufferAllArrive) {
     sub_.subscribe(topic);
     expected += frame(0, "\x01" + topic);
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  fds_.push_back(fd);
-  const int small = 4096;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  timeval tv{0, 20'000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const int fd = small_buffer_connect();
   write_all(fd, greeting() + ready("PUB"));
   ASSERT_EQ(raw_read(fd, 64 + 27).size(), 64u + 27u);
   for (int i = 0; i < 20; ++i) poll_once();  // the subscriber meets a full socket
@@ -531,21 +538,10 @@ protected:
     const std::vector<std::string_view> v(frames.begin(), frames.end());
     return sub_.publish(v);
   }
-  // A raw SUB with a small receive buffer (set before connecting, so the
-  // kernel does not grow it): handshake and `topics` sent, the server's
-  // greeting and READY read.
+  // A raw SUB with a small receive buffer: handshake and `topics` sent, the
+  // server's greeting and READY read.
   int raw_subscriber(const std::vector<std::string>& topics) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    const int small = 4096;
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    timeval tv{0, 20'000};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    fds_.push_back(fd);
+    const int fd = small_buffer_connect();
     std::string hello = greeting() + ready("SUB");
     for (const auto& t : topics) hello += frame(0, "\x01" + t);
     write_all(fd, hello);
