@@ -73,7 +73,7 @@ public:
 // Reads the request body from the client (bytes after the head in c.in
 // first) and hands its payload to the upstream stream, at most one chunk
 // ahead of what the upstream took.
-awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
+awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt, proxy_metrics& metrics) {
   const http1::request_head& req = c.request;
   body_relay relay(req.body, http1::framing::until_close, req.content_length,
                    static_cast<std::size_t>(rt.cfg.max_header_bytes));
@@ -86,8 +86,12 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt) {
       break;
     }
     // Over a bound, the step's bytes never go: the upstream stream is reset, never ended.
-    if ((rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) ||
-        cut_by_cost(c.outcome, relay.data_bytes)) {
+    if (cut_by_cost(c.outcome, relay.data_bytes)) {
+      metrics.reject_cost_over_limit.inc();  // counted before the refusal goes out
+      b.body_failed = true;
+      break;
+    }
+    if (rt.cfg.max_body_bytes > 0 && relay.data_bytes > rt.cfg.max_body_bytes) {
       b.body_failed = true;
       break;
     }
@@ -232,7 +236,7 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     next = co_await pump_response(b, c, *rt, r, chunked);
   } else {
     const auto both = [&]() -> awaitable<void> {
-      co_await (pump_body(b, c, *rt) && [&]() -> awaitable<void> {
+      co_await (pump_body(b, c, *rt, s.metrics) && [&]() -> awaitable<void> {
         next = co_await pump_response(b, c, *rt, r, chunked);
         // The body pump stops: waiting for room the upstream may never make, or
         // for client bytes nobody will take (the connection ends then).
@@ -247,7 +251,6 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     co_await both();
   }
   c.outcome.bytes_in = b.st.outcome.bytes_in;
-  if (c.outcome.cost_cut) s.metrics.reject_cost_over_limit.inc();
   c.outcome.server = b.st.outcome.server;  // the bridge's stream kept these (the client's outcome has the rest)
   if (r.cost.after_response()) {           // charged by the session once this returns
     note_cost_fields(r, b.head, c.outcome);
