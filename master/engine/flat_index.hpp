@@ -15,6 +15,7 @@
 // Entry must have a `std::string key` member, set here. Single-threaded.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>

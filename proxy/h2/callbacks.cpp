@@ -80,33 +80,20 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
     return 0;
   }
   st->outcome.bytes_in += len;
-  if (cut_by_cost(st->outcome, st->outcome.bytes_in)) {
-    // Its cost (the body's size) grew past what fits, as over max_body_bytes
-    // below: refused as a cost that can never fit if nothing else has
-    // answered it, else reset with its upstream side; never forwarded as if
-    // complete.
-    st->too_large = true;
-    nghttp2_session_consume(session, id, len);
-    h.drop_body(*st);
-    h.s_.metrics.reject_cost_over_limit.inc();
-    if (st->status == 0 && !st->held && !st->forwarding) {
-      const refusal no = refusal_for_cost_cut(*st->r);
-      h.answer(*st, no.status, no.text);
-    } else {
-      h.cancel_upstream(*st);
-      h.reset(*st, NGHTTP2_CANCEL);
-    }
-    return 0;
-  }
+  // A body over a bound (its cost, the body's size, grown past what fits;
+  // or max_body_bytes) is never forwarded as if complete: answered if nothing
+  // else has answered it (a cost that can never fit, or 413), else reset with
+  // its upstream side.
   const auto max = h.rt_->cfg.max_body_bytes;
-  if (max > 0 && st->outcome.bytes_in > max) {
-    // Never forwarded as if complete: answered 413 if nothing else has, else reset with its upstream side.
+  const bool cut = cut_by_cost(st->outcome, st->outcome.bytes_in);
+  if (cut || (max > 0 && st->outcome.bytes_in > max)) {
     st->too_large = true;
     nghttp2_session_consume(session, id, len);
     h.drop_body(*st);
-    h.s_.metrics.bad_request.inc();
+    (cut ? h.s_.metrics.reject_cost_over_limit : h.s_.metrics.bad_request).inc();
     if (st->status == 0 && !st->held && !st->forwarding) {
-      h.answer(*st, 413, "request body too large\n");
+      const refusal no = cut ? refusal_for_cost_cut(*st->r) : refusal{413, "request body too large\n", 0};
+      h.answer(*st, no.status, no.text);
     } else {
       h.cancel_upstream(*st);
       h.reset(*st, NGHTTP2_CANCEL);

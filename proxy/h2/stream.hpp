@@ -42,7 +42,7 @@ struct h2_stream {
   bool body_end = false;  ///< the client's END_STREAM arrived
   /// Not 0: its steps wait for this much of the body (a cost estimate read from it).
   std::size_t prefix_wanted = 0;
-  bool too_large = false;
+  bool too_large = false;              ///< its body went over a bound (max_body_bytes, or what its cost may grow to)
   bool refused = false;                ///< its body is not wanted (answered by the proxy, or done): read and dropped
   bool forwarding = false;             ///< handed to its upstream
   bool resetting = false;              ///< nghttp2 resets it (for what the client sent): not to be forwarded
