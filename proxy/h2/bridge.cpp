@@ -21,7 +21,7 @@ namespace {
 
 // An HTTP/1.1 client's request on an HTTP/2 upstream: the upstream stream's
 // events arrive here and wake the coroutine that writes the response.
-class h1_bridge : public h2_downstream {
+class h1_bridge : public downstream {
 public:
   h1_bridge(executor_t ex, std::size_t max_header) : st(1, max_header), body_wake(ex), resp_wake(ex) {}
 
@@ -39,13 +39,13 @@ public:
     h2::copy_fields(f, trailer_arena, trailers);
   }
   void on_end(h2_stream&) override {
-    st.up2 = nullptr;
+    st.up = nullptr;
     ended = true;
     resp_wake.cancel();
     body_wake.cancel();
   }
   void on_failed(h2_stream&, unsigned status, std::string_view why, bool started) override {
-    st.up2 = nullptr;
+    st.up = nullptr;
     failed = status;
     failed_why = why;
     failed_started = started;
@@ -57,7 +57,7 @@ public:
     if (taken > 0) body_wake.cancel();  // room to read more from the client
     return taken;
   }
-  void attach(h2_stream&, h2_upstream_stream* up) override { st.up2 = up; }
+  void attach(h2_stream&, upstream_exchange* up) override { st.up = up; }
   void on_submitted(h2_stream&, std::size_t server) override { st.outcome.server = server; }
 
   h2_stream st;  ///< the request body and response bytes (no client session behind it)
@@ -99,7 +99,7 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt, proxy_
     b.st.outcome.bytes_in = relay.data_bytes;
     c.in.consume(*used);
     if (relay.done) b.st.body_end = true;
-    if (b.st.up2) h2_upstream_body_ready(*b.st.up2);
+    if (b.st.up) b.st.up->body_ready();
     if (relay.done) {
       b.body_done = true;
       co_return;
@@ -119,9 +119,9 @@ awaitable<void> pump_body(h1_bridge& b, connection& c, const runtime& rt, proxy_
     c.in.commit(n);
   }
   // The client's body failed: the upstream stream is reset, the response side learns it.
-  if (b.st.up2) {
-    h2_upstream_cancel(*b.st.up2);
-    b.st.up2 = nullptr;
+  if (b.st.up) {
+    b.st.up->cancel();
+    b.st.up = nullptr;
   }
   b.resp_wake.cancel();
 }
@@ -197,7 +197,7 @@ awaitable<connection_next> pump_response(h1_bridge& b, connection& c, const runt
     if (!piece.empty()) {
       auto [ec, wn] = co_await write(c, c.client, asio::buffer(piece), rt.cfg.body_timeout);
       if (ec) co_return connection_next::ends;
-      if (n > 0 && b.st.up2) h2_upstream_consumed(*b.st.up2, n);
+      if (n > 0 && b.st.up) b.st.up->consumed(n);
     }
     if (last) break;
     if (b.body_failed) co_return connection_next::ends;
@@ -221,7 +221,7 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
   h1_bridge b(c.client.get_executor(), static_cast<std::size_t>(rt->cfg.max_header_bytes));
   b.st.req = req;
   // The fields go into the upstream stream now: the head's bytes may go after this.
-  w.h2_pool.start(h2_upstream_request{b.st, b, req, hop, rt, r});
+  w.h2_pool.start(upstream_request{b.st, b, req, hop, rt, r});
   c.in.consume(req.size);
   if (!c.early.empty()) {  // what came while it was held follows what came with the head
     const auto room = c.in.prepare(c.early.size());
@@ -256,9 +256,9 @@ awaitable<connection_next> forward_to_h2(shared_state& s, worker& w, std::shared
     note_cost_fields(r, b.head, c.outcome);
     if (!c.outcome.cost_field) note_cost_fields(r, b.trailers, c.outcome);
   }
-  if (b.st.up2) {
-    h2_upstream_cancel(*b.st.up2);  // the client went away first
-    b.st.up2 = nullptr;
+  if (b.st.up) {
+    b.st.up->cancel();  // the client went away first
+    b.st.up = nullptr;
   }
   if (!b.body_done || s.draining || !req.keep_alive) next = connection_next::ends;
   co_return next;

@@ -48,8 +48,7 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
         h.dispatch(st, end_stream);
       } else if (end_stream && !st->too_large) {  // trailers end the request body
         st->body_end = true;
-        st->wake();
-        if (st->up2) h2_upstream_body_ready(*st->up2);
+        if (st->up) st->up->body_ready();
         h.body_progress(st);
       }
       break;
@@ -58,8 +57,7 @@ int h2_connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
       if (!end_stream) break;
       if (const auto st = h.find(f->hd.stream_id); st && !st->too_large) {
         st->body_end = true;
-        st->wake();
-        if (st->up2) h2_upstream_body_ready(*st->up2);
+        if (st->up) st->up->body_ready();
         h.body_progress(st);
       }
       break;
@@ -102,8 +100,7 @@ int h2_connection::on_data_chunk(nghttp2_session* session, uint8_t, int32_t id, 
   }
   nghttp2_session_consume_connection(session, len);  // the stream's part when the bytes go upstream
   st->body_in.append(reinterpret_cast<const char*>(data), len);
-  st->wake();
-  if (st->up2) h2_upstream_body_ready(*st->up2);
+  if (st->up) st->up->body_ready();
   h.body_progress(st);
   return 0;
 }
@@ -179,10 +176,7 @@ ssize_t h2_connection::read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t
       nghttp2_submit_trailer(h.session_, st.id, nv.data(), nv.size());
     }
   }
-  if (n > 0) {
-    st.wake();  // room for more from the upstream
-    if (st.up2) h2_upstream_consumed(*st.up2, n);
-  }
+  if (n > 0 && st.up) st.up->consumed(n);  // room for more from the upstream
   return static_cast<ssize_t>(n);
 }
 

@@ -2,8 +2,8 @@
 // server_session.cpp: its life (nghttp2's session, the read, write and sweep
 // loops, teardown); callbacks.cpp: what nghttp2 reports; streams.cpp: each
 // stream through the request steps, answered, held or forwarded, and the
-// HTTP/2 upstream's events; forward_h1.cpp: a stream's exchange with an
-// HTTP/1.1 upstream.
+// events of its upstream exchange (either protocol: upstream.hpp,
+// h1_upstream.hpp).
 #pragma once
 
 #include <nghttp2/nghttp2.h>
@@ -31,8 +31,6 @@ using namespace asio::experimental::awaitable_operators;
 
 namespace h2_detail {
 constexpr std::size_t k_read_size = 16384;
-/// Response bytes a stream buffers before its upstream is read again.
-constexpr std::size_t k_stream_buffer = 65536;
 /// The connection's receive window. Request body bytes give the connection's
 /// part back as they arrive and the stream's part as they go upstream: each
 /// stream buffers at most its own window (the default 64 KiB), so a held
@@ -52,7 +50,7 @@ inline std::vector<nghttp2_nv> to_nv(const std::vector<h2::field>& fields) {
 }
 }  // namespace h2_detail
 
-class h2_connection : public std::enable_shared_from_this<h2_connection>, public h2_downstream {
+class h2_connection : public std::enable_shared_from_this<h2_connection>, public downstream {
 public:
   h2_connection(shared_state& s, worker& w, std::shared_ptr<connection> conn, std::shared_ptr<const runtime> rt,
                 const ip_address& peer, std::string peer_text)
@@ -81,14 +79,14 @@ public:
     teardown();
   }
 
-  // h2_downstream: an HTTP/2 upstream stream reports to its client stream.
+  // downstream: an HTTP/2 upstream stream reports to its client stream.
   void on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) override;
   void on_data(h2_stream& st, std::string_view data) override;
   void on_trailers(h2_stream& st, const std::vector<h2::field>& fields) override;
   void on_end(h2_stream& st) override;
   void on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) override;
   std::size_t take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) override;
-  void attach(h2_stream& st, h2_upstream_stream* up) override { st.up2 = up; }
+  void attach(h2_stream& st, upstream_exchange* up) override { st.up = up; }
   void on_submitted(h2_stream& st, std::size_t server) override {
     st.outcome.server = server;  // the access log's upstream (note_outcome)
   }
@@ -156,15 +154,6 @@ private:
   /// Forwards the streams the last read opened and decided to forward.
   void forward_opened();
   void forward(const std::shared_ptr<h2_stream>& st);
-  awaitable<void> forward_h1(std::shared_ptr<h2_stream> st);
-  awaitable<std::optional<steady::time_point>> exchange_head_h1(h2_stream& st, connection& uc);
-  enum class response_start : std::uint8_t { failed, without_body, with_body };
-  response_start begin_response_h1(h2_stream& st, connection& uc, steady::time_point sent);
-  void end_response_h1(h2_stream& st, std::string& trailer_section);
-  awaitable<bool> send_body_h1(h2_stream& st, connection& uc, bool chunked);
-  /// Counts a failed HTTP/1.1 exchange and answers `status`, if the stream is still there.
-  void fail_h1(h2_stream& st, metrics::counter& m, unsigned status, std::string_view why);
-  void keep_trailers(h2_stream& st, std::string& section);
   void close_stream(h2_stream& st, std::uint32_t error_code);
 
   /// Submits a response: `fields`, then the body in st.res().out (`with_body`).
@@ -183,15 +172,11 @@ private:
     st.body_in.clear();
     st.body_at = 0;
   }
-  /// Stops the stream's upstream exchange (HTTP/1.1 socket or HTTP/2 stream).
+  /// Stops the stream's upstream exchange (either protocol).
   void cancel_upstream(h2_stream& st) {
-    if (st.res_ && st.res_->up && st.res_->up->forwarding_ && st.res_->up->forwarding_->up.sock) {
-      boost::system::error_code ignored;
-      st.res_->up->forwarding_->up.sock->socket().cancel(ignored);
-    }
-    if (st.up2) {
-      h2_upstream_cancel(*st.up2);
-      st.up2 = nullptr;
+    if (st.up) {
+      st.up->cancel();
+      st.up = nullptr;
     }
   }
   /// Resets a stream; it counts against the reset bound as the client's own resets do.

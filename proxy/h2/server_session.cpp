@@ -146,11 +146,14 @@ void h2_connection::update_deadline() {
 
 // A response that makes no progress for body_timeout (the client's window
 // shut, or it stopped reading) is reset, whatever else the connection does:
-// each stream is bounded, not only the connection's writes.
+// each stream is bounded, not only the connection's writes. The streams'
+// upstream exchanges have their deadlines enforced here too (an HTTP/1.1
+// one has no timer of its own), so the period is at most `tick`.
 awaitable<void> h2_connection::sweep_loop() {
   auto self = shared_from_this();
   const auto timeout = rt_->cfg.body_timeout;
-  const auto period = std::clamp<steady::duration>(timeout / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
+  const auto period = std::min<steady::duration>(
+      std::clamp<steady::duration>(timeout / 4, std::chrono::milliseconds(10), std::chrono::seconds(1)), rt_->tick);
   std::vector<std::shared_ptr<h2_stream>> stalled;
   while (!reading_done_ && !fatal_) {
     sweep_timer_.expires_after(period);
@@ -159,6 +162,7 @@ awaitable<void> h2_connection::sweep_loop() {
     const auto now = s_.clk.steady_now();
     for (const auto& [id, st] : streams_) {
       if (st->pending_out() > 0 && now - st->last_progress >= timeout) stalled.push_back(st);
+      else if (st->up) st->up->sweep(now);
     }
     for (const auto& st : stalled) {
       s_.metrics.h2_stalled_window.inc();

@@ -18,7 +18,7 @@
 
 namespace smockron::proxy {
 
-struct h2_upstream_stream;
+class upstream_exchange;  // upstream.hpp
 
 /// One stream: a request and what answers it.
 struct h2_stream {
@@ -33,7 +33,7 @@ struct h2_stream {
   admission adm;
   std::unique_ptr<access_entry> entry;
   steady::time_point started{}, held_from{};
-  /// The hold's timer, then the forwarder's wake-up (cancelled when something it waits for happens).
+  /// The hold's timer (or, waiting for the start of its body, that wait's).
   std::unique_ptr<steady_timer> timer;
   bool dispatched = false;  ///< its head was complete and it was decided
   bool grpc = false;
@@ -50,8 +50,8 @@ struct h2_stream {
   std::size_t body_at = 0;             ///< of which taken already (an HTTP/2 upstream takes them piecewise)
   steady::time_point last_progress{};  ///< response bytes last taken by nghttp2 (or first buffered)
   unsigned status = 0;
-  std::string response_fields;        ///< the proxy's own lines (limit fields) for whatever answers
-  h2_upstream_stream* up2 = nullptr;  ///< the HTTP/2 upstream stream, while forwarding
+  std::string response_fields;      ///< the proxy's own lines (limit fields) for whatever answers
+  upstream_exchange* up = nullptr;  ///< the upstream side, while forwarding (either protocol)
   /// What became of it: body bytes each way, the upstream server, the
   /// response's cost field (a route whose cost is read from the response).
   request_outcome outcome;
@@ -60,10 +60,9 @@ struct h2_stream {
   struct response {
     std::string out;  ///< response body bytes nghttp2 has not taken yet
     std::size_t out_at = 0;
-    bool out_end = false;            ///< no more response body bytes will come
-    bool deferred = false;           ///< nghttp2 waits for body bytes (resume when some come)
-    std::string fields_arena;        ///< bytes of the submitted response's fields
-    std::shared_ptr<connection> up;  ///< the HTTP/1.1 upstream side, while forwarding
+    bool out_end = false;      ///< no more response body bytes will come
+    bool deferred = false;     ///< nghttp2 waits for body bytes (resume when some come)
+    std::string fields_arena;  ///< bytes of the submitted response's fields
     std::string trailers_arena;
     std::vector<h2::field> trailers;  ///< response trailers (from an HTTP/2 upstream)
   };
@@ -86,10 +85,6 @@ struct h2_stream {
     return taken;
   }
   std::size_t pending_out() const { return res_ ? res_->out.size() - res_->out_at : 0; }
-  /// Wakes the forwarder (a held stream's timer is its hold: left alone).
-  void wake() {
-    if (timer && !held) timer->cancel();
-  }
 };
 
 }  // namespace smockron::proxy

@@ -4,6 +4,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include "proxy/h2/h1_upstream.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -186,15 +187,12 @@ void h2_connection::forward(const std::shared_ptr<h2_stream>& st) {
   if (st->too_large || st->closed || st->resetting || ending_) return;
   st->forwarding = true;
   const runtime& rt = *st->rt;
-  if (rt.cfg.upstreams[st->r->upstream_index].http2()) {
-    w_.h2_pool.start(h2_upstream_request{*st, *this, st->req, hop(rt), st->rt, *st->r});
-    return;
-  }
-  st->timer = std::make_unique<steady_timer>(exec_);
-  asio::co_spawn(exec_, forward_h1(st), asio::detached);
+  const upstream_request req{*st, *this, st->req, hop(rt), st->rt, *st->r};
+  if (rt.cfg.upstreams[st->r->upstream_index].http2()) w_.h2_pool.start(req);
+  else start_h1_upstream(h1_exchange_env{w_.pool, s_.metrics, s_.clk}, exec_, req);
 }
 
-// ---------------------------------------------------------------------------- HTTP/2 upstream events
+// ---------------------------------------------------------------------------- upstream events (either protocol)
 
 void h2_connection::on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) {
   if (st.closed) return;
@@ -222,7 +220,7 @@ void h2_connection::on_trailers(h2_stream& st, const std::vector<h2::field>& fie
 }
 
 void h2_connection::on_end(h2_stream& st) {
-  st.up2 = nullptr;
+  st.up = nullptr;
   if (st.closed) return;
   drop_body(st);
   st.res().out_end = true;
@@ -230,7 +228,7 @@ void h2_connection::on_end(h2_stream& st) {
 }
 
 void h2_connection::on_failed(h2_stream& st, unsigned status, std::string_view why, bool response_started) {
-  st.up2 = nullptr;
+  st.up = nullptr;
   if (st.closed) return;
   drop_body(st);
   if (response_started) {

@@ -36,7 +36,7 @@ void h2_upstream_pool::impl::adopt(const runtime& rt) {
   generation = rt.generation;
 }
 
-void h2_upstream_pool::start(const h2_upstream_request& req) {
+void h2_upstream_pool::start(const upstream_request& req) {
   auto s = std::make_unique<h2_upstream_stream>();
   s->st = &req.st;
   s->down = &req.down;
@@ -92,30 +92,30 @@ void h2_upstream_pool::impl::server_down(std::size_t u, std::size_t srv, const r
 
 // ---------------------------------------------------------------------------- client calls
 
-void h2_upstream_body_ready(h2_upstream_stream& s) {
-  if (!s.deferred || s.id < 0 || !s.conn || !s.conn->session) return;
-  s.deferred = false;
-  nghttp2_session_resume_data(s.conn->session, s.id);
-  s.conn->flush();
+void h2_upstream_stream::body_ready() {
+  if (!deferred || id < 0 || !conn || !conn->session) return;
+  deferred = false;
+  nghttp2_session_resume_data(conn->session, id);
+  conn->flush();
 }
 
-void h2_upstream_consumed(h2_upstream_stream& s, std::size_t n) {
-  if (s.id < 0 || !s.conn || !s.conn->session || s.conn->dead) return;
-  nghttp2_session_consume_stream(s.conn->session, s.id, n);
-  s.conn->flush();
+void h2_upstream_stream::consumed(std::size_t n) {
+  if (id < 0 || !conn || !conn->session || conn->dead) return;
+  nghttp2_session_consume_stream(conn->session, id, n);
+  conn->flush();
 }
 
-void h2_upstream_cancel(h2_upstream_stream& s) {
-  s.down = nullptr;
-  s.st = nullptr;
-  h2_upstream_conn* c = s.conn;
+void h2_upstream_stream::cancel() {
+  down = nullptr;
+  st = nullptr;
+  h2_upstream_conn* c = conn;
   if (c == nullptr) return;  // its failure is on its way
-  if (s.id < 0) {
-    c->pending.remove_if([&](const auto& p) { return p.get() == &s; });
+  if (id < 0) {
+    c->pending.remove_if([&](const auto& p) { return p.get() == this; });  // destroys this
     return;
   }
   if (c->session && !c->dead) {
-    nghttp2_submit_rst_stream(c->session, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_CANCEL);
+    nghttp2_submit_rst_stream(c->session, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
     c->flush();
   }
 }

@@ -29,12 +29,36 @@
 namespace smockron::proxy {
 
 struct h2_stream;  // a client's stream (stream.hpp)
-struct h2_upstream_stream;
 
-/// What an upstream stream reports to the client stream it serves, and takes from it.
-class h2_downstream {
+/// The upstream side of one exchange, as the client side calls it: an
+/// HTTP/2 stream on a multiplexed connection (here), or an HTTP/1.1
+/// connection of the worker's pool (h1_upstream.hpp). Valid from attach()
+/// until the exchange's end or failure reaches the client side, or the
+/// client side cancels it.
+class upstream_exchange {
 public:
-  virtual ~h2_downstream() = default;
+  /// More request body bytes are at hand (or the body ended).
+  virtual void body_ready() = 0;
+  /// The client took `n` response bytes: the upstream may send as much again.
+  virtual void consumed(std::size_t n) = 0;
+  /// The client is gone (reset, or its connection closed): the exchange
+  /// stops, and tells the client side nothing more.
+  virtual void cancel() = 0;
+  /// Enforces the exchange's deadline at `now` (an HTTP/1.1 exchange's
+  /// reads and writes; an HTTP/2 connection keeps its own).
+  virtual void sweep(steady::time_point now) = 0;
+
+protected:
+  ~upstream_exchange() = default;
+};
+
+/// The client side of an exchange: what the upstream side (either
+/// protocol) reports to the client stream it serves, and takes from it. An
+/// HTTP/2 client connection is one (for all its streams), and an HTTP/1.1
+/// client's bridge to an HTTP/2 upstream (bridge.hpp).
+class downstream {
+public:
+  virtual ~downstream() = default;
   /// The response head (`end_stream`: a head-only response, trailers-only for gRPC).
   virtual void on_response(h2_stream& st, const std::vector<h2::field>& fields, bool end_stream) = 0;
   virtual void on_data(h2_stream& st, std::string_view data) = 0;
@@ -46,29 +70,21 @@ public:
   /// Request body bytes for the upstream: at most `n` into `buf`; `eof` once
   /// the body has ended. 0 without eof: none at hand yet.
   virtual std::size_t take_body(h2_stream& st, std::uint8_t* buf, std::size_t n, bool& eof) = 0;
-  /// The upstream stream now serving `st` (the client's calls below go to it).
-  virtual void attach(h2_stream& st, h2_upstream_stream* up) = 0;
+  /// The exchange now serving `st` (the client's calls go to it).
+  virtual void attach(h2_stream& st, upstream_exchange* up) = 0;
   /// The request went to server `server` (an index into the upstream's servers): the outcome's server.
   virtual void on_submitted(h2_stream& st, std::size_t server) = 0;
 };
 
-/// One request to start on an HTTP/2 upstream.
-struct h2_upstream_request {
+/// One request to start on an upstream (either protocol).
+struct upstream_request {
   h2_stream& st;
-  h2_downstream& down;
+  downstream& down;
   const http1::request_head& req;
   http1::forward_info hop;
   std::shared_ptr<const runtime> rt;
   const route& r;
 };
-
-/// The client side's calls into its upstream stream.
-/// More request body bytes are at hand (or the body ended).
-void h2_upstream_body_ready(h2_upstream_stream& s);
-/// The client took `n` response bytes: the upstream's window opens by as much.
-void h2_upstream_consumed(h2_upstream_stream& s, std::size_t n);
-/// The client is gone (reset, or its connection closed): the upstream stream is reset.
-void h2_upstream_cancel(h2_upstream_stream& s);
 
 class h2_upstream_pool {
 public:
@@ -78,8 +94,8 @@ public:
   h2_upstream_pool& operator=(const h2_upstream_pool&) = delete;
 
   /// Starts `req` on a connection with room (opened if need be). The
-  /// outcome reaches `req.down`; the client stream's `up2` is set here.
-  void start(const h2_upstream_request& req);
+  /// outcome reaches `req.down`; the client side's attach() comes from here.
+  void start(const upstream_request& req);
 
   struct impl;
 

@@ -25,11 +25,16 @@ constexpr int k_attempts = 2;  // a stream whose connection could not be made tr
 
 struct h2_upstream_conn;
 
-struct h2_upstream_stream {
+struct h2_upstream_stream final : upstream_exchange {
+  void body_ready() override;
+  void consumed(std::size_t n) override;
+  void cancel() override;
+  void sweep(steady::time_point) override {}  // its connection's tick loop bounds it
+
   h2_upstream_conn* conn = nullptr;
   std::int32_t id = -1;  ///< -1: waiting for its connection
   h2_stream* st = nullptr;
-  h2_downstream* down = nullptr;  ///< null once the client side is done with it
+  downstream* down = nullptr;  ///< null once the client side is done with it
   std::shared_ptr<const runtime> rt;
   const route* r = nullptr;
   int attempts = 0;
@@ -54,7 +59,7 @@ struct h2_upstream_stream {
     return out;
   }
   // Delivers the end (or failure) once and lets the client side go.
-  h2_downstream* detach() {
+  downstream* detach() {
     auto* d = down;
     down = nullptr;
     return d;

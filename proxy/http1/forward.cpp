@@ -2,6 +2,7 @@
 #include "proxy/http1/forward.hpp"
 
 #include "proxy/request/cost.hpp"
+#include "proxy/request/h1_exchange.hpp"
 #include "proxy/request/request_steps.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -63,146 +64,126 @@ awaitable<relay_end> relay_body(connection& c, const relay_leg& leg, body_relay&
   }
 }
 
-// One request's exchange with its upstream. Each step either goes on or
-// answers the client itself (then `next` says whether the connection goes on).
-struct exchange {
+// An HTTP/1.1 client connection as an HTTP/1.1 exchange's client
+// (h1_exchange.hpp): the request body streamed from its socket, the
+// response re-framed for its version and written to it, a tunnel after 101.
+// Each step either goes on or answers the client itself (then `next` says
+// whether the connection goes on).
+struct h1_client {
+  using result = connection_next;
+
   forward_env& env;
   const runtime& rt;
   const route& r;
   connection& c;
-  http1::request_head& req = c.request;
-  http1::response_head& res = c.fwd().response;
-  unsigned version = req.version;
-  // A request that may have reached a pooled connection's server is resent
-  // only when that is harmless: no body (nothing consumed) and an idempotent method.
-  bool retryable = req.body == http1::framing::none && http1::idempotent(req.method);
+  unsigned version = c.request.version;
   connection_next next = connection_next::ends;
 
-  enum class step : std::uint8_t { next, retry, answered };
+  bool retryable() const { return c.request.body == http1::framing::none && http1::idempotent(c.request.method); }
+  io_deadline& deadline() { return c; }
+  forwarding& fwd() { return c.fwd(); }
+  void submitted(std::size_t server) { c.outcome.server = server; }
+  bool head_request() const { return c.request.head; }
+  static constexpr bool gone() { return false; }
+  connection_next finish() const { return next; }
 
-  awaitable<step> send_request(int attempt);
-  awaitable<step> read_response_head(int attempt);
-  awaitable<connection_next> relay_response();
-  awaitable<void> tunnel();
-  awaitable<void> pump(link& from, link& to, boost::beast::flat_buffer& pending);
-
-  awaitable<step> answer(unsigned status, std::string_view body) {
+  awaitable<h1_step> send_request(int attempt);
+  awaitable<bool> interim();
+  /// Not a coroutine: the one it returns is the only frame.
+  awaitable<bool> relay() { return c.fwd().response.status == 101 ? switch_protocols() : relay_response(); }
+  awaitable<bool> switch_protocols();
+  awaitable<void> fail(unsigned status, std::string_view body) {
     c.outcome.status = status;
     next = co_await respond(c, version, status, body, false);
-    co_return step::answered;
   }
+  /// Sets `next`; true when the whole response came (the upstream connection may be reused).
+  awaitable<bool> relay_response();
+  awaitable<void> tunnel();
+  awaitable<void> pump(link& from, link& to, boost::beast::flat_buffer& pending);
 };
 
-// Takes an upstream connection and writes the head (in c.out) and the body:
-// the head and the body bytes at hand share one write; the rest of the body
-// is streamed from the client through c.in (bytes past its end stay there:
-// a pipelined request).
-awaitable<exchange::step> exchange::send_request(int attempt) {
-  // A request that could not be resent makes sure a pooled connection is still open.
-  if (!(attempt == 0 && env.pool.take_pooled(rt, c, r.upstream_index, !retryable)) &&
-      !co_await env.pool.acquire(rt, c, r.upstream_index, attempt == 0, !retryable)) {
-    env.metrics.upstream_no_server.inc();
-    co_return co_await answer(502, "upstream unavailable\n");
+// The head (in c.out) and the body go out on the upstream connection: the
+// head and the body bytes at hand share one write; the rest of the body is
+// streamed from the client through c.in (bytes past its end stay there: a
+// pipelined request). The proxy answers 100-continue itself, once the
+// upstream connection is there.
+awaitable<h1_step> h1_client::send_request(int attempt) {
+  const http1::request_head& req = c.request;
+  if (attempt == 0 && req.expect_continue && req.body != http1::framing::none && version >= 11) {
+    static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout); ec) {
+      next = connection_next::ends;
+      co_return h1_step::answered;
+    }
   }
   const auto max_line = static_cast<std::size_t>(rt.cfg.max_header_bytes);
   body_relay& body = c.fwd().relay.emplace(req.body, req.body, req.content_length, max_line);
   const relay_leg leg{
       c.client, c.in, *c.fwd().up.sock, rt.cfg.body_timeout, rt.cfg.upstream_timeout, rt.cfg.max_body_bytes};
-  c.outcome.server = c.fwd().up.server;
   const relay_end end = co_await relay_body(c, leg, body);
   c.outcome.bytes_in = body.data_bytes;
   switch (end.what) {
-    case relay_end::kind::done: co_return step::next;
+    case relay_end::kind::done: co_return h1_step::next;
     // Refused mid-body: the upstream got part of it and its connection is
     // dropped with `up`; the client hears why, then the connection closes.
     case relay_end::kind::bad_framing:
       env.metrics.bad_request.inc();
       c.outcome.status = 400;
       next = co_await refuse(c, version, 400, "bad request: " + std::string(body.dec.error()) + "\n");
-      co_return step::answered;
+      co_return h1_step::answered;
     case relay_end::kind::too_large:
       env.metrics.bad_request.inc();
       c.outcome.status = 413;
       next = co_await refuse(c, version, 413, "request body too large\n");
-      co_return step::answered;
+      co_return h1_step::answered;
     case relay_end::kind::cost_cut: {
       env.metrics.reject_cost_over_limit.inc();
       const refusal no = refusal_for_cost_cut(r);
       c.outcome.status = no.status;
       next = co_await refuse(c, version, no.status, no.text);
-      co_return step::answered;
+      co_return h1_step::answered;
     }
     case relay_end::kind::write_failed:
-      if (c.fwd().up.reused && retryable && attempt == 0) co_return step::retry;
+      if (c.fwd().up.reused && retryable() && attempt == 0) co_return h1_step::retry;
       env.metrics.upstream_reset.inc();
-      co_return co_await answer(502, "upstream write failed\n");
+      co_await fail(502, "upstream write failed\n");
+      co_return h1_step::answered;
     case relay_end::kind::read_failed: break;
   }
   next = connection_next::ends;  // the client failed mid-body: nothing sensible to answer
-  co_return step::answered;
+  co_return h1_step::answered;
 }
 
-// Reads the response head, passing 1xx informational responses on to an
-// HTTP/1.1 client (never to HTTP/1.0, RFC 9110 15.2) and stopping at a final
-// one or 101.
-awaitable<exchange::step> exchange::read_response_head(int attempt) {
-  c.fwd().upstream_in.clear();
-  boost::system::error_code ec;
-  bool bad_head = false, interim = false, first_read = true;
-  for (std::size_t scanned = 0;;) {
-    const auto parsed = http1::parse_response(view(c.fwd().upstream_in), k_max_response_head, req.head, res, scanned);
-    if (parsed.status == http1::parse_status::complete) {
-      if (res.status >= 200 || res.status == 101) break;
-      interim = true;  // a response has begun: no retry after this
-      if (version >= 11) {
-        c.out.clear();
-        http1::write_response_head(c.out, res, 11, http1::framing::none, true, false);
-        auto [wec, wn] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout);
-        if (wec) {
-          next = connection_next::ends;
-          co_return step::answered;
-        }
-      }
-      c.fwd().upstream_in.consume(res.size);
-      scanned = 0;
-      continue;
-    }
-    if (parsed.status != http1::parse_status::incomplete) {
-      bad_head = true;
-      break;
-    }
-    // The answer to a request just sent is rarely there yet: its first
-    // read waits for readiness instead of trying a recv() that fails.
-    const auto into = c.fwd().upstream_in.prepare(k_head_read);
-    auto [rec, n] = first_read ? co_await read_first(c, *c.fwd().up.sock, into, rt.cfg.upstream_timeout)
-                               : co_await read_more(c, *c.fwd().up.sock, into, rt.cfg.upstream_timeout);
-    first_read = false;
-    if (rec) {
-      ec = c.classify(rec);
-      break;
-    }
-    c.fwd().upstream_in.commit(n);
+// A 1xx informational response goes on to an HTTP/1.1 client (never to
+// HTTP/1.0, RFC 9110 15.2).
+awaitable<bool> h1_client::interim() {
+  if (version < 11) co_return true;
+  c.out.clear();
+  http1::write_response_head(c.out, c.fwd().response, 11, http1::framing::none, true, false);
+  auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout);
+  if (ec) next = connection_next::ends;
+  co_return !ec;
+}
+
+// After 101: a tunnel, when the request asked for one.
+awaitable<bool> h1_client::switch_protocols() {
+  if (!c.request.upgrade) {
+    env.metrics.upstream_reset.inc();
+    co_await fail(502, "upstream switched protocols unasked\n");
+    co_return false;
   }
-  if (!ec && !bad_head) co_return step::next;
-  // A pooled connection the server closed just now: nothing came back.
-  const bool nothing = c.fwd().upstream_in.size() == 0 && !interim;
-  if (nothing && c.fwd().up.reused && retryable && attempt == 0 &&
-      (ec == asio::error::eof || ec == asio::error::connection_reset)) {
-    co_return step::retry;
-  }
-  if (ec == asio::error::timed_out) {
-    env.metrics.upstream_timeout.inc();
-    co_return co_await answer(504, "upstream timed out\n");
-  }
-  env.metrics.upstream_reset.inc();
-  co_return co_await answer(502, bad_head ? "upstream sent a malformed response\n" : "upstream failed\n");
+  co_await tunnel();
+  next = connection_next::ends;
+  co_return false;
 }
 
 // The response head and body to the client, re-framed for its version:
 // HTTP/1.0 knows no chunks, and an HTTP/1.1 client keeps its connection when
 // a body that ends by closing is sent chunked.
-awaitable<connection_next> exchange::relay_response() {
+awaitable<bool> h1_client::relay_response() {
   using http1::framing;
+  const http1::request_head& req = c.request;
+  const http1::response_head& res = c.fwd().response;
   framing out = res.body;
   if (res.body == framing::until_close && version >= 11) out = framing::chunked;
   if (res.body == framing::chunked && version < 11) out = framing::until_close;
@@ -229,29 +210,29 @@ awaitable<connection_next> exchange::relay_response() {
   // Once the response has started, closing is the only honest signal left.
   switch (end.what) {
     case relay_end::kind::done: break;
-    case relay_end::kind::bad_framing: env.metrics.upstream_reset.inc(); co_return connection_next::ends;
+    case relay_end::kind::bad_framing: env.metrics.upstream_reset.inc(); co_return false;
     case relay_end::kind::read_failed:
       (end.ec == asio::error::timed_out ? env.metrics.upstream_timeout : env.metrics.upstream_reset).inc();
-      co_return connection_next::ends;
-    default: co_return connection_next::ends;  // the client failed
+      co_return false;
+    default: co_return false;  // the client failed
   }
-  if (res.keep_alive && c.fwd().upstream_in.size() == 0) env.pool.give_back(rt, c, r.upstream_index);
-  co_return goes_on_if(keep_client);
+  next = goes_on_if(keep_client);
+  co_return true;
 }
 
 // After a 101 response: the response head to the client, then bytes both
 // ways until either side ends.
-awaitable<void> exchange::tunnel() {
+awaitable<void> h1_client::tunnel() {
   c.outcome.status = 101;
   c.out.clear();
-  http1::write_response_head(c.out, res, 11, http1::framing::none, true, true);
+  http1::write_response_head(c.out, c.fwd().response, 11, http1::framing::none, true, true);
   if (auto [ec, n] = co_await write(c, c.client, asio::buffer(c.out), rt.cfg.upstream_timeout); ec) co_return;
   co_await (pump(c.client, *c.fwd().up.sock, c.in) && pump(*c.fwd().up.sock, c.client, c.fwd().upstream_in));
 }
 
 // Copies bytes one way until EOF or error; the connection's idle deadline
 // covers both directions.
-awaitable<void> exchange::pump(link& from, link& to, boost::beast::flat_buffer& pending) {
+awaitable<void> h1_client::pump(link& from, link& to, boost::beast::flat_buffer& pending) {
   const auto idle = rt.cfg.idle_timeout;
   if (pending.size() > 0) {
     auto [ec, n] = co_await write(c, to, pending.data(), idle);
@@ -274,14 +255,7 @@ awaitable<void> exchange::pump(link& from, link& to, boost::beast::flat_buffer& 
 
 awaitable<connection_next> forward(forward_env& env, const runtime& rt, const route& r, connection& c,
                                    const http1::forward_info& hop) {
-  exchange x{env, rt, r, c};
   const http1::request_head& req = c.request;
-  if (req.expect_continue && req.body != http1::framing::none && x.version >= 11) {
-    // The proxy answers 100-continue itself, once the gate has admitted the request.
-    static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
-    auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout);
-    if (ec) co_return connection_next::ends;
-  }
   c.out.clear();
   http1::forward_info info = hop;
   info.tunnel = req.upgrade;
@@ -293,34 +267,8 @@ awaitable<connection_next> forward(forward_env& env, const runtime& rt, const ro
     c.in.commit(c.early.size());
     std::string().swap(c.early);  // up to 64 KiB: not kept for the rest of a keep-alive connection
   }
-  struct release_guard {
-    upstream_conn& up;
-    ~release_guard() { up.release(); }
-  } guard{c.fwd().up};
-  // A pooled connection may have been closed by the upstream just now: a
-  // retryable request is retried once on a fresh connection.
-  auto sent = env.clk.steady_now();
-  for (int attempt = 0;; ++attempt) {
-    if (attempt > 0) sent = env.clk.steady_now();
-    auto st = co_await x.send_request(attempt);
-    if (st == exchange::step::next) st = co_await x.read_response_head(attempt);
-    if (st == exchange::step::answered) co_return x.next;
-    if (st == exchange::step::next) break;
-  }
-  const auto& counted = rt.upstream_metrics[r.upstream_index];
-  counted.by_class[std::clamp<unsigned>(c.fwd().response.status / 100, 1, 5) - 1]->inc();
-  counted.seconds->observe(std::chrono::duration<double>(env.clk.steady_now() - sent).count());
-  c.fwd().upstream_in.consume(c.fwd().response.size);
-  if (c.fwd().response.status == 101) {
-    if (!req.upgrade) {
-      env.metrics.upstream_reset.inc();
-      c.outcome.status = 502;
-      co_return co_await respond(c, x.version, 502, "upstream switched protocols unasked\n", false);
-    }
-    co_await x.tunnel();
-    co_return connection_next::ends;
-  }
-  co_return co_await x.relay_response();
+  // Not a coroutine: the exchange's is the only frame.
+  return exchange_h1(h1_exchange_env{env.pool, env.metrics, env.clk}, rt, r, h1_client{env, rt, r, c});
 }
 
 }  // namespace smockron::proxy

@@ -25,18 +25,11 @@ constexpr std::size_t k_hold_read = 4096;                       // hold(): bytes
 constexpr auto k_release_retry = std::chrono::milliseconds(1);  // a released hold not yet ended: cancel again
 }  // namespace
 
-void connection::expires_after(steady::duration d) {
-  deadline = clk.coarse_steady_now() + d;
-  expired = false;
-}
-
 void connection::watch(std::shared_ptr<connection> self) {
   connection& c = *self;
   const auto now = c.clk.steady_now();
   boost::system::error_code ignored;
-  if (c.deadline <= now) {
-    c.expired = true;
-    c.deadline = steady::time_point::max();
+  if (c.passed(now)) {
     c.client.socket().cancel(ignored);
     if (c.forwarding_ && c.forwarding_->up.sock) c.forwarding_->up.sock->socket().cancel(ignored);
   }
@@ -81,7 +74,7 @@ bool send_now(link& s, buffer_list& b, boost::system::error_code& ec) {
   }
 }
 
-awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, link& s, asio::mutable_buffer b,
+awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(io_deadline& c, link& s, asio::mutable_buffer b,
                                                                         std::optional<steady::duration> timeout) {
   if (tls_stream* tls = s.tls()) {
     // The SSL stream reads records itself (and answers at once from what it

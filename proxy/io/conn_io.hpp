@@ -90,12 +90,49 @@ struct forwarding {
   std::string trailers;  ///< a chunked response's trailer section, kept when a cost is read from it
 };
 
+/// The deadline an exchange's reads and writes run under, kept in the
+/// injected clock's (coarse) steady time. Whoever owns the sockets enforces
+/// it: a client connection's watchdog, or the sweep of the HTTP/2
+/// connection whose stream an upstream exchange serves. No timer operation
+/// per read or write.
+struct io_deadline {
+  explicit io_deadline(const clock& c) : clk(c) {}
+
+  const clock& clk;
+  steady::time_point deadline = steady::time_point::max();
+  bool expired = false;   ///< the last deadline passed (operations were cancelled)
+  int reads_at_once = 0;  ///< read_more() results in a row without waiting
+
+  /// Sets the deadline `d` from now. The coarse clock (a few ms resolution)
+  /// is cheap enough per operation, and a deadline early by a few ms is no
+  /// matter for timeouts of seconds (the enforcer's period leaves room for it).
+  void expires_after(steady::duration d) {
+    deadline = clk.coarse_steady_now() + d;
+    expired = false;
+  }
+  void expires_never() {
+    deadline = steady::time_point::max();
+    expired = false;
+  }
+  /// True once when the deadline has passed at `now` (it is cleared: the enforcer cancels once).
+  bool passed(steady::time_point now) {
+    if (deadline > now) return false;
+    expired = true;
+    deadline = steady::time_point::max();
+    return true;
+  }
+  /// An operation's error, as timed_out when the deadline cancelled it.
+  boost::system::error_code classify(boost::system::error_code ec) const {
+    return ec && expired ? make_error_code(asio::error::timed_out) : ec;
+  }
+};
+
 /// One client connection and what its requests reuse: buffers, the parsed
 /// head, and (once one was forwarded) what forwarding uses.
-struct connection {
+struct connection : io_deadline {
   /// `clk`: deadlines are kept in its (coarse) steady time; `t`: the watchdog's period.
   connection(tcp_socket s, const clock& clk, steady::duration t)
-      : client(std::move(s)), timer(client.get_executor()), clk(clk), tick(t) {}
+      : io_deadline(clk), client(std::move(s)), timer(client.get_executor()), tick(t) {}
 
   link client;
   boost::beast::flat_buffer in;
@@ -109,12 +146,8 @@ struct connection {
   http1::request_head request;
   std::unique_ptr<forwarding> forwarding_;  ///< see fwd()
   steady_timer timer;
-  const clock& clk;
-  steady::time_point deadline = steady::time_point::max();
   steady::duration tick;
-  bool expired = false;   ///< the last deadline passed (operations were cancelled)
-  int reads_at_once = 0;  ///< read_more() results in a row without waiting
-  bool idle = true;       ///< between requests (cancelled at once when draining)
+  bool idle = true;  ///< between requests (cancelled at once when draining)
   bool closed = false;
   /// The hold in progress (hold()) ends at this time of the watchdog's (real
   /// steady time; max: none): the watchdog ends it, so a held request waits
@@ -122,18 +155,6 @@ struct connection {
   steady::time_point hold_until = steady::time_point::max();
   bool released = false;  ///< the watchdog ended the hold (and cancelled the client's operations)
 
-  /// Sets the deadline `d` from now. The coarse clock (a few ms resolution)
-  /// is cheap enough per operation, and a deadline early by a few ms is no
-  /// matter for timeouts of seconds (`tick` leaves room for it).
-  void expires_after(steady::duration d);
-  void expires_never() {
-    deadline = steady::time_point::max();
-    expired = false;
-  }
-  /// An operation's error, as timed_out when the deadline cancelled it.
-  boost::system::error_code classify(boost::system::error_code ec) const {
-    return ec && expired ? make_error_code(asio::error::timed_out) : ec;
-  }
   void close() {
     closed = true;
     timer.cancel();
@@ -160,19 +181,19 @@ inline std::string_view view(const boost::beast::flat_buffer& b) {
 bool send_now(link& s, buffer_list& b, boost::system::error_code& ec);
 
 /// Writes all of `b` within `timeout`.
-inline auto write(connection& c, link& s, const buffer_list& b, steady::duration timeout) {
+inline auto write(io_deadline& c, link& s, const buffer_list& b, steady::duration timeout) {
   c.expires_after(timeout);
   return asio::async_write(s, b.span(), nothrow);
 }
 template <class Buffer>
-auto write(connection& c, link& s, const Buffer& b, steady::duration timeout) {
+auto write(io_deadline& c, link& s, const Buffer& b, steady::duration timeout) {
   c.expires_after(timeout);
   return asio::async_write(s, b, nothrow);
 }
 
 /// The first read of a request or response head (see drain_read.hpp; a TLS
 /// link reads through its SSL stream, which may hold decrypted bytes already).
-inline auto read_first(connection& c, link& s, asio::mutable_buffer b, steady::duration timeout) {
+inline auto read_first(io_deadline& c, link& s, asio::mutable_buffer b, steady::duration timeout) {
   c.expires_after(timeout);
   if (s.tls()) return s.tls()->async_read_some(b, nothrow);
   return s.socket().async_read_some(drain_buffer(b), nothrow);
@@ -184,7 +205,7 @@ inline auto read_first(connection& c, link& s, asio::mutable_buffer b, steady::d
 /// of it). A result at once is never a timeout; after a few of them in a row
 /// the connection lets the others on its worker have a turn, so a transfer
 /// between two fast peers cannot hold the worker for its whole length.
-awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(connection& c, link& s, asio::mutable_buffer b,
+awaitable<std::tuple<boost::system::error_code, std::size_t>> read_more(io_deadline& c, link& s, asio::mutable_buffer b,
                                                                         std::optional<steady::duration> timeout);
 
 /// What a stage leaves of the client connection: the next request may follow

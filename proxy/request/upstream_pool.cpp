@@ -30,7 +30,7 @@ void upstream_pool::adopt(const runtime& rt) {
   generation_ = rt.generation;
 }
 
-bool upstream_pool::take_pooled(const runtime& rt, connection& c, std::size_t upstream, bool check_idle) {
+bool upstream_pool::take_pooled(const runtime& rt, upstream_conn& up, std::size_t upstream, bool check_idle) {
   if (generation_ != rt.generation) return false;
   auto& slots = slots_[upstream];
   const std::size_t s = round_robin_[upstream] % slots.size();
@@ -40,15 +40,14 @@ bool upstream_pool::take_pooled(const runtime& rt, connection& c, std::size_t up
   }
   if (check_idle && !still_open(slot.idle.back().l)) return false;  // acquire() drops it
   ++round_robin_[upstream];
-  c.fwd().up.use(std::move(slot.idle.back().l), s, true);
+  up.use(std::move(slot.idle.back().l), s, true);
   slot.idle.pop_back();
   return true;
 }
 
-awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse,
-                                       bool check_idle) {
+awaitable<bool> upstream_pool::acquire(const runtime& rt, io_deadline& d, upstream_conn& up, std::size_t upstream,
+                                       bool allow_reuse, bool check_idle) {
   if (generation_ != rt.generation) adopt(rt);
-  upstream_conn& up = c.fwd().up;
   auto& slots = slots_[upstream];
   const auto& cfg = rt.cfg.upstreams[upstream];
   const auto now = clock_.steady_now();
@@ -65,18 +64,18 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
       up.use(std::move(l), s, true);
       co_return true;
     }
-    up.use(link(tcp_socket(c.client.get_executor())), s, false);
-    c.expires_after(rt.cfg.connect_timeout);
+    up.use(link(tcp_socket(ex_)), s, false);
+    d.expires_after(rt.cfg.connect_timeout);
     auto [ec] = co_await up.sock->socket().async_connect(rt.servers[upstream][s], nothrow);
     if (ec) {
-      (c.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
+      (d.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
       slot.down_until = clock_.steady_now() + cfg.fail_timeout;
       resolve_soon_.store(true, std::memory_order_relaxed);
       up.release();
       continue;
     }
     up.sock->socket().set_option(tcp::no_delay(true), ec);
-    if (rt.upstream_tls[upstream] && !co_await start_tls(rt, c, upstream, s)) {
+    if (rt.upstream_tls[upstream] && !co_await start_tls(rt, d, *up.sock, upstream, s)) {
       slot.down_until = clock_.steady_now() + cfg.fail_timeout;
       up.release();
       continue;
@@ -87,9 +86,9 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, connection& c, std::si
   co_return false;
 }
 
-awaitable<bool> upstream_pool::start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s) {
+awaitable<bool> upstream_pool::start_tls(const runtime& rt, io_deadline& d, link& l, std::size_t upstream,
+                                         std::size_t s) {
   const auto& ctx = rt.upstream_tls[upstream];
-  link& l = *c.fwd().up.sock;
   l.start_tls(*ctx, ctx);
   prepare_client_session(*l.tls(), rt.cfg.upstreams[upstream], rt.server_hosts[upstream][s]);
   // The connect's deadline (connect_timeout) covers the handshake too.
@@ -100,13 +99,12 @@ awaitable<bool> upstream_pool::start_tls(const runtime& rt, connection& c, std::
   if (tls_log_.allow(clock_.steady_now(), suppressed)) {
     log::get("proxy")->warn("upstream {} server {}: TLS handshake failed: {} ({} similar suppressed)",
                             rt.cfg.upstreams[upstream].name, to_string(rt.servers[upstream][s]),
-                            c.classify(ec).message(), suppressed);
+                            d.classify(ec).message(), suppressed);
   }
   co_return false;
 }
 
-void upstream_pool::give_back(const runtime& rt, connection& c, std::size_t upstream) {
-  upstream_conn& up = c.fwd().up;
+void upstream_pool::give_back(const runtime& rt, upstream_conn& up, std::size_t upstream) {
   if (generation_ == rt.generation && up.sock) {
     auto& slot = slots_[upstream][up.server];
     const auto keep = static_cast<std::size_t>(rt.cfg.upstreams[upstream].keepalive);

@@ -23,25 +23,27 @@ namespace smockron::proxy {
 class upstream_pool {
 public:
   /// `resolve_soon` is set when a connect fails: the names may point elsewhere now.
-  upstream_pool(const clock& clk, proxy_metrics& m, std::atomic<bool>& resolve_soon)
-      : clock_(clk), metrics_(m), resolve_soon_(resolve_soon) {}
+  /// `ex`: the worker's (new connections are made on it).
+  upstream_pool(executor_t ex, const clock& clk, proxy_metrics& m, std::atomic<bool>& resolve_soon)
+      : ex_(std::move(ex)), clock_(clk), metrics_(m), resolve_soon_(resolve_soon) {}
 
   /// The fast path: the next server in the rotation is up and has an idle
-  /// connection; it goes into `c.up`. `check_idle`: make sure it is still
+  /// connection; it goes into `up`. `check_idle`: make sure it is still
   /// open first. False when acquire() is needed.
-  bool take_pooled(const runtime& rt, connection& c, std::size_t upstream, bool check_idle);
-  /// Puts a connection into `c.up`: reused from the pool (when
-  /// `allow_reuse`) or newly connected within connect_timeout. `check_idle`:
-  /// make sure a pooled connection is still open before using it (worth a
-  /// system call only when the request could not be resent). False when no
-  /// server answered.
-  awaitable<bool> acquire(const runtime& rt, connection& c, std::size_t upstream, bool allow_reuse, bool check_idle);
-  /// Returns `c.up` to the pool (up to the upstream's keepalive) or closes it.
-  void give_back(const runtime& rt, connection& c, std::size_t upstream);
+  bool take_pooled(const runtime& rt, upstream_conn& up, std::size_t upstream, bool check_idle);
+  /// Puts a connection into `up`: reused from the pool (when `allow_reuse`)
+  /// or newly connected within connect_timeout, under `d` (the exchange's
+  /// deadline). `check_idle`: make sure a pooled connection is still open
+  /// before using it (worth a system call only when the request could not
+  /// be resent). False when no server answered.
+  awaitable<bool> acquire(const runtime& rt, io_deadline& d, upstream_conn& up, std::size_t upstream, bool allow_reuse,
+                          bool check_idle);
+  /// Returns `up` to the pool (up to the upstream's keepalive) or closes it.
+  void give_back(const runtime& rt, upstream_conn& up, std::size_t upstream);
 
 private:
   /// The TLS handshake on a new connection to server `s` of `upstream` (a TLS upstream). False: failed.
-  awaitable<bool> start_tls(const runtime& rt, connection& c, std::size_t upstream, std::size_t s);
+  awaitable<bool> start_tls(const runtime& rt, io_deadline& d, link& l, std::size_t upstream, std::size_t s);
   struct idle_link {
     link l;
     steady::time_point since;  ///< back in the pool at
@@ -52,6 +54,7 @@ private:
   };
   void adopt(const runtime& rt);
 
+  executor_t ex_;
   const clock& clock_;
   proxy_metrics& metrics_;
   std::atomic<bool>& resolve_soon_;

@@ -81,7 +81,7 @@ struct worker {
       : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
                    s.accounting_counters, first->cfg.shards),
         rt(std::move(first)),
-        pool(s.clk, s.metrics, s.resolve_soon),
+        pool(ioc.get_executor(), s.clk, s.metrics, s.resolve_soon),
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}
 
   // Declared before ioc, so destroyed after it: sessions still suspended at

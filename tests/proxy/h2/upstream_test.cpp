@@ -31,7 +31,7 @@ upstream = "grpc"
 )";
 
 // What the client stream is told.
-struct recording_downstream final : h2_downstream {
+struct recording_downstream final : downstream {
   void on_response(h2_stream&, const std::vector<h2::field>& f, bool end_stream) override {
     for (const auto& x : f) head.emplace_back(x.name, x.value);
     ended = end_stream;
@@ -50,7 +50,7 @@ struct recording_downstream final : h2_downstream {
     eof = true;
     return 0;
   }
-  void attach(h2_stream&, h2_upstream_stream* s) override { up = s; }
+  void attach(h2_stream&, upstream_exchange* s) override { up = s; }
   void on_submitted(h2_stream&, std::size_t s) override { server = s; }
 
   std::vector<std::pair<std::string, std::string>> head, trailers;
@@ -58,7 +58,7 @@ struct recording_downstream final : h2_downstream {
   bool ended = false, failed_started = false;
   unsigned failed = 0;
   std::string failed_why;
-  h2_upstream_stream* up = nullptr;
+  upstream_exchange* up = nullptr;
   std::optional<std::size_t> server;
 };
 
@@ -191,7 +191,7 @@ TEST(H2Upstream, TheWindowOpensAsTheClientTakes) {
   // Each time the client takes what it has, at most one window more arrives.
   std::size_t taken = 0;
   for (int round = 0; round < 20 && !f.down.ended; ++round) {
-    h2_upstream_consumed(*f.down.up, f.down.body.size() - taken);
+    f.down.up->consumed(f.down.body.size() - taken);
     taken = f.down.body.size();
     f.converse();
     EXPECT_LE(f.down.body.size(), taken + 65'535u);
