@@ -120,17 +120,22 @@ awaitable<h1_step> stream_client::send_request(int attempt) {
   if (!ec && x->has_body) {
     std::array<std::uint8_t, k_relay_chunk> buf;
     std::string piece;
+    // body_timeout ran out: answered unless the body came meanwhile (in the
+    // turn the timer completed, when body_ready() could no longer cancel it).
+    bool timed_out = false;
     for (;;) {
       bool eof = false;
       const std::size_t got = x->down->take_body(*x->st, buf.data(), buf.size(), eof);
       if (got == 0 && !eof) {
-        if (!co_await wait(rt.cfg.body_timeout) && !gone()) {
+        if (timed_out) {
           failed(408, "request body timed out\n", false);  // the client sent nothing for body_timeout
           co_return h1_step::answered;
         }
+        timed_out = !co_await wait(rt.cfg.body_timeout);
         if (gone()) co_return h1_step::answered;
         continue;
       }
+      timed_out = false;
       piece.clear();
       if (got > 0 && x->chunked_body) {
         char size_line[24];
@@ -147,6 +152,11 @@ awaitable<h1_step> stream_client::send_request(int attempt) {
   }
   if (!ec) co_return h1_step::next;
   if (x->fw.up.reused && x->retryable && attempt == 0) co_return h1_step::retry;
+  if (x->dl.classify(ec) == asio::error::timed_out) {
+    metrics.upstream_timeout.inc();
+    failed(504, "upstream timed out\n", false);
+    co_return h1_step::answered;
+  }
   metrics.upstream_reset.inc();
   failed(502, "upstream write failed\n", false);
   co_return h1_step::answered;
@@ -158,7 +168,8 @@ void stream_client::deliver_head() {
   const bool body =
       res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
   std::vector<h2::field> fields;
-  h2::response_fields(res, {}, res.body == http1::framing::length, x->arena, fields);
+  // A length is kept when the DATA carry exactly it, and on a HEAD response (the length the GET would have).
+  h2::response_fields(res, {}, res.body == http1::framing::length || x->head_request, x->arena, fields);
   x->down->on_response(*x->st, fields, !body);
 }
 

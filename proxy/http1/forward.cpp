@@ -145,6 +145,11 @@ awaitable<h1_step> h1_client::send_request(int attempt) {
     }
     case relay_end::kind::write_failed:
       if (c.fwd().up.reused && retryable() && attempt == 0) co_return h1_step::retry;
+      if (c.classify(end.ec) == asio::error::timed_out) {
+        env.metrics.upstream_timeout.inc();
+        co_await fail(504, "upstream timed out\n");
+        co_return h1_step::answered;
+      }
       env.metrics.upstream_reset.inc();
       co_await fail(502, "upstream write failed\n");
       co_return h1_step::answered;

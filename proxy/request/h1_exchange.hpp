@@ -140,6 +140,7 @@ awaitable<typename Client::result> exchange_h1(h1_exchange_env env, const runtim
     // A request that could not be resent makes sure a pooled connection is still open.
     if (!(attempt == 0 && env.pool.take_pooled(rt, f.up, r.upstream_index, !retryable)) &&
         !co_await env.pool.acquire(rt, cl.deadline(), f.up, r.upstream_index, attempt == 0, !retryable)) {
+      if (cl.gone()) co_return cl.finish();
       env.metrics.upstream_no_server.inc();
       co_await cl.fail(502, "upstream unavailable\n");
       co_return cl.finish();

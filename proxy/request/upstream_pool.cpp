@@ -67,6 +67,10 @@ awaitable<bool> upstream_pool::acquire(const runtime& rt, io_deadline& d, upstre
     up.use(link(tcp_socket(ex_)), s, false);
     d.expires_after(rt.cfg.connect_timeout);
     auto [ec] = co_await up.sock->socket().async_connect(rt.servers[upstream][s], nothrow);
+    if (ec == asio::error::operation_aborted && !d.expired) {
+      up.release();  // the exchange was cancelled (its client left): no fault of the server's
+      co_return false;
+    }
     if (ec) {
       (d.expired ? metrics_.upstream_timeout : metrics_.upstream_connect).inc();
       slot.down_until = clock_.steady_now() + cfg.fail_timeout;

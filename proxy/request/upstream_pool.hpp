@@ -35,7 +35,8 @@ public:
   /// or newly connected within connect_timeout, under `d` (the exchange's
   /// deadline). `check_idle`: make sure a pooled connection is still open
   /// before using it (worth a system call only when the request could not
-  /// be resent). False when no server answered.
+  /// be resent). False when no server answered, or the exchange was
+  /// cancelled meanwhile (its connect aborted before `d` passed).
   awaitable<bool> acquire(const runtime& rt, io_deadline& d, upstream_conn& up, std::size_t upstream, bool allow_reuse,
                           bool check_idle);
   /// Returns `up` to the pool (up to the upstream's keepalive) or closes it.
