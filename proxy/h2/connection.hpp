@@ -2,8 +2,8 @@
 // server_session.cpp: its life (nghttp2's session, the read, write and sweep
 // loops, teardown); callbacks.cpp: what nghttp2 reports; streams.cpp: each
 // stream through the request steps, answered, held or forwarded, and the
-// events of its upstream exchange (either protocol: upstream.hpp,
-// h1_upstream.hpp).
+// events of its upstream exchange (either protocol:
+// proxy/upstream/exchange.hpp).
 #pragma once
 
 #include <nghttp2/nghttp2.h>
@@ -19,11 +19,11 @@
 
 #include "proxy/codec/h2_fields.hpp"
 #include "proxy/h2/flood_guard.hpp"
-#include "proxy/h2/pump.hpp"
-#include "proxy/h2/stream.hpp"
-#include "proxy/h2/upstream.hpp"
+#include "proxy/io/h2_pump.hpp"
+#include "proxy/request/h2_stream.hpp"
 #include "proxy/request/request_steps.hpp"
 #include "proxy/request/worker.hpp"
+#include "proxy/upstream/h2_upstream.hpp"
 
 namespace smockron::proxy {
 

@@ -4,7 +4,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include "proxy/h2/h1_upstream.hpp"
+#include "proxy/upstream/h1_upstream.hpp"
 
 #include <algorithm>
 #include <cstdlib>

@@ -2,8 +2,8 @@
 #include "proxy/http1/forward.hpp"
 
 #include "proxy/request/cost.hpp"
-#include "proxy/request/h1_exchange.hpp"
 #include "proxy/request/request_steps.hpp"
+#include "proxy/upstream/h1_exchange.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 

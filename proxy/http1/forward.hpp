@@ -11,7 +11,7 @@
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
-#include "proxy/request/upstream_pool.hpp"
+#include "proxy/upstream/pool.hpp"
 #include "shared/base/clock.hpp"
 
 namespace smockron::proxy {

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "proxy/codec/proxy_protocol.hpp"
-#include "proxy/h2/bridge.hpp"
 #include "proxy/h2/session.hpp"
+#include "proxy/http1/bridge.hpp"
 #include "proxy/http1/forward.hpp"
 #include "proxy/request/admission.hpp"
 #include "proxy/request/request_steps.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "proxy/h2/pump.hpp"
+#include "proxy/io/h2_pump.hpp"
 
 namespace smockron::proxy::test {
 

@@ -1,5 +1,5 @@
 // An HTTP/1.1 upstream behind the interface an HTTP/2 upstream has
-// (upstream.hpp): the request of a client's stream goes out on a
+// (exchange.hpp): the request of a client's stream goes out on a
 // connection of the worker's pool (h1_exchange.hpp: the retry rule, 1xx,
 // the upstream's metrics), and the client side hears the same events either
 // protocol gives: the response head as fields, body pieces, trailers (a
@@ -12,8 +12,8 @@
 // `tick`): no timer or watchdog of its own.
 #pragma once
 
-#include "proxy/h2/upstream.hpp"
-#include "proxy/request/h1_exchange.hpp"
+#include "proxy/upstream/exchange.hpp"
+#include "proxy/upstream/h1_exchange.hpp"
 
 namespace smockron::proxy {
 

@@ -1,5 +1,5 @@
-// Upstream connections (see upstream_pool.hpp).
-#include "proxy/request/upstream_pool.hpp"
+// Upstream connections (see pool.hpp).
+#include "proxy/upstream/pool.hpp"
 
 #include <sys/socket.h>
 

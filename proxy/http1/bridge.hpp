@@ -1,8 +1,9 @@
 // An HTTP/1.1 client's request on an HTTP/2 upstream (h2c or h2): the
 // request body goes up de-chunked as it comes, the response's events come
 // back as an HTTP/1.1 response (chunked with its trailers for HTTP/1.1, until
-// close for HTTP/1.0). A response writer over the upstream stream; the
-// stream itself is upstream.hpp's.
+// close for HTTP/1.0). A response writer over the upstream exchange's
+// events (proxy/upstream/exchange.hpp); the HTTP/2 stream itself is
+// h2_upstream.hpp's.
 #pragma once
 
 #include <memory>

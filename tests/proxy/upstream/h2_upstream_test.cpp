@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "proxy/h2/stream.hpp"
-#include "proxy/h2/upstream_conn.hpp"
+#include "proxy/request/h2_stream.hpp"
+#include "proxy/upstream/h2_upstream_conn.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/config/config.hpp"
 #include "tests/proxy/h2/nghttp2_peer.hpp"

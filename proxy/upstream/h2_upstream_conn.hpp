@@ -1,6 +1,6 @@
-// HTTP/2 upstream connections (see upstream.hpp): the objects the pool,
-// its connections' life (upstream.cpp) and nghttp2's callbacks
-// (upstream_callbacks.cpp) share.
+// HTTP/2 upstream connections (see h2_upstream.hpp): the objects the pool,
+// its connections' life (h2_upstream.cpp) and nghttp2's callbacks
+// (h2_upstream_callbacks.cpp) share.
 #pragma once
 
 #include <nghttp2/nghttp2.h>
@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "proxy/h2/pump.hpp"
-#include "proxy/h2/upstream.hpp"
+#include "proxy/io/h2_pump.hpp"
 #include "proxy/io/link.hpp"
+#include "proxy/upstream/h2_upstream.hpp"
 
 namespace smockron::proxy {
 

@@ -1,8 +1,8 @@
 // One HTTP/2 stream of a client connection: the request as it arrived (its
 // fields become the same request head an HTTP/1.1 request parses into), what
 // the request steps decided, its body on its way upstream, and what answers
-// it. The HTTP/1.1-client bridge (bridge.cpp) uses the same object for its
-// one upstream stream.
+// it. The HTTP/1.1-client bridge (http1/bridge.cpp) uses the same object
+// for its one upstream stream.
 #pragma once
 
 #include <cstring>
@@ -18,7 +18,7 @@
 
 namespace smockron::proxy {
 
-class upstream_exchange;  // upstream.hpp
+class upstream_exchange;  // proxy/upstream/exchange.hpp
 
 /// One stream: a request and what answers it.
 struct h2_stream {

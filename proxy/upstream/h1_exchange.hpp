@@ -9,7 +9,7 @@
 // - an HTTP/1.1 client connection (http1/forward.cpp): bytes relayed socket
 //   to socket, the response re-framed for the client's version, a tunnel
 //   after 101;
-// - any `downstream` (h2/h1_upstream.cpp): the response as fields and body
+// - any `downstream` (h1_upstream.cpp): the response as fields and body
 //   pieces, the same events an HTTP/2 upstream gives, so an HTTP/2 client's
 //   stream is served alike whichever protocol its upstream speaks.
 // A template rather than virtual calls: the HTTP/1.1 client's path is the
@@ -25,7 +25,7 @@
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
-#include "proxy/request/upstream_pool.hpp"
+#include "proxy/upstream/pool.hpp"
 #include "shared/base/clock.hpp"
 
 namespace smockron::proxy {

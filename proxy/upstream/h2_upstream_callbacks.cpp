@@ -1,5 +1,5 @@
-// What nghttp2 reports of an HTTP/2 upstream connection (see upstream_conn.hpp).
-#include "proxy/h2/upstream_conn.hpp"
+// What nghttp2 reports of an HTTP/2 upstream connection (see h2_upstream_conn.hpp).
+#include "proxy/upstream/h2_upstream_conn.hpp"
 
 #include <boost/asio/post.hpp>
 

@@ -1,5 +1,5 @@
 // An HTTP/1.1 upstream for a client stream (see h1_upstream.hpp).
-#include "proxy/h2/h1_upstream.hpp"
+#include "proxy/upstream/h1_upstream.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>

@@ -1,5 +1,5 @@
 // An HTTP/1.1 client's request on an HTTP/2 upstream (see bridge.hpp).
-#include "proxy/h2/bridge.hpp"
+#include "proxy/http1/bridge.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
@@ -8,10 +8,10 @@
 #include <cstring>
 
 #include "proxy/codec/body_relay.hpp"
-#include "proxy/h2/stream.hpp"
-#include "proxy/h2/upstream.hpp"
 #include "proxy/request/cost.hpp"
+#include "proxy/request/h2_stream.hpp"
 #include "proxy/request/request_steps.hpp"
+#include "proxy/upstream/h2_upstream.hpp"
 
 namespace smockron::proxy {
 

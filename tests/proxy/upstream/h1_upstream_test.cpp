@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "proxy/h2/h1_upstream.hpp"
-#include "proxy/h2/stream.hpp"
+#include "proxy/request/h2_stream.hpp"
+#include "proxy/upstream/h1_upstream.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/config/config.hpp"
 

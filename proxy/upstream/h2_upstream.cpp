@@ -1,5 +1,5 @@
-// HTTP/2 to upstream servers (see upstream.hpp).
-#include "proxy/h2/upstream_conn.hpp"
+// HTTP/2 to upstream servers (see h2_upstream.hpp).
+#include "proxy/upstream/h2_upstream_conn.hpp"
 
 #include <openssl/ssl.h>
 

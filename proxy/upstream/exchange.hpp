@@ -1,15 +1,13 @@
-// HTTP/2 to upstream servers (protocol = "h2c" or "h2"): per worker, per
-// server, a few multiplexed connections, each carrying at most the
-// upstream's max_streams (or the server's SETTINGS_MAX_CONCURRENT_STREAMS,
-// if lower) streams at once; a stream that finds no room opens another
-// connection. libnghttp2's client session is the codec, our Asio I/O drives
-// it. A client's HTTP/2 stream maps onto one upstream stream: fields,
-// body, response, trailers and resets pass through, each side's flow-control
-// window opening only as the other side takes the bytes (a slow client
-// stalls only its own stream, never the connection). Servers are taken
-// round-robin; a server whose connect fails is skipped for the upstream's
-// fail_timeout, and a stream waiting for that connection goes to the next
-// server, as with HTTP/1.1.
+// The upstream exchange's one interface, whatever either side speaks: the
+// client side (`downstream`: an HTTP/2 client connection's streams, or an
+// HTTP/1.1 client's bridge) hears the response as fields, body pieces,
+// trailers, an end or a failure, and gives the request body when asked; the
+// upstream side (`upstream_exchange`: HTTP/2, h2_upstream.hpp, or HTTP/1.1,
+// h1_upstream.hpp) is told when body bytes come, when response bytes are
+// taken, when the client leaves, and when to look at its deadline. An
+// HTTP/1.1 client to an HTTP/1.1 upstream goes through the same HTTP/1.1
+// exchange (h1_exchange.hpp) with its bytes relayed socket to socket
+// instead (http1/forward.cpp).
 #pragma once
 
 #include <cstddef>
@@ -20,19 +18,17 @@
 
 #include "proxy/codec/h2_fields.hpp"
 #include "proxy/codec/http1.hpp"
-#include "proxy/io/asio_types.hpp"
-#include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
 #include "shared/base/clock.hpp"
 
 namespace smockron::proxy {
 
-struct h2_stream;  // a client's stream (stream.hpp)
+struct h2_stream;  // the client's request and what answers it (request/h2_stream.hpp)
 
 /// The upstream side of one exchange, as the client side calls it: an
-/// HTTP/2 stream on a multiplexed connection (here), or an HTTP/1.1
-/// connection of the worker's pool (h1_upstream.hpp). Valid from attach()
+/// HTTP/2 stream on a multiplexed connection (h2_upstream.hpp), or an
+/// HTTP/1.1 connection of the worker's pool (h1_upstream.hpp). Valid from attach()
 /// until the exchange's end or failure reaches the client side, or the
 /// client side cancels it.
 class upstream_exchange {
@@ -55,7 +51,7 @@ protected:
 /// The client side of an exchange: what the upstream side (either
 /// protocol) reports to the client stream it serves, and takes from it. An
 /// HTTP/2 client connection is one (for all its streams), and an HTTP/1.1
-/// client's bridge to an HTTP/2 upstream (bridge.hpp).
+/// client's bridge to an HTTP/2 upstream (http1/bridge.hpp).
 class downstream {
 public:
   virtual ~downstream() = default;
@@ -84,23 +80,6 @@ struct upstream_request {
   http1::forward_info hop;
   std::shared_ptr<const runtime> rt;
   const route& r;
-};
-
-class h2_upstream_pool {
-public:
-  h2_upstream_pool(executor_t ex, const clock& clk, proxy_metrics& m);
-  ~h2_upstream_pool();
-  h2_upstream_pool(const h2_upstream_pool&) = delete;
-  h2_upstream_pool& operator=(const h2_upstream_pool&) = delete;
-
-  /// Starts `req` on a connection with room (opened if need be). The
-  /// outcome reaches `req.down`; the client side's attach() comes from here.
-  void start(const upstream_request& req);
-
-  struct impl;
-
-private:
-  std::unique_ptr<impl> impl_;
 };
 
 }  // namespace smockron::proxy
