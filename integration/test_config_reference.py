@@ -70,6 +70,8 @@ READERS = {
     ("read_upstreams", "ur"): "[proxy.upstreams.NAME]",
     ("read_routes", "r"): "[proxy]",  # r.get("routes")
     ("read_routes", "rr"): "[[proxy.routes]]",
+    ("read_route_place", "rr"): "[[proxy.routes]]",
+    ("read_route_limits", "rr"): "[[proxy.routes]]",
     ("read_cost", "rr"): "[[proxy.routes]]",
     ("read_cost_estimate", "rr"): "[[proxy.routes]]",
     ("read_identify", "tr"): "identify source tables",
@@ -328,8 +330,8 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertIn("read_ciphers()", problems)
 
     def test_a_key_read_outside_the_reader_fails(self):
-        source = self.source.replace('if (rt->contains("max_held")) {',
-                                     'if (rt->contains("max_held") || rt->contains("max_holds")) {', 1)
+        source = self.source.replace('if (rr.table().contains("max_held")) {',
+                                     'if (rr.table().contains("max_held") || rr.table().contains("max_holds")) {', 1)
         self.assertNotEqual(self.source, source)
         problems = "\n".join(self.check(source=source))
         self.assertIn("key 'max_holds' is named outside a reader call", problems)

@@ -46,24 +46,18 @@ void count_fallback(proxy_metrics& m, cost_fallback why) {
   }
 }
 
-}  // namespace
-
-admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
-                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us, std::string_view body_prefix) {
-  admission a;
-  if (r.domain.empty()) {
-    a.outcome = decision::exempt;
-    env.metrics.exempt_no_domain.inc();
-    return a;
-  }
-  const auto domain = rt.gate_domain[r.domain_index];
+// Who the request is, or the decision that needs no gate: exempt, refused
+// (ambiguous, no master under fail_closed, unidentified on a rejecting
+// route) or let through unidentified. True: `a.who` is set, go on to the gate.
+bool identified(admission& a, admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us) {
   const auto& count = rt.decisions[r.domain_index];
   if (!r.exempt.empty()) {
     const ip_address client = client_address(req.headers, peer, rt.cfg.trusted_proxies, rt.cfg.real_ip_header);
     if (std::any_of(r.exempt.begin(), r.exempt.end(), [&](const cidr& c) { return c.contains(client); })) {
       a.outcome = decision::exempt;
       count[decision::exempt]->inc();
-      return a;
+      return false;
     }
   }
   const identify_context ictx{&rt.cfg.trusted_proxies, rt.jwt.get(), now_us / 1'000'000,
@@ -75,83 +69,69 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     a.ambiguous = true;
     count[decision::rejected]->inc();
     env.metrics.reject_ambiguous.inc();
-    return a;
+    return false;
   }
   a.who = std::move(found.who);
   // fail_closed: no master has published this domain's policy lately (none
   // reachable, or none owns the domain): refuse rather than pass.
-  if (rt.cfg.fail_closed && !env.g.covered(domain, now_us)) {
+  if (rt.cfg.fail_closed && !env.g.covered(rt.gate_domain[r.domain_index], now_us)) {
     a.outcome = decision::rejected;
     a.no_master = true;
     count[decision::rejected]->inc();
     env.metrics.reject_no_master.inc();
-    return a;
+    return false;
   }
-  if (!a.who) {
-    using action = config::route_config::unidentified_action;
-    switch (r.unidentified) {
-      case action::allow:
-        env.metrics.unidentified_allow.inc();
-        count[decision::unidentified]->inc();
-        return a;
-      case action::reject:
-        env.metrics.unidentified_reject.inc();
-        env.metrics.reject_unidentified.inc();
-        count[decision::rejected]->inc();
-        a.outcome = decision::rejected;
-        a.unidentified = true;
-        return a;
-      case action::shared:
-        env.metrics.unidentified_shared.inc();
-        a.who = identity{std::string(k_shared_identifier), nullptr};
-        break;
-    }
+  if (a.who) return true;
+  using action = config::route_config::unidentified_action;
+  switch (r.unidentified) {
+    case action::allow:
+      env.metrics.unidentified_allow.inc();
+      count[decision::unidentified]->inc();
+      return false;
+    case action::reject:
+      env.metrics.unidentified_reject.inc();
+      env.metrics.reject_unidentified.inc();
+      count[decision::rejected]->inc();
+      a.outcome = decision::rejected;
+      a.unidentified = true;
+      return false;
+    case action::shared:
+      env.metrics.unidentified_shared.inc();
+      a.who = identity{std::string(k_shared_identifier), nullptr};
+      break;
   }
-  const std::string_view id = a.who->value;
-  gate_limits limits = rt.route_limits[r.index];
-  const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
-  if (deadline_binds) limits.max_delay_us = deadline_us;
-  // The cost, when it is known now; else the estimate a response-charged
-  // request reserves: either is charged before admission (it must fit). A
-  // body without a length is charged only when it is done.
-  const std::optional<cost_charge> cost = cost_at_admission(r, req);
-  if (cost) count_fallback(env.metrics, cost->why);
-  const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req, body_prefix);
-  if (!cost && charged) count_fallback(env.metrics, charged->why);  // an estimate not read as asked
-  const std::int64_t units = charged ? charged->units : 0;
-  // A held request's successor waits out its own cost (planned with it),
-  // and a cost known only when the request is done, taken as cost_default.
-  const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
-  a.gate = env.g.decide(domain, id, now_us, limits, units, pace_units);
-  a.charge_when_done = !cost && a.gate.v != verdict::reject;
-  if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
-    a.body_limit = a.gate.fit_units;
+  return true;
+}
+
+// A shadow route: what the gate would have done is counted; what happens is
+// a request forwarded now (charged as one, refused nothing).
+void shadow(admission& a, admission_env& env, const runtime& rt, const route& r, const gate_limits& limits,
+            const std::optional<cost_charge>& charged, bool cost_known, std::int64_t now_us) {
+  const decision would = a.gate.v == verdict::reject  ? decision::rejected
+                         : a.gate.v == verdict::delay ? decision::delayed
+                                                      : decision::accepted;
+  rt.shadow_decisions[r.domain_index][would]->inc();
+  if (would == decision::delayed) {
+    env.metrics.shadow_delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+    env.g.release_held(limits);  // it is not held
+  }
+  a.shadow = would;
+  a.outcome = decision::accepted;
+  a.charge_when_done = !cost_known;
+  a.body_limit = -1;
   if (a.charge_when_done && charged) {
-    a.reserved = units;
-    a.reserved_at_ms = a.gate.v == verdict::delay && !r.shadow ? (a.gate.release_us + 999) / 1000 : now_us / 1000;
+    a.reserved = charged->units;
+    a.reserved_at_ms = now_us / 1000;
   }
-  if (r.shadow) {
-    // What would have happened is counted; what happens is a request forwarded now.
-    const decision would = a.gate.v == verdict::reject  ? decision::rejected
-                           : a.gate.v == verdict::delay ? decision::delayed
-                                                        : decision::accepted;
-    rt.shadow_decisions[r.domain_index][would]->inc();
-    if (would == decision::delayed) {
-      env.metrics.shadow_delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
-      env.g.release_held(limits);  // it is not held
-    }
-    a.shadow = would;
-    a.outcome = decision::accepted;
-    a.charge_when_done = !cost;
-    a.body_limit = -1;  // a shadow route refuses nothing
-    if (a.charge_when_done && charged) {
-      a.reserved = units;
-      a.reserved_at_ms = now_us / 1000;
-    }
-    if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units, a.reserved >= 0);
-    count[decision::accepted]->inc();
-    return a;
-  }
+  if (charged) account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, charged->units, a.reserved >= 0);
+  rt.decisions[r.domain_index][decision::accepted]->inc();
+}
+
+// The gate's verdict: counted, and accounted to the master.
+void record_verdict(admission& a, admission_env& env, const runtime& rt, const route& r,
+                    const std::optional<cost_charge>& charged, bool deadline_binds, std::int64_t now_us) {
+  const std::string_view id = a.who->value;
+  const std::int64_t units = charged ? charged->units : 0;
   switch (a.gate.v) {
     case verdict::reject:
       a.outcome = decision::rejected;
@@ -180,7 +160,47 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
       if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units, a.reserved >= 0);
       break;
   }
-  count[a.outcome]->inc();
+  rt.decisions[r.domain_index][a.outcome]->inc();
+}
+
+}  // namespace
+
+admission admit(admission_env& env, const runtime& rt, const route& r, const http1::request_head& req,
+                const ip_address& peer, std::int64_t now_us, std::int64_t deadline_us, std::string_view body_prefix) {
+  admission a;
+  if (r.domain.empty()) {
+    a.outcome = decision::exempt;
+    env.metrics.exempt_no_domain.inc();
+    return a;
+  }
+  if (!identified(a, env, rt, r, req, peer, now_us)) return a;
+  gate_limits limits = rt.route_limits[r.index];
+  const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
+  if (deadline_binds) limits.max_delay_us = deadline_us;
+  // The cost, when it is known now; else the estimate a response-charged
+  // request reserves: either is charged before admission (it must fit). A
+  // body without a length is charged only when it is done.
+  const std::optional<cost_charge> cost = cost_at_admission(r, req);
+  if (cost) count_fallback(env.metrics, cost->why);
+  const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req, body_prefix);
+  if (!cost && charged) count_fallback(env.metrics, charged->why);  // an estimate not read as asked
+  const std::int64_t units = charged ? charged->units : 0;
+  // A held request's successor waits out its own cost (planned with it),
+  // and a cost known only when the request is done, taken as cost_default.
+  const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
+  a.gate = env.g.decide(rt.gate_domain[r.domain_index], a.who->value, now_us, limits, units, pace_units);
+  if (r.shadow) {
+    shadow(a, env, rt, r, limits, charged, cost.has_value(), now_us);
+    return a;
+  }
+  a.charge_when_done = !cost && a.gate.v != verdict::reject;
+  if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
+    a.body_limit = a.gate.fit_units;
+  if (a.charge_when_done && charged) {
+    a.reserved = units;
+    a.reserved_at_ms = a.gate.v == verdict::delay ? (a.gate.release_us + 999) / 1000 : now_us / 1000;
+  }
+  record_verdict(a, env, rt, r, charged, deadline_binds, now_us);
   return a;
 }
 

@@ -183,6 +183,81 @@ void read_cost_estimate(reader& rr, const std::string& path, route_config& route
   route.cost_estimate = std::move(e);
 }
 
+// Where a route applies and where it goes: host, path prefix, domain (or
+// none: then no key that shapes limiting is accepted), upstream.
+void read_route_place(reader& rr, const toml::node& at, const std::string& path, const proxy_config& p,
+                      route_config& route) {
+  rr.string("host", route.host);
+  if (route.host.empty()) route.host = "*";
+  if (auto* pth = rr.typed<toml::value<std::string>>("path", "a path prefix string")) {
+    if (pth->get().empty() || pth->get()[0] != '/')
+      rr.errors().add(*pth, path + ".path", "path prefix must start with /");
+    else route.path = pth->get();
+  }
+  if (auto* d = rr.typed<toml::value<std::string>>("domain", "a domain name")) {
+    if (auto msg = check_domain_name(d->get()); !msg.empty()) rr.errors().add(*d, path + ".domain", msg);
+    route.domain = d->get();
+  } else if (!rr.table().contains("domain")) {
+    // Not limited: every key that shapes limiting would do nothing, so none is accepted.
+    for (const char* k :
+         {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt", "ratelimit_headers",
+          "explain", "grpc_status", "cost", "cost_max", "cost_default", "cost_estimate"}) {
+      if (const toml::node* kn = rr.table().get(k)) {
+        rr.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
+      }
+    }
+  }
+  if (auto* u = rr.typed<toml::value<std::string>>("upstream", "an upstream name")) {
+    route.upstream = u->get();
+    if (!p.find_upstream(route.upstream)) {
+      rr.errors().add(*u, path + ".upstream",
+                      "unknown upstream \"" + route.upstream + "\" (define [proxy.upstreams." + route.upstream + "])");
+    }
+  } else if (!rr.table().contains("upstream")) {
+    rr.errors().add(at, path + ".upstream", "missing (every route needs an upstream)");
+  }
+}
+
+// How a limited route limits: who the client is, the answer past the limit,
+// the hold's bounds, shadow mode, exemptions.
+void read_route_limits(reader& rr, const std::string& path, const proxy_config& p, route_config& route) {
+  if (const toml::node* n = rr.get("identify")) {
+    route.identify = read_identify(*n, path + ".identify", rr.errors());
+    if (const auto* a = n->as_array(); a != nullptr && a->empty()) {
+      rr.errors().add(*n, path + ".identify", "needs at least one source");
+    }
+    const bool jwt = std::any_of(route.identify.begin(), route.identify.end(),
+                                 [](const auto& src) { return src.type == identifier_source::kind::jwt; });
+    if (jwt && !p.jwt.verify()) {
+      rr.errors().add(
+          *rr.table().get("identify"), path + ".identify",
+          "a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file (the claims of an unsigned "
+          "token are whatever the client wants)");
+    }
+  }
+  rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action", route.unidentified);
+  rr.integer("status", route.status, 400, 599);
+  if (rr.table().contains("max_delay")) {
+    microseconds d = p.max_delay;
+    rr.duration("max_delay", d);
+    route.max_delay = d;
+  }
+  if (rr.table().contains("max_held")) {
+    std::int64_t h = 0;
+    rr.integer("max_held", h, 0, 10'000'000);
+    route.max_held = h;
+  }
+  rr.choice("mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", route.mode);
+  rr.cidr_list("exempt", route.exempt);
+  rr.boolean("ratelimit_headers", route.ratelimit_headers);
+  rr.boolean("explain", route.explain);
+  if (const toml::node* g = rr.get("grpc_status")) {
+    rr.integer("grpc_status", route.grpc_status, 1, 16);
+    if (route.grpc_status != 8 && route.grpc_status != 14)
+      rr.errors().add(*g, path + ".grpc_status", "expected 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE)");
+  }
+}
+
 }  // namespace
 
 void detail::read_routes(reader& r, proxy_config& p) {
@@ -203,71 +278,8 @@ void detail::read_routes(reader& r, proxy_config& p) {
     }
     reader rr(*rt, path, r.errors());
     route_config route;
-    rr.string("host", route.host);
-    if (route.host.empty()) route.host = "*";
-    if (auto* pth = rr.typed<toml::value<std::string>>("path", "a path prefix string")) {
-      if (pth->get().empty() || pth->get()[0] != '/')
-        r.errors().add(*pth, path + ".path", "path prefix must start with /");
-      else route.path = pth->get();
-    }
-    if (auto* d = rr.typed<toml::value<std::string>>("domain", "a domain name")) {
-      if (auto msg = check_domain_name(d->get()); !msg.empty()) r.errors().add(*d, path + ".domain", msg);
-      route.domain = d->get();
-    } else if (!rt->contains("domain")) {
-      // Not limited: every key that shapes limiting would do nothing, so none is accepted.
-      for (const char* k :
-           {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt", "ratelimit_headers",
-            "explain", "grpc_status", "cost", "cost_max", "cost_default", "cost_estimate"}) {
-        if (const toml::node* kn = rt->get(k)) {
-          r.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
-        }
-      }
-    }
-    if (auto* u = rr.typed<toml::value<std::string>>("upstream", "an upstream name")) {
-      route.upstream = u->get();
-      if (!p.find_upstream(route.upstream)) {
-        r.errors().add(*u, path + ".upstream",
-                       "unknown upstream \"" + route.upstream + "\" (define [proxy.upstreams." + route.upstream + "])");
-      }
-    } else if (!rt->contains("upstream")) {
-      r.errors().add((*arr)[i], path + ".upstream", "missing (every route needs an upstream)");
-    }
-    if (const toml::node* n = rr.get("identify")) {
-      route.identify = read_identify(*n, path + ".identify", r.errors());
-      if (const auto* a = n->as_array(); a != nullptr && a->empty()) {
-        r.errors().add(*n, path + ".identify", "needs at least one source");
-      }
-      const bool jwt = std::any_of(route.identify.begin(), route.identify.end(),
-                                   [](const auto& src) { return src.type == identifier_source::kind::jwt; });
-      if (jwt && !p.jwt.verify()) {
-        r.errors().add(
-            *rt->get("identify"), path + ".identify",
-            "a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file (the claims of an unsigned "
-            "token are whatever the client wants)");
-      }
-    }
-    rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action",
-              route.unidentified);
-    rr.integer("status", route.status, 400, 599);
-    if (rt->contains("max_delay")) {
-      microseconds d = p.max_delay;
-      rr.duration("max_delay", d);
-      route.max_delay = d;
-    }
-    if (rt->contains("max_held")) {
-      std::int64_t h = 0;
-      rr.integer("max_held", h, 0, 10'000'000);
-      route.max_held = h;
-    }
-    rr.choice("mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", route.mode);
-    rr.cidr_list("exempt", route.exempt);
-    rr.boolean("ratelimit_headers", route.ratelimit_headers);
-    rr.boolean("explain", route.explain);
-    if (const toml::node* g = rr.get("grpc_status")) {
-      rr.integer("grpc_status", route.grpc_status, 1, 16);
-      if (route.grpc_status != 8 && route.grpc_status != 14)
-        r.errors().add(*g, path + ".grpc_status", "expected 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE)");
-    }
+    read_route_place(rr, (*arr)[i], path, p, route);
+    read_route_limits(rr, path, p, route);
     read_cost(rr, path, route);
     read_cost_estimate(rr, path, route);
     p.routes.push_back(std::move(route));
