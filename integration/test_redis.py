@@ -239,6 +239,38 @@ class RedisStoreTest(RedisTestCase):
         self.assertTrue(m.alive())
 
 
+    def test_open_reservations_survive_a_master_kill_and_die_with_their_gatekeeper(self):
+        """A use reported at an estimate (reserve=N) is charged at once and held
+        open until its correction. The book is kept in Redis: after a kill -9,
+        the restarted master closes one by its correction (on the gatekeeper's
+        new connection) and gives back one whose gatekeeper died, at
+        reservation_timeout from when it was first received."""
+        r = self.start_redis()
+        m = self.master(r.url, reservation_timeout="10s")
+        gk = self.closing(m.gatekeeper(["api"]))
+        t = now_ms()
+        gk.accepted("api", "alice", t, loginfo="reserve=3")  # the whole burst: alice is limited now
+        gk.accepted("api", "bob", t, loginfo="reserve=3")
+        self.assertEqual(gk.expect(3).identifier, "alice")
+        self.assertEqual(gk.expect(3).identifier, "bob")
+        wait_until(lambda: len(r.command("KEYS", "smockron-resv:*")) == 2, 5,
+                   message="the two open reservations were not written to Redis")
+        self.wait_written(m)
+        m = self.restart_master(m, signal.SIGKILL)
+        gk.close()  # alice's gatekeeper is gone for good
+        m.wait_metric("smockron_master_reservations_open", predicate=lambda v: v == 2)
+        gk2 = self.closing(m.gatekeeper(["api"]))
+        gk2.rejected("api", "bob", t, loginfo="adjust=-2")  # bob's gatekeeper, reconnected: it cost 1
+        m.wait_metric("smockron_master_reservations_open", predicate=lambda v: v == 1)
+        self.assertEqual(m.metric("smockron_master_reservations_released_total", {"reason": "timeout"}), 0)
+        # Alice's is given back at its timeout (10 s after it was first received).
+        m.wait_metric("smockron_master_reservations_released_total", {"reason": "timeout"},
+                      predicate=lambda v: v == 1, timeout=20)
+        self.assertEqual(m.metric("smockron_master_reservations_open"), 0)
+        wait_until(lambda: r.command("KEYS", "smockron-resv:*") == [], 5, message="closed reservations left in Redis")
+        self.assert_free(gk2, "api", "alice")  # 3 units at 1/10 s would have kept her waiting 30 s
+
+
 class RedisSentinelTest(RedisTestCase):
     """store = "redis" through Sentinel: a primary, a replica and three Sentinels,
     all real processes on 127.0.0.1. The primary is killed under load: decisions

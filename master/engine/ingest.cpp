@@ -2,6 +2,7 @@
 #include "master/engine/ingest.hpp"
 
 #include <algorithm>
+#include <random>
 
 namespace smockron::master {
 namespace {
@@ -51,6 +52,10 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       released_timeout_(reg.add_counter("smockron_master_reservations_released_total",
                                         "Open reservations given back, by reason",
                                         metrics::labels({{"reason", "timeout"}}))),
+      late_corrections_(
+          reg.add_counter("smockron_master_reservations_late_corrections_total",
+                          "Corrections of reservations given back before they came: the estimate was charged again")),
+      next_tag_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
       log_(log::get("master")) {
   reg.add_callback("smockron_master_reservations_open", "Reservations held open (not corrected yet)", "",
                    [this] { return static_cast<double>(reservations_.size()); });
@@ -167,11 +172,17 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   if (msg->adjust) {
     // A correction of a reservation, not a refusal: never counted as one.
     // The difference is charged whether the reservation is still open or not
-    // (a master restarted from Redis has the reservation in the state, not in
-    // its book); one given back already (its connection closed, or it timed
-    // out) is then charged only the difference (docs/cost.md).
-    reservations_.close(peer, d.name, msg->identifier, msg->received_ms);
-    const std::int64_t delta = *msg->adjust;
+    // (one never tracked, the book being full, kept its estimate); one given
+    // back already is charged its estimate again (docs/cost.md).
+    std::int64_t delta = *msg->adjust;
+    if (const auto closed = reservations_.close(peer, d.name, msg->identifier, msg->received_ms)) {
+      if (reservation_log_) reservation_log_->closed(*closed);
+    } else if (const auto released = reservations_.take_released(d.name, msg->identifier, msg->received_ms)) {
+      // Given back before its correction came (its connection dropped, or
+      // the timeout): the estimate is charged again with the difference.
+      delta += *released;
+      late_corrections_.inc();
+    }
     e = {rules::event_kind::adjust, msg->received_ms * 1000, delta};
     d.adjustments->inc();
     if (delta == 0) return std::nullopt;  // closed as reserved: nothing changes
@@ -182,8 +193,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     if (msg->reserve) {
       reservations_opened_.inc();
       const std::int64_t at_ms = msg->state == wire::status::delayed ? msg->delayed_ms : msg->received_ms;
-      if (!reservations_.open({peer, d.name, std::string(msg->identifier), at_ms, msg->cost, now_us}))
-        reservations_untracked_.inc();
+      const auto* held =
+          reservations_.open({peer, d.name, std::string(msg->identifier), at_ms, msg->cost, now_us, next_tag_++});
+      if (!held) reservations_untracked_.inc();
+      else if (reservation_log_) reservation_log_->opened(*held);
     }
   }
   const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
@@ -267,9 +280,17 @@ std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us) {
   return gone.size();
 }
 
+bool ingest::restore_reservation(reservations::reservation r) {
+  const bool tracked = reservations_.restore(r);
+  if (!tracked && reservation_log_) reservation_log_->closed(r);  // never to be closed: the store forgets it
+  return tracked;
+}
+
 void ingest::release(const std::vector<reservations::reservation>& gone, metrics::counter& why, std::int64_t now_us) {
   for (const auto& r : gone) {
     why.inc();
+    if (reservation_log_) reservation_log_->closed(r);
+    reservations_.remember_released(r);
     const auto i = find(r.domain);
     if (!i) continue;  // the domain was removed by a reload
     domains_[*i].refunded->inc(static_cast<std::uint64_t>(r.units));

@@ -63,6 +63,13 @@ public:
   std::size_t peer_closed(std::uint64_t peer, std::int64_t now_us);
   /// Reservations held open now.
   std::size_t open_reservations() const { return reservations_.size(); }
+  const reservations& reservation_book() const { return reservations_; }
+  /// Tells `log` (none: nullptr) of every reservation opened and closed from now on.
+  void log_reservations(reservation_log* log) { reservation_log_ = log; }
+  /// Holds open a reservation an earlier run left open (read from the
+  /// store): closed by its correction, or given back at the timeout from
+  /// when it was first opened. False: not tracked (the book is full).
+  bool restore_reservation(reservations::reservation r);
 
   /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
   /// appended to `out`; none for a domain this master does not own (ignored, counted). An
@@ -116,6 +123,9 @@ private:
   metrics::counter& reservations_untracked_;  ///< more than max_identifiers open: not tracked
   metrics::counter& released_gone_;
   metrics::counter& released_timeout_;
+  metrics::counter& late_corrections_;
+  reservation_log* reservation_log_ = nullptr;
+  std::uint64_t next_tag_;  ///< the next reservation's tag: random at start, so no earlier run's is met again
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;
   std::shared_ptr<spdlog::logger> log_;

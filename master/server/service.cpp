@@ -58,9 +58,9 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
       held_dropped_(reg.add_counter("smockron_master_accounting_dropped_total",
                                     "Accounting messages dropped while the master read its states from Redis "
                                     "(more than startup_backlog arrived)")),
-      restore_skipped_(
-          reg.add_counter("smockron_master_redis_restore_skipped_total",
-                          "States read from Redis and not used (unknown domain, other shape, expired, cap)")),
+      restore_skipped_(reg.add_counter(
+          "smockron_master_redis_restore_skipped_total",
+          "States and reservations read from Redis and not used (unknown domain, other shape, expired, cap)")),
       log_(log::get("master")) {
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
@@ -75,8 +75,11 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
     o.url = cfg.redis_target;
     o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.redis_timeout);
     o.load_limit = cfg.max_identifiers;
+    o.reservation_owner = reservation_owner(cfg.accounting);
+    reservation_writes_ = std::make_unique<reservation_writes>(o.reservation_owner);
     store_ = std::make_unique<redis_store>(std::move(o), reg);
     ingest_.states().track_dirty();
+    ingest_.log_reservations(reservation_writes_.get());
     reg.add_callback(
         "smockron_master_redis_unwritten_states", "States changed in memory and not yet written to Redis", "",
         [this] { return static_cast<double>(unwritten_.load(std::memory_order_relaxed) + store_->queued()); });
@@ -223,7 +226,11 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
 
 void service::pump_store(std::chrono::steady_clock::time_point now, bool force) {
   limiter& states = ingest_.states();
-  if (store_->take_resync()) states.mark_all_dirty();
+  if (store_->take_resync()) {
+    // Redis may have come back empty: everything held is written again.
+    states.mark_all_dirty();
+    ingest_.reservation_book().each([&](const reservations::reservation& r) { reservation_writes_->opened(r); });
+  }
   const std::int64_t now_us = clock_.wall_us();
   for (auto& l : store_->take_loaded()) {
     const auto i = ingest_.find(l.domain);
@@ -231,11 +238,29 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
       restore_skipped_.inc();
     }
   }
+  // After the states they were charged in (the store reads them last): open
+  // again until their correction comes, or given back at the timeout.
+  for (auto& rec : store_->take_loaded_reservations()) {
+    reservations::reservation r{reservations::k_restored,
+                                std::move(rec.domain),
+                                std::move(rec.identifier),
+                                rec.at_ms,
+                                rec.units,
+                                rec.opened_us,
+                                rec.tag};
+    if (!ingest_.find(r.domain)) {
+      reservation_writes_->closed(r);  // a domain no longer owned: forgotten
+      restore_skipped_.inc();
+    } else if (!ingest_.restore_reservation(std::move(r))) {
+      restore_skipped_.inc();
+    }
+  }
   unwritten_.store(states.dirty(), std::memory_order_relaxed);
-  if (states.dirty() == 0 || !store_->idle() || (!force && now < next_flush_)) return;
+  if ((states.dirty() == 0 && reservation_writes_->pending() == 0) || !store_->idle() || (!force && now < next_flush_))
+    return;
   next_flush_ = now + k_flush_interval;
   std::vector<redis_store::write> batch;
-  batch.reserve(std::min(states.dirty(), k_flush_batch));
+  batch.reserve(std::min(states.dirty(), k_flush_batch) + reservation_writes_->pending());
   states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
     const auto& d = ingest_.domains()[domain];
     const rules::limits& l = states.limits_of(domain, identifier);
@@ -243,6 +268,7 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
     if (ttl_ms <= 0) return;  // can no longer matter; Redis lets its copy expire too
     batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
   });
+  reservation_writes_->drain(batch, cfg_.reservation_timeout);
   store_->submit(std::move(batch));
   unwritten_.store(states.dirty(), std::memory_order_relaxed);
 }
@@ -251,7 +277,7 @@ void service::finish(std::chrono::milliseconds deadline) {
   if (!store_) return;
   const auto until = clock_.steady_now() + deadline;
   const limiter& states = ingest_.states();
-  while (states.dirty() > 0 && store_->up() && clock_.steady_now() < until) {
+  while ((states.dirty() > 0 || reservation_writes_->pending() > 0) && store_->up() && clock_.steady_now() < until) {
     if (store_->idle()) pump_store(clock_.steady_now(), true);
     else std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -19,6 +19,7 @@
 
 #include "master/engine/ingest.hpp"
 #include "master/io/zmtp_server.hpp"
+#include "master/server/reservation_writes.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
@@ -101,6 +102,7 @@ private:
   ingest ingest_;
   std::unique_ptr<control_publisher> control_;
   std::unique_ptr<redis_store> store_;
+  std::unique_ptr<reservation_writes> reservation_writes_;  ///< with store_: the open reservations' copy
   // The UDP query endpoint (cfg.query), a source of the same loop as accounting.
   void serve_queries();
   struct queries_ready final : event_loop::source {

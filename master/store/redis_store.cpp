@@ -126,9 +126,10 @@ redis_store::redis_store(options o, metrics::registry& reg)
       sentinels_(opt_.url.sentinels),
       current_(opt_.url.sentinels.empty() ? opt_.url.address : opt_.url.sentinels.front()),
       up_gauge_(reg.add_gauge("smockron_master_redis_up", "1 while the Redis store is connected")),
-      writes_(reg.add_counter("smockron_master_redis_writes_total", "States written to Redis")),
+      writes_(reg.add_counter("smockron_master_redis_writes_total",
+                              "Writes Redis took (states, and open reservations written or deleted)")),
       write_errors_(
-          reg.add_counter("smockron_master_redis_write_errors_total", "States Redis refused to write (error replies)")),
+          reg.add_counter("smockron_master_redis_write_errors_total", "Writes Redis refused (error replies)")),
       connection_errors_(reg.add_counter("smockron_master_redis_connection_errors_total",
                                          "Failed connects and lost connections to Redis")),
       connects_(reg.add_counter("smockron_master_redis_connects_total", "Successful connections to Redis")),
@@ -164,6 +165,11 @@ void redis_store::submit(std::vector<write> batch) {
     pending_flag_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
+}
+
+std::vector<reservation_record> redis_store::take_loaded_reservations() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(loaded_reservations_, {});
 }
 
 std::vector<redis_store::loaded> redis_store::take_loaded() {
@@ -291,9 +297,41 @@ bool redis_store::connect() {
   return true;
 }
 
-bool redis_store::load() {
-  const std::string match = std::string(k_store_prefix) + "*";
+bool redis_store::scan(std::string_view prefix, const std::function<bool(std::string_view, std::string_view)>& f) {
+  std::string match;
+  for (const char c : prefix) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') match += '\\';  // a glob's, taken literally
+    match += c;
+  }
+  match += '*';
   std::string cursor = "0";
+  bool more = true;
+  do {
+    auto r = command(ctx_.get(), {"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      disconnect("SCAN failed");
+      return false;
+    }
+    cursor = std::string(str(r->element[0]));
+    const redisReply* keys = r->element[1];
+    if (keys->elements == 0) continue;
+    std::vector<std::string_view> args{"MGET"};
+    for (std::size_t i = 0; i < keys->elements; ++i) args.push_back(str(keys->element[i]));
+    auto values = command(ctx_.get(), args);
+    if (!values || values->type != REDIS_REPLY_ARRAY || values->elements != keys->elements) {
+      disconnect("MGET failed");
+      return false;
+    }
+    for (std::size_t i = 0; i < values->elements && more; ++i) {
+      const redisReply* v = values->element[i];
+      if (v->type == REDIS_REPLY_STRING) more = f(str(keys->element[i]), str(v));  // nil: expired meanwhile
+    }
+  } while (cursor != "0" && more);
+  return true;
+}
+
+bool redis_store::load() {
   std::size_t total = 0;
   std::vector<loaded> chunk;
   auto publish = [&] {
@@ -305,38 +343,33 @@ bool redis_store::load() {
     loaded_flag_.store(true, std::memory_order_release);
     chunk.clear();
   };
-  do {
-    auto r = command(ctx_.get(), {"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_ARRAY) {
-      publish();
-      disconnect("SCAN failed");
-      return false;
-    }
-    cursor = std::string(str(r->element[0]));
-    const redisReply* keys = r->element[1];
-    if (keys->elements == 0) continue;
-    std::vector<std::string_view> args{"MGET"};
-    for (std::size_t i = 0; i < keys->elements; ++i) args.push_back(str(keys->element[i]));
-    auto values = command(ctx_.get(), args);
-    if (!values || values->type != REDIS_REPLY_ARRAY || values->elements != keys->elements) {
-      publish();
-      disconnect("MGET failed");
-      return false;
-    }
-    for (std::size_t i = 0; i < values->elements && total < opt_.load_limit; ++i) {
-      const redisReply* v = values->element[i];
-      std::string_view domain, identifier;
-      if (v->type != REDIS_REPLY_STRING || !split_store_key(str(keys->element[i]), domain, identifier)) continue;
-      auto st = decode_state(str(v));
-      if (!st) continue;
-      chunk.push_back({std::string(domain), std::string(identifier), st->first, std::move(st->second)});
-      ++total;
-      if (chunk.size() >= k_load_chunk) publish();
-    }
-  } while (cursor != "0" && total < opt_.load_limit);
+  const bool states_read = scan(k_store_prefix, [&](std::string_view key, std::string_view value) {
+    std::string_view domain, identifier;
+    if (!split_store_key(key, domain, identifier)) return true;
+    auto st = decode_state(value);
+    if (!st) return true;
+    chunk.push_back({std::string(domain), std::string(identifier), st->first, std::move(st->second)});
+    ++total;
+    if (chunk.size() >= k_load_chunk) publish();
+    return total < opt_.load_limit;
+  });
   publish();
-  log::get("master")->info("redis: read {} state(s) back", total);
+  if (!states_read) return false;
+  // The reservations come after the states they were charged in.
+  std::vector<reservation_record> open;
+  if (!scan(reservation_prefix(opt_.reservation_owner), [&](std::string_view key, std::string_view value) {
+        auto r = decode_reservation(key, value);
+        if (r && r->owner == opt_.reservation_owner) open.push_back(std::move(*r));
+        return open.size() < opt_.load_limit;
+      })) {
+    return false;
+  }
+  const std::size_t reservations = open.size();
+  {
+    std::lock_guard lock(mutex_);
+    loaded_reservations_ = std::move(open);
+  }
+  log::get("master")->info("redis: read {} state(s) and {} open reservation(s) back", total, reservations);
   return true;
 }
 
@@ -347,8 +380,11 @@ bool redis_store::write_batch(const std::vector<write>& batch) {
     ttl = std::to_string(std::max<std::int64_t>(1, w.ttl_ms));
     const char* argv[] = {"SET", w.key.data(), w.value.data(), "PX", ttl.data()};
     const std::size_t lens[] = {3, w.key.size(), w.value.size(), 2, ttl.size()};
-    if (redisAppendCommandArgv(ctx_.get(), 5, argv, lens) != REDIS_OK) {
-      disconnect("pipelining SET failed");
+    const char* del[] = {"DEL", w.key.data()};
+    const std::size_t del_lens[] = {3, w.key.size()};
+    if ((w.erase ? redisAppendCommandArgv(ctx_.get(), 2, del, del_lens)
+                 : redisAppendCommandArgv(ctx_.get(), 5, argv, lens)) != REDIS_OK) {
+      disconnect("pipelining a write failed");
       return false;
     }
   }

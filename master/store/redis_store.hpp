@@ -19,6 +19,7 @@
 //           (per counted rule: window start, previous and current units; per quota:
 //           window start, units used)
 //   TTL   = until the state can no longer affect a decision (SET ... PX)
+// and the reservations held open, one key each (reservation_record.hpp).
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "master/core/rules.hpp"
+#include "master/store/reservation_record.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/base/net.hpp"
 
@@ -56,6 +59,7 @@ public:
     std::string key;
     std::string value;
     std::int64_t ttl_ms = 1;
+    bool erase = false;  ///< DEL the key (value and ttl unused)
   };
   struct loaded {
     std::string domain;
@@ -68,6 +72,7 @@ public:
     std::chrono::milliseconds timeout{1000};      ///< connect and per-command timeout
     std::size_t load_limit = 1'000'000;           ///< at most this many states read at start-up
     std::chrono::milliseconds max_backoff{2000};  ///< reconnect backoff ceiling (starts at 50 ms)
+    std::string reservation_owner;                ///< whose reservation records are read back (reservation_owner())
   };
 
   redis_store(options o, metrics::registry& reg);
@@ -81,6 +86,8 @@ public:
   void submit(std::vector<write> batch);
   /// States read from Redis since the last call (at start-up, in chunks).
   std::vector<loaded> take_loaded();
+  /// Reservations read from Redis at start-up (all at once, after the states).
+  std::vector<reservation_record> take_loaded_reservations();
   /// True once the start-up read is over: done, or Redis could not be reached in time.
   bool settled() const { return settled_.load(std::memory_order_acquire); }
   /// True once after each connection: the loop must rewrite all it holds.
@@ -106,6 +113,9 @@ private:
   bool connect();
   host_port current() const;
   bool load();
+  /// SCAN MATCH `prefix`* (`prefix` taken literally) with MGET, each key and value to `f` until it
+  /// returns false (a cap); false when Redis failed (disconnected).
+  bool scan(std::string_view prefix, const std::function<bool(std::string_view, std::string_view)>& f);
   bool write_batch(const std::vector<write>& batch);
   bool ping();
   void disconnect(const char* what);
@@ -121,6 +131,7 @@ private:
   std::condition_variable cv_;
   std::vector<write> pending_;
   std::vector<loaded> loaded_chunk_;
+  std::vector<reservation_record> loaded_reservations_;
   bool stop_ = false;
   std::chrono::steady_clock::time_point stop_deadline_{};
   std::atomic<bool> pending_flag_{false};

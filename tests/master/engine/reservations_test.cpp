@@ -18,8 +18,8 @@ TEST(Reservations, CloseTakesTheOneNamedOnItsConnection) {
   EXPECT_FALSE(book.close(3, "llm", "k", 1000)) << "another connection's";
   EXPECT_FALSE(book.close(1, "llm", "k", 999));
   EXPECT_FALSE(book.close(1, "api", "k", 1000));
-  EXPECT_EQ(book.close(1, "llm", "k", 1000), 50);
-  EXPECT_EQ(book.close(1, "llm", "k", 1000), 70);
+  EXPECT_EQ(book.close(1, "llm", "k", 1000)->units, 50);
+  EXPECT_EQ(book.close(1, "llm", "k", 1000)->units, 70);
   EXPECT_FALSE(book.close(1, "llm", "k", 1000));
   EXPECT_EQ(book.size(), 1u);
 }
@@ -41,6 +41,48 @@ TEST(Reservations, APeersAndTheOldOnesAreTakenAndTheBookIsBounded) {
   ASSERT_EQ(old.size(), 1u) << "at most the budget, oldest first";
   EXPECT_EQ(old[0].identifier, "b");
   EXPECT_EQ(book.size(), 1u);
+}
+
+// After a restart, reservations read back from the store belong to no
+// connection: a correction on any connection closes one (its own first),
+// they go before this run's in age order, and the book stays bounded.
+TEST(Reservations, RestoredOnesAreClosedByAnyConnectionAndAgeFirst) {
+  reservations book(4);
+  ASSERT_TRUE(book.open({1, "llm", "new", 5, 9, 900}));
+  ASSERT_TRUE(book.restore({7, "llm", "k", 1000, 40, 300, 0xb}));
+  ASSERT_TRUE(book.restore({7, "llm", "old", 10, 30, 100, 0xa}));
+  ASSERT_TRUE(book.open({2, "llm", "k", 1000, 60, 950}));
+  EXPECT_FALSE(book.restore({7, "llm", "z", 1, 1, 1, 0xc})) << "bounded";
+  const auto own = book.close(2, "llm", "k", 1000);
+  ASSERT_TRUE(own);
+  EXPECT_EQ(own->units, 60) << "the connection's own first";
+  const auto restored = book.close(5, "llm", "k", 1000);
+  ASSERT_TRUE(restored);
+  EXPECT_EQ(restored->peer, reservations::k_restored);
+  EXPECT_EQ(restored->tag, 0xbu);
+  EXPECT_TRUE(book.take_peer(7).empty()) << "a restored one is no connection's";
+  const auto old = book.take_older(901, 10);
+  ASSERT_EQ(old.size(), 2u);
+  EXPECT_EQ(old[0].identifier, "old");
+  EXPECT_EQ(old[1].identifier, "new");
+}
+
+// What was given back is remembered for a late correction: once each, on
+// any connection, the oldest first, and at most k_max_released of them.
+TEST(Reservations, GivenBackOnesAreRememberedOnceAndBounded) {
+  reservations book(4);
+  book.remember_released({1, "llm", "k", 1000, 40, 100, 1});
+  book.remember_released({2, "llm", "k", 1000, 60, 200, 2});
+  EXPECT_FALSE(book.take_released("llm", "k", 999));
+  EXPECT_EQ(book.take_released("llm", "k", 1000), 40);
+  EXPECT_EQ(book.take_released("llm", "k", 1000), 60);
+  EXPECT_FALSE(book.take_released("llm", "k", 1000)) << "once each";
+  for (std::size_t i = 0; i <= reservations::k_max_released; ++i) {
+    book.remember_released({1, "llm", "id" + std::to_string(i), 5, 1, static_cast<std::int64_t>(i), i});
+  }
+  EXPECT_FALSE(book.take_released("llm", "id0", 5)) << "the oldest forgotten past the bound";
+  EXPECT_EQ(book.take_released("llm", "id1", 5), 1);
+  EXPECT_EQ(book.take_released("llm", "id" + std::to_string(reservations::k_max_released), 5), 1);
 }
 
 namespace {
@@ -113,6 +155,68 @@ TEST_F(IngestReservations, AReservationOlderThanTheTimeoutIsGivenBack) {
   EXPECT_EQ(ingest_.open_reservations(), 0u);
   EXPECT_NE(registry_.render().find("smockron_master_reservations_released_total{reason=\"timeout\"} 1"),
             std::string::npos);
+}
+
+// What a store keeps of the book: told of each reservation opened and
+// closed, however it closes.
+struct recorded_log final : master::reservation_log {
+  void opened(const reservations::reservation& r) override { events.push_back("+" + r.identifier); }
+  void closed(const reservations::reservation& r) override { events.push_back("-" + r.identifier); }
+  std::vector<std::string> events;
+};
+
+TEST_F(IngestReservations, TheLogHearsEveryOpenAndClose) {
+  recorded_log log;
+  ingest_.log_reservations(&log);
+  send(1, {"llm\0"s, "ACCEPTED", "a", at(), "", "reserve=10"});
+  send(1, {"llm\0"s, "ACCEPTED", "b", at(), "", "reserve=10"});
+  send(2, {"llm\0"s, "ACCEPTED", "c", at(), "", "reserve=10"});
+  send(1, {"llm\0"s, "REJECTED", "a", at(), "", "adjust=0"});
+  ingest_.peer_closed(1, clock_.wall_us());
+  clock_.advance(std::chrono::minutes(6));
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_EQ(log.events, (std::vector<std::string>{"+a", "+b", "+c", "-a", "-b", "-c"}));
+}
+
+// A reservation an earlier run left open: its correction closes it (on
+// whatever connection), else it is given back at the timeout from when it
+// was first received.
+TEST_F(IngestReservations, ARestoredReservationIsClosedOrGivenBackAtItsTimeout) {
+  const std::string t = at();
+  send(1, {"llm\0"s, "ACCEPTED", "k", t, "", "cost=300"});  // its charge, as the state read back has it
+  send(1, {"llm\0"s, "ACCEPTED", "j", t, "", "cost=200"});
+  const std::int64_t received = clock_.wall_us();
+  ASSERT_TRUE(ingest_.restore_reservation({9, "llm", "k", std::stoll(t), 300, received, 1}));
+  ASSERT_TRUE(ingest_.restore_reservation({9, "llm", "j", std::stoll(t), 200, received, 2}));
+  EXPECT_EQ(ingest_.open_reservations(), 2u);
+  send(4, {"llm\0"s, "REJECTED", "k", t, "", "adjust=-100"});
+  EXPECT_EQ(used("k"), 200);
+  EXPECT_EQ(ingest_.open_reservations(), 1u) << "closed by its correction on a connection of this run";
+  clock_.advance(std::chrono::minutes(4));
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_EQ(used("j"), 200);
+  clock_.advance(std::chrono::minutes(2));
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_EQ(ingest_.open_reservations(), 0u);
+  EXPECT_EQ(used("j"), 0) << "its gatekeeper never corrected it: given back";
+}
+
+// A correction that comes after its reservation was given back charges the
+// estimate again with the difference: what the use really cost.
+TEST_F(IngestReservations, ALateCorrectionChargesTheEstimateAgain) {
+  const std::string t = at();
+  send(1, {"llm\0"s, "ACCEPTED", "k", t, "", "reserve=300"});
+  send(1, {"llm\0"s, "ACCEPTED", "j", t, "", "reserve=100"});
+  EXPECT_EQ(ingest_.peer_closed(1, clock_.wall_us()), 2u);  // the connection dropped
+  EXPECT_EQ(used("k"), 0);
+  send(2, {"llm\0"s, "REJECTED", "k", t, "", "adjust=-180"});  // the gatekeeper, back on a new connection
+  EXPECT_EQ(used("k"), 120) << "what the call cost";
+  send(2, {"llm\0"s, "REJECTED", "k", t, "", "adjust=0"});
+  EXPECT_EQ(used("k"), 120) << "a second correction finds nothing given back";
+  clock_.advance(std::chrono::minutes(6));
+  send(2, {"llm\0"s, "REJECTED", "j", t, "", "adjust=50"});
+  EXPECT_EQ(used("j"), 150);
+  EXPECT_NE(registry_.render().find("smockron_master_reservations_late_corrections_total 2"), std::string::npos);
 }
 
 TEST_F(IngestReservations, ACorrectionAfterARestartChargesTheDifference) {

@@ -6,6 +6,7 @@
 
 using namespace smockron;
 using namespace smockron::master;
+using namespace std::string_literals;
 
 TEST(RedisStore, KeyIsPrefixDomainNulIdentifier) {
   const std::string k = store_key("api:v1", std::string_view("user\0:x", 7));
@@ -51,4 +52,39 @@ TEST(RedisStore, ValueRoundTripsAndRejectsGarbage) {
                           "sliding-log:;1,,2", "gcra:x", "gcra:-5", "sliding-log:2,1", "gcra:99999999999999999999"}) {
     EXPECT_FALSE(decode_state(bad)) << bad;
   }
+}
+
+// A reservation's record: the key names its master, the use and a tag, the
+// value its time, units and when it was first received; anything else is
+// not one.
+TEST(RedisStore, AReservationRecordRoundTripsAndRejectsGarbage) {
+  const reservation_record r{"m1 tcp://*:10004", "llm", std::string("key\0x", 5), 0x00ab'cdef'0123'4567ULL,
+                             1700000000123,      300,   1700000000125000};
+  const std::string key = reservation_key(r.owner, r.domain, r.identifier, r.tag);
+  EXPECT_EQ(key, std::string("smockron-resv:m1 tcp://*:10004\0llm\0key\0x\0"
+                             "00abcdef01234567",
+                             57));
+  EXPECT_TRUE(key.starts_with(reservation_prefix(r.owner)));
+  EXPECT_FALSE(key.starts_with(k_store_prefix)) << "the states' read-back never meets a reservation";
+  const std::string value = encode_reservation(r);
+  EXPECT_EQ(value, "1700000000123,300,1700000000125000");
+  const auto back = decode_reservation(key, value);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->owner, r.owner);
+  EXPECT_EQ(back->domain, "llm");
+  EXPECT_EQ(back->identifier, std::string("key\0x", 5));  // a \0 in the identifier: the tag is the last field
+  EXPECT_EQ(back->tag, r.tag);
+  EXPECT_EQ(back->at_ms, r.at_ms);
+  EXPECT_EQ(back->units, 300);
+  EXPECT_EQ(back->opened_us, r.opened_us);
+  for (const std::string bad : {"", "1,2", "1,2,3,4", "1,0,3", "1,-5,3", "a,2,3", "1,,3", "1,2,3 "}) {
+    EXPECT_FALSE(decode_reservation(key, bad)) << bad;
+  }
+  EXPECT_FALSE(decode_reservation(store_key("llm", "key"), value)) << "a state's key";
+  const auto bad_key = [](std::string_view rest) { return "smockron-resv:m\0"s + std::string(rest); };
+  EXPECT_FALSE(decode_reservation(bad_key("llm\0key\0"s + "123"), value)) << "a short tag";
+  EXPECT_FALSE(decode_reservation(bad_key("\0key\0"s + "00abcdef01234567"), value)) << "no domain";
+  EXPECT_FALSE(decode_reservation(bad_key("llm\0key\0"s + "00abcdef0123456z"), value));
+  EXPECT_FALSE(decode_reservation("smockron-resv:no-owner-end", value));
+  EXPECT_TRUE(decode_reservation(bad_key("llm\0key\0"s + "00abcdef01234567"), value));
 }
