@@ -87,7 +87,7 @@ struct h1_client {
   static constexpr bool gone() { return false; }
   connection_next finish() const { return next; }
 
-  awaitable<h1_step> send_request(int attempt);
+  awaitable<h1_step> send_request();
   awaitable<bool> interim();
   /// Not a coroutine: the one it returns is the only frame.
   awaitable<bool> relay() { return c.fwd().response.status == 101 ? switch_protocols() : relay_response(); }
@@ -107,9 +107,9 @@ struct h1_client {
 // streamed from the client through c.in (bytes past its end stay there: a
 // pipelined request). The proxy answers 100-continue itself, once the
 // upstream connection is there.
-awaitable<h1_step> h1_client::send_request(int attempt) {
+awaitable<h1_step> h1_client::send_request() {
   const http1::request_head& req = c.request;
-  if (attempt == 0 && req.expect_continue && req.body != http1::framing::none && version >= 11) {
+  if (req.expect_continue && req.body != http1::framing::none && version >= 11) {
     static constexpr std::string_view k_continue = "HTTP/1.1 100 Continue\r\n\r\n";
     if (auto [ec, n] = co_await write(c, c.client, asio::buffer(k_continue), rt.cfg.body_timeout); ec) {
       next = connection_next::ends;
@@ -144,15 +144,7 @@ awaitable<h1_step> h1_client::send_request(int attempt) {
       co_return h1_step::answered;
     }
     case relay_end::kind::write_failed:
-      if (c.fwd().up.reused && retryable() && attempt == 0) co_return h1_step::retry;
-      if (c.classify(end.ec) == asio::error::timed_out) {
-        env.metrics.upstream_timeout.inc();
-        co_await fail(504, "upstream timed out\n");
-        co_return h1_step::answered;
-      }
-      env.metrics.upstream_reset.inc();
-      co_await fail(502, "upstream write failed\n");
-      co_return h1_step::answered;
+      co_return c.classify(end.ec) == asio::error::timed_out ? h1_step::write_timed_out : h1_step::write_failed;
     case relay_end::kind::read_failed: break;
   }
   next = connection_next::ends;  // the client failed mid-body: nothing sensible to answer

@@ -38,10 +38,24 @@ struct h1_exchange_env {
 };
 
 /// How a step of the exchange ended: go on, try once more on a fresh
-/// connection, or stop (the client has been answered, or is gone).
-enum class h1_step : std::uint8_t { next, retry, answered };
+/// connection, stop (the client has been answered, or is gone), or the
+/// write to the upstream failed (timed out, or not).
+enum class h1_step : std::uint8_t { next, retry, answered, write_failed, write_timed_out };
 
 namespace h1_exchange_detail {
+
+// The upstream failed before a response started: counted, and the client answered.
+template <class Client>
+awaitable<h1_step> upstream_failed(const h1_exchange_env& env, Client& cl, bool timed_out, std::string_view why) {
+  if (timed_out) {
+    env.metrics.upstream_timeout.inc();
+    co_await cl.fail(504, "upstream timed out\n");
+  } else {
+    env.metrics.upstream_reset.inc();
+    co_await cl.fail(502, why);
+  }
+  co_return h1_step::answered;
+}
 
 // Reads the response head up to a final one (or 101); each 1xx goes to the
 // client's interim(). A pooled connection the server had closed (nothing
@@ -88,14 +102,8 @@ awaitable<h1_step> read_response_head(const h1_exchange_env& env, const runtime&
       (ec == asio::error::eof || ec == asio::error::connection_reset)) {
     co_return h1_step::retry;
   }
-  if (ec == asio::error::timed_out) {
-    env.metrics.upstream_timeout.inc();
-    co_await cl.fail(504, "upstream timed out\n");
-  } else {
-    env.metrics.upstream_reset.inc();
-    co_await cl.fail(502, bad_head ? "upstream sent a malformed response\n" : "upstream failed\n");
-  }
-  co_return h1_step::answered;
+  co_return co_await upstream_failed(env, cl, ec == asio::error::timed_out,
+                                     bad_head ? "upstream sent a malformed response\n" : "upstream failed\n");
 }
 
 }  // namespace h1_exchange_detail
@@ -115,9 +123,9 @@ awaitable<h1_step> read_response_head(const h1_exchange_env& env, const runtime&
 /// - `void submitted(std::size_t server)`: the server the request goes to;
 /// - `bool head_request()`: the request is HEAD (a response without body);
 /// - `bool gone()`: the client has left (nothing more is done for it);
-/// - `awaitable<h1_step> send_request(int attempt)`: the head and body out on
-///   fwd().up (retry: a reused connection failed before the server could
-///   have taken the request; answered: the client was answered, or left);
+/// - `awaitable<h1_step> send_request()`: the head and body out on fwd().up
+///   (write_failed, write_timed_out: the upstream did not take them;
+///   answered: the client was answered, or left);
 /// - `awaitable<bool> interim()`: a 1xx head in fwd().response, passed on
 ///   or not; false: the client failed;
 /// - `awaitable<void> fail(unsigned status, std::string_view why)`: answers
@@ -152,7 +160,14 @@ awaitable<typename Client::result> exchange_h1(h1_exchange_env env, const runtim
     }
     cl.submitted(f.up.server);  // the access log's upstream
     if (attempt > 0) sent = env.clk.steady_now();
-    auto step = co_await cl.send_request(attempt);
+    auto step = co_await cl.send_request();
+    if (step == h1_step::write_failed || step == h1_step::write_timed_out) {
+      // Before the server could have taken the request, on a pooled connection it had closed: once more.
+      step = f.up.reused && retryable && attempt == 0
+                 ? h1_step::retry
+                 : co_await h1_exchange_detail::upstream_failed(env, cl, step == h1_step::write_timed_out,
+                                                                "upstream write failed\n");
+    }
     if (step == h1_step::next) step = co_await h1_exchange_detail::read_response_head(env, rt, cl, retryable, attempt);
     if (step == h1_step::answered) co_return cl.finish();
     if (step == h1_step::next) break;

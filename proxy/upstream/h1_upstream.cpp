@@ -96,9 +96,9 @@ struct stream_client {
     if (auto* d = x->detach()) d->on_failed(*x->st, status, why, started);
   }
 
-  awaitable<h1_step> send_request(int attempt);
+  awaitable<h1_step> send_request();
   awaitable<bool> relay();
-  void deliver_head();
+  void deliver_head(bool body);
   void deliver_trailers(std::string& section);
   /// Waits until the client side calls (or `timeout` passes: false).
   awaitable<bool> wait(std::optional<steady::duration> timeout) {
@@ -112,7 +112,7 @@ struct stream_client {
 
 // The head, then the body as the client side gives it: as is with a
 // content-length, chunked without one.
-awaitable<h1_step> stream_client::send_request(int attempt) {
+awaitable<h1_step> stream_client::send_request() {
   const runtime& rt = *x->rt;
   link& up = *x->fw.up.sock;
   auto [ec, n] = co_await write(x->dl, up, asio::buffer(x->head), rt.cfg.upstream_timeout);
@@ -151,22 +151,12 @@ awaitable<h1_step> stream_client::send_request(int attempt) {
     }
   }
   if (!ec) co_return h1_step::next;
-  if (x->fw.up.reused && x->retryable && attempt == 0) co_return h1_step::retry;
-  if (x->dl.classify(ec) == asio::error::timed_out) {
-    metrics.upstream_timeout.inc();
-    failed(504, "upstream timed out\n", false);
-    co_return h1_step::answered;
-  }
-  metrics.upstream_reset.inc();
-  failed(502, "upstream write failed\n", false);
-  co_return h1_step::answered;
+  co_return x->dl.classify(ec) == asio::error::timed_out ? h1_step::write_timed_out : h1_step::write_failed;
 }
 
-// The head as fields, the proxy's own lines added by the client side.
-void stream_client::deliver_head() {
+// The head as fields (`body`: a body follows), the proxy's own lines added by the client side.
+void stream_client::deliver_head(bool body) {
   const http1::response_head& res = x->fw.response;
-  const bool body =
-      res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
   std::vector<h2::field> fields;
   // A length is kept when the DATA carry exactly it, and on a HEAD response (the length the GET would have).
   h2::response_fields(res, {}, res.body == http1::framing::length || x->head_request, x->arena, fields);
@@ -197,9 +187,9 @@ awaitable<bool> stream_client::relay() {
     failed(502, "upstream switched protocols unasked\n", false);
     co_return false;
   }
-  deliver_head();
   const bool body =
       res.body != http1::framing::none && !(res.body == http1::framing::length && res.content_length == 0);
+  deliver_head(body);
   if (body) {
     body_relay& relay = x->fw.relay.emplace(res.body, http1::framing::until_close, res.content_length,
                                             static_cast<std::size_t>(rt.cfg.max_header_bytes));
