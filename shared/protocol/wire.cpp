@@ -48,6 +48,11 @@ bool valid_timestamp(std::int64_t v) { return v >= 0 && v <= max_timestamp_ms; }
 
 }  // namespace
 
+result<std::string_view> decode_domain_frame(std::string_view frame) { return decode_domain(frame); }
+std::optional<std::string_view> encode_domain_frame(std::string_view domain, scratch& s) {
+  return write_domain(domain, s);
+}
+
 std::string_view to_string(status s) {
   switch (s) {
     case status::accepted: return k_accepted;
@@ -78,6 +83,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::adjust_invalid: return "adjust_invalid";
     case decode_error::reserve_invalid: return "reserve_invalid";
     case decode_error::quota_invalid: return "quota_invalid";
+    case decode_error::lease_invalid: return "lease_invalid";
   }
   return "unknown";
 }

@@ -51,8 +51,9 @@ enum class decode_error : std::uint8_t {
   quota_invalid,           ///< QUOTA quotas frame malformed
   adjust_invalid,          ///< a REJECTED message's loginfo starts with "adjust=" but no valid adjustment follows
   reserve_invalid,         ///< loginfo starts with "reserve=" but no valid cost follows
+  lease_invalid,           ///< a LEASE, GRANT or CONCURRENCY numbers frame malformed
 };
-inline constexpr std::size_t decode_error_count = 19;
+inline constexpr std::size_t decode_error_count = 20;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -201,6 +202,8 @@ inline std::string_view control_command(frames f) { return f.size() >= 2 ? f[1] 
 
 /// Parses an ASCII decimal timestamp frame (shared with tests and tools).
 result<std::int64_t> parse_timestamp(std::string_view frame);
+/// A domain frame ("name\0") read strictly: the name (wire_lease.cpp shares it).
+result<std::string_view> decode_domain_frame(std::string_view frame);
 
 /// Storage for an encoded message: the frames point into this object and the
 /// caller's input strings, so it must outlive the frames' use.
@@ -211,6 +214,7 @@ struct scratch {
   std::array<char, max_policy_rules * 32> text{};   ///< POLICY's rules frame
   std::array<char, max_loginfo_bytes> loginfo{};    ///< an accounting message's "cost=N" and loginfo
   std::array<char, max_quota_items * 48> quotas{};  ///< QUOTA's quotas frame
+  std::array<char, 80> numbers{};                   ///< LEASE's, GRANT's and CONCURRENCY's numbers frame
 };
 
 /// Up to six frames and how many are used.
@@ -229,5 +233,8 @@ std::optional<encoded> encode(const delay_until& m, scratch& s);
 std::optional<encoded> encode(const policy& m, scratch& s);
 /// Refuses more than max_quota_items quotas, or a value outside its bound.
 std::optional<encoded> encode(const quota_policy& m, scratch& s);
+/// The domain frame ("name\0", in `s`); nothing for an empty name, one over
+/// max_domain_bytes or one with a "\0".
+std::optional<std::string_view> encode_domain_frame(std::string_view domain, scratch& s);
 
 }  // namespace smockron::wire

@@ -4,6 +4,7 @@
 
 #include "fuzz_frames.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 
 using namespace smockron;
 
@@ -62,6 +63,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::int64_t t = 1'700'000'000'000'000;
       FUZZ_CHECK(calendar::window_start_us(w, t) <= t && t < calendar::window_end_us(w, t));
     }
+  }
+  if (auto l = wire::decode_lease(f)) {
+    FUZZ_CHECK(l->want >= 0 && l->want <= wire::max_concurrency && l->held >= 0 && l->held <= wire::max_concurrency);
+    const auto enc = wire::encode(l.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_lease(enc->view());
+    FUZZ_CHECK(back && back->domain == l->domain && back->identifier == l->identifier && back->holder == l->holder);
+    FUZZ_CHECK(back->want == l->want && back->held == l->held && back->returned == l->returned);
+  }
+  if (auto g = wire::decode_grant(f)) {
+    FUZZ_CHECK(g->cap >= 0 && g->cap <= g->held && g->held <= wire::max_concurrency);  // what a holder relies on
+    const auto enc = wire::encode(g.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_grant(enc->view());
+    FUZZ_CHECK(back && back->domain == g->domain && back->identifier == g->identifier && back->holder == g->holder);
+    FUZZ_CHECK(back->held == g->held && back->cap == g->cap && back->seen == g->seen);
+  }
+  if (auto c = wire::decode_concurrency(f)) {
+    const auto enc = wire::encode(c.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_concurrency(enc->view());
+    FUZZ_CHECK(back && back->domain == c->domain && back->identifier == c->identifier && back->limit == c->limit);
   }
   return 0;
 }
