@@ -61,6 +61,9 @@ struct limits {
   algorithm algo = algorithm::sliding_log;
   std::vector<rule> rules;
   std::vector<quota> quotas;
+  /// At most this many requests of one identifier in flight (leased to the
+  /// gatekeepers, master/engine/leases.hpp); 0: no such rule.
+  std::int64_t concurrency = 0;
   /// Timestamps further than this ahead of the master's clock are clamped
   /// (a gatekeeper with a fast clock must not lock a client out for hours).
   std::int64_t max_future_us = 60'000'000;

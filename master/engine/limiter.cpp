@@ -29,12 +29,16 @@ rules::limits compile_rules(config::algorithm_kind algo, const std::vector<confi
 }  // namespace
 
 rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
-  return compile_rules(d.algorithm, d.rules, max_clock_skew);
+  rules::limits l = compile_rules(d.algorithm, d.rules, max_clock_skew);
+  l.concurrency = d.concurrency;
+  return l;
 }
 
 rules::limits compile(const config::domain_config& d, const config::override_config& o,
                       std::chrono::microseconds max_clock_skew) {
-  return compile_rules(d.algorithm, o.rules, max_clock_skew);
+  rules::limits l = compile_rules(d.algorithm, o.rules, max_clock_skew);
+  l.concurrency = o.concurrency;  // an override's rules replace the domain's, this one too
+  return l;
 }
 
 limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)

@@ -51,6 +51,7 @@ struct rule_config {
 struct override_config {
   std::string identifier;  ///< as the gatekeepers send it (a hashed source: "sha256:" + 32 hex digits)
   std::vector<rule_config> rules;
+  std::int64_t concurrency = 0;  ///< its own { concurrency = N } rule; 0: none (not the domain's)
 };
 
 /// A domain's algorithm: the spec's sliding log, or GCRA (master/rules.hpp runs them).
@@ -60,6 +61,9 @@ struct domain_config {
   std::string name;
   algorithm_kind algorithm = algorithm_kind::sliding_log;
   std::vector<rule_config> rules;
+  /// A { concurrency = N } rule: at most N requests of one identifier in
+  /// flight across every gatekeeper (leased to them, wire_lease.hpp); 0: none.
+  std::int64_t concurrency = 0;
   std::vector<override_config> overrides;
 };
 

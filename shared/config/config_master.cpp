@@ -13,6 +13,7 @@
 #include "shared/config/config.hpp"
 #include "shared/config/config_reader.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 
 namespace smockron::config {
 namespace {
@@ -71,16 +72,29 @@ void read_quota(reader& r, sink& s, rule_config& rule) {
   }
 }
 
-void read_rule(const toml::node& n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+void read_rule(const toml::node& n, const std::string& path, sink& s, std::vector<rule_config>& out,
+               std::int64_t& concurrency) {
   const auto* t = n.as_table();
   if (!t) {
     s.add(n, path,
-          "expected a table { rate = \"10/s\", burst = 20 } or { quota = 1000000, per = \"month\" }, got " +
+          "expected a table { rate = \"10/s\", burst = 20 }, { quota = 1000000, per = \"month\" } or "
+          "{ concurrency = 4 }, got " +
               std::string(type_name(n)));
     return;
   }
   reader r(*t, path, s);
   rule_config rule;
+  if (t->contains("concurrency")) {
+    if (t->size() > 1) {
+      s.add(n, path, "a concurrency rule has no other key ({ concurrency = N })");
+      for (const auto& [k, v] : *t) r.get(k.str());  // reported above, not again as unknown keys
+    }
+    if (concurrency > 0) s.add(n, path, "at most one concurrency rule");
+    std::int64_t limit = 0;
+    r.integer("concurrency", limit, 1, wire::max_concurrency);
+    if (limit > 0 && concurrency == 0) concurrency = limit;
+    return;
+  }
   if (t->contains("quota")) {
     if (t->contains("rate") || t->contains("burst")) {
       s.add(n, path, "a rule is a rate ({ rate, burst }) or a quota ({ quota, per }), not both");
@@ -103,10 +117,14 @@ void read_rule(const toml::node& n, const std::string& path, sink& s, std::vecto
 }
 
 // A `rules` array (a domain's, or an override's): `n` is the node, if any.
-void read_rules(const toml::node* n, const std::string& path, sink& s, std::vector<rule_config>& out) {
+// `concurrency`: set by a { concurrency = N } rule.
+void read_rules(const toml::node* n, const std::string& path, sink& s, std::vector<rule_config>& out,
+                std::int64_t& concurrency) {
   if (!n) return;
   if (const auto* arr = n->as_array()) {
-    for (std::size_t i = 0; i < arr->size(); ++i) read_rule((*arr)[i], path + "[" + std::to_string(i) + "]", s, out);
+    for (std::size_t i = 0; i < arr->size(); ++i) {
+      read_rule((*arr)[i], path + "[" + std::to_string(i) + "]", s, out, concurrency);
+    }
     // Every quota is described to the gatekeepers (QUOTA carries at most max_quota_items).
     if (std::count_if(out.begin(), out.end(), [](const rule_config& r) { return r.is_quota(); }) >
         static_cast<std::ptrdiff_t>(wire::max_quota_items)) {
@@ -135,8 +153,11 @@ void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
                } else if (!orr.table().contains("identifier")) {
                  s.add(item, orr.key("identifier"), "missing (every override names the identifier it is for)");
                }
-               if (const toml::node* rules = orr.get("rules")) read_rules(rules, orr.key("rules"), s, oc.rules);
-               else s.add(item, orr.key("rules"), "missing (rules = [] for no limit)");
+               if (const toml::node* rules = orr.get("rules")) {
+                 read_rules(rules, orr.key("rules"), s, oc.rules, oc.concurrency);
+               } else {
+                 s.add(item, orr.key("rules"), "missing (rules = [] for no limit)");
+               }
                out.push_back(std::move(oc));
              });
 }
@@ -159,7 +180,7 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
     else if (algo == "gcra") d.algorithm = algorithm_kind::gcra;
     else s.add(*a, r.key("algorithm"), "unknown algorithm \"" + algo + "\" (use \"sliding-log\" or \"gcra\")");
   }
-  read_rules(r.get("rules"), r.key("rules"), s, d.rules);
+  read_rules(r.get("rules"), r.key("rules"), s, d.rules, d.concurrency);
   read_overrides(r, s, d.overrides);
   out.push_back(std::move(d));
 }

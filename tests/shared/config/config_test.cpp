@@ -900,3 +900,30 @@ TEST(Config, RouteCost) {
                 .find("has no effect on a route without a domain"),
             std::string::npos);
 }
+
+TEST(Config, ConcurrencyRules) {
+  auto r = load(R"(
+[master.domains.llm]
+rules = [ { rate = "10/s", burst = 20 }, { concurrency = 4 } ]
+overrides = [
+  { identifier = "batch", rules = [ { concurrency = 16 } ] },
+  { identifier = "vip", rules = [ { rate = "100/s", burst = 100 } ] },
+]
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("llm");
+  EXPECT_EQ(d.concurrency, 4);
+  ASSERT_EQ(d.rules.size(), 1u);  // the rate rule alone: a concurrency rule is not one of the rules over time
+  EXPECT_EQ(d.overrides[0].concurrency, 16);
+  EXPECT_TRUE(d.overrides[0].rules.empty());
+  EXPECT_EQ(d.overrides[1].concurrency, 0);  // an override's rules replace the domain's: no concurrency limit
+  const std::string head = "[master.domains.a]\n";
+  EXPECT_NE(one_error(head + "rules = [{ concurrency = 0 }]\n").find("rules[0].concurrency: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "rules = [{ concurrency = 1000001 }]\n").find("must be between 1"), std::string::npos);
+  EXPECT_NE(one_error(head + "rules = [{ concurrency = 2, rate = \"1/s\" }]\n").find("has no other key"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "rules = [{ concurrency = 2 }, { concurrency = 3 }]\n").find("at most one concurrency"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "rules = [{ concurrency = \"2\" }]\n").find("expected an integer"), std::string::npos);
+}

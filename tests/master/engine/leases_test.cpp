@@ -1,0 +1,207 @@
+// The master's lease book: never more than the limit leased, shares, give-backs, departures.
+#include "master/engine/leases.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+
+using smockron::master::leases;
+using smockron::wire::lease;
+
+namespace {
+
+// What each holder was last granted: (held, cap).
+struct grants {
+  std::map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> last;
+  std::size_t messages = 0;
+  void take(leases& book) {
+    book.take_changed([&](std::string_view, std::string_view, const leases::holder& h) {
+      last[h.id] = {h.held, h.cap};
+      ++messages;
+    });
+  }
+  std::int64_t held(std::uint64_t id) const { return last.count(id) ? last.at(id).first : 0; }
+  std::int64_t cap(std::uint64_t id) const { return last.count(id) ? last.at(id).second : 0; }
+};
+
+lease ask(std::uint64_t holder, std::int64_t want, std::int64_t returned = 0, std::int64_t held = 0) {
+  return lease{"llm", "key", holder, want, held, returned};
+}
+
+}  // namespace
+
+TEST(Leases, GrantsWhatIsWantedUpToTheLimit) {
+  leases book(100);
+  grants g;
+  ASSERT_TRUE(book.on_lease(1, ask(10, 3), 4, 1'000));
+  g.take(book);
+  EXPECT_EQ(g.held(10), 3);
+  EXPECT_EQ(g.cap(10), 3);
+  ASSERT_TRUE(book.on_lease(2, ask(20, 5), 4, 2'000));
+  g.take(book);
+  EXPECT_EQ(g.held(20), 1);  // one slot left
+  EXPECT_EQ(book.held(), 4);
+  EXPECT_EQ(book.held_by("llm", "key"), 4);
+  EXPECT_EQ(book.held_by("llm", "other"), -1);
+}
+
+TEST(Leases, AHolderAboveItsShareIsAskedDownAndTheSlotsGoToTheOneWaiting) {
+  leases book(100);
+  grants g;
+  book.on_lease(1, ask(10, 30), 4, 1'000);  // holder 10 takes all four
+  g.take(book);
+  EXPECT_EQ(g.held(10), 4);
+  book.on_lease(2, ask(20, 30), 4, 2'000);  // holder 20 waits: 10 is capped to its share
+  g.take(book);
+  EXPECT_EQ(g.held(20), 0);
+  EXPECT_EQ(g.held(10), 4);
+  EXPECT_EQ(g.cap(10), 2);
+  // Holder 10 gives two back as its requests end: they go to 20, never more than four in all.
+  book.on_lease(1, ask(10, 29, 1), 4, 3'000);
+  g.take(book);
+  EXPECT_EQ(g.held(20), 1);
+  EXPECT_EQ(book.held(), 4);
+  book.on_lease(1, ask(10, 28, 2), 4, 4'000);
+  g.take(book);
+  EXPECT_EQ(g.held(20), 2);
+  EXPECT_EQ(book.held(), 4);
+}
+
+TEST(Leases, MaxMinShares) {
+  leases book(100);
+  grants g;
+  // A light holder wants 1 of 9, two heavy ones want many: 1, 4, 4.
+  book.on_lease(1, ask(10, 50), 9, 1'000);
+  g.take(book);
+  EXPECT_EQ(g.held(10), 9);
+  book.on_lease(2, ask(20, 50), 9, 2'000);
+  book.on_lease(3, ask(30, 1), 9, 3'000);
+  g.take(book);
+  EXPECT_EQ(g.cap(10), 4);  // 9 - 1 (light) split in two
+  // Holder 10 gives back five: the light one is served, then the other heavy one up to its share.
+  book.on_lease(1, ask(10, 50, 5), 9, 4'000);
+  g.take(book);
+  EXPECT_EQ(g.held(30), 1);
+  EXPECT_EQ(g.held(20), 4);
+  EXPECT_EQ(book.held(), 9);
+}
+
+TEST(Leases, IdleSlotsStayUntilSomeoneElseWants) {
+  leases book(100);
+  grants g;
+  book.on_lease(1, ask(10, 4), 4, 1'000);
+  g.take(book);
+  const std::size_t before = g.messages;
+  book.on_lease(1, ask(10, 0), 4, 2'000);  // done, but keeps its lease
+  g.take(book);
+  EXPECT_EQ(g.messages, before);  // nothing to tell
+  EXPECT_EQ(book.held(), 4);
+  book.on_lease(2, ask(20, 1), 4, 3'000);
+  g.take(book);
+  EXPECT_EQ(g.cap(10), 0);  // wants none: asked for all back
+  book.on_lease(1, ask(10, 0, 4), 4, 4'000);
+  g.take(book);
+  EXPECT_EQ(g.held(20), 1);
+  EXPECT_EQ(book.held(), 1);
+}
+
+TEST(Leases, AClosedConnectionFreesItsSlotsAndAComebackClaimsWhatIsInFlight) {
+  leases book(100);
+  grants g;
+  book.on_lease(1, ask(10, 4), 4, 1'000);
+  book.on_lease(2, ask(20, 2), 4, 2'000);
+  g.take(book);
+  EXPECT_EQ(book.peer_closed(1, 3'000), 4);
+  g.take(book);
+  EXPECT_EQ(g.held(20), 2);
+  // Holder 10 is back on connection 3 with three still in flight: counted beyond the limit...
+  book.on_lease(3, ask(10, 3, 0, 3), 4, 4'000);
+  g.take(book);
+  EXPECT_EQ(book.held(), 5);
+  // ...and nothing more is granted until the total is under it.
+  book.on_lease(2, ask(20, 3), 4, 5'000);
+  g.take(book);
+  EXPECT_EQ(g.held(20), 2);
+  book.on_lease(3, ask(10, 1, 2), 4, 6'000);  // two ended
+  g.take(book);
+  EXPECT_EQ(book.held(), 4);
+  EXPECT_EQ(g.held(20), 3);
+}
+
+TEST(Leases, NoRuleGrantsEveryWantAndTheBookIsBounded) {
+  leases book(1);
+  grants g;
+  ASSERT_TRUE(book.on_lease(1, ask(10, 7), 0, 1'000));
+  g.take(book);
+  EXPECT_EQ(g.held(10), 7);
+  lease other{"llm", "other", 10, 1, 0, 0};
+  EXPECT_FALSE(book.on_lease(1, other, 4, 2'000));  // full
+  // Nothing held and nothing wanted: forgotten.
+  book.on_lease(1, ask(10, 0, 7), 0, 3'000);
+  g.take(book);
+  EXPECT_EQ(book.size(), 0u);
+  EXPECT_TRUE(book.on_lease(1, other, 4, 4'000));
+}
+
+TEST(Leases, ALowerLimitOnReloadCapsTheHolders) {
+  leases book(100);
+  grants g;
+  book.on_lease(1, ask(10, 4), 4, 1'000);
+  book.on_lease(2, ask(20, 4), 8, 1'000);
+  g.take(book);
+  EXPECT_EQ(book.held(), 8);
+  book.relimit([](std::string_view, std::string_view) { return std::int64_t{2}; }, 2'000);
+  g.take(book);
+  EXPECT_EQ(book.held(), 8);  // in flight stays counted
+  EXPECT_EQ(g.cap(10) + g.cap(20), 2);
+}
+
+// Many holders asking and giving back in any order: what the master counts
+// never exceeds the limit once the claims are paid back, and never falls
+// below what the holders may use.
+TEST(Leases, RandomTrafficNeverLeasesMoreThanTheLimit) {
+  leases book(100);
+  std::uint64_t rng = 12345;
+  const auto next = [&](std::uint64_t n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (rng >> 33) % n;
+  };
+  struct gk {
+    std::int64_t held = 0, cap = 0, in_use = 0, waiting = 0, returned = 0;
+  };
+  std::map<std::uint64_t, gk> side;
+  for (std::uint64_t id = 1; id <= 5; ++id) side[id];
+  for (int step = 0; step < 20'000; ++step) {
+    const std::uint64_t id = 1 + next(5);
+    gk& k = side[id];
+    switch (next(3)) {
+      case 0: ++k.waiting; break;
+      case 1:
+        if (k.in_use > 0) --k.in_use;
+        break;
+      default: break;
+    }
+    // The holder's own rules: admit within min(held, cap), give back above what it keeps.
+    while (k.waiting > 0 && k.in_use < std::min(k.held, k.cap)) {
+      --k.waiting;
+      ++k.in_use;
+    }
+    const std::int64_t want = k.in_use + k.waiting;
+    const std::int64_t keep = k.cap < k.held ? std::max(k.in_use, std::min(k.cap, want)) : k.held;
+    if (k.held > keep) {
+      k.returned += k.held - keep;
+      k.held = keep;
+    }
+    book.on_lease(id, lease{"llm", "key", id, want, k.held, k.returned}, 3, step);
+    book.take_changed([&](std::string_view, std::string_view, const leases::holder& h) {
+      gk& t = side[h.id];
+      t.held = h.held - (t.returned - h.seen);
+      t.cap = std::min(h.cap, t.held);
+    });
+    std::int64_t in_use = 0;
+    for (auto& [_, s] : side) in_use += s.in_use;
+    ASSERT_LE(in_use, 3) << "step " << step;
+    ASSERT_LE(book.held(), 3) << "step " << step;
+  }
+}
