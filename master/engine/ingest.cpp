@@ -55,8 +55,20 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       late_corrections_(
           reg.add_counter("smockron_master_reservations_late_corrections_total",
                           "Corrections of reservations given back before they came: the estimate was charged again")),
+      leases_(cfg.max_identifiers),
+      lease_messages_(reg.add_counter("smockron_master_lease_messages_total",
+                                      "LEASE messages applied (concurrency slots wanted or given back)")),
+      leases_untracked_(reg.add_counter(
+          "smockron_master_leases_untracked_total",
+          "LEASE messages not kept (max_identifiers identifiers held leases already): granted, not counted")),
+      lease_slots_released_(reg.add_counter("smockron_master_lease_slots_released_total",
+                                            "Concurrency slots freed because their gatekeeper's connection closed")),
       next_tag_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
       log_(log::get("master")) {
+  reg.add_callback("smockron_master_lease_slots_held", "Concurrency slots leased to gatekeepers now", "",
+                   [this] { return static_cast<double>(leases_.held()); });
+  reg.add_callback("smockron_master_lease_identifiers", "Identifiers with concurrency slots leased or wanted", "",
+                   [this] { return static_cast<double>(leases_.size()); });
   reg.add_callback("smockron_master_reservations_open", "Reservations held open (not corrected yet)", "",
                    [this] { return static_cast<double>(reservations_.size()); });
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
@@ -130,8 +142,17 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   limiter_.set_max_identifiers(next.max_identifiers);
   reservations_.set_max_open(next.max_identifiers);
   reservation_timeout_ = next.reservation_timeout;
+  leases_.set_max_entries(next.max_identifiers);
   top_ = top_limited(next.domains.size(), next.top_identifiers);
   install(next);
+  // Leases of a domain gone keep their slots until their holders give them
+  // back (they stop asking once the domain's CONCURRENCY is not refreshed).
+  leases_.relimit(
+      [&](std::string_view d, std::string_view id) {
+        const auto i = find(d);
+        return i ? concurrency_of(*i, id) : std::int64_t{0};
+      },
+      clock_.wall_us());
   return changes;
 }
 
@@ -149,6 +170,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   // message would cost more than the measurement is worth at 500k msg/s.
   const bool sampled = (++handled_ & 15) == 0;
   const auto started = sampled ? clock_.steady_now() : std::chrono::steady_clock::time_point{};
+  if (!truncated && frames.size() >= 2 && frames[1] == wire::lease_status) {
+    handle_lease(frames, now_us, peer);
+    return std::nullopt;
+  }
   auto msg =
       truncated ? wire::result<wire::accounting>(wire::decode_error::frame_count) : wire::decode_accounting(frames);
   if (!msg) {
@@ -277,6 +302,7 @@ ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us
 std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us) {
   const auto gone = reservations_.take_peer(peer);
   release(gone, released_gone_, now_us);
+  lease_slots_released_.inc(static_cast<std::uint64_t>(leases_.peer_closed(peer, now_us)));
   return gone.size();
 }
 

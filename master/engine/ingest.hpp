@@ -15,6 +15,7 @@
 
 #include "master/core/query.hpp"
 #include "master/core/rules.hpp"
+#include "master/engine/leases.hpp"
 #include "master/engine/limiter.hpp"
 #include "master/engine/reservations.hpp"
 #include "master/engine/top.hpp"
@@ -25,6 +26,7 @@
 #include "shared/base/string_hash.hpp"
 #include "shared/config/config.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 
 namespace smockron::master {
 
@@ -59,7 +61,8 @@ public:
                                           std::uint64_t peer = 0);
 
   /// The accounting connection `peer` closed: its gatekeeper's open
-  /// reservations are given back (their units refunded). Returns how many.
+  /// reservations are given back (their units refunded), and its
+  /// concurrency slots freed. Returns how many reservations.
   std::size_t peer_closed(std::uint64_t peer, std::int64_t now_us);
   /// Reservations held open now.
   std::size_t open_reservations() const { return reservations_.size(); }
@@ -70,6 +73,25 @@ public:
   /// store): closed by its correction, or given back at the timeout from
   /// when it was first opened. False: not tracked (the book is full).
   bool restore_reservation(reservations::reservation r);
+
+  /// Calls f(const wire::grant&) for each GRANT to publish now: the leases
+  /// that changed since the last call (ingest_leases.cpp).
+  template <class F>
+  void take_grants(F&& f) {
+    leases_.take_changed([&](std::string_view d, std::string_view id, const leases::holder& h) {
+      f(wire::grant{d, id, h.id, h.held, h.cap, h.seen});
+    });
+    for (const auto& u : untracked_grants_) f(wire::grant{u.domain, u.identifier, u.holder, u.want, u.want, u.seen});
+    untracked_grants_.clear();
+  }
+  /// Calls f(const wire::grant&) for every lease: the periodic GRANT that heals one lost on the way.
+  template <class F>
+  void each_grant(F&& f) const {
+    leases_.each([&](std::string_view d, std::string_view id, const leases::holder& h) {
+      f(wire::grant{d, id, h.id, h.held, h.cap, h.seen});
+    });
+  }
+  const leases& lease_book() const { return leases_; }
 
   /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
   /// appended to `out`; none for a domain this master does not own (ignored, counted). An
@@ -100,6 +122,12 @@ public:
 
 private:
   void install(const config::master_config& cfg);
+  /// A LEASE message (ingest_leases.cpp): the lease book's, or granted untracked when it is full.
+  void handle_lease(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
+  /// The concurrency limit of (domain, identifier) now (0: none).
+  std::int64_t concurrency_of(std::size_t domain, std::string_view identifier) const {
+    return limiter_.limits_of(domain, identifier).concurrency;
+  }
   /// Gives back the units of reservations that died (`why`: gatekeeper_gone, timeout).
   void release(const std::vector<reservations::reservation>& gone, metrics::counter& why, std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);
@@ -125,6 +153,17 @@ private:
   metrics::counter& released_timeout_;
   metrics::counter& late_corrections_;
   reservation_log* reservation_log_ = nullptr;
+  leases leases_;
+  /// LEASEs not kept (the book full): granted what they want, published by take_grants().
+  struct untracked_grant {
+    std::string domain, identifier;
+    std::uint64_t holder = 0;
+    std::int64_t want = 0, seen = 0;
+  };
+  std::vector<untracked_grant> untracked_grants_;
+  metrics::counter& lease_messages_;
+  metrics::counter& leases_untracked_;
+  metrics::counter& lease_slots_released_;
   std::uint64_t next_tag_;  ///< the next reservation's tag: random at start, so no earlier run's is met again
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;

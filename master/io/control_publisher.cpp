@@ -23,7 +23,12 @@ control_publisher::control_publisher(event_loop& loop, const config::master_conf
       dropped_(reg.add_counter("smockron_master_control_dropped_total",
                                "DELAY_UNTIL messages not queued for a gatekeeper whose queue was full (control_hwm)")),
       policy_sent_(reg.add_counter("smockron_master_policy_messages_total",
-                                   "POLICY messages published (each domain's rules, every second)")) {
+                                   "POLICY messages published (each domain's rules, every second)")),
+      grants_sent_(reg.add_counter("smockron_master_grant_messages_total",
+                                   "GRANT messages published (concurrency slots leased to a gatekeeper)")),
+      grants_dropped_(
+          reg.add_counter("smockron_master_grant_dropped_total",
+                          "GRANT messages not queued for a gatekeeper whose queue was full (control_hwm)")) {
   // Every subscription is told (not only a topic's first), so that each
   // gatekeeper gets a domain's policy as soon as it subscribes.
   server_.on_subscription([this](std::string_view topic) {
@@ -59,6 +64,28 @@ void control_publisher::publish_policy(const ingest& lookup, std::size_t i, std:
   // Each override goes with its domain, so a gatekeeper that hears the
   // domain's rules hears its exceptions within the same burst of messages.
   for (const auto& [identifier, l] : limits.overrides) send_policy(domain, identifier, l);
+  // A domain where some identifier has a concurrency rule: its CONCURRENCY,
+  // and each override's own (0: none), so that gatekeepers lease slots for
+  // exactly those identifiers.
+  bool concurrency = limits.base.concurrency > 0;
+  for (const auto& [identifier, l] : limits.overrides) concurrency = concurrency || l.concurrency > 0;
+  if (!concurrency) return;
+  send_concurrency(domain, {}, limits.base.concurrency);
+  for (const auto& [identifier, l] : limits.overrides) send_concurrency(domain, identifier, l.concurrency);
+}
+
+void control_publisher::send_concurrency(std::string_view domain, std::string_view identifier, std::int64_t limit) {
+  if (auto enc = wire::encode(wire::concurrency_policy{domain, identifier, limit}, scratch_)) {
+    server_.publish(enc->view());
+    policy_sent_.inc();
+  }
+}
+
+void control_publisher::grant(const wire::grant& g) {
+  auto enc = wire::encode(g, scratch_);
+  if (!enc) return;
+  grants_sent_.inc();
+  grants_dropped_.inc(server_.publish(enc->view()).dropped);
 }
 
 void control_publisher::send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l) {
@@ -120,6 +147,9 @@ void control_publisher::tick(const std::vector<ingest::domain>& domains, const i
   });
   if (now >= next_policy_) {
     for (std::size_t i = 0; i < domains.size(); ++i) publish_policy(lookup, i, now);
+    // Every lease again: a GRANT lost on the way (a full queue, a control
+    // connection that came back) is healed within the interval.
+    lookup.each_grant([&](const wire::grant& g) { grant(g); });
     next_policy_ = now + std::chrono::milliseconds(wire::policy_interval_ms);
   }
 }

@@ -20,6 +20,7 @@
 #include "shared/base/net.hpp"
 #include "shared/config/config.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 
 namespace smockron::master {
 
@@ -36,6 +37,10 @@ public:
 
   /// Publishes one DELAY_UNTIL (dropped and counted for a gatekeeper whose queue is full).
   void delay_until(const wire::delay_until& m);
+
+  /// Publishes one GRANT (a concurrency lease; every gatekeeper of the domain
+  /// hears it, the one it names applies it).
+  void grant(const wire::grant& g);
 
   /// POLICY for new subscriptions (at most one per domain per k_policy_gap:
   /// every publication reaches every subscriber, so G gatekeepers
@@ -58,6 +63,7 @@ private:
   /// The domain's POLICY and one per override of it.
   void publish_policy(const ingest& lookup, std::size_t domain, std::chrono::steady_clock::time_point now);
   void send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l);
+  void send_concurrency(std::string_view domain, std::string_view identifier, std::int64_t limit);
 
   zmtp_server server_;
   wire::scratch scratch_;
@@ -69,6 +75,8 @@ private:
   metrics::counter& sent_;
   metrics::counter& dropped_;
   metrics::counter& policy_sent_;
+  metrics::counter& grants_sent_;
+  metrics::counter& grants_dropped_;
 };
 
 }  // namespace smockron::master

@@ -155,6 +155,8 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
     ingest_.sweep(clock_.wall_us(), slice);
     sweep_left_ -= slice;
   }
+  // The leases this turn's LEASE messages changed: one GRANT per holder.
+  ingest_.take_grants([&](const wire::grant& g) { control_->grant(g); });
   control_->tick(ingest_.domains(), ingest_, now);
   if (queries_pending_.exchange(false)) answer_queries();
   control_->after_turn();  // what this turn published leaves now, together

@@ -151,3 +151,62 @@ TEST_F(Ingest, QueriesShareTheLimitWithAccounting) {
   EXPECT_NE(m.find("smockron_master_query_ignored_total{reason=\"unknown_domain\"} 1"), std::string::npos);
   EXPECT_NE(m.find("smockron_master_queries_total{command=\"over_limit\"} 3"), std::string::npos);
 }
+
+// LEASE messages go to the lease book under the identifier's concurrency rule
+// (an override's own), and their GRANTs come out once per turn; a closed
+// connection frees its slots for the one waiting.
+TEST(IngestLeases, LeasesFollowTheConcurrencyRules) {
+  auto r = config::load_string(R"(
+[master]
+[master.domains.llm]
+rules = [ { concurrency = 2 } ]
+overrides = [ { identifier = "batch", rules = [ { concurrency = 5 } ] } ]
+)",
+                               "test");
+  ASSERT_TRUE(r.cfg);
+  manual_clock clock;
+  metrics::registry reg;
+  master::ingest in(*r.cfg->master, clock, reg);
+  const auto lease = [&](std::uint64_t peer, const std::string& id, const std::string& numbers) {
+    const std::vector<std::string> f{"llm\0"s, "LEASE", id, numbers};
+    const std::vector<std::string_view> v(f.begin(), f.end());
+    EXPECT_FALSE(in.handle(v, false, clock.wall_us(), peer));
+  };
+  std::vector<wire::grant> out;
+  std::vector<std::string> names;  // the grants' views outlive take_grants in these
+  const auto take = [&] {
+    out.clear();
+    in.take_grants([&](const wire::grant& g) {
+      out.push_back(g);
+      names.emplace_back(g.identifier);
+    });
+  };
+  lease(1, "k", "0000000000000001 9 0 0");
+  lease(1, "batch", "0000000000000001 9 0 0");
+  take();
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& g : out) EXPECT_EQ(g.held, g.identifier == "batch" ? 5 : 2);
+  lease(2, "k", "0000000000000002 1 0 0");  // waits: the first holder is asked down to its share
+  take();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].holder, 1u);
+  EXPECT_EQ(out[0].cap, 1);
+  EXPECT_EQ(in.lease_book().held(), 7);
+  in.peer_closed(1, clock.wall_us());
+  take();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].holder, 2u);
+  EXPECT_EQ(out[0].held, 1);
+  EXPECT_EQ(in.lease_book().held(), 1);
+  // Malformed and unknown-domain LEASEs are counted, never kept.
+  lease(3, "k", "1 2 3");
+  const std::vector<std::string> other{"nobody\0"s, "LEASE", "k", "0000000000000003 1 0 0"};
+  const std::vector<std::string_view> v(other.begin(), other.end());
+  in.handle(v, false, clock.wall_us(), 3);
+  take();
+  EXPECT_TRUE(out.empty());
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("smockron_master_decode_errors_total{reason=\"lease_invalid\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_lease_slots_released_total 7"), std::string::npos);
+  EXPECT_NE(text.find("smockron_master_lease_slots_held 1"), std::string::npos);
+}
