@@ -141,12 +141,23 @@ void accounting_sender::account(const wire::accounting& m, const policy& p) {
   }
 }
 
+void accounting_sender::lease(const wire::lease& m) {
+  if (auto enc = wire::encode(m, scratch_)) publish(*enc, m.domain, m.identifier);
+  else counters_.dropped.inc();
+  flush();  // a request may be waiting for the slots it asks for
+}
+
 bool accounting_sender::publish(const wire::accounting& m) {
   auto enc = wire::encode(m, scratch_);
   if (!enc) {
     counters_.dropped.inc();
     return false;
   }
+  return publish(*enc, m.domain, m.identifier);
+}
+
+bool accounting_sender::publish(const wire::encoded& e, std::string_view domain, std::string_view identifier) {
+  const wire::encoded* enc = &e;
   if (batch_.size() >= batch) flush();
   const bool was_empty = batch_.empty();
   queued q{};
@@ -162,8 +173,8 @@ bool accounting_sender::publish(const wire::accounting& m) {
   q.size = static_cast<std::uint32_t>(bytes_.size() - q.offset);
   q.share = nullptr;
   if (!sharded_.empty()) {
-    if (const auto it = sharded_.find(m.domain); it != sharded_.end()) {
-      q.share = &it->second.shares[it->second.ring.owner(m.identifier)];
+    if (const auto it = sharded_.find(domain); it != sharded_.end()) {
+      q.share = &it->second.shares[it->second.ring.owner(identifier)];
     }
   }
   batch_.push_back(q);
@@ -302,9 +313,11 @@ bool accounting_sender::parse(link& l) {
       if (subscribe && !l.subscribed && l.st == link::state::ready) {
         l.subscribed = true;
         self.counters_.subscribed.add(1);
+        changed = true;
       }
     }
     bool full = false;
+    bool changed = false;
   };
   events ev(*this, l);
   std::string replies;  // PONGs
@@ -318,6 +331,7 @@ bool accounting_sender::parse(link& l) {
     fail(l, zmtp::fault::subscriptions, "more than " + std::to_string(k_max_subscriptions) + " subscriptions");
     return false;
   }
+  if (ev.changed && on_link_change_) on_link_change_();
   if (!replies.empty()) {
     const std::uint64_t gen = l.generation;
     queue(l, replies, 0);
@@ -376,8 +390,8 @@ void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) 
   l.write_busy = false;
   l.in.clear();
   l.subs.clear();
-  if (l.subscribed) counters_.subscribed.add(-1);
-  l.subscribed = false;
+  const bool was_subscribed = std::exchange(l.subscribed, false);
+  if (was_subscribed) counters_.subscribed.add(-1);
   l.pending.clear();
   l.writing.clear();
   l.pending_msgs = l.writing_msgs = 0;
@@ -397,6 +411,14 @@ void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) 
     if (ec || gen != l.generation) return;
     connect(l);
   });
+  if (was_subscribed && on_link_change_) on_link_change_();
+}
+
+bool accounting_sender::delivers(std::string_view domain) const {
+  std::string topic(domain);
+  topic.push_back('\0');
+  return std::any_of(links_.begin(), links_.end(),
+                     [&](const auto& l) { return l->st == link::state::ready && l->subs.matches(topic); });
 }
 
 }  // namespace smockron::proxy

@@ -28,6 +28,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -40,6 +41,7 @@
 #include "shared/config/config.hpp"
 #include "shared/protocol/hash_ring.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 #include "shared/protocol/zmtp_session.hpp"
 
 namespace smockron::proxy {
@@ -84,8 +86,17 @@ public:
   /// same instant. Others join the batch, which leaves within
   /// `p.flush_after` or when full. REJECTED messages are sampled.
   void account(const wire::accounting& m, const policy& p);
+  /// Sends a LEASE (concurrency slots wanted or given back) at once, with
+  /// what is batched: a request may be waiting for it.
+  void lease(const wire::lease& m);
   /// Hands the batch to every master and starts writing.
   void flush();
+  /// True when a connected master is subscribed to `domain` (what is sent for it is delivered).
+  bool delivers(std::string_view domain) const;
+  /// Called (on the worker's thread) when a master's connection starts or
+  /// stops delivering: the concurrency slots leased over it are claimed
+  /// again or lost (proxy/gate/slots.hpp).
+  void on_link_change(std::function<void()> f) { on_link_change_ = std::move(f); }
   /// True when nothing handed to a connected master is still unwritten.
   bool idle() const;
   /// Masters whose connection finished the handshake.
@@ -103,6 +114,7 @@ private:
   /// Encodes and queues; returns true when the batch went from empty to
   /// non-empty. A full batch flushes first.
   bool publish(const wire::accounting& m);
+  bool publish(const wire::encoded& e, std::string_view domain, std::string_view identifier);
   void connect(link& l);
   void on_connected(link& l);
   void read(link& l);
@@ -135,6 +147,7 @@ private:
   std::vector<queued> batch_;
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter fail_log_;
+  std::function<void()> on_link_change_;
 };
 
 }  // namespace smockron::proxy

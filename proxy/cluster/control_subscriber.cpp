@@ -11,7 +11,8 @@
 namespace smockron::proxy {
 
 control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
-                                       domain_registry& domains, const clock& clk, metrics::registry& reg)
+                                       domain_registry& domains, const clock& clk, metrics::registry& reg,
+                                       concurrency_sinks concurrency)
     : ctx_(ctx),
       endpoints_(endpoints),
       gate_(g),
@@ -28,6 +29,9 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
                                         "POLICY messages not kept: more domains, or identifiers with rules of their "
                                         "own, than the gate keeps policies for (those are not bounded before the "
                                         "master's first DELAY_UNTIL, and the identifiers get the domain's fields)")),
+      concurrency_(std::move(concurrency)),
+      grants_(reg.add_counter("smockron_proxy_control_grants_total",
+                              "GRANT messages for this proxy's workers (concurrency slots leased)")),
       log_(log::get("proxy.control")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
@@ -124,6 +128,7 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
     }
   };
   if (in.truncated) return bad(wire::decode_error::frame_count);
+  if (apply_concurrency(in)) return;
   if (wire::control_command(in.frames()) == wire::policy_command) {
     const auto p = wire::decode_policy(in.frames());
     if (!p) return bad(p.error());
@@ -151,6 +156,32 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
   if (!domain) return unknown_domain_.inc();
   gate_.update(*domain, m->identifier, m->next_ms * 1000, m->interval_ms * 1000, clock_.wall_us());
   received_.inc();
+}
+
+bool control_subscriber::apply_concurrency(const zmq_util::multipart& in) {
+  const std::string_view command = wire::control_command(in.frames());
+  const auto bad = [&](wire::decode_error e) {
+    errors_[static_cast<int>(e)]->inc();
+    std::uint64_t suppressed = 0;
+    if (bad_log_.allow(clock_.steady_now(), suppressed)) {
+      log_->warn("malformed control message: {} ({} similar suppressed)", wire::to_string(e), suppressed);
+    }
+  };
+  if (command == wire::grant_command) {
+    const auto g = wire::decode_grant(in.frames());
+    if (!g) bad(g.error());
+    else if (concurrency_.grant && concurrency_.grant(g.value())) grants_.inc();
+    return true;
+  }
+  if (command != wire::concurrency_command) return false;
+  const auto c = wire::decode_concurrency(in.frames());
+  if (!c) {
+    bad(c.error());
+  } else if (domains_.find(c->domain) && concurrency_.policies) {
+    concurrency_.policies->set(c->domain, c->identifier, c->limit, clock_.wall_us());
+    policies_.inc();
+  }
+  return true;
 }
 
 }  // namespace smockron::proxy

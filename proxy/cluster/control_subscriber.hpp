@@ -17,19 +17,28 @@
 
 #include "proxy/cluster/domain_registry.hpp"
 #include "proxy/gate/gate.hpp"
+#include "proxy/gate/slots.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/base/string_hash.hpp"
 #include "shared/daemon/zmq_util.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_lease.hpp"
 
 namespace smockron::proxy {
 
 class control_subscriber {
 public:
+  /// Where the concurrency messages go: CONCURRENCY into `policies`, each
+  /// GRANT to `grant` (on this thread: it hands it to the worker it names,
+  /// and says whether it named one of this proxy's).
+  struct concurrency_sinks {
+    concurrency_policies* policies = nullptr;
+    std::function<bool(const wire::grant&)> grant;
+  };
   control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g, domain_registry& domains,
-                     const clock& clk, metrics::registry& reg);
+                     const clock& clk, metrics::registry& reg, concurrency_sinks concurrency);
   ~control_subscriber();
 
   /// Subscribes to exactly these domains (called at start and on reload; thread-safe).
@@ -44,6 +53,8 @@ private:
   void sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed);
   /// Applies one control message (DELAY_UNTIL or POLICY) to the gate, or counts why not.
   void apply(const zmq_util::multipart& in);
+  /// CONCURRENCY and GRANT (true: it was one of them, applied or counted).
+  bool apply_concurrency(const zmq_util::multipart& in);
 
   zmq::context_t& ctx_;
   std::vector<std::string> endpoints_;
@@ -55,6 +66,8 @@ private:
   metrics::counter& unknown_domain_;
   metrics::counter& policies_;
   metrics::counter& policies_ignored_;
+  concurrency_sinks concurrency_;
+  metrics::counter& grants_;
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter bad_log_;
   std::atomic<int> connected_{0};

@@ -151,6 +151,11 @@ private:
     return st.prefix_wanted != 0 && !st.closed && !st.too_large && st.status == 0;
   }
   void release(const std::shared_ptr<h2_stream>& st);
+  /// Under a concurrency rule: takes a slot for the stream (true: it goes
+  /// now), or queues it for one until max_delay from its admission.
+  bool take_slot(const std::shared_ptr<h2_stream>& st);
+  /// Its wait for a slot ended: forwarded with the slot, or refused.
+  void slot_wait_ended(const std::shared_ptr<h2_stream>& st);
   /// Forwards the streams the last read opened and decided to forward.
   void forward_opened();
   void forward(const std::shared_ptr<h2_stream>& st);

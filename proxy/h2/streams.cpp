@@ -90,7 +90,51 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
     });
     return;
   }
-  opened_.push_back(st);  // forwarded once the read that opened it is parsed (forward_opened)
+  st->admitted_us = now_us;
+  if (take_slot(st)) opened_.push_back(st);  // forwarded once the read that opened it is parsed (forward_opened)
+}
+
+bool h2_connection::take_slot(const std::shared_ptr<h2_stream>& st) {
+  const route& r = *st->r;
+  const admission& a = st->adm;
+  const std::int64_t now_us = s_.clk.wall_us();
+  if (concurrency_limit(s_.concurrency, r, a, now_us) <= 0) return true;
+  st->slot_queue.table = &w_.slots;
+  slot_table::waiter& w = st->slot_queue.w;
+  // The slot is the stream's at once; the timer's handler forwards it.
+  w.wake = [this, s = st.get()] {
+    s->slot = held_slot(w_.slots, s->slot_queue.w.granted);
+    if (s->timer) s->timer->cancel();
+  };
+  if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us)) {
+    st->slot = held_slot(w_.slots, e);
+    return true;
+  }
+  s_.metrics.concurrency_waits.inc();
+  st->slot_waiting = true;
+  st->held_from = s_.clk.steady_now();
+  if (!st->timer) st->timer = std::make_unique<steady_timer>(exec_);
+  const std::int64_t left_us = st->admitted_us + st->rt->route_limits[r.index].max_delay_us - now_us;
+  st->timer->expires_after(std::chrono::microseconds(std::max<std::int64_t>(left_us, 0)));
+  st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code&) {
+    if (st->closed || !st->slot_waiting) return;
+    self->slot_wait_ended(st);
+  });
+  return false;
+}
+
+void h2_connection::slot_wait_ended(const std::shared_ptr<h2_stream>& st) {
+  st->slot_waiting = false;
+  if (st->entry)
+    st->entry->held_ms += std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
+  if (st->slot) {
+    forward(st);
+    return;
+  }
+  w_.slots.cancel(st->slot_queue.w, s_.clk.wall_us());
+  s_.metrics.reject_concurrency.inc();
+  const refusal no = refusal_for_concurrency(*st->r);
+  answer(*st, no.status, no.text, no.retry_after_s, st->r->grpc_status, no.retry_after_s * 1000);
 }
 
 void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
@@ -99,7 +143,7 @@ void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
   end_hold(env, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
   if (st->entry)
     st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
-  forward(st);
+  if (take_slot(st)) forward(st);
 }
 
 void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
@@ -119,6 +163,10 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
   }
   if (st.timer) st.timer->cancel();
+  // Its concurrency slot is free (or its place in the queue given up).
+  st.slot_waiting = false;
+  if (st.slot_queue.w.on != nullptr) w_.slots.cancel(st.slot_queue.w, s_.clk.wall_us());
+  st.slot.reset();
   cancel_upstream(st);
   drop_body(st);
   if (st.entry) {

@@ -212,6 +212,11 @@ private:
         co_return connection_next::ends;
       }
     }
+    // Under a concurrency rule, a slot first (held until the exchange ends).
+    held_slot slot;
+    if (const std::int64_t limit = concurrency_limit(s_.concurrency, *r, a, s_.clk.wall_us()); limit > 0) {
+      if (const auto refused = co_await take_slot(rt, *r, a, now_us, slot)) co_return *refused;
+    }
     c_.outcome = {};
     c_.outcome.body_cost_limit = a.body_limit;
     forward_env fenv{w_.pool, s_.metrics, s_.draining, s_.clk};
@@ -228,6 +233,43 @@ private:
       answered(c_.outcome.status);
     }
     co_return next;
+  }
+
+  // Takes a concurrency slot for the request, waiting for one until
+  // max_delay from its admission (`admitted_us`). Nothing: it holds `slot`
+  // and goes; else the connection's next step (refused, or the client left).
+  awaitable<std::optional<connection_next>> take_slot(const runtime& rt, const route& r, const admission& a,
+                                                      std::int64_t admitted_us, held_slot& slot) {
+    slot_wait queue;  // left if this frame is destroyed while it waits
+    queue.table = &w_.slots;
+    slot_table::waiter& w = queue.w;
+    w.wake = [this] {
+      c_.hold_until = steady::now();  // the watchdog ends the hold now
+      c_.rewatch();
+    };
+    const std::int64_t now_us = s_.clk.wall_us();
+    if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us)) {
+      slot = held_slot(w_.slots, e);
+      co_return std::nullopt;
+    }
+    s_.metrics.concurrency_waits.inc();
+    const auto held_from = entry_ ? s_.clk.steady_now() : steady::time_point{};
+    c_.expires_never();
+    shrink_head();
+    const std::int64_t left_us = admitted_us + rt.route_limits[r.index].max_delay_us - now_us;
+    const hold_end end = co_await hold(c_, std::chrono::microseconds(std::max<std::int64_t>(left_us, 0)));
+    if (entry_) entry_->held_ms += ms_since(held_from);
+    if (w.granted) slot = held_slot(w_.slots, w.granted);
+    else w_.slots.cancel(w, s_.clk.wall_us());
+    if (end == hold_end::client_left) {
+      answered(0);  // the client left while waiting (its slot, if one came, is given back)
+      co_return connection_next::ends;
+    }
+    if (slot) co_return std::nullopt;
+    s_.metrics.reject_concurrency.inc();
+    const refusal no = refusal_for_concurrency(r);
+    answered(no.status);
+    co_return co_await answer(no.status, no.text, no.retry_after_s);
   }
 
   // Answers a request the steps refused (a coroutine of its own: its frame is not every request's).

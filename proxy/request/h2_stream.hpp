@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "proxy/codec/h2_fields.hpp"
+#include "proxy/gate/slots.hpp"
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/access_log.hpp"
 #include "proxy/request/admission.hpp"
@@ -35,6 +36,12 @@ struct h2_stream {
   steady::time_point started{}, held_from{};
   /// The hold's timer (or, waiting for the start of its body, that wait's).
   std::unique_ptr<steady_timer> timer;
+  /// Under a concurrency rule: the slot it holds while forwarded, or its
+  /// place in the queue for one (slot_waiting), and when it was admitted.
+  held_slot slot;
+  slot_wait slot_queue;
+  bool slot_waiting = false;
+  std::int64_t admitted_us = 0;
   bool dispatched = false;  ///< its head was complete and it was decided
   bool grpc = false;
   bool held = false;

@@ -94,6 +94,10 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       cost_refunded(r.add_counter("smockron_proxy_cost_refunded_units_total",
                                   "Cost units reserved at an estimate and given back (the real cost was lower)")),
       reject_cost_over_limit(reject(r, "cost_over_limit")),
+      reject_concurrency(reject(r, "concurrency")),
+      concurrency_waits(r.add_counter("smockron_proxy_concurrency_waits_total",
+                                      "Requests that waited for a concurrency slot (their identifier's requests in "
+                                      "flight were at its lease)")),
       delay_seconds(
           r.add_histogram("smockron_proxy_delay_seconds", "How long held requests were delayed", delay_buckets())),
       shadow_delay_seconds(r.add_histogram("smockron_proxy_shadow_delay_seconds",

@@ -60,6 +60,10 @@ struct proxy_metrics {
   metrics::counter& cost_refunded;
   /// A request whose cost is more than a rule's burst or a quota (reason cost_over_limit).
   metrics::counter& reject_cost_over_limit;
+  /// A request that found no concurrency slot within max_delay (reason concurrency).
+  metrics::counter& reject_concurrency;
+  /// Requests that waited for a concurrency slot (smockron_proxy_concurrency_waits_total).
+  metrics::counter& concurrency_waits;
   metrics::histogram& delay_seconds;
   metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };

@@ -197,4 +197,14 @@ void note_admission(access_entry& e, const route& r, const admission& a) {
   if (a.who) e.identifier = a.who->value;
 }
 
+std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, const admission& a, std::int64_t now_us) {
+  if (!p.any() || !a.who || a.shadow || r.domain.empty()) return 0;
+  if (a.outcome != decision::accepted && a.outcome != decision::delayed) return 0;  // exempt
+  return p.limit(r.domain, a.who->value, now_us);
+}
+
+refusal refusal_for_concurrency(const route& r) {
+  return {r.status, "concurrency limit: no slot free within max_delay\n", 1};
+}
+
 }  // namespace smockron::proxy

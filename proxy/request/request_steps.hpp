@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "proxy/codec/http1.hpp"
+#include "proxy/gate/slots.hpp"
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/access_log.hpp"
 #include "proxy/request/admission.hpp"
@@ -80,6 +81,15 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
 /// its slot back to the gate (and is counted), and its reservation is closed.
 void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
               std::int64_t now_us);
+
+/// The concurrency limit of the admitted request's identifier (0: none, or
+/// the request is not limited: unidentified, exempt, a shadow route). A
+/// request under one takes a slot (proxy/gate/slots.hpp) before it goes.
+std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, const admission& a, std::int64_t now_us);
+/// What a request answers when no concurrency slot came within max_delay:
+/// the route's status, Retry-After 1 (a slot is freed when any request of the
+/// client ends, which nobody here can promise sooner).
+refusal refusal_for_concurrency(const route& r);
 
 /// The access-log record of `req`, begun when its head is complete.
 std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,

@@ -16,6 +16,7 @@
 #include "proxy/cluster/accounting_sender.hpp"
 #include "proxy/cluster/domain_registry.hpp"
 #include "proxy/gate/gate.hpp"
+#include "proxy/gate/slots.hpp"
 #include "proxy/io/asio_types.hpp"
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/access_log.hpp"
@@ -64,6 +65,7 @@ struct shared_state {
   proxy_metrics metrics;
   accounting_sender::counters accounting_counters;
   proxy::gate gate;
+  concurrency_policies concurrency;  ///< CONCURRENCY from the masters (written by the control thread)
   domain_registry domains;
   std::unique_ptr<access_log> access;  ///< lines are written only while the configuration says access_log
   std::atomic<bool> draining{false};
@@ -77,16 +79,21 @@ private:
 };
 
 struct worker {
-  worker(shared_state& s, std::shared_ptr<const runtime> first)
-      : accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
+  /// `holder`: this worker's name in its concurrency leases (unique among every gatekeeper's workers).
+  worker(shared_state& s, std::shared_ptr<const runtime> first, std::uint64_t holder)
+      : slots(
+            holder, [this](const wire::lease& m) { accounting.lease(m); }, s.clk),
+        accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
                    s.accounting_counters, first->cfg.shards),
         rt(std::move(first)),
         pool(ioc.get_executor(), s.clk, s.metrics, s.resolve_soon),
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}
 
   // Declared before ioc, so destroyed after it: sessions still suspended at
-  // shutdown are destroyed with the io_context and unregister themselves.
+  // shutdown are destroyed with the io_context and unregister themselves
+  // (and give their concurrency slots back).
   std::set<connection*> sessions;
+  slot_table slots;
   // Sockets are only touched from this worker's thread: the reactor needs no locking.
   asio::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   std::optional<tcp_acceptor> acceptor;

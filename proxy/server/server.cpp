@@ -28,6 +28,17 @@ namespace {
 
 double random_spread() { return std::random_device{}() / (std::random_device::max() + 1.0); }
 
+// A worker's concurrency leases: idle slots given back, waiting ones asked for again.
+awaitable<void> slot_ticks(shared_state& s, worker& w) {
+  steady_timer t(w.ioc);
+  for (;;) {
+    t.expires_after(std::chrono::milliseconds(250));
+    const auto [ec] = co_await t.async_wait(nothrow);
+    if (ec) co_return;
+    w.slots.tick(s.clk.wall_us());
+  }
+}
+
 // One acceptor per worker on the same port (SO_REUSEPORT): the kernel spreads connections.
 // Errors name the address and say why, without Asio's source locations.
 void listen(worker& w, const tcp::endpoint& ep) {
@@ -88,14 +99,23 @@ struct server::impl {
         cfg.threads > 0 ? static_cast<std::size_t>(cfg.threads) : std::max(1u, std::thread::hardware_concurrency());
     const auto address = asio::ip::make_address(cfg.listen.host);
     port_ = cfg.listen.port;
-    for (std::size_t i = 0; i < threads; ++i) {
-      auto w = std::make_unique<worker>(shared_, first);
+    // Each worker's name in its concurrency leases: this proxy's random
+    // prefix and the worker's index in the low byte.
+    holder_prefix_ = (std::uint64_t{std::random_device{}()} << 32 ^ std::random_device{}()) << 8;
+    for (std::size_t i = 0; i < std::min<std::size_t>(threads, 256); ++i) {
+      auto w = std::make_unique<worker>(shared_, first, holder_prefix_ | i);
       listen(*w, tcp::endpoint(address, port_));  // the first binds the port (maybe 0: chosen), the rest share it
       port_ = w->acceptor->local_endpoint().port();
+      worker& wr = *w;
+      wr.accounting.on_link_change([&wr, &clk = shared_.clk] {
+        wr.slots.links_changed([&wr](std::string_view d) { return wr.accounting.delivers(d); }, clk.wall_us());
+      });
       workers_.push_back(std::move(w));
     }
-    control_ = std::make_unique<control_subscriber>(control_ctx_, cfg.control, shared_.gate, shared_.domains,
-                                                    shared_.clk, shared_.registry);
+    control_ = std::make_unique<control_subscriber>(
+        control_ctx_, cfg.control, shared_.gate, shared_.domains, shared_.clk, shared_.registry,
+        control_subscriber::concurrency_sinks{&shared_.concurrency,
+                                              [this](const wire::grant& g) { return hand_grant(g); }});
     control_->set_domains(first->routes.domains());
     admin_ = std::make_unique<admin_server>(
         admin_ioc_, cfg.admin,
@@ -104,6 +124,19 @@ struct server::impl {
                              &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
                                                            "Connections refused by an endpoint's allow list",
                                                            metrics::labels({{"endpoint", "admin"}}))});
+  }
+
+  // A GRANT naming one of this proxy's workers goes to that worker's thread.
+  bool hand_grant(const wire::grant& g) {
+    if ((g.holder & ~std::uint64_t{0xff}) != holder_prefix_) return false;
+    const std::size_t i = g.holder & 0xff;
+    if (i >= workers_.size()) return false;
+    worker& w = *workers_[i];
+    asio::post(w.ioc, [&w, &clk = shared_.clk, domain = std::string(g.domain), id = std::string(g.identifier),
+                       held = g.held, cap = g.cap, seen = g.seen, holder = g.holder] {
+      w.slots.on_grant(wire::grant{domain, id, holder, held, cap, seen}, clk.wall_us());
+    });
+    return true;
   }
 
   void add_gauges() {
@@ -142,6 +175,7 @@ struct server::impl {
   void run() {
     for (auto& w : workers_) {
       asio::co_spawn(w->ioc.get_executor(), accept_loop(shared_, *w), asio::detached);
+      asio::co_spawn(w->ioc.get_executor(), slot_ticks(shared_, *w), asio::detached);
       w->thread = std::thread([&ioc = w->ioc] {
         auto guard = asio::make_work_guard(ioc);
         ioc.run();
@@ -282,6 +316,7 @@ struct server::impl {
   shared_state shared_;
   std::shared_ptr<spdlog::logger> log_;
   std::vector<std::unique_ptr<worker>> workers_;
+  std::uint64_t holder_prefix_ = 0;
   zmq::context_t control_ctx_{1};
   std::unique_ptr<control_subscriber> control_;
   asio::io_context admin_ioc_{1};

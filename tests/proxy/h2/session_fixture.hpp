@@ -53,7 +53,7 @@ struct h2_session_fixture {
     shared = std::make_unique<shared_state>(cfg, clk, 0.0);
     rt = std::make_shared<const runtime>(cfg, shared->domains, shared->metrics, 0);
     shared->install(rt);
-    w = std::make_unique<worker>(*shared, rt);
+    w = std::make_unique<worker>(*shared, rt, 1);
     auto conn = std::make_shared<connection>(tcp_socket(w->ioc), clk, rt->tick);
     session = std::make_shared<h2_connection>(*shared, *w, std::move(conn), rt, *parse_ip("192.0.2.1"), "192.0.2.1");
     if (!session->start()) throw std::runtime_error("nghttp2 would not make a server session");
