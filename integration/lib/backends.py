@@ -13,7 +13,9 @@ method, target, headers and body size are logged; GET /__log on the backend
 What a request gets depends on its path:
 
     /ws                  WebSocket echo (RFC 6455 handshake, unmasked server frames)
-    /slow?s=S            sleeps S seconds, then answers like /echo
+    /slow?s=S            sleeps S seconds, then answers like /echo; GET /__inflight returns
+                         {"now": {key: n}, "max": {key: n}}: /slow requests per X-API-Key
+                         in progress now and at most at once since the last /__reset
     /status/NNN          answers NNN (204 and 304 without a body)
     /stream?mib=N&mode=chunked|length   N MiB generated on the fly
     /chunks?n=N&gap=S    a chunked response of N chunks "part-<i>;", each its own
@@ -212,7 +214,12 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/__reset":
             with srv.lock:
                 srv.log.clear()
+                srv.max_inflight.clear()
             return self._send(200, b"{}")
+        if url.path == "/__inflight":
+            with srv.lock:
+                body = json.dumps({"now": srv.inflight, "max": srv.max_inflight}).encode()
+            return self._send(200, body)
         if url.path == "/__ping":
             return self._send(200, b"{}")
         entry = {"t": arrived, "method": self.command, "target": self.path,
@@ -236,7 +243,15 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/ws":
             return self._websocket()
         if url.path == "/slow":
-            time.sleep(float(query.get("s", "2")))
+            key = entry["key"] or ""
+            with srv.lock:
+                srv.inflight[key] = srv.inflight.get(key, 0) + 1
+                srv.max_inflight[key] = max(srv.max_inflight.get(key, 0), srv.inflight[key])
+            try:
+                time.sleep(float(query.get("s", "2")))
+            finally:
+                with srv.lock:
+                    srv.inflight[key] -= 1
             return self._echo(entry)
         if url.path.startswith("/status/"):
             code = int(url.path.split("/")[2])
@@ -357,6 +372,8 @@ class BackendServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.lock = threading.Lock()
         self.log: list[dict] = []
+        self.inflight: dict[str, int] = {}
+        self.max_inflight: dict[str, int] = {}
 
 
 def main(argv):
@@ -489,6 +506,12 @@ class BackendProcess:
 
     def reset(self) -> None:
         self._get("/__reset")
+
+    def inflight(self) -> dict:
+        """{"now": {key: n}, "max": {key: n}}: /slow requests in progress per X-API-Key, now and at most."""
+        status, body = self._get("/__inflight")
+        assert status == 200, status
+        return json.loads(body)
 
     def requests(self, key: str | None = None, target_prefix: str | None = None) -> list[dict]:
         out = self.log()

@@ -153,6 +153,7 @@ void slot_table::report(entry& e, std::int64_t now_us, bool force) {
     e.sent_returned = e.returned;
     e.asked_us = now_us;
   }
+  count(e);
   const bool quiet = want == 0 && e.held == 0 && e.sent_want == 0;
   if (!quiet) e.quiet_since_us = 0;
   else if (e.quiet_since_us == 0) e.quiet_since_us = now_us;
@@ -171,6 +172,7 @@ void slot_table::links_changed(const std::function<bool(std::string_view)>& onli
         w.wake();
       }
       e.sent_want = 0;
+      count(e);
       continue;
     }
     if (e.in_use > 0 && e.held == 0) {
@@ -194,14 +196,12 @@ void slot_table::tick(std::int64_t now_us) {
   }
 }
 
-slot_table::totals slot_table::sum() const {
-  totals t;
-  for (const auto& [key, e] : entries_) {
-    t.held += e.held;
-    t.in_use += e.in_use;
-    t.waiting += static_cast<std::int64_t>(e.waiting);
+void slot_table::count(entry& e) {
+  const std::int64_t now[3] = {e.in_use, e.held, static_cast<std::int64_t>(e.waiting)};
+  for (int i = 0; i < 3; ++i) {
+    if (now[i] != e.counted[i]) totals_[i].fetch_add(now[i] - e.counted[i], std::memory_order_relaxed);
+    e.counted[i] = now[i];
   }
-  return t;
 }
 
 }  // namespace smockron::proxy

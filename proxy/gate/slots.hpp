@@ -18,6 +18,7 @@
 // worker whose connection comes back claims what it still has running.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -92,6 +93,7 @@ public:
     std::int64_t asked_us = 0;        ///< when the last LEASE left
     std::int64_t quiet_since_us = 0;  ///< since when nothing is held, wanted or in flight (0: not)
     std::size_t waiting = 0;
+    std::int64_t counted[3] = {};  ///< in_use, held, waiting as added to the table's totals
     waiter* head = nullptr;
     waiter* tail = nullptr;
   };
@@ -124,11 +126,10 @@ public:
 
   std::uint64_t holder() const { return holder_; }
   std::size_t entries() const { return entries_.size(); }
-  /// Slots held and requests in flight and waiting, over all entries (metrics, /status).
-  struct totals {
-    std::int64_t held = 0, in_use = 0, waiting = 0;
-  };
-  totals sum() const;
+  /// Requests in flight and waiting, and slots held, over all entries (any thread: metrics).
+  std::int64_t in_use() const { return totals_[0].load(std::memory_order_relaxed); }
+  std::int64_t held() const { return totals_[1].load(std::memory_order_relaxed); }
+  std::int64_t waiting() const { return totals_[2].load(std::memory_order_relaxed); }
 
 private:
   /// Wakes waiters while a usable slot is free.
@@ -136,6 +137,8 @@ private:
   /// Gives back what is not kept and tells the master what changed; forgets an empty entry.
   void report(entry& e, std::int64_t now_us, bool force = false);
   void unlink(waiter& w);
+  /// Adds the entry's changes to the totals.
+  void count(entry& e);
 
   entry* find_or_add(std::string_view domain, std::string_view identifier);
 
@@ -145,6 +148,7 @@ private:
   string_map<entry> entries_;  ///< key: domain + "\0" + identifier (nodes never move)
   entry untracked_;
   std::string key_;  ///< scratch for lookups
+  std::array<std::atomic<std::int64_t>, 3> totals_{};
 };
 
 /// A request's place in a slot queue, left when it is destroyed (a

@@ -167,6 +167,21 @@ struct server::impl {
     r.add_counter_callback("smockron_proxy_control_dropped_updates_total",
                            "DELAY_UNTIL updates dropped because the control memory was full (those keys fail open)",
                            [&g] { return static_cast<double>(g.dropped_updates()); });
+    // Concurrency slots, over every worker.
+    const auto slots = [this](std::int64_t (slot_table::*f)() const) {
+      return [this, f] {
+        double n = 0;
+        for (const auto& w : workers_) n += static_cast<double>((w->slots.*f)());
+        return n;
+      };
+    };
+    r.add_callback("smockron_proxy_concurrency_in_flight",
+                   "Requests under a concurrency rule forwarded now (each holds a slot)", "",
+                   slots(&slot_table::in_use));
+    r.add_callback("smockron_proxy_concurrency_waiting", "Requests waiting for a concurrency slot", "",
+                   slots(&slot_table::waiting));
+    r.add_callback("smockron_proxy_concurrency_slots_held", "Concurrency slots the masters lease to this proxy", "",
+                   slots(&slot_table::held));
     metrics::add_build_info(r, "proxy");
     r.add_callback("smockron_proxy_open_connections", "Open client connections", "",
                    [this] { return static_cast<double>(shared_.connections.load()); });

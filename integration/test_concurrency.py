@@ -1,0 +1,181 @@
+"""Concurrency rules with the real binaries (docs/configuration.md, `concurrency`;
+docs/architecture.md, "Concurrency leases"):
+
+- at most N requests of one identifier reach the backend at once, through
+  one gatekeeper or three, HTTP/1.1 and HTTP/2 alike; the others wait their
+  turn and all are served; another identifier is not held by them;
+- a request that finds no slot within max_delay is refused with the route's
+  status and Retry-After, never forwarded;
+- clients that leave (while waiting, or while at the backend) leave no slot
+  taken: the proxy's slots in flight fall back to 0, and the next request goes;
+- a gatekeeper killed with SIGKILL while holding slots: the master frees
+  them when its connection closes, and another gatekeeper gets them.
+
+The backend counts /slow requests in progress per X-API-Key (lib/backends.py,
+/__inflight); everything else is read from responses and metrics, polled
+with deadlines.
+
+Run: cd integration && python3 -m unittest -v test_concurrency
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
+from lib.h2client import H2Client  # noqa: E402
+from lib.http1 import fetch, request_bytes  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
+
+DOMAIN = "c"
+
+
+def route(**keys) -> dict:
+    return {"path": "/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"], "status": 429,
+            "max_delay": "20s", **keys}
+
+
+class ConcurrencyTestCase(DaemonTestCase):
+    def stack(self, limit: int, gatekeepers: int = 1, **route_keys):
+        """A master with DOMAIN under { concurrency = limit }, a backend, and `gatekeepers` proxies."""
+        self.master = self.start_master({DOMAIN: {"rules": [{"concurrency": limit}]},
+                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+        self.backend = self.start_backend()
+        self.proxies = []
+        for i in range(gatekeepers):
+            p = self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]}},
+                                 [WARM_ROUTE, route(**route_keys)], accounting=[self.master.accounting],
+                                 control=[self.master.control], config_name=f"proxy{i}.toml", threads=2)
+            self.wait_connected(p)
+            self.wait_accounting(p)
+            self.prime(p)
+            self.proxies.append(p)
+        # Every proxy has heard the domain's CONCURRENCY (published with its POLICY).
+        for p in self.proxies:
+            p.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v >= 1, timeout=10)
+        return self.proxies
+
+    def many(self, jobs) -> list:
+        """Runs each job (a callable) on its own thread; their results, in order."""
+        out = [None] * len(jobs)
+
+        def run(i, job):
+            try:
+                out[i] = job()
+            except Exception as e:  # noqa: BLE001 - reported by the caller's assertions
+                out[i] = e
+
+        threads = [threading.Thread(target=run, args=(i, j)) for i, j in enumerate(jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return out
+
+    def idle(self, timeout: float = 10.0) -> None:
+        """Until no proxy has a request in flight or waiting under the rule."""
+        for p in self.proxies:
+            p.wait_metric("smockron_proxy_concurrency_in_flight", predicate=lambda v: v == 0, timeout=timeout)
+            p.wait_metric("smockron_proxy_concurrency_waiting", predicate=lambda v: v == 0, timeout=timeout)
+
+
+class TestConcurrency(ConcurrencyTestCase):
+    def test_three_gatekeepers_never_let_more_than_the_limit_through(self):
+        proxies = self.stack(4, gatekeepers=3)
+        jobs = [lambda p=proxies[i % 3]: fetch(p.port, "/slow?s=0.3", key="k", timeout=60)[0] for i in range(30)]
+        jobs += [lambda: fetch(proxies[0].port, "/slow?s=0.3", key="other", timeout=60)[0] for _ in range(6)]
+        results = self.many(jobs)
+        self.assertEqual([getattr(r, "status", r) for r in results], [200] * 36)
+        seen = self.backend.inflight()["max"]
+        self.assertLessEqual(seen["k"], 4, seen)
+        self.assertGreaterEqual(seen["k"], 2, seen)  # not one at a time
+        self.assertLessEqual(seen["other"], 4, seen)
+        self.assertEqual(len(self.backend.requests(key="k")), 30)
+        self.assertGreater(sum(p.metric("smockron_proxy_concurrency_waits_total") for p in proxies), 0)
+        self.idle()
+        # Idle slots go back to the master within the linger (2 s) and a tick.
+        self.master.wait_metric("smockron_master_lease_slots_held", predicate=lambda v: v == 0, timeout=10)
+
+    def test_http2_streams_share_the_limit(self):
+        (proxy,) = self.stack(2)
+        with H2Client(proxy.port) as c:
+            sids = [c.request("/slow?s=0.3", headers=[("x-api-key", "k")]) for _ in range(8)]
+            statuses = []
+            for sid in sids:
+                st = c.response(sid, timeout=30)
+                c.wait(lambda st=st: st.ended, timeout=30, what=f"stream {sid} ends")
+                statuses.append(dict(st.headers)[":status"])
+        self.assertEqual(statuses, ["200"] * 8)
+        self.assertLessEqual(self.backend.inflight()["max"]["k"], 2)
+        self.idle()
+
+    def test_no_slot_within_max_delay_is_refused_and_never_forwarded(self):
+        (proxy,) = self.stack(1, max_delay="1s")
+        first = threading.Thread(target=fetch, args=(proxy.port, "/slow?s=4"), kwargs={"key": "k", "timeout": 30})
+        first.start()
+        wait_until(lambda: self.backend.inflight()["now"].get("k") == 1, 10)
+        r, elapsed = fetch(proxy.port, "/slow?s=0", key="k", timeout=30)
+        self.assertEqual(r.status, 429)
+        self.assertEqual(r.headers.get("retry-after"), "1")
+        self.assertIn(b"concurrency limit", r.body)
+        self.assertGreaterEqual(elapsed, 0.9)
+        self.assertEqual(len(self.backend.requests(key="k", target_prefix="/slow?s=0")), 0)
+        self.assertEqual(proxy.metric("smockron_proxy_rejects_total", {"reason": "concurrency"}), 1)
+        first.join(30)
+
+    def test_clients_that_leave_leave_no_slot_taken(self):
+        (proxy,) = self.stack(2)
+        # HTTP/1.1: ten clients send and close at once (two at the backend, eight waiting).
+        socks = []
+        for _ in range(10):
+            s = socket.create_connection((HOST, proxy.port))
+            s.sendall(request_bytes("GET", "/slow?s=1", [("X-API-Key", "k")]))
+            socks.append(s)
+        wait_until(lambda: self.backend.inflight()["now"].get("k") == 2, 10)
+        proxy.wait_metric("smockron_proxy_concurrency_waiting", predicate=lambda v: v == 8, timeout=10)
+        for s in socks:
+            s.close()
+        # HTTP/2: streams reset by the client, waiting and at the backend.
+        with H2Client(proxy.port) as c:
+            sids = [c.request("/slow?s=1", headers=[("x-api-key", "k")]) for _ in range(6)]
+            proxy.wait_metric("smockron_proxy_concurrency_waiting", predicate=lambda v: v >= 4, timeout=10)
+            for sid in sids:
+                c.rst(sid)
+            c.ping()
+        self.idle()
+        r, elapsed = fetch(proxy.port, "/slow?s=0", key="k", timeout=10)
+        self.assertEqual(r.status, 200)
+        self.assertLess(elapsed, 2.0)
+
+    def test_a_killed_gatekeepers_slots_are_freed(self):
+        a, b = self.stack(2, gatekeepers=2)
+        holders = [threading.Thread(target=lambda: self.swallow(fetch, a.port, "/slow?s=20", key="k", timeout=30))
+                   for _ in range(2)]
+        for t in holders:
+            t.start()
+        wait_until(lambda: self.backend.inflight()["now"].get("k") == 2, 10)
+        a.kill()  # SIGKILL: its connections close, the master frees its slots
+        t0 = time.monotonic()
+        r, _ = fetch(b.port, "/slow?s=0", key="k", timeout=20)
+        self.assertEqual(r.status, 200)
+        self.assertLess(time.monotonic() - t0, 5.0)
+        self.assertGreaterEqual(self.master.metric("smockron_master_lease_slots_released_total"), 2)
+
+    @staticmethod
+    def swallow(f, *args, **kw):
+        try:
+            f(*args, **kw)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    unittest.main()
