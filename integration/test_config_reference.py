@@ -279,7 +279,7 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
         self.assertEqual({"algorithm", "rules", "overrides"}, keys["[master.domains.NAME]"])
-        self.assertEqual({"rate", "burst", "quota", "per", "tz"}, keys["rules entries"])
+        self.assertEqual({"rate", "burst", "quota", "per", "tz", "concurrency"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",
                           "tls_client_cert", "tls_client_key", "protocol", "max_streams"}, keys["[proxy.upstreams.NAME]"])
