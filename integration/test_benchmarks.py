@@ -193,6 +193,13 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"held gauge back to 0 in [\d.]+ s, forwarded none of them: 2000 drops counted",
                             r"^smoke: OK")
 
+    def test_concurrency(self):
+        """Two gatekeepers and two nginx nodes under a concurrency limit of 4: every phase ran, its
+        figures printed, and smockron never let more than 4 of the key's requests through at once."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "concurrency.py"), "--smoke"])
+        self.assert_figures(out, r"^\s+2\s+0ms \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|\s+[\d.]+\s+\d+ms\s+\d+ms\s+[0-4] \|",
+                            r"^limit held \(smockron never above N\): yes$")
+
     def test_master_memory(self):
         """2,000 identifiers of a domain with a 1,000,000-burst rate and a monthly quota: every one
         tracked, every message processed, and the master's RSS growth printed and bounded."""

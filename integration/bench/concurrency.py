@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Concurrency limits across gatekeepers: does the limit hold, how much of it
+is used, and how long a request waits for a slot when demand moves.
+
+Per G (gatekeepers): one smockron-master with a domain under
+{ concurrency = N }, the test backend (lib/backends.py: /slow?s=S, counting
+requests in flight per X-API-Key), and G smockron-proxy gatekeepers, each
+reaching the master through delay_relay.py with a one-way delay D (both
+streams). The peer, side by side in the same run: G nginx nodes with
+`limit_conn` N per key, what nginx offers (a count per node).
+
+Per (G, D), C clients of one key send requests back to back (keep-alive):
+- one: all through gatekeeper 0 (a single gatekeeper holds the demand):
+  throughput against the ideal N / S (goal >= 0.90 once it holds it);
+- spread: each request through a random gatekeeper (demand moves between
+  them): the wait for a slot (latency - S), p50 and p99;
+- nginx: the spread load through the G nginx nodes (refused requests retried
+  after 50 ms).
+Every phase reads the most requests of the key the backend saw at once
+(goal: never above N for smockron; nginx lets G x N through).
+
+--smoke: G = 2, D = 0, C = 8, 3 s phases; exit 1 unless every phase ran and
+smockron never let more than N through. Needs nginx for the peer (skipped,
+and said, when absent).
+
+Run: python3 integration/bench/concurrency.py [-g 3,10] [--delays 0,25,100]
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from lib.backends import BackendProcess  # noqa: E402
+from lib.config import master_toml, proxy_toml  # noqa: E402
+from lib.daemons import Daemon  # noqa: E402
+from lib.ports import HOST, free_ports  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
+from proxy_bench import nginx_conf  # noqa: E402
+
+DOMAIN = "c"
+KEY = "bench-key"
+
+
+class Cluster:
+    """Master, backend, G gatekeepers behind a delay relay, G nginx nodes."""
+
+    def __init__(self, g: int, args, tmp: str):
+        self.g, self.args, self.tmp = g, args, tmp
+        self.procs: list = []
+        acc, ctl, madmin, *rest = free_ports(3 + 6 * g)
+        self.acc, self.ctl, self.madmin = acc, ctl, madmin
+        self.listen, self.padmin = rest[:g], rest[g:2 * g]
+        self.relay_acc, self.relay_ctl = rest[2 * g:3 * g], rest[3 * g:4 * g]
+        self.nginx_ports = rest[4 * g:5 * g]
+        self.settings = os.path.join(tmp, f"relay-g{g}.txt")
+
+    def start(self):
+        a, tmp = self.args, self.tmp
+        self.backend = BackendProcess(workdir=tmp).start()
+        self.procs.append(self.backend)
+        self.set_delay(0, first=True)
+        routes = [f"{self.relay_acc[i]}:{HOST}:{self.acc}" for i in range(self.g)]
+        routes += [f"{self.relay_ctl[i]}:{HOST}:{self.ctl}" for i in range(self.g)]
+        log = open(os.path.join(tmp, f"relay-g{self.g}.log"), "ab")
+        self.relay = subprocess.Popen([sys.executable, os.path.join(HERE, "delay_relay.py"), "--settings",
+                                       self.settings, *routes], stdout=subprocess.PIPE, stderr=log, text=True)
+        self.procs.append(self.relay)
+        if self.relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("delay relay did not start")
+        mconf = os.path.join(tmp, f"master-g{self.g}.toml")
+        with open(mconf, "w") as f:
+            f.write(master_toml(self.acc, self.ctl, self.madmin, {DOMAIN: {"rules": [{"concurrency": a.limit}]}},
+                                probe=False))
+        self.master = Daemon("smockron-master", mconf, tmp, args=["--log-level", "warn"], admin_port=self.madmin)
+        self.procs.append(self.master)
+        self.master.start(ready_timeout=15)
+        self.proxies = []
+        route = {"path": "/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"],
+                 "max_delay": "60s"}
+        for i in range(self.g):
+            conf = os.path.join(tmp, f"proxy-g{self.g}-{i}.toml")
+            with open(conf, "w") as f:
+                f.write(proxy_toml(self.listen[i], self.padmin[i],
+                                   {"app": {"servers": [f"{HOST}:{self.backend.port}"], "keepalive": 256}}, [route],
+                                   [f"tcp://{HOST}:{self.relay_acc[i]}"], [f"tcp://{HOST}:{self.relay_ctl[i]}"],
+                                   threads=1, max_held=100000))
+            p = Daemon("smockron-proxy", conf, tmp, args=["--log-level", "warn"], admin_port=self.padmin[i])
+            self.procs.append(p)
+            self.proxies.append(p)
+            p.start(ready_timeout=15)
+        for p in self.proxies:
+            p.wait_metric("smockron_proxy_accounting_links_subscribed", predicate=lambda v: v >= 1, timeout=15)
+            p.wait_metric("smockron_proxy_control_policies_total", predicate=lambda v: v >= 1, timeout=15)
+        self.nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if self.nginx:
+            for i, port in enumerate(self.nginx_ports):
+                prefix = os.path.join(tmp, f"nginx-g{self.g}-{i}")
+                os.makedirs(os.path.join(prefix, "tmp"), exist_ok=True)
+                conf = nginx_conf(prefix, f"""
+  limit_conn_zone $http_x_api_key zone=perkey:1m;
+  limit_conn_status 429;
+  upstream app {{ server {HOST}:{self.backend.port}; keepalive 64; }}
+  server {{ listen {HOST}:{port};
+    location / {{ limit_conn perkey {a.limit}; proxy_pass http://app; proxy_http_version 1.1;
+      proxy_set_header Connection ""; }} }}""")
+                proc = subprocess.Popen([self.nginx, "-c", conf, "-p", prefix], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+                self.procs.append(proc)
+            for port in self.nginx_ports:
+                wait_until(lambda port=port: _status(port, "/__ping") == 200, 10, message=f"nginx on {port}")
+
+    def set_delay(self, delay_ms: float, first: bool = False):
+        with open(self.settings + ".tmp", "w") as f:
+            f.write(f"{delay_ms} 0\n")
+        os.replace(self.settings + ".tmp", self.settings)
+        if not first:
+            self.relay.send_signal(signal.SIGHUP)
+            time.sleep(0.1 + 2 * delay_ms / 1000)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            try:
+                if isinstance(p, subprocess.Popen):
+                    p.terminate()
+                    p.wait(5)
+                else:
+                    p.stop()
+            except Exception:  # noqa: BLE001 - stopping what is left
+                pass
+
+
+def _status(port: int, path: str) -> int:
+    c = http.client.HTTPConnection(HOST, port, timeout=2)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def load(ports: list[int], clients: int, seconds: float, service: float) -> dict:
+    """`clients` threads, each sending back to back to a random port of `ports` for `seconds`."""
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+    done, refused, waits = [0], [0], []
+
+    def client():
+        conns: dict[int, http.client.HTTPConnection] = {}
+        rng = random.Random()
+        while time.monotonic() < stop:
+            port = rng.choice(ports)
+            c = conns.get(port) or conns.setdefault(port, http.client.HTTPConnection(HOST, port, timeout=120))
+            t0 = time.monotonic()
+            try:
+                c.request("GET", f"/slow?s={service}", headers={"X-API-Key": KEY})
+                r = c.getresponse()
+                r.read()
+            except (OSError, http.client.HTTPException):
+                conns.pop(port).close()
+                continue
+            with lock:
+                if r.status == 200:
+                    done[0] += 1
+                    waits.append(time.monotonic() - t0 - service)
+                else:
+                    refused[0] += 1
+            if r.status != 200:
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 180)
+    elapsed = time.monotonic() - t0
+    waits.sort()
+    pick = (lambda q: waits[min(len(waits) - 1, int(q * len(waits)))]) if waits else (lambda q: float("nan"))
+    return {"done": done[0], "refused": refused[0], "rate": done[0] / elapsed, "p50": pick(0.5), "p99": pick(0.99)}
+
+
+def phase(cluster: Cluster, ports: list[int], args) -> dict:
+    cluster.backend.reset()
+    out = load(ports, args.clients, args.seconds, args.service)
+    out["max"] = cluster.backend.inflight()["max"].get(KEY, 0)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-g", default="3,10", help="gatekeeper counts, comma-separated")
+    ap.add_argument("--delays", default="0,25,100", help="one-way delays in ms to the master, comma-separated")
+    ap.add_argument("--limit", type=int, default=4, help="the concurrency rule's N")
+    ap.add_argument("--clients", type=int, default=30, help="concurrent clients of the one key")
+    ap.add_argument("--service", type=float, default=0.2, help="the backend's service time in seconds")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    ap.add_argument("--smoke", action="store_true", help="G = 2, D = 0, 8 clients, 3 s phases; checks only")
+    args = ap.parse_args()
+    if args.smoke:
+        args.g, args.delays, args.clients, args.seconds = "2", "0", 8, 3.0
+    ideal = args.limit / args.service
+    print(f"concurrency = {args.limit}, {args.clients} clients of one key, service {args.service * 1000:.0f} ms "
+          f"(ideal {ideal:.1f} req/s), {args.seconds:g} s per phase")
+    print(f"{'G':>3} {'one-way':>8} | {'one: req/s':>10} {'/ideal':>6} {'max':>4} | {'spread: req/s':>13} "
+          f"{'wait p50':>9} {'p99':>7} {'max':>4} | {'nginx: req/s':>12} {'refused':>7} {'max':>4}")
+    ok = True
+    for g in [int(x) for x in args.g.split(",")]:
+        tmp = tempfile.mkdtemp(prefix=f"smockron-concurrency-g{g}-")
+        cluster = Cluster(g, args, tmp)
+        try:
+            cluster.start()
+            nginx_row = None
+            if cluster.nginx:
+                nginx_row = phase(cluster, cluster.nginx_ports, args)  # no master: the same at every distance
+            for d in [float(x) for x in args.delays.split(",")]:
+                cluster.set_delay(d)
+                one = phase(cluster, [cluster.listen[0]], args)
+                spread = phase(cluster, cluster.listen, args)
+                ok = ok and one["max"] <= args.limit and spread["max"] <= args.limit
+                ok = ok and one["done"] > 0 and spread["done"] > 0
+                ng = (f"{nginx_row['rate']:12.1f} {nginx_row['refused']:7d} {nginx_row['max']:4d}"
+                      if nginx_row else f"{'(no nginx)':>25}")
+                print(f"{g:>3} {d:>6.0f}ms | {one['rate']:10.1f} {one['rate'] / ideal:6.2f} {one['max']:4d} | "
+                      f"{spread['rate']:13.1f} {spread['p50'] * 1000:7.0f}ms {spread['p99'] * 1000:5.0f}ms "
+                      f"{spread['max']:4d} | {ng}", flush=True)
+        finally:
+            cluster.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("limit held (smockron never above N):", "yes" if ok else "NO")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
