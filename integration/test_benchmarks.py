@@ -197,7 +197,8 @@ class BenchmarkSmokeTest(unittest.TestCase):
         """Two gatekeepers and two nginx nodes under a concurrency limit of 4: every phase ran, its
         figures printed, and smockron never let more than 4 of the key's requests through at once."""
         out = self.run_bench([sys.executable, os.path.join(BENCH, "concurrency.py"), "--smoke"])
-        self.assert_figures(out, r"^\s+2\s+0ms \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|\s+[\d.]+\s+\d+ms\s+\d+ms\s+[0-4] \|",
+        self.assert_figures(out, r"^\s+2\s+0ms \|\s+[\d.]+ \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|"
+                                 r"\s+\d+ms\s+\d+ms\s+[0-4] \|",
                             r"^limit held \(smockron never above N\): yes$")
 
     def test_master_memory(self):

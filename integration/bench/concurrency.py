@@ -9,11 +9,14 @@ reaching the master through delay_relay.py with a one-way delay D (both
 streams). The peer, side by side in the same run: G nginx nodes with
 `limit_conn` N per key, what nginx offers (a count per node).
 
-Per (G, D), C clients of one key send requests back to back (keep-alive):
-- one: all through gatekeeper 0 (a single gatekeeper holds the demand):
-  throughput against the ideal N / S (goal >= 0.90 once it holds it);
-- spread: each request through a random gatekeeper (demand moves between
-  them): the wait for a slot (latency - S), p50 and p99;
+Per (G, D), clients of one key send requests back to back (keep-alive):
+- one: C clients through gatekeeper 0 only (a single gatekeeper holds the
+  demand): throughput against the reference, N clients straight to the
+  backend (the most N slots can carry; goal >= 0.90);
+- spread: C clients, each request through a random gatekeeper: throughput;
+- moves: N clients (demand exactly at the limit), each request through a
+  random gatekeeper: any wait is a slot held elsewhere, so its p50 and p99
+  are the cost of demand moving between gatekeepers;
 - nginx: the spread load through the G nginx nodes (refused requests retried
   after 50 ms).
 Every phase reads the most requests of the key the backend saw at once
@@ -192,9 +195,9 @@ def load(ports: list[int], clients: int, seconds: float, service: float) -> dict
     return {"done": done[0], "refused": refused[0], "rate": done[0] / elapsed, "p50": pick(0.5), "p99": pick(0.99)}
 
 
-def phase(cluster: Cluster, ports: list[int], args) -> dict:
+def phase(cluster: Cluster, ports: list[int], args, clients: int | None = None) -> dict:
     cluster.backend.reset()
-    out = load(ports, args.clients, args.seconds, args.service)
+    out = load(ports, clients or args.clients, args.seconds, args.service)
     out["max"] = cluster.backend.inflight()["max"].get(KEY, 0)
     return out
 
@@ -211,31 +214,31 @@ def main() -> int:
     args = ap.parse_args()
     if args.smoke:
         args.g, args.delays, args.clients, args.seconds = "2", "0", 8, 3.0
-    ideal = args.limit / args.service
-    print(f"concurrency = {args.limit}, {args.clients} clients of one key, service {args.service * 1000:.0f} ms "
-          f"(ideal {ideal:.1f} req/s), {args.seconds:g} s per phase")
-    print(f"{'G':>3} {'one-way':>8} | {'one: req/s':>10} {'/ideal':>6} {'max':>4} | {'spread: req/s':>13} "
-          f"{'wait p50':>9} {'p99':>7} {'max':>4} | {'nginx: req/s':>12} {'refused':>7} {'max':>4}")
+    print(f"concurrency = {args.limit}, {args.clients} clients of one key (moves: {args.limit}), service "
+          f"{args.service * 1000:.0f} ms, {args.seconds:g} s per phase")
+    print(f"{'G':>3} {'one-way':>8} | {'ref req/s':>9} | {'one: req/s':>10} {'/ref':>5} {'max':>3} | "
+          f"{'spread: req/s':>13} {'/ref':>5} {'max':>3} | {'moves: wait p50':>15} {'p99':>7} {'max':>3} | "
+          f"{'nginx: req/s':>12} {'refused':>7} {'max':>3}")
     ok = True
     for g in [int(x) for x in args.g.split(",")]:
         tmp = tempfile.mkdtemp(prefix=f"smockron-concurrency-g{g}-")
         cluster = Cluster(g, args, tmp)
         try:
             cluster.start()
-            nginx_row = None
-            if cluster.nginx:
-                nginx_row = phase(cluster, cluster.nginx_ports, args)  # no master: the same at every distance
+            # The reference and the peer talk to no master: the same at every distance.
+            ref = phase(cluster, [cluster.backend.port], args, clients=args.limit)
+            ng = phase(cluster, cluster.nginx_ports, args) if cluster.nginx else None
             for d in [float(x) for x in args.delays.split(",")]:
                 cluster.set_delay(d)
                 one = phase(cluster, [cluster.listen[0]], args)
                 spread = phase(cluster, cluster.listen, args)
-                ok = ok and one["max"] <= args.limit and spread["max"] <= args.limit
-                ok = ok and one["done"] > 0 and spread["done"] > 0
-                ng = (f"{nginx_row['rate']:12.1f} {nginx_row['refused']:7d} {nginx_row['max']:4d}"
-                      if nginx_row else f"{'(no nginx)':>25}")
-                print(f"{g:>3} {d:>6.0f}ms | {one['rate']:10.1f} {one['rate'] / ideal:6.2f} {one['max']:4d} | "
-                      f"{spread['rate']:13.1f} {spread['p50'] * 1000:7.0f}ms {spread['p99'] * 1000:5.0f}ms "
-                      f"{spread['max']:4d} | {ng}", flush=True)
+                moves = phase(cluster, cluster.listen, args, clients=args.limit)
+                ok = ok and all(p["max"] <= args.limit and p["done"] > 0 for p in (one, spread, moves))
+                peer = f"{ng['rate']:12.1f} {ng['refused']:7d} {ng['max']:3d}" if ng else f"{'(no nginx)':>24}"
+                print(f"{g:>3} {d:>6.0f}ms | {ref['rate']:9.1f} | {one['rate']:10.1f} {one['rate'] / ref['rate']:5.2f} "
+                      f"{one['max']:3d} | {spread['rate']:13.1f} {spread['rate'] / ref['rate']:5.2f} "
+                      f"{spread['max']:3d} | {moves['p50'] * 1000:13.0f}ms {moves['p99'] * 1000:5.0f}ms "
+                      f"{moves['max']:3d} | {peer}", flush=True)
         finally:
             cluster.stop()
             shutil.rmtree(tmp, ignore_errors=True)

@@ -112,6 +112,9 @@ def ws_read_frame(read_exact) -> tuple[int, bytes, bool]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "smockron-test-backend"
+    # The head and the body are separate writes: without TCP_NODELAY the body
+    # waits for the peer's delayed ACK (~40 ms), which would be every response's.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # quiet
         pass
