@@ -145,9 +145,13 @@ void slot_table::report(entry& e, std::int64_t now_us, bool force) {
     e.cap = std::min(e.cap, e.held);
     e.idle_since_us = 0;
   }
-  const bool tell =
-      force || e.returned != e.sent_returned || (want != e.sent_want && (want > e.held || e.sent_want > e.held));
-  if (tell) {
+  // The master hears a want above the lease whenever it changes (it grants
+  // by it), and when the want crosses the lease either way: a slot that goes
+  // idle here is one it can ask back for a holder that waits.
+  const auto side = [&](std::int64_t x) { return (x > e.held) - (x < e.held); };
+  const bool tell = force || e.returned != e.sent_returned || side(want) != side(e.sent_want) ||
+                    (want > e.held && want != e.sent_want);
+  if (tell && send_) {
     send_(wire::lease{e.domain, e.identifier, holder_, want, e.held, e.returned});
     e.sent_want = want;
     e.sent_returned = e.returned;

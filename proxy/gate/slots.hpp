@@ -124,6 +124,10 @@ public:
   /// Gives back slots idle for k_linger_us and asks again for what still waits.
   void tick(std::int64_t now_us);
 
+  /// No LEASE leaves from now on (the worker stops: its accounting sender
+  /// goes before the requests still holding slots do).
+  void silence() { send_ = nullptr; }
+
   std::uint64_t holder() const { return holder_; }
   std::size_t entries() const { return entries_.size(); }
   /// Requests in flight and waiting, and slots held, over all entries (any thread: metrics).

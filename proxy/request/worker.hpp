@@ -88,6 +88,11 @@ struct worker {
         rt(std::move(first)),
         pool(ioc.get_executor(), s.clk, s.metrics, s.resolve_soon),
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}
+  // Sessions suspended at shutdown give their slots back while the io_context
+  // is destroyed, after the accounting sender: nothing is sent by then.
+  ~worker() { slots.silence(); }
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
 
   // Declared before ioc, so destroyed after it: sessions still suspended at
   // shutdown are destroyed with the io_context and unregister themselves

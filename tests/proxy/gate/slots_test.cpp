@@ -71,6 +71,7 @@ TEST_F(Slots, IdleSlotsAreKeptForTheLingerThenGivenBack) {
   take(a);
   grant(1, 1, 0);
   table_.release(*a.granted, clock_.wall_us());
+  EXPECT_EQ(last(), (lease{0, 1, 0}));  // idle now: the master may ask for it back
   const std::size_t before = sent_.size();
   clock_.advance(std::chrono::microseconds(slot_table::k_linger_us / 2));
   table_.tick(clock_.wall_us());
