@@ -263,4 +263,12 @@ const rules::state* limiter::find(std::size_t domain, std::string_view identifie
   return en ? &en->st : nullptr;
 }
 
+void limiter::reset(std::size_t domain, std::string_view identifier) {
+  entry* en = maps_[domain].find(identifier);
+  if (!en) return;
+  en->st.times.clear();
+  std::fill(en->st.aux.begin(), en->st.aux.end(), 0);
+  if (track_dirty_) mark(en);
+}
+
 }  // namespace smockron::master

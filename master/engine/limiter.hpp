@@ -100,6 +100,9 @@ public:
 
   std::uint64_t expirations() const { return expirations_; }
   const rules::state* find(std::size_t domain, std::string_view identifier) const;
+  /// Starts (domain, identifier) afresh: its uses forgotten (written to the
+  /// store as such). Its rules changed at run time (the override API).
+  void reset(std::size_t domain, std::string_view identifier);
 
   /// What happened to an identifier while its state has been kept: every
   /// accounting message and query use (`n_req`), those over the limit

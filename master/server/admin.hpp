@@ -3,6 +3,7 @@
 // /status/DOMAIN/IDENTIFIER (one identifier's state, percent-encoded).
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include "master/server/service.hpp"
@@ -15,5 +16,12 @@ namespace smockron::master {
 /// admin thread; the service answers through its own thread-safe calls).
 admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path,
                                       std::string_view query);
+
+/// The override API (overrides_api.cpp): PUT, GET and DELETE
+/// /overrides/DOMAIN/IDENTIFIER (the identifier percent-encoded; PUT's body a
+/// TOML `rules = [ ... ]`), GET /overrides[/DOMAIN]; every one needs
+/// `Authorization: Bearer TOKEN` (admin_token_file), and none exists without
+/// it (404). Nothing for another path.
+std::optional<admin_server::response> overrides_api(service& svc, const admin_server::request_view& req);
 
 }  // namespace smockron::master

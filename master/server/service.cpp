@@ -46,6 +46,7 @@ std::string keep_restart_only(const config::master_config& running, config::mast
 
 service::service(const config::master_config& cfg, const clock& clk, metrics::registry& reg)
     : cfg_(cfg),
+      file_cfg_(cfg),
       clock_(clk),
       metrics_(reg),
       accounting_(loop_, cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk,
@@ -291,6 +292,8 @@ void service::finish(std::chrono::milliseconds deadline) {
 void service::reconfigure(config::master_config next) {
   if (const std::string waiting = keep_restart_only(cfg_, next); !waiting.empty())
     log_->warn("reload: {} change(s) take effect only after a restart", waiting);
+  file_cfg_ = next;
+  next = effective(file_cfg_);
   const auto changes = ingest_.reconfigure(next);
   for (const auto& name : changes.removed) accounting_.unsubscribe(topic(name));
   for (const auto& name : changes.added) accounting_.subscribe(topic(name));
@@ -357,6 +360,10 @@ void service::answer_queries() {
   }
   const auto now = clock_.wall_us();
   for (const auto& q : batch) {
+    if (q->job) {
+      q->answer.set_value(q->job());
+      continue;
+    }
     if (q->top) {
       q->answer.set_value(master::top_json(ingest_, q->domain, q->n, now));
       continue;

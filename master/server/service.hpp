@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -78,6 +79,22 @@ public:
   /// identifier_status is. Empty when `domain` is unknown; nothing when the
   /// loop did not answer in `timeout`.
   std::optional<std::string> top(std::string_view domain, std::size_t n, std::chrono::milliseconds timeout);
+  /// The override API (overrides_api.cpp), thread-safe: done by the loop
+  /// within its next turn. Each answers an HTTP status and a JSON body; 503
+  /// when the loop did not answer in `timeout`.
+  struct api_answer {
+    unsigned status = 503;
+    std::string body;
+  };
+  /// Sets (adds or replaces) one identifier's rules of its own, taking effect
+  /// at once (the gatekeepers hear it with the next POLICY, published now).
+  api_answer put_override(std::string domain, config::override_config o, std::chrono::milliseconds timeout);
+  api_answer delete_override(std::string domain, std::string identifier, std::chrono::milliseconds timeout);
+  /// The overrides set through the API (of `domain`, or all when empty).
+  api_answer api_overrides(std::string domain, std::chrono::milliseconds timeout);
+  /// The override API's bearer token now (empty: the API is off; thread-safe).
+  std::string admin_token() const;
+
   /// True while the loop has run recently (for /livez; thread-safe).
   bool alive(std::chrono::steady_clock::duration max_stall) const;
   /// Tracked (domain, identifier) states (loop thread).
@@ -91,10 +108,19 @@ public:
 
 private:
   void reconfigure(config::master_config next);
+  /// The file's configuration with the API's overrides (runtime_overrides_) in.
+  config::master_config effective(const config::master_config& file) const;
+  /// Applies effective(file_cfg_) to the engine and publishes the rules again.
+  void apply_limits();
+  /// Starts one identifier's state afresh (its rules changed through the API).
+  void forget(std::string_view domain, std::string_view identifier);
   void pump_store(std::chrono::steady_clock::time_point now, bool force);
   void restore_from_store(const std::atomic<bool>& stop);
 
-  config::master_config cfg_;  ///< guarded by status_mutex_ for readers on other threads
+  config::master_config cfg_;       ///< in force (the API's overrides in); guarded by status_mutex_ for other threads
+  config::master_config file_cfg_;  ///< as the file says (loop thread)
+  /// The API's overrides by domain + "\0" + identifier (loop thread).
+  std::map<std::string, std::pair<std::string, config::override_config>, std::less<>> runtime_overrides_;
   const clock& clock_;
   metrics::registry& metrics_;
   event_loop loop_;  ///< accounting, control and the UDP query endpoint; turned by poll_once()
@@ -136,6 +162,8 @@ private:
     std::string domain, identifier;
     bool top = false;  ///< GET /top: `domain` (empty: every domain), `n` identifiers each
     std::size_t n = 0;
+    /// Any other work for the loop (the override API): run there, its result the answer.
+    std::function<std::optional<std::string>()> job;
     std::promise<std::optional<std::string>> answer;
   };
   std::optional<std::string> ask(std::shared_ptr<status_query> q, std::chrono::milliseconds timeout);

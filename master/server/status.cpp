@@ -46,8 +46,12 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
   doc["domains"] = nlohmann::ordered_json::array();
   for (const auto& d : cfg.domains) {
     nlohmann::ordered_json overrides = nlohmann::ordered_json::array();
-    for (const auto& o : d.overrides)
-      overrides.push_back({{"identifier", o.identifier}, {"rules", rules_json(o.rules)}});
+    for (const auto& o : d.overrides) {
+      nlohmann::ordered_json one{{"identifier", o.identifier}, {"rules", rules_json(o.rules)}};
+      if (o.concurrency > 0) one["concurrency"] = o.concurrency;
+      one["source"] = o.from_api ? "api" : "file";
+      overrides.push_back(std::move(one));
+    }
     const auto& tracked = reg.add_gauge("smockron_master_domain_tracked_identifiers", "Tracked identifiers per domain",
                                         metrics::labels({{"domain", d.name}}));
     doc["domains"].push_back({{"name", d.name},
@@ -55,6 +59,7 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
                               {"rules", rules_json(d.rules)},
                               {"overrides", std::move(overrides)},
                               {"tracked_identifiers", static_cast<std::uint64_t>(tracked.value())}});
+    if (d.concurrency > 0) doc["domains"].back()["concurrency"] = d.concurrency;
   }
   // Names come from the configuration file: invalid UTF-8 is replaced, never thrown.
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -75,6 +75,9 @@ bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::
       std::copy_n(rules.begin(), n, p.rules.begin());
       p.count = n;
       p.seq = override_seq_ += 2;  // changed rules: the client's guard state starts afresh
+      // And so does what the master said of it under the old ones (it
+      // started the client afresh too: an override set at run time).
+      entries_.fetch_sub(s.map.erase(key{domain, std::string(identifier)}), std::memory_order_relaxed);
     }
     it->second.updated_us = now_us;
   }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "shared/base/net.hpp"
@@ -52,6 +53,9 @@ struct override_config {
   std::string identifier;  ///< as the gatekeepers send it (a hashed source: "sha256:" + 32 hex digits)
   std::vector<rule_config> rules;
   std::int64_t concurrency = 0;  ///< its own { concurrency = N } rule; 0: none (not the domain's)
+  /// Set at run time through the master's override API, not read from the file.
+  bool from_api = false;
+  std::string text;  ///< from_api: the rules as the API was given them (kept in Redis)
 };
 
 /// A domain's algorithm: the spec's sliding log, or GCRA (master/rules.hpp runs them).
@@ -100,6 +104,10 @@ struct master_config {
   /// endpoint can get any client throttled, so list the gatekeepers' networks.
   std::vector<cidr> accounting_allow;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// A file holding the bearer token of the override API (PUT/GET/DELETE
+  /// /overrides/DOMAIN/IDENTIFIER on the admin endpoint); empty: the API is off.
+  std::string admin_token_file;
+  std::string admin_token;  ///< its content, read when the configuration is loaded (whitespace trimmed)
   /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
   std::vector<cidr> control_allow;
   /// The UDP query endpoint (the UDP rate limiter's protocol); none: off.
@@ -113,6 +121,12 @@ struct master_config {
 
   const domain_config* find_domain(std::string_view name) const;
 };
+
+/// An override's rules as the override API takes them: a TOML document
+/// `rules = [ ... ]` (what an `overrides` entry's `rules` holds in the
+/// configuration file, checked the same way). The override, or the first
+/// problem as text ("rules[0].burst: must be between 1 and 1000000").
+std::variant<override_config, std::string> parse_override_rules(std::string_view identifier, std::string_view text);
 
 struct identifier_source {
   enum class kind : std::uint8_t { ip, header, cookie, query, token, jwt };
@@ -229,6 +243,10 @@ struct proxy_config {
   enum class real_ip_header_kind : std::uint8_t { x_forwarded_for, forwarded };
   real_ip_header_kind real_ip_header = real_ip_header_kind::x_forwarded_for;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
+  /// A file holding the bearer token of the override API (PUT/GET/DELETE
+  /// /overrides/DOMAIN/IDENTIFIER on the admin endpoint); empty: the API is off.
+  std::string admin_token_file;
+  std::string admin_token;  ///< its content, read when the configuration is loaded (whitespace trimmed)
   /// Every client connection starts with a PROXY protocol header (v1 or v2,
   /// as AWS NLB or HAProxy send it): the client it names is the peer.
   bool proxy_protocol = false;

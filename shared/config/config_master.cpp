@@ -185,7 +185,46 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
   out.push_back(std::move(d));
 }
 
+// admin_token_file: the override API's bearer token, read now (a reload reads it again).
+void read_admin_token(reader& r, sink& s, master_config& m) {
+  auto* f = r.typed<toml::value<std::string>>("admin_token_file", "a file path");
+  if (!f) return;
+  m.admin_token_file = f->get();
+  std::ifstream in(m.admin_token_file);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  std::string token = text.str();
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!token.empty() && blank(token.back())) token.pop_back();
+  while (!token.empty() && blank(token.front())) token.erase(0, 1);
+  if (!in) s.add(*f, "master.admin_token_file", "cannot read \"" + m.admin_token_file + "\"");
+  else if (token.size() < 16) s.add(*f, "master.admin_token_file", "the token must be at least 16 characters");
+  else m.admin_token = std::move(token);
+}
+
 }  // namespace
+
+std::variant<override_config, std::string> parse_override_rules(std::string_view identifier, std::string_view text) {
+  override_config oc;
+  oc.identifier = std::string(identifier);
+  if (oc.identifier.empty() || oc.identifier.size() > wire::max_identifier_bytes) {
+    return std::string("the identifier must be 1 to 1024 bytes");
+  }
+  toml::table t;
+  try {
+    t = toml::parse(text, std::string_view("override"));
+  } catch (const toml::parse_error& e) {
+    return "not TOML: " + std::string(e.description());
+  }
+  sink s("override");
+  {
+    reader r(t, "", s);  // unknown keys are reported when it goes
+    if (const toml::node* rules = r.get("rules")) read_rules(rules, "rules", s, oc.rules, oc.concurrency);
+    else return std::string("missing rules (rules = [] for no limit)");
+  }
+  if (!s.errors().empty()) return s.errors().front().key + ": " + s.errors().front().message;
+  return oc;
+}
 
 master_config detail::read_master(const toml::table& t, sink& s) {
   master_config m;
@@ -210,6 +249,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   }
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
+  read_admin_token(r, s, m);
   r.cidr_list("control_allow", m.control_allow);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {

@@ -58,7 +58,7 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
     beast::flat_buffer buffer(8192);
     http::request_parser<http::string_body> parser;
     parser.header_limit(8192);
-    parser.body_limit(4096);  // the admin API takes no bodies; small ones are read and ignored
+    parser.body_limit(k_max_body);  // only a filter reads bodies (the override API's rules)
     stream.expires_after(std::chrono::seconds(5));
     auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_nothrow);
     (void)n;
@@ -78,8 +78,17 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
     const std::string_view query =
         question == std::string_view::npos ? std::string_view() : target.substr(question + 1);
     target = target.substr(0, question);
+    std::optional<response> filtered;
+    if (r.status == 200 && filter_) {
+      const auto auth = req.find(http::field::authorization);
+      filtered =
+          filter_(request_view{req.method_string(), target, query,
+                               auth == req.end() ? std::string_view() : std::string_view(auth->value()), req.body()});
+    }
     if (r.status != 200) {
       // already decided above
+    } else if (filtered) {
+      r = std::move(*filtered);
     } else if (req.method() != http::verb::get && req.method() != http::verb::head) {
       r = {405, "text/plain; charset=utf-8", "method not allowed\n"};
     } else {
@@ -102,6 +111,7 @@ struct admin_server::impl : std::enable_shared_from_this<impl> {
 
   tcp::acceptor acceptor;
   handler on_request;
+  filter filter_;
   access allow;
   std::shared_ptr<spdlog::logger> log;
   log::rate_limiter refused_log;
@@ -134,5 +144,7 @@ void admin_server::stop() {
     i->acceptor.close(ignored);
   });
 }
+
+void admin_server::set_filter(filter f) { impl_->filter_ = std::move(f); }
 
 }  // namespace smockron

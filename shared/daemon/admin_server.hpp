@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,19 @@ public:
     metrics::counter* refused = nullptr;
   };
 
+  /// A request as a filter sees it (views valid during the call).
+  struct request_view {
+    std::string_view method;  ///< "GET", "PUT", ...
+    std::string_view path;
+    std::string_view query;
+    std::string_view authorization;  ///< the Authorization field ("" when absent)
+    std::string_view body;           ///< at most k_max_body bytes
+  };
+  /// Sees every request first (any method); nothing: the handler answers (GET and HEAD only).
+  using filter = std::function<std::optional<response>(const request_view&)>;
+  /// Request bodies read at most (larger: 413).
+  static constexpr std::size_t k_max_body = 65536;
+
   /// Binds `listen` (throws std::system_error at start-up if it cannot).
   admin_server(boost::asio::io_context& ioc, const host_port& listen, handler h, access a);
   /// Anyone may connect.
@@ -41,6 +55,9 @@ public:
   ~admin_server();
   admin_server(const admin_server&) = delete;
   admin_server& operator=(const admin_server&) = delete;
+
+  /// Installs `f` (before requests arrive: the io_context thread reads it).
+  void set_filter(filter f);
 
   /// The bound port (useful with port 0).
   std::uint16_t port() const;

@@ -241,3 +241,15 @@ overrides = [ { identifier = "vip", rules = [ { rate = "100/s", burst = 200 }, {
   EXPECT_EQ(vip.rules[0].interval_us, 10'000);
   EXPECT_EQ(vip.rules[1].burst, 1);
 }
+
+TEST(Limiter, ResetForgetsOneIdentifiersUses) {
+  limiter l({ten_per_second()}, 100);
+  l.track_dirty();
+  EXPECT_TRUE(l.apply(0, "a", at(t0), t0).throttled);
+  EXPECT_TRUE(l.apply(0, "b", at(t0), t0).throttled);
+  l.reset(0, "a");
+  l.reset(0, "nobody");  // nothing to forget
+  EXPECT_TRUE(l.find(0, "a")->empty());
+  EXPECT_FALSE(l.find(0, "b")->empty());
+  EXPECT_EQ(l.apply(0, "a", at(t0), t0).next_us, t0 + 100 * ms) << "a fresh start: one use";
+}

@@ -271,10 +271,12 @@ TEST_F(MasterLoop, OverrideGivesOneIdentifierItsOwnLimitAndReloads) {
 TEST_F(MasterLoop, StatusAndLiveness) {
   handle({"api\0"s, "ACCEPTED", "k", ts(0), ""});
   const auto status = svc_.status_json();
-  EXPECT_NE(status.find("{\"name\":\"api\",\"algorithm\":\"sliding-log\",\"rules\":[{\"rate\":\"10/s\",\"burst\":2}],"
-                        "\"overrides\":[{\"identifier\":\"vip\",\"rules\":[{\"rate\":\"100/s\",\"burst\":20}]}],"
-                        "\"tracked_identifiers\":1}"),
-            std::string::npos)
+  EXPECT_NE(
+      status.find(
+          "{\"name\":\"api\",\"algorithm\":\"sliding-log\",\"rules\":[{\"rate\":\"10/s\",\"burst\":2}],"
+          "\"overrides\":[{\"identifier\":\"vip\",\"rules\":[{\"rate\":\"100/s\",\"burst\":20}],\"source\":\"file\"}],"
+          "\"tracked_identifiers\":1}"),
+      std::string::npos)
       << status;
   EXPECT_TRUE(svc_.alive(std::chrono::seconds(5)));
   clock_.advance(std::chrono::seconds(10));

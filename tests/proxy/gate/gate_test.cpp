@@ -525,3 +525,20 @@ TEST(RateLimitFields, AQuotaNotKnownHereIsInThePolicyOnly) {
   append_ratelimit_fields(out, "llm", q, 0);
   EXPECT_EQ(out, "RateLimit-Policy: \"llm\";q=1000000;w=2592000\r\n") << "no RateLimit line without an item";
 }
+
+// An override whose rules change (set at run time through the master's API):
+// what the master said of the client under the old rules goes, the new apply
+// at once; the same override published again changes nothing.
+TEST(GateGuard, AChangedOverrideDropsWhatTheMasterSaidUnderTheOldRules) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 2}}, t0);
+  g.update(0, "vip", t0 + 60'000 * ms, 60'000 * ms, t0);  // throttled a minute by the domain's rules
+  g.update(0, "other", t0 + 60'000 * ms, 60'000 * ms, t0);
+  EXPECT_EQ(g.decide(0, "vip", t0, limits()).v, verdict::reject);
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{10 * ms, 20}}, t0));
+  EXPECT_EQ(g.decide(0, "vip", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "other", t0, limits()).v, verdict::reject) << "only the overridden identifier";
+  g.update(0, "vip", t0 + 60'000 * ms, 10 * ms, t0);
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{10 * ms, 20}}, t0 + 1'000 * ms));  // refreshed
+  EXPECT_EQ(g.decide(0, "vip", t0 + 1'000 * ms, limits()).v, verdict::reject) << "the same rules: kept";
+}

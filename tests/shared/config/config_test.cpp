@@ -927,3 +927,38 @@ overrides = [
             std::string::npos);
   EXPECT_NE(one_error(head + "rules = [{ concurrency = \"2\" }]\n").find("expected an integer"), std::string::npos);
 }
+
+TEST(Config, OverrideRulesFromTheApi) {
+  auto ok = config::parse_override_rules("vip", "rules = [ { rate = \"100/s\", burst = 20 }, { concurrency = 8 } ]");
+  ASSERT_TRUE(std::holds_alternative<config::override_config>(ok));
+  const auto& o = std::get<config::override_config>(ok);
+  EXPECT_EQ(o.identifier, "vip");
+  ASSERT_EQ(o.rules.size(), 1u);
+  EXPECT_EQ(o.rules[0].burst, 20);
+  EXPECT_EQ(o.concurrency, 8);
+  const auto error = [](std::string_view text) {
+    auto r = config::parse_override_rules("vip", text);
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string("(accepted)");
+  };
+  EXPECT_EQ(error("rules = []"), "(accepted)");  // no limit for this client
+  EXPECT_NE(error("rules = [ { rate = \"1/s\", burst = 0 } ]").find("rules[0].burst: must be between 1"),
+            std::string::npos);
+  EXPECT_NE(error("rules = [").find("not TOML"), std::string::npos);
+  EXPECT_NE(error("").find("missing rules"), std::string::npos);
+  EXPECT_NE(error("rules = []\nlimit = 3").find("unknown key"), std::string::npos);
+  EXPECT_NE(std::get<std::string>(config::parse_override_rules("", "rules = []")).find("1 to 1024 bytes"),
+            std::string::npos);
+}
+
+TEST(Config, AdminTokenFile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/token-good", weak = dir + "/token-weak";
+  std::ofstream(good) << "  a-token-of-sufficient-length\n";
+  std::ofstream(weak) << "short\n";
+  auto r = load("[master]\nadmin_token_file = \"" + good + "\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  EXPECT_EQ(r.cfg->master->admin_token, "a-token-of-sufficient-length");
+  EXPECT_NE(one_error("[master]\nadmin_token_file = \"" + weak + "\"\n").find("at least 16 characters"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nadmin_token_file = \"/nonexistent/token\"\n").find("cannot read"), std::string::npos);
+}
