@@ -54,6 +54,8 @@ SECTIONS = {
 READERS = {
     ("load_string", "r"): "top level",
     ("read_master", "r"): "[master]",
+    ("read_admin_token", "r"): "[master]",
+    ("parse_override_rules", "r"): "overrides entries",  # the override API's document: an entry's rules
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_rule", "r"): "rules entries",
     ("read_quota", "r"): "rules entries",
