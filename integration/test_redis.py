@@ -10,6 +10,8 @@ Run: python3 integration/test_redis.py -v
 """
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import sys
@@ -20,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lib.daemons import MasterProcess  # noqa: E402
 from lib.gatekeeper import zmq  # noqa: E402
-from lib.ports import reserve_port  # noqa: E402
+from lib.ports import HOST, reserve_port  # noqa: E402
 from lib.redis_server import RedisSentinel, RedisServer  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
 from lib.timing import now_ms, wait_until  # noqa: E402
@@ -269,6 +271,36 @@ class RedisStoreTest(RedisTestCase):
         self.assertEqual(m.metric("smockron_master_reservations_open"), 0)
         wait_until(lambda: r.command("KEYS", "smockron-resv:*") == [], 5, message="closed reservations left in Redis")
         self.assert_free(gk2, "api", "alice")  # 3 units at 1/10 s would have kept her waiting 30 s
+
+    def test_overrides_set_through_the_api_survive_a_master_kill(self):
+        r = self.start_redis()
+        token = "a-token-for-the-override-api"
+        m = self.master(r.url, admin_token_file=self.write_file("token", token))
+        auth = {"Authorization": f"Bearer {token}"}
+        rules = 'rules = [ { rate = "1/10s", burst = 50 } ]'
+        conn = http.client.HTTPConnection(HOST, m.admin_port, timeout=5)
+        conn.request("PUT", "/overrides/api/vip", body=rules.encode(), headers=auth)
+        self.assertEqual(conn.getresponse().status, 201)
+        conn.close()
+        wait_until(lambda: r.command("GET", b"smockron-override:api\0vip") == rules.encode(), 5,
+                   message="the override in Redis under the documented key, with no expiry")
+        self.assertEqual(r.command("PTTL", b"smockron-override:api\0vip"), -1)
+        m = self.restart_master(m, signal.SIGKILL)
+        gk = self.closing(m.gatekeeper(["api"]))
+        t = now_ms()
+        for i in range(10):  # the domain's burst is 3: the override's 50 is in force again
+            gk.accepted("api", "vip", t + i)
+        self.assertIsNone(gk.recv(0.5), "vip limited by the domain's rules: its override was lost")
+        status = json.loads(m.get("/status").body)
+        api = [o for d in status["domains"] if d["name"] == "api" for o in d["overrides"]]
+        self.assertEqual([(o["identifier"], o["source"]) for o in api], [("vip", "api")])
+        # Deleted: gone from Redis too.
+        conn = http.client.HTTPConnection(HOST, m.admin_port, timeout=5)
+        conn.request("DELETE", "/overrides/api/vip", headers=auth)
+        self.assertEqual(conn.getresponse().status, 200)
+        conn.close()
+        wait_until(lambda: r.command("EXISTS", b"smockron-override:api\0vip") == 0, 5, message="the record deleted")
+
 
 
 class RedisSentinelTest(RedisTestCase):

@@ -8,6 +8,7 @@
 
 #include "master/io/control_publisher.hpp"
 #include "master/server/admin.hpp"
+#include "master/store/redis_store.hpp"
 #include "shared/base/text.hpp"
 
 namespace smockron::master {
@@ -86,6 +87,27 @@ void service::forget(std::string_view domain, std::string_view identifier) {
   if (const auto i = ingest_.find(domain)) ingest_.states().reset(*i, identifier);
 }
 
+void service::restore_overrides() {
+  auto loaded = store_->take_loaded_overrides();
+  if (loaded.empty()) return;
+  std::size_t kept = 0;
+  for (auto& l : loaded) {
+    auto parsed = config::parse_override_rules(l.identifier, l.rules);
+    auto* o = std::get_if<config::override_config>(&parsed);
+    if (!o) {
+      log_->warn("redis: override of {} in {} not restored: {}", l.identifier, l.domain, std::get<std::string>(parsed));
+      restore_skipped_.inc();
+      continue;
+    }
+    o->from_api = true;
+    o->text = std::move(l.rules);
+    // One set through the API since this master started is newer.
+    if (runtime_overrides_.try_emplace(key_of(l.domain, l.identifier), l.domain, std::move(*o)).second) ++kept;
+  }
+  log_->info("redis: {} override(s) set through the API read back", kept);
+  apply_limits();
+}
+
 std::string service::admin_token() const {
   std::lock_guard lock(status_mutex_);
   return cfg_.admin_token;
@@ -109,6 +131,7 @@ service::api_answer service::put_override(std::string domain, config::override_c
     }
     *status = runtime_overrides_.contains(key) ? 200 : 201;
     const auto body = override_json(domain, o).dump() + "\n";
+    if (store_) override_writes_.push_back({override_key(domain, o.identifier), o.text, false});
     runtime_overrides_[key] = {domain, o};
     apply_limits();
     forget(domain, o.identifier);
@@ -128,6 +151,7 @@ service::api_answer service::delete_override(std::string domain, std::string ide
       *status = 404;
       return error_json("no override of this identifier was set through the API");
     }
+    if (store_) override_writes_.push_back({override_key(domain, identifier), {}, true});
     apply_limits();
     forget(domain, identifier);
     *status = 200;

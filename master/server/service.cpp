@@ -229,9 +229,12 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
 
 void service::pump_store(std::chrono::steady_clock::time_point now, bool force) {
   limiter& states = ingest_.states();
+  restore_overrides();  // before the states: they are checked against these rules
   if (store_->take_resync()) {
     // Redis may have come back empty: everything held is written again.
     states.mark_all_dirty();
+    for (const auto& [key, entry] : runtime_overrides_)
+      override_writes_.push_back({override_key(entry.first, entry.second.identifier), entry.second.text, false});
     ingest_.reservation_book().each([&](const reservations::reservation& r) { reservation_writes_->opened(r); });
   }
   const std::int64_t now_us = clock_.wall_us();
@@ -259,7 +262,8 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
     }
   }
   unwritten_.store(states.dirty(), std::memory_order_relaxed);
-  if ((states.dirty() == 0 && reservation_writes_->pending() == 0) || !store_->idle() || (!force && now < next_flush_))
+  if ((states.dirty() == 0 && reservation_writes_->pending() == 0 && override_writes_.empty()) || !store_->idle() ||
+      (!force && now < next_flush_))
     return;
   next_flush_ = now + k_flush_interval;
   std::vector<redis_store::write> batch;
@@ -272,6 +276,12 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
     batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
   });
   reservation_writes_->drain(batch, cfg_.reservation_timeout);
+  for (auto& w : std::exchange(override_writes_, {})) {
+    redis_store::write out{std::move(w.key), std::move(w.value)};
+    out.erase = w.erase;
+    out.keep = !w.erase;
+    batch.push_back(std::move(out));
+  }
   store_->submit(std::move(batch));
   unwritten_.store(states.dirty(), std::memory_order_relaxed);
 }
@@ -280,7 +290,8 @@ void service::finish(std::chrono::milliseconds deadline) {
   if (!store_) return;
   const auto until = clock_.steady_now() + deadline;
   const limiter& states = ingest_.states();
-  while ((states.dirty() > 0 || reservation_writes_->pending() > 0) && store_->up() && clock_.steady_now() < until) {
+  while ((states.dirty() > 0 || reservation_writes_->pending() > 0 || !override_writes_.empty()) && store_->up() &&
+         clock_.steady_now() < until) {
     if (store_->idle()) pump_store(clock_.steady_now(), true);
     else std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

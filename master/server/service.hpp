@@ -30,6 +30,11 @@ namespace smockron::master {
 
 class control_publisher;
 class redis_store;
+/// redis_store::write (an override's record, queued for the store).
+struct redis_store_write {
+  std::string key, value;
+  bool erase = false;
+};
 class udp_responder;
 
 class service {
@@ -121,6 +126,10 @@ private:
   config::master_config file_cfg_;  ///< as the file says (loop thread)
   /// The API's overrides by domain + "\0" + identifier (loop thread).
   std::map<std::string, std::pair<std::string, config::override_config>, std::less<>> runtime_overrides_;
+  /// With the Redis store: the API's overrides set or deleted and not yet handed to it.
+  std::vector<redis_store_write> override_writes_;
+  /// Applies the overrides the store read back (before its states).
+  void restore_overrides();
   const clock& clock_;
   metrics::registry& metrics_;
   event_loop loop_;  ///< accounting, control and the UDP query endpoint; turned by poll_once()

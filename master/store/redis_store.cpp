@@ -167,6 +167,18 @@ void redis_store::submit(std::vector<write> batch) {
   cv_.notify_one();
 }
 
+std::vector<redis_store::loaded_override> redis_store::take_loaded_overrides() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(loaded_overrides_, {});
+}
+
+std::string override_key(std::string_view domain, std::string_view identifier) {
+  std::string k(k_override_prefix);
+  k.append(domain).push_back('\0');
+  k.append(identifier);
+  return k;
+}
+
 std::vector<reservation_record> redis_store::take_loaded_reservations() {
   std::lock_guard lock(mutex_);
   return std::exchange(loaded_reservations_, {});
@@ -343,6 +355,22 @@ bool redis_store::load() {
     loaded_flag_.store(true, std::memory_order_release);
     chunk.clear();
   };
+  // The API's overrides first: the states restored after them are checked against their rules.
+  std::vector<loaded_override> overrides;
+  if (!scan(k_override_prefix, [&](std::string_view key, std::string_view value) {
+        key.remove_prefix(k_override_prefix.size());
+        const auto nul = key.find('\0');
+        if (nul != std::string_view::npos) {
+          overrides.push_back({std::string(key.substr(0, nul)), std::string(key.substr(nul + 1)), std::string(value)});
+        }
+        return overrides.size() < 100'000;
+      })) {
+    return false;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    loaded_overrides_ = std::move(overrides);
+  }
   const bool states_read = scan(k_store_prefix, [&](std::string_view key, std::string_view value) {
     std::string_view domain, identifier;
     if (!split_store_key(key, domain, identifier)) return true;
@@ -382,8 +410,8 @@ bool redis_store::write_batch(const std::vector<write>& batch) {
     const std::size_t lens[] = {3, w.key.size(), w.value.size(), 2, ttl.size()};
     const char* del[] = {"DEL", w.key.data()};
     const std::size_t del_lens[] = {3, w.key.size()};
-    if ((w.erase ? redisAppendCommandArgv(ctx_.get(), 2, del, del_lens)
-                 : redisAppendCommandArgv(ctx_.get(), 5, argv, lens)) != REDIS_OK) {
+    const int n = w.erase ? 2 : w.keep ? 3 : 5;  // SET without PX: no expiry
+    if (redisAppendCommandArgv(ctx_.get(), n, w.erase ? del : argv, w.erase ? del_lens : lens) != REDIS_OK) {
       disconnect("pipelining a write failed");
       return false;
     }

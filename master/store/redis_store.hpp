@@ -46,6 +46,9 @@
 namespace smockron::master {
 
 inline constexpr std::string_view k_store_prefix = "smockron:";
+/// An override set through the API: `smockron-override:<domain>\0<identifier>`, its TOML rules, no expiry.
+inline constexpr std::string_view k_override_prefix = "smockron-override:";
+std::string override_key(std::string_view domain, std::string_view identifier);
 
 std::string store_key(std::string_view domain, std::string_view identifier);
 /// Splits a key made by store_key(); false if `key` is not one.
@@ -60,6 +63,11 @@ public:
     std::string value;
     std::int64_t ttl_ms = 1;
     bool erase = false;  ///< DEL the key (value and ttl unused)
+    bool keep = false;   ///< no expiry (ttl unused): an override set through the API
+  };
+  /// An override set through the API, as kept in Redis (read back at start-up).
+  struct loaded_override {
+    std::string domain, identifier, rules;  ///< rules: the TOML the API took
   };
   struct loaded {
     std::string domain;
@@ -88,6 +96,8 @@ public:
   std::vector<loaded> take_loaded();
   /// Reservations read from Redis at start-up (all at once, after the states).
   std::vector<reservation_record> take_loaded_reservations();
+  /// Overrides set through the API, read from Redis at start-up before any state.
+  std::vector<loaded_override> take_loaded_overrides();
   /// True once the start-up read is over: done, or Redis could not be reached in time.
   bool settled() const { return settled_.load(std::memory_order_acquire); }
   /// True once after each connection: the loop must rewrite all it holds.
@@ -132,6 +142,7 @@ private:
   std::vector<write> pending_;
   std::vector<loaded> loaded_chunk_;
   std::vector<reservation_record> loaded_reservations_;
+  std::vector<loaded_override> loaded_overrides_;
   bool stop_ = false;
   std::chrono::steady_clock::time_point stop_deadline_{};
   std::atomic<bool> pending_flag_{false};
