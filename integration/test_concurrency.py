@@ -9,7 +9,9 @@ docs/architecture.md, "Concurrency leases"):
 - clients that leave (while waiting, or while at the backend) leave no slot
   taken: the proxy's slots in flight fall back to 0, and the next request goes;
 - a gatekeeper killed with SIGKILL while holding slots: the master frees
-  them when its connection closes, and another gatekeeper gets them.
+  them when its connection closes, and another gatekeeper gets them;
+- a shared limit (all identifiers together) is never exceeded, and every
+  identifier under it is served, the light one too.
 
 The backend counts /slow requests in progress per X-API-Key (lib/backends.py,
 /__inflight); everything else is read from responses and metrics, polled
@@ -44,10 +46,13 @@ def route(**keys) -> dict:
 
 
 class ConcurrencyTestCase(DaemonTestCase):
-    def stack(self, limit: int, gatekeepers: int = 1, **route_keys):
-        """A master with DOMAIN under { concurrency = limit }, a backend, and `gatekeepers` proxies."""
-        self.master = self.start_master({DOMAIN: {"rules": [{"concurrency": limit}]},
-                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+    def stack(self, limit: int, gatekeepers: int = 1, shared: int | None = None, **route_keys):
+        """A master with DOMAIN under { concurrency = limit } (0: none) and, with `shared`, a shared
+        { concurrency = shared }; a backend, and `gatekeepers` proxies."""
+        domain = {"rules": [{"concurrency": limit}] if limit else []}
+        if shared is not None:
+            domain["shared"] = [{"concurrency": shared}]
+        self.master = self.start_master({DOMAIN: domain, WARM_DOMAIN: {"rules": [("1/h", 1)]}})
         self.backend = self.start_backend()
         self.proxies = []
         for i in range(gatekeepers):
@@ -168,6 +173,21 @@ class TestConcurrency(ConcurrencyTestCase):
         self.assertEqual(r.status, 200)
         self.assertLess(time.monotonic() - t0, 5.0)
         self.assertGreaterEqual(self.master.metric("smockron_master_lease_slots_released_total"), 2)
+
+    def test_a_shared_limit_is_split_among_the_identifiers(self):
+        a, b = self.stack(0, gatekeepers=2, shared=4)
+        jobs = []
+        for key in ("heavy-1", "heavy-2"):
+            jobs += [lambda key=key, i=i: [fetch((a, b)[i % 2].port, "/slow?s=0.2", key=key, timeout=60)[0].status
+                                           for _ in range(4)] for i in range(6)]
+        jobs += [lambda: [fetch(a.port, "/slow?s=0.2", key="light", timeout=60)[0].status for _ in range(4)]]
+        results = self.many(jobs)
+        self.assertEqual(results, [[200] * 4] * len(jobs))
+        seen = self.backend.inflight()["max"]
+        self.assertLessEqual(seen["*"], 4, seen)  # the pool, all identifiers together
+        self.assertGreaterEqual(seen["*"], 2, seen)
+        self.idle()
+        self.master.wait_metric("smockron_master_lease_slots_held", predicate=lambda v: v == 0, timeout=10)
 
     @staticmethod
     def swallow(f, *args, **kw):

@@ -15,7 +15,8 @@ What a request gets depends on its path:
     /ws                  WebSocket echo (RFC 6455 handshake, unmasked server frames)
     /slow?s=S            sleeps S seconds, then answers like /echo; GET /__inflight returns
                          {"now": {key: n}, "max": {key: n}}: /slow requests per X-API-Key
-                         in progress now and at most at once since the last /__reset
+                         (and "*": all keys together) in progress now and at most at once
+                         since the last /__reset
     /status/NNN          answers NNN (204 and 304 without a body)
     /stream?mib=N&mode=chunked|length   N MiB generated on the fly
     /chunks?n=N&gap=S    a chunked response of N chunks "part-<i>;", each its own
@@ -248,13 +249,15 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/slow":
             key = entry["key"] or ""
             with srv.lock:
-                srv.inflight[key] = srv.inflight.get(key, 0) + 1
-                srv.max_inflight[key] = max(srv.max_inflight.get(key, 0), srv.inflight[key])
+                for k in (key, "*"):  # "*": every key together
+                    srv.inflight[k] = srv.inflight.get(k, 0) + 1
+                    srv.max_inflight[k] = max(srv.max_inflight.get(k, 0), srv.inflight[k])
             try:
                 time.sleep(float(query.get("s", "2")))
             finally:
                 with srv.lock:
                     srv.inflight[key] -= 1
+                    srv.inflight["*"] -= 1
             return self._echo(entry)
         if url.path.startswith("/status/"):
             code = int(url.path.split("/")[2])

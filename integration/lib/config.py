@@ -45,6 +45,7 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
     """A [master] config.
 
     domains: {name: {"rules": [("10/s", 2), {"quota": 100, "per": "day"}, ...], "algorithm": "gcra",
+                     "shared": [{"concurrency": 64}],
                      "overrides": {identifier: [("100/s", 20), ...]}}} (algorithm and overrides optional).
     master_keys: extra [master] keys, e.g. max_identifiers=100, sweep_interval="50ms".
     probe: add PROBE_DOMAIN (rate 1/h, burst 1) for Gatekeeper.handshake().
@@ -67,6 +68,8 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
         lines.append(f"rules = {toml_value(rules)}")
         if "algorithm" in d:
             lines.append(f'algorithm = {toml_value(d["algorithm"])}')
+        if "shared" in d:
+            lines.append(f'shared = {toml_value(d["shared"])}')
         if "overrides" in d:
             overrides = [{"identifier": ident, "rules": [{"rate": r, "burst": b} for r, b in rules]}
                          for ident, rules in d["overrides"].items()]

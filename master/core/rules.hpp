@@ -64,6 +64,9 @@ struct limits {
   /// At most this many requests of one identifier in flight (leased to the
   /// gatekeepers, master/engine/leases.hpp); 0: no such rule.
   std::int64_t concurrency = 0;
+  /// The domain's shared concurrency (all identifiers together; the same in
+  /// an override's limits as in the domain's); 0: none.
+  std::int64_t shared_concurrency = 0;
   /// Timestamps further than this ahead of the master's clock are clamped
   /// (a gatekeeper with a fast clock must not lock a client out for hours).
   std::int64_t max_future_us = 60'000'000;

@@ -150,7 +150,9 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   leases_.relimit(
       [&](std::string_view d, std::string_view id) {
         const auto i = find(d);
-        return i ? concurrency_of(*i, id) : std::int64_t{0};
+        if (!i) return leases::limits{};
+        const rules::limits& l = limiter_.limits_of(*i, id);
+        return leases::limits{l.concurrency, l.shared_concurrency};
       },
       clock_.wall_us());
   return changes;

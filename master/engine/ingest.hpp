@@ -124,10 +124,6 @@ private:
   void install(const config::master_config& cfg);
   /// A LEASE message (ingest_leases.cpp): the lease book's, or granted untracked when it is full.
   void handle_lease(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
-  /// The concurrency limit of (domain, identifier) now (0: none).
-  std::int64_t concurrency_of(std::size_t domain, std::string_view identifier) const {
-    return limiter_.limits_of(domain, identifier).concurrency;
-  }
   /// Gives back the units of reservations that died (`why`: gatekeeper_gone, timeout).
   void release(const std::vector<reservations::reservation>& gone, metrics::counter& why, std::int64_t now_us);
   void log_bad(std::string_view what, std::string_view detail);

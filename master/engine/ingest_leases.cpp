@@ -17,7 +17,8 @@ void ingest::handle_lease(std::span<const std::string_view> frames, std::int64_t
     return;
   }
   lease_messages_.inc();
-  if (leases_.on_lease(peer, msg.value(), concurrency_of(it->second, msg->identifier), now_us)) return;
+  const rules::limits& l = limiter_.limits_of(it->second, msg->identifier);
+  if (leases_.on_lease(peer, msg.value(), {l.concurrency, l.shared_concurrency}, now_us)) return;
   // The book is full: fail-open, as an untracked identifier is everywhere
   // else (granted what it wants, counted against nothing).
   leases_untracked_.inc();

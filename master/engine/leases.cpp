@@ -6,6 +6,31 @@
 
 namespace smockron::master {
 
+namespace {
+
+// Max-min fair shares of `limit` over `wants` (water-filling); the remainder
+// of an even split goes to the last in `order` (ascending want) that wants more.
+std::vector<std::int64_t> water_fill(std::int64_t limit, const std::vector<std::int64_t>& wants,
+                                     const std::vector<std::size_t>& order) {
+  std::vector<std::int64_t> share(wants.size());
+  std::int64_t left = limit;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto n = static_cast<std::int64_t>(order.size() - i);
+    share[order[i]] = std::min(wants[order[i]], left / n);
+    left -= share[order[i]];
+  }
+  for (std::size_t i = order.size(); i-- > 0 && left > 0;) {
+    const std::size_t k = order[i];
+    if (share[k] < wants[k]) {
+      ++share[k];
+      --left;
+    }
+  }
+  return share;
+}
+
+}  // namespace
+
 std::string leases::key_of(std::string_view domain, std::string_view identifier) {
   std::string k;
   k.reserve(domain.size() + 1 + identifier.size());
@@ -19,48 +44,119 @@ std::pair<std::string_view, std::string_view> leases::split(std::string_view key
   return {key.substr(0, at), key.substr(at + 1)};
 }
 
-bool leases::on_lease(std::uint64_t peer, const wire::lease& m, std::int64_t limit, std::int64_t now_us) {
-  std::string key = key_of(m.domain, m.identifier);
-  auto it = entries_.find(key);
+void leases::set_limits(entry& e, limits l) {
+  e.own = l.own > 0 ? l.own : k_unlimited;
+  pool* next = nullptr;
+  if (l.shared > 0) {
+    const auto domain = split(*e.key).first;
+    auto it = pools_.find(domain);
+    if (it == pools_.end()) it = pools_.emplace(std::string(domain), pool{}).first;
+    next = &it->second;
+    next->limit = l.shared;
+  }
+  if (next == e.in) return;
+  std::int64_t held = 0;
+  for (const holder& h : e.holders) held += h.held;
+  if (e.in != nullptr) {
+    std::erase(e.in->members, &e);
+    e.in->held -= held;
+  }
+  e.in = next;
+  if (next != nullptr) {
+    next->members.push_back(&e);
+    next->held += held;
+  }
+  e.limit = e.own;
+}
+
+bool leases::on_lease(std::uint64_t peer, const wire::lease& m, limits l, std::int64_t now_us) {
+  auto it = entries_.find(key_of(m.domain, m.identifier));
   if (it == entries_.end()) {
     if (m.want == 0 && m.held == 0) return true;  // nothing held, nothing wanted: nothing to keep
     if (entries_.size() >= max_entries_) return false;
-    it = entries_.emplace(key, entry{}).first;
+    it = entries_.emplace(key_of(m.domain, m.identifier), entry{}).first;
+    it->second.key = &it->first;
   }
   entry& e = it->second;
-  e.limit = limit;
+  set_limits(e, l);
   auto h = std::find_if(e.holders.begin(), e.holders.end(),
                         [&](const holder& x) { return x.peer == peer && x.id == m.holder; });
+  std::int64_t delta = 0;
   if (h == e.holders.end()) {
     // A holder new to this connection: what it says it holds is in flight
     // (its connection came back, or this master restarted), so it is counted.
     e.holders.push_back({peer, m.holder, m.held, m.held, 0, m.returned, 0, m.held > 0});
-    held_ += m.held;
+    delta = m.held;
     h = std::prev(e.holders.end());
   } else if (m.returned > h->seen) {
     const std::int64_t back = std::min(h->held, m.returned - h->seen);
     h->held -= back;
     h->cap = std::min(h->cap, h->held);
-    held_ -= back;
+    delta = -back;
     h->seen = m.returned;
+  } else if (m.returned < h->seen) {
+    h->seen = m.returned;  // the holder counts afresh (it forgot this identifier): nothing owed
   }
+  held_ += delta;
+  if (e.in != nullptr) e.in->held += delta;
   h->want = m.want;
+  settle(e, now_us);
+  if (std::none_of(e.holders.begin(), e.holders.end(), [](const holder& x) { return x.changed; })) prune(it);
+  return true;
+}
+
+void leases::settle(entry& e, std::int64_t now_us) {
+  if (e.in != nullptr) {
+    rebalance_pool(*e.in, now_us);
+    return;
+  }
+  e.limit = e.own;
   rebalance(e, now_us);
   if (std::any_of(e.holders.begin(), e.holders.end(), [](const holder& x) { return x.changed; })) {
-    changed_.push_back(std::move(key));
-  } else {
-    prune(it);
+    changed_.push_back(*e.key);
   }
-  return true;
+}
+
+void leases::rebalance_pool(pool& p, std::int64_t now_us) {
+  // Each identifier's share of the pool, max-min over what its holders want
+  // (at most its own limit); then grants, those furthest below their share first.
+  const std::size_t n = p.members.size();
+  std::vector<std::int64_t> wants(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t w = 0;
+    for (const holder& h : p.members[i]->holders) w += h.want;
+    wants[i] = std::min(w, p.members[i]->own);
+  }
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return wants[a] < wants[b]; });
+  const auto share = water_fill(p.limit, wants, order);
+  std::vector<std::int64_t> held(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p.members[i]->limit = std::min(p.members[i]->own, share[i]);
+    for (const holder& h : p.members[i]->holders) held[i] += h.held;
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return held[a] - share[a] < held[b] - share[b]; });
+  std::int64_t free = p.limit - p.held;
+  for (std::size_t i : order) {
+    entry& e = *p.members[i];
+    rebalance(e, now_us, &free);
+    if (std::any_of(e.holders.begin(), e.holders.end(), [](const holder& x) { return x.changed; })) {
+      changed_.push_back(*e.key);
+    }
+  }
 }
 
 std::int64_t leases::peer_closed(std::uint64_t peer, std::int64_t now_us) {
   std::int64_t freed = 0;
+  std::vector<entry*> touched;
   for (auto it = entries_.begin(); it != entries_.end();) {
     entry& e = it->second;
+    std::int64_t gone_here = 0;
     const auto gone = std::remove_if(e.holders.begin(), e.holders.end(), [&](const holder& h) {
       if (h.peer != peer) return false;
-      freed += h.held;
+      gone_here += h.held;
       return true;
     });
     if (gone == e.holders.end()) {
@@ -68,30 +164,49 @@ std::int64_t leases::peer_closed(std::uint64_t peer, std::int64_t now_us) {
       continue;
     }
     e.holders.erase(gone, e.holders.end());
+    freed += gone_here;
+    if (e.in != nullptr) e.in->held -= gone_here;
     if (e.holders.empty()) {
-      it = entries_.erase(it);
+      auto next = std::next(it);
+      erase(it);
+      std::erase(touched, &e);
+      it = next;
       continue;
     }
-    rebalance(e, now_us);
-    changed_.push_back(it->first);
+    touched.push_back(&e);
     ++it;
   }
   held_ -= freed;
+  // Whoever waits gets the freed slots (every pool the departed held slots of, too).
+  std::vector<pool*> pools;
+  for (entry* e : touched) {
+    if (e->in == nullptr) settle(*e, now_us);
+    else if (std::find(pools.begin(), pools.end(), e->in) == pools.end()) pools.push_back(e->in);
+  }
+  for (auto& [domain, p] : pools_) {
+    if (std::find(pools.begin(), pools.end(), &p) == pools.end() && freed > 0) pools.push_back(&p);
+  }
+  for (pool* p : pools) rebalance_pool(*p, now_us);
   return freed;
 }
 
-void leases::rebalance(entry& e, std::int64_t now_us) {
+void leases::rebalance(entry& e, std::int64_t now_us, std::int64_t* pool_free) {
   auto& hs = e.holders;
   const auto set = [](holder& h, std::int64_t held, std::int64_t cap) {
     if (h.held != held || h.cap != cap) h.changed = true;
     h.held = held;
     h.cap = cap;
   };
-  if (e.limit == 0) {  // no rule: what is wanted is granted
+  const auto grant = [&](holder& h, std::int64_t give) {
+    held_ += give;
+    if (e.in != nullptr) e.in->held += give;
+    if (pool_free != nullptr) *pool_free -= give;
+    set(h, h.held + give, h.held + give);
+  };
+  if (e.limit == k_unlimited && pool_free == nullptr) {  // no rule: what is wanted is granted
     for (holder& h : hs) {
-      const std::int64_t held = std::max(h.held, h.want);
-      held_ += held - h.held;
-      set(h, held, held);
+      if (h.want > h.held) grant(h, h.want - h.held);
+      set(h, h.held, h.held);
       h.asked_us = 0;
     }
     return;
@@ -99,31 +214,21 @@ void leases::rebalance(entry& e, std::int64_t now_us) {
   for (holder& h : hs) {
     if (h.want > h.held && h.asked_us == 0) h.asked_us = now_us;
   }
-  // Max-min fair shares of the limit over the wants (water-filling; the
-  // remainder of an even split goes to those that asked first).
+  // Max-min fair shares of the limit among the holders (the remainder of an
+  // even split to those that asked first).
+  std::vector<std::int64_t> wants(hs.size());
+  for (std::size_t i = 0; i < hs.size(); ++i) wants[i] = hs[i].want;
   std::vector<std::size_t> order(hs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     if (hs[a].want != hs[b].want) return hs[a].want < hs[b].want;
     return hs[a].asked_us > hs[b].asked_us;
   });
-  std::vector<std::int64_t> share(hs.size());
-  std::int64_t left = e.limit;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const auto n = static_cast<std::int64_t>(order.size() - i);
-    share[order[i]] = std::min(hs[order[i]].want, left / n);
-    left -= share[order[i]];
-  }
-  for (std::size_t i = order.size(); i-- > 0 && left > 0;) {  // the remainder
-    const std::size_t k = order[i];
-    if (share[k] < hs[k].want) {
-      ++share[k];
-      --left;
-    }
-  }
+  const auto share = water_fill(std::min(e.limit, INT64_MAX / 2), wants, order);
   // Free slots to those waiting, first come first served: up to the share, then beyond.
-  std::int64_t free = e.limit;
+  std::int64_t free = e.limit == k_unlimited ? INT64_MAX / 2 : e.limit;
   for (const holder& h : hs) free -= h.held;
+  const bool over = free < 0 || (pool_free != nullptr && *pool_free < 0);
   std::vector<std::size_t> waiting;
   for (std::size_t i = 0; i < hs.size(); ++i) {
     if (hs[i].want > hs[i].held) waiting.push_back(i);
@@ -134,16 +239,17 @@ void leases::rebalance(entry& e, std::int64_t now_us) {
     for (std::size_t i : waiting) {
       holder& h = hs[i];
       const std::int64_t room = beyond_share ? h.want : std::min(h.want, share[i]);
-      const std::int64_t give = std::min(free, room - h.held);
+      std::int64_t give = std::min(free, room - h.held);
+      if (pool_free != nullptr) give = std::min(give, *pool_free);
       if (give <= 0) continue;
-      held_ += give;
       free -= give;
-      set(h, h.held + give, h.held + give);
+      grant(h, give);
     }
   }
   // Caps: while some holder waits, or more is held than the limit (claims
-  // after a comeback, a lower limit after a reload), each keeps its share.
-  bool starving = free < 0;
+  // after a comeback, a lower limit after a reload, a pool's shares moved),
+  // each keeps its share.
+  bool starving = over;
   for (holder& h : hs) {
     if (h.want > h.held) starving = true;
     else h.asked_us = 0;
@@ -157,7 +263,16 @@ void leases::rebalance(entry& e, std::int64_t now_us) {
 void leases::prune(map::iterator it) {
   auto& hs = it->second.holders;
   std::erase_if(hs, [](const holder& h) { return h.held == 0 && h.want == 0 && !h.changed; });
-  if (hs.empty()) entries_.erase(it);
+  if (hs.empty()) erase(it);
+}
+
+void leases::erase(map::iterator it) {
+  entry& e = it->second;
+  if (pool* p = e.in) {
+    std::erase(p->members, &e);
+    if (p->members.empty()) pools_.erase(pools_.find(split(it->first).first));
+  }
+  entries_.erase(it);
 }
 
 std::int64_t leases::held_by(std::string_view domain, std::string_view identifier) const {

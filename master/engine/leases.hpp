@@ -19,8 +19,13 @@
 //   back claims what it still has in flight (its first LEASE on the new
 //   connection), even beyond N, and nothing more is granted until the total
 //   is under N again.
+// - A domain's shared limit S (all its identifiers together) is a pool: each
+//   identifier's limit becomes the lower of its own and its max-min share of
+//   S among the identifiers that want slots, and no grant takes the pool
+//   past S (an identifier above its share gives back as its requests end).
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -47,24 +52,27 @@ public:
 
   explicit leases(std::size_t max_entries) : max_entries_(max_entries) {}
 
-  /// Applies a LEASE from connection `peer` for an identifier whose limit is
-  /// `limit` (0: no concurrency rule: every want is granted). False: not
-  /// tracked (max_entries identifiers hold leases already).
-  bool on_lease(std::uint64_t peer, const wire::lease& m, std::int64_t limit, std::int64_t now_us);
+  /// The limits of one identifier: its own (0: none) and its domain's shared one (0: none).
+  struct limits {
+    std::int64_t own = 0;
+    std::int64_t shared = 0;
+  };
+  /// Applies a LEASE from connection `peer` for an identifier under `l`
+  /// (neither: every want is granted). False: not tracked (max_entries
+  /// identifiers hold leases already).
+  bool on_lease(std::uint64_t peer, const wire::lease& m, limits l, std::int64_t now_us);
   /// Connection `peer` closed: its slots are free (given to those waiting). Returns how many.
   std::int64_t peer_closed(std::uint64_t peer, std::int64_t now_us);
-  /// New limits (a reload): `limit_of(domain, identifier)` is the limit now.
+  /// New limits (a reload): `limits_of(domain, identifier)` is what applies now.
   template <class F>
-  void relimit(F&& limit_of, std::int64_t now_us) {
-    for (auto& [key, e] : entries_) {
-      const auto [domain, identifier] = split(key);
-      const std::int64_t limit = limit_of(domain, identifier);
-      if (limit != e.limit) {
-        e.limit = limit;
-        rebalance(e, now_us);
-        changed_.push_back(key);
-      }
+  void relimit(F&& limits_of, std::int64_t now_us) {
+    std::vector<entry*> all;
+    for (auto& [key, e] : entries_) all.push_back(&e);
+    for (entry* e : all) {
+      const auto [domain, identifier] = split(*e->key);
+      set_limits(*e, limits_of(domain, identifier));
     }
+    for (entry* e : all) settle(*e, now_us);
   }
 
   /// Calls f(domain, identifier, holder) for every holder whose grant
@@ -101,20 +109,39 @@ public:
   void set_max_entries(std::size_t n) { max_entries_ = n; }
 
 private:
+  static constexpr std::int64_t k_unlimited = INT64_MAX;
+  struct pool;
   struct entry {
-    std::int64_t limit = 0;
+    const std::string* key = nullptr;  ///< its key in entries_ (nodes never move)
+    std::int64_t own = k_unlimited;    ///< its own limit
+    std::int64_t limit = k_unlimited;  ///< in force: its own, or lower, its share of the pool
+    pool* in = nullptr;                ///< its domain's shared limit, if any
     std::vector<holder> holders;
+  };
+  /// A domain's shared limit and the identifiers under it.
+  struct pool {
+    std::int64_t limit = 0;
+    std::int64_t held = 0;
+    std::vector<entry*> members;
   };
   using map = string_map<entry>;
   static std::string key_of(std::string_view domain, std::string_view identifier);
   static std::pair<std::string_view, std::string_view> split(std::string_view key);
-  /// Hands free slots out and sets the caps; marks what changed.
-  void rebalance(entry& e, std::int64_t now_us);
+  /// Sets an entry's own limit and pool (not its share: settle() does).
+  void set_limits(entry& e, limits l);
+  /// Rebalances the entry, or its whole pool (the shares move), and notes what changed.
+  void settle(entry& e, std::int64_t now_us);
+  /// Hands free slots out and sets the caps (no more than `*pool_free` more
+  /// when under a pool); marks what changed.
+  void rebalance(entry& e, std::int64_t now_us, std::int64_t* pool_free = nullptr);
+  void rebalance_pool(pool& p, std::int64_t now_us);
   /// Drops holders with nothing held or wanted, and the entry when none is left.
   void prune(map::iterator it);
+  void erase(map::iterator it);
 
   std::size_t max_entries_;
   map entries_;
+  string_map<pool> pools_;            ///< by domain
   std::vector<std::string> changed_;  ///< keys of entries with a changed holder
   std::int64_t held_ = 0;
 };

@@ -31,13 +31,15 @@ rules::limits compile_rules(config::algorithm_kind algo, const std::vector<confi
 rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
   rules::limits l = compile_rules(d.algorithm, d.rules, max_clock_skew);
   l.concurrency = d.concurrency;
+  l.shared_concurrency = d.shared_concurrency;
   return l;
 }
 
 rules::limits compile(const config::domain_config& d, const config::override_config& o,
                       std::chrono::microseconds max_clock_skew) {
   rules::limits l = compile_rules(d.algorithm, o.rules, max_clock_skew);
-  l.concurrency = o.concurrency;  // an override's rules replace the domain's, this one too
+  l.concurrency = o.concurrency;                // an override's rules replace the domain's, this one too
+  l.shared_concurrency = d.shared_concurrency;  // the domain's, whoever the identifier
   return l;
 }
 

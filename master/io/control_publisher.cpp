@@ -67,11 +67,14 @@ void control_publisher::publish_policy(const ingest& lookup, std::size_t i, std:
   // A domain where some identifier has a concurrency rule: its CONCURRENCY,
   // and each override's own (0: none), so that gatekeepers lease slots for
   // exactly those identifiers.
-  bool concurrency = limits.base.concurrency > 0;
-  for (const auto& [identifier, l] : limits.overrides) concurrency = concurrency || l.concurrency > 0;
+  // (A gatekeeper only asks whether an identifier takes slots: under a
+  // shared limit every one does, with its own limit or, lacking one, the pool's.)
+  const auto slots = [](const rules::limits& l) { return l.concurrency > 0 ? l.concurrency : l.shared_concurrency; };
+  bool concurrency = slots(limits.base) > 0;
+  for (const auto& [identifier, l] : limits.overrides) concurrency = concurrency || slots(l) > 0;
   if (!concurrency) return;
-  send_concurrency(domain, {}, limits.base.concurrency);
-  for (const auto& [identifier, l] : limits.overrides) send_concurrency(domain, identifier, l.concurrency);
+  send_concurrency(domain, {}, slots(limits.base));
+  for (const auto& [identifier, l] : limits.overrides) send_concurrency(domain, identifier, slots(l));
 }
 
 void control_publisher::send_concurrency(std::string_view domain, std::string_view identifier, std::int64_t limit) {

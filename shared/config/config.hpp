@@ -68,6 +68,10 @@ struct domain_config {
   /// A { concurrency = N } rule: at most N requests of one identifier in
   /// flight across every gatekeeper (leased to them, wire_lease.hpp); 0: none.
   std::int64_t concurrency = 0;
+  /// `shared = [ { concurrency = N } ]`: at most N requests of all the
+  /// domain's identifiers together in flight, split max-min fairly among
+  /// those that want slots; 0: none.
+  std::int64_t shared_concurrency = 0;
   std::vector<override_config> overrides;
 };
 

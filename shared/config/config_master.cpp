@@ -135,6 +135,18 @@ void read_rules(const toml::node* n, const std::string& path, sink& s, std::vect
   }
 }
 
+// `shared`: limits over all the domain's identifiers together; a concurrency
+// limit only (its slots split max-min among the identifiers that want them).
+void read_shared(reader& r, sink& s, domain_config& d) {
+  const toml::node* n = r.get("shared");
+  if (!n) return;
+  std::vector<rule_config> over_time;
+  read_rules(n, r.key("shared"), s, over_time, d.shared_concurrency);
+  if (!over_time.empty()) {
+    s.add(*n, r.key("shared"), "a shared limit is { concurrency = N } (shared rates and quotas are not supported)");
+  }
+}
+
 void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
   const toml::node* n = r.get("overrides");
   if (!n) return;
@@ -181,6 +193,7 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
     else s.add(*a, r.key("algorithm"), "unknown algorithm \"" + algo + "\" (use \"sliding-log\" or \"gcra\")");
   }
   read_rules(r.get("rules"), r.key("rules"), s, d.rules, d.concurrency);
+  read_shared(r, s, d);
   read_overrides(r, s, d.overrides);
   out.push_back(std::move(d));
 }

@@ -34,11 +34,11 @@ lease ask(std::uint64_t holder, std::int64_t want, std::int64_t returned = 0, st
 TEST(Leases, GrantsWhatIsWantedUpToTheLimit) {
   leases book(100);
   grants g;
-  ASSERT_TRUE(book.on_lease(1, ask(10, 3), 4, 1'000));
+  ASSERT_TRUE(book.on_lease(1, ask(10, 3), {4, 0}, 1'000));
   g.take(book);
   EXPECT_EQ(g.held(10), 3);
   EXPECT_EQ(g.cap(10), 3);
-  ASSERT_TRUE(book.on_lease(2, ask(20, 5), 4, 2'000));
+  ASSERT_TRUE(book.on_lease(2, ask(20, 5), {4, 0}, 2'000));
   g.take(book);
   EXPECT_EQ(g.held(20), 1);  // one slot left
   EXPECT_EQ(book.held(), 4);
@@ -49,20 +49,20 @@ TEST(Leases, GrantsWhatIsWantedUpToTheLimit) {
 TEST(Leases, AHolderAboveItsShareIsAskedDownAndTheSlotsGoToTheOneWaiting) {
   leases book(100);
   grants g;
-  book.on_lease(1, ask(10, 30), 4, 1'000);  // holder 10 takes all four
+  book.on_lease(1, ask(10, 30), {4, 0}, 1'000);  // holder 10 takes all four
   g.take(book);
   EXPECT_EQ(g.held(10), 4);
-  book.on_lease(2, ask(20, 30), 4, 2'000);  // holder 20 waits: 10 is capped to its share
+  book.on_lease(2, ask(20, 30), {4, 0}, 2'000);  // holder 20 waits: 10 is capped to its share
   g.take(book);
   EXPECT_EQ(g.held(20), 0);
   EXPECT_EQ(g.held(10), 4);
   EXPECT_EQ(g.cap(10), 2);
   // Holder 10 gives two back as its requests end: they go to 20, never more than four in all.
-  book.on_lease(1, ask(10, 29, 1), 4, 3'000);
+  book.on_lease(1, ask(10, 29, 1), {4, 0}, 3'000);
   g.take(book);
   EXPECT_EQ(g.held(20), 1);
   EXPECT_EQ(book.held(), 4);
-  book.on_lease(1, ask(10, 28, 2), 4, 4'000);
+  book.on_lease(1, ask(10, 28, 2), {4, 0}, 4'000);
   g.take(book);
   EXPECT_EQ(g.held(20), 2);
   EXPECT_EQ(book.held(), 4);
@@ -72,15 +72,15 @@ TEST(Leases, MaxMinShares) {
   leases book(100);
   grants g;
   // A light holder wants 1 of 9, two heavy ones want many: 1, 4, 4.
-  book.on_lease(1, ask(10, 50), 9, 1'000);
+  book.on_lease(1, ask(10, 50), {9, 0}, 1'000);
   g.take(book);
   EXPECT_EQ(g.held(10), 9);
-  book.on_lease(2, ask(20, 50), 9, 2'000);
-  book.on_lease(3, ask(30, 1), 9, 3'000);
+  book.on_lease(2, ask(20, 50), {9, 0}, 2'000);
+  book.on_lease(3, ask(30, 1), {9, 0}, 3'000);
   g.take(book);
   EXPECT_EQ(g.cap(10), 4);  // 9 - 1 (light) split in two
   // Holder 10 gives back five: the light one is served, then the other heavy one up to its share.
-  book.on_lease(1, ask(10, 50, 5), 9, 4'000);
+  book.on_lease(1, ask(10, 50, 5), {9, 0}, 4'000);
   g.take(book);
   EXPECT_EQ(g.held(30), 1);
   EXPECT_EQ(g.held(20), 4);
@@ -90,17 +90,17 @@ TEST(Leases, MaxMinShares) {
 TEST(Leases, IdleSlotsStayUntilSomeoneElseWants) {
   leases book(100);
   grants g;
-  book.on_lease(1, ask(10, 4), 4, 1'000);
+  book.on_lease(1, ask(10, 4), {4, 0}, 1'000);
   g.take(book);
   const std::size_t before = g.messages;
-  book.on_lease(1, ask(10, 0), 4, 2'000);  // done, but keeps its lease
+  book.on_lease(1, ask(10, 0), {4, 0}, 2'000);  // done, but keeps its lease
   g.take(book);
   EXPECT_EQ(g.messages, before);  // nothing to tell
   EXPECT_EQ(book.held(), 4);
-  book.on_lease(2, ask(20, 1), 4, 3'000);
+  book.on_lease(2, ask(20, 1), {4, 0}, 3'000);
   g.take(book);
   EXPECT_EQ(g.cap(10), 0);  // wants none: asked for all back
-  book.on_lease(1, ask(10, 0, 4), 4, 4'000);
+  book.on_lease(1, ask(10, 0, 4), {4, 0}, 4'000);
   g.take(book);
   EXPECT_EQ(g.held(20), 1);
   EXPECT_EQ(book.held(), 1);
@@ -109,21 +109,21 @@ TEST(Leases, IdleSlotsStayUntilSomeoneElseWants) {
 TEST(Leases, AClosedConnectionFreesItsSlotsAndAComebackClaimsWhatIsInFlight) {
   leases book(100);
   grants g;
-  book.on_lease(1, ask(10, 4), 4, 1'000);
-  book.on_lease(2, ask(20, 2), 4, 2'000);
+  book.on_lease(1, ask(10, 4), {4, 0}, 1'000);
+  book.on_lease(2, ask(20, 2), {4, 0}, 2'000);
   g.take(book);
   EXPECT_EQ(book.peer_closed(1, 3'000), 4);
   g.take(book);
   EXPECT_EQ(g.held(20), 2);
   // Holder 10 is back on connection 3 with three still in flight: counted beyond the limit...
-  book.on_lease(3, ask(10, 3, 0, 3), 4, 4'000);
+  book.on_lease(3, ask(10, 3, 0, 3), {4, 0}, 4'000);
   g.take(book);
   EXPECT_EQ(book.held(), 5);
   // ...and nothing more is granted until the total is under it.
-  book.on_lease(2, ask(20, 3), 4, 5'000);
+  book.on_lease(2, ask(20, 3), {4, 0}, 5'000);
   g.take(book);
   EXPECT_EQ(g.held(20), 2);
-  book.on_lease(3, ask(10, 1, 2), 4, 6'000);  // two ended
+  book.on_lease(3, ask(10, 1, 2), {4, 0}, 6'000);  // two ended
   g.take(book);
   EXPECT_EQ(book.held(), 4);
   EXPECT_EQ(g.held(20), 3);
@@ -132,26 +132,26 @@ TEST(Leases, AClosedConnectionFreesItsSlotsAndAComebackClaimsWhatIsInFlight) {
 TEST(Leases, NoRuleGrantsEveryWantAndTheBookIsBounded) {
   leases book(1);
   grants g;
-  ASSERT_TRUE(book.on_lease(1, ask(10, 7), 0, 1'000));
+  ASSERT_TRUE(book.on_lease(1, ask(10, 7), {0, 0}, 1'000));
   g.take(book);
   EXPECT_EQ(g.held(10), 7);
   lease other{"llm", "other", 10, 1, 0, 0};
-  EXPECT_FALSE(book.on_lease(1, other, 4, 2'000));  // full
+  EXPECT_FALSE(book.on_lease(1, other, {4, 0}, 2'000));  // full
   // Nothing held and nothing wanted: forgotten.
-  book.on_lease(1, ask(10, 0, 7), 0, 3'000);
+  book.on_lease(1, ask(10, 0, 7), {0, 0}, 3'000);
   g.take(book);
   EXPECT_EQ(book.size(), 0u);
-  EXPECT_TRUE(book.on_lease(1, other, 4, 4'000));
+  EXPECT_TRUE(book.on_lease(1, other, {4, 0}, 4'000));
 }
 
 TEST(Leases, ALowerLimitOnReloadCapsTheHolders) {
   leases book(100);
   grants g;
-  book.on_lease(1, ask(10, 4), 4, 1'000);
-  book.on_lease(2, ask(20, 4), 8, 1'000);
+  book.on_lease(1, ask(10, 4), {4, 0}, 1'000);
+  book.on_lease(2, ask(20, 4), {8, 0}, 1'000);
   g.take(book);
   EXPECT_EQ(book.held(), 8);
-  book.relimit([](std::string_view, std::string_view) { return std::int64_t{2}; }, 2'000);
+  book.relimit([](std::string_view, std::string_view) { return leases::limits{2, 0}; }, 2'000);
   g.take(book);
   EXPECT_EQ(book.held(), 8);  // in flight stays counted
   EXPECT_EQ(g.cap(10) + g.cap(20), 2);
@@ -193,7 +193,7 @@ TEST(Leases, RandomTrafficNeverLeasesMoreThanTheLimit) {
       k.returned += k.held - keep;
       k.held = keep;
     }
-    book.on_lease(id, lease{"llm", "key", id, want, k.held, k.returned}, 3, step);
+    book.on_lease(id, lease{"llm", "key", id, want, k.held, k.returned}, {3, 0}, step);
     book.take_changed([&](std::string_view, std::string_view, const leases::holder& h) {
       gk& t = side[h.id];
       t.held = h.held - (t.returned - h.seen);
@@ -203,5 +203,100 @@ TEST(Leases, RandomTrafficNeverLeasesMoreThanTheLimit) {
     for (auto& [_, s] : side) in_use += s.in_use;
     ASSERT_LE(in_use, 3) << "step " << step;
     ASSERT_LE(book.held(), 3) << "step " << step;
+  }
+}
+
+namespace {
+lease for_id(const char* id, std::uint64_t holder, std::int64_t want, std::int64_t returned = 0) {
+  return lease{"llm", id, holder, want, 0, returned};
+}
+}  // namespace
+
+// A shared limit: the light identifier gets what it wants, the heavy ones
+// split the rest, and the pool is never leased past its limit.
+TEST(Leases, ASharedLimitIsSplitMaxMinAmongTheIdentifiers) {
+  leases book(100);
+  std::map<std::string, std::int64_t> held;
+  const auto take = [&] {
+    book.take_changed(
+        [&](std::string_view, std::string_view id, const leases::holder& h) { held[std::string(id)] = h.held; });
+  };
+  book.on_lease(1, for_id("a", 10, 20), {0, 10}, 1'000);  // alone: all ten
+  take();
+  EXPECT_EQ(held["a"], 10);
+  book.on_lease(1, for_id("b", 10, 20), {0, 10}, 2'000);
+  book.on_lease(1, for_id("c", 10, 1), {0, 10}, 3'000);
+  take();
+  EXPECT_EQ(book.held(), 10);  // nothing free: b and c wait for a to come down to its share
+  EXPECT_EQ(held["b"], 0);
+  book.on_lease(1, for_id("a", 10, 20, 6), {0, 10}, 4'000);  // a gives six back as its requests end
+  take();
+  EXPECT_EQ(held["c"], 1);                 // the light one: all it wants
+  EXPECT_EQ(book.held_by("llm", "a"), 4);  // the heavy ones split the other nine
+  EXPECT_EQ(held["b"], 5);
+  EXPECT_EQ(book.held(), 10);
+  // An identifier's own limit still applies under the pool.
+  book.on_lease(2, for_id("d", 20, 9), {2, 10}, 5'000);
+  book.on_lease(1, for_id("a", 10, 20, 6 + 4), {0, 10}, 6'000);
+  take();
+  EXPECT_EQ(book.held_by("llm", "d"), 1);  // b still holds one over its new share
+  EXPECT_EQ(book.held(), 10);
+  book.on_lease(1, for_id("b", 10, 20, 1), {0, 10}, 7'000);  // b comes down
+  take();
+  EXPECT_EQ(book.held_by("llm", "d"), 2);  // its own limit, however much it wants
+  EXPECT_EQ(book.held(), 10);
+}
+
+// Identifiers and holders asking and giving back at random under a pool:
+// never more than the pool in flight, nor more than an identifier's own.
+TEST(Leases, RandomTrafficNeverLeasesMoreThanThePool) {
+  leases book(100);
+  std::uint64_t rng = 777;
+  const auto next = [&](std::uint64_t n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (rng >> 33) % n;
+  };
+  struct gk {
+    std::int64_t held = 0, cap = 0, in_use = 0, waiting = 0, returned = 0;
+  };
+  const char* ids[] = {"a", "b", "c", "d"};
+  std::map<std::pair<int, std::uint64_t>, gk> side;  // (identifier, holder)
+  for (int step = 0; step < 20'000; ++step) {
+    const int id = static_cast<int>(next(4));
+    const std::uint64_t holder = 1 + next(3);
+    gk& k = side[{id, holder}];
+    switch (next(3)) {
+      case 0: ++k.waiting; break;
+      case 1:
+        if (k.in_use > 0) --k.in_use;
+        break;
+      default: break;
+    }
+    while (k.waiting > 0 && k.in_use < std::min(k.held, k.cap)) {
+      --k.waiting;
+      ++k.in_use;
+    }
+    const std::int64_t want = k.in_use + k.waiting;
+    const std::int64_t keep = k.cap < k.held ? std::max(k.in_use, std::min(k.cap, want)) : k.held;
+    if (k.held > keep) {
+      k.returned += k.held - keep;
+      k.held = keep;
+    }
+    const std::int64_t own = id == 3 ? 2 : 0;  // "d" has its own limit of 2
+    book.on_lease(holder, lease{"llm", ids[id], holder, want, k.held, k.returned}, {own, 5}, step);
+    book.take_changed([&](std::string_view, std::string_view name, const leases::holder& h) {
+      const int i = static_cast<int>(std::find(std::begin(ids), std::end(ids), name) - std::begin(ids));
+      gk& t = side[{i, h.id}];
+      t.held = h.held - (t.returned - h.seen);
+      t.cap = std::min(h.cap, t.held);
+    });
+    std::int64_t in_use = 0, d = 0;
+    for (auto& [key, s] : side) {
+      in_use += s.in_use;
+      if (key.first == 3) d += s.in_use;
+    }
+    ASSERT_LE(in_use, 5) << "step " << step;
+    ASSERT_LE(d, 2) << "step " << step;
+    ASSERT_LE(book.held(), 5) << "step " << step;
   }
 }

@@ -962,3 +962,15 @@ TEST(Config, AdminTokenFile) {
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin_token_file = \"/nonexistent/token\"\n").find("cannot read"), std::string::npos);
 }
+
+TEST(Config, SharedConcurrency) {
+  auto r = load("[master.domains.llm]\nrules = [ { concurrency = 4 } ]\nshared = [ { concurrency = 64 } ]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  EXPECT_EQ(r.cfg->master->find_domain("llm")->shared_concurrency, 64);
+  EXPECT_EQ(r.cfg->master->find_domain("llm")->concurrency, 4);
+  EXPECT_NE(one_error("[master.domains.a]\nshared = [ { rate = \"10/s\", burst = 1 } ]\n")
+                .find("a shared limit is { concurrency = N }"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\nshared = [ { concurrency = 0 } ]\n").find("must be between 1"),
+            std::string::npos);
+}
