@@ -57,6 +57,7 @@ READERS = {
     ("read_admin_token", "r"): "[master]",
     ("parse_override_rules", "r"): "overrides entries",  # the override API's document: an entry's rules
     ("read_domain", "r"): "[master.domains.NAME]",
+    ("read_shared", "r"): "[master.domains.NAME]",  # r.get("shared")
     ("read_rule", "r"): "rules entries",
     ("read_quota", "r"): "rules entries",
     ("read_overrides", "r"): "[master.domains.NAME]",  # r.get("overrides")
