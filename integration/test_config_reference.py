@@ -281,7 +281,7 @@ class ConfigReferenceTest(unittest.TestCase):
         keys, problems = parser_keys(self.source)
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
-        self.assertEqual({"algorithm", "rules", "overrides"}, keys["[master.domains.NAME]"])
+        self.assertEqual({"algorithm", "rules", "shared", "overrides"}, keys["[master.domains.NAME]"])
         self.assertEqual({"rate", "burst", "quota", "per", "tz", "concurrency"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",
