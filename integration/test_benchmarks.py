@@ -195,10 +195,12 @@ class BenchmarkSmokeTest(unittest.TestCase):
 
     def test_concurrency(self):
         """Two gatekeepers and two nginx nodes under a concurrency limit of 4: every phase ran, its
-        figures printed, and smockron never let more than 4 of the key's requests through at once."""
+        figures printed, and smockron never let more than 4 of the key's requests through at once;
+        three tenants under a shared limit of 6: the light one served, never more than 6 at once."""
         out = self.run_bench([sys.executable, os.path.join(BENCH, "concurrency.py"), "--smoke"])
         self.assert_figures(out, r"^\s+2\s+0ms \|\s+[\d.]+ \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|"
                                  r"\s+\d+ms\s+\d+ms\s+[0-4] \|",
+                            r"^    tenants \(shared 6, 3 s windows\): heavy-a \[\d+\] heavy-b \[\d+\] light \[[1-9]\d*\].* max [0-6]$",
                             r"^limit held \(smockron never above N\): yes$")
 
     def test_master_memory(self):

@@ -22,6 +22,14 @@ Per (G, D), clients of one key send requests back to back (keep-alive):
 Every phase reads the most requests of the key the backend saw at once
 (goal: never above N for smockron; nginx lets G x N through).
 
+Then the tenants: a second domain with `shared = [ { concurrency = S } ]`
+(--shared, 6) and three tenants through random gatekeepers, two heavy (5x
+an equal share of S each, as concurrent clients) and a light one (0.1x: one
+client busy a tenth of the time). Per 10 s window: requests served per
+tenant, Jain's index of the heavy two (goal >= 0.99), served / capacity
+(the reference's rate per slot x S; goal 0.98-1.03), the light one served
+all it asked.
+
 --smoke: G = 2, D = 0, C = 8, 3 s phases; exit 1 unless every phase ran and
 smockron never let more than N through. Needs nginx for the peer (skipped,
 and said, when absent).
@@ -53,6 +61,9 @@ from proxy_bench import nginx_conf  # noqa: E402
 
 DOMAIN = "c"
 KEY = "bench-key"
+#: The shared-capacity domain (shared = [ { concurrency = --shared } ]), reached with this Host.
+SHARED = "s"
+SHARED_HOST = "shared.local"
 
 
 class Cluster:
@@ -83,19 +94,22 @@ class Cluster:
             raise RuntimeError("delay relay did not start")
         mconf = os.path.join(tmp, f"master-g{self.g}.toml")
         with open(mconf, "w") as f:
-            f.write(master_toml(self.acc, self.ctl, self.madmin, {DOMAIN: {"rules": [{"concurrency": a.limit}]}},
-                                probe=False))
+            f.write(master_toml(self.acc, self.ctl, self.madmin,
+                                {DOMAIN: {"rules": [{"concurrency": a.limit}]},
+                                 SHARED: {"rules": [], "shared": [{"concurrency": a.shared}]}}, probe=False))
         self.master = Daemon("smockron-master", mconf, tmp, args=["--log-level", "warn"], admin_port=self.madmin)
         self.procs.append(self.master)
         self.master.start(ready_timeout=15)
         self.proxies = []
         route = {"path": "/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"],
                  "max_delay": "60s"}
+        shared_route = dict(route, host=SHARED_HOST, domain=SHARED)
         for i in range(self.g):
             conf = os.path.join(tmp, f"proxy-g{self.g}-{i}.toml")
             with open(conf, "w") as f:
                 f.write(proxy_toml(self.listen[i], self.padmin[i],
-                                   {"app": {"servers": [f"{HOST}:{self.backend.port}"], "keepalive": 256}}, [route],
+                                   {"app": {"servers": [f"{HOST}:{self.backend.port}"], "keepalive": 256}},
+                                   [shared_route, route],
                                    [f"tcp://{HOST}:{self.relay_acc[i]}"], [f"tcp://{HOST}:{self.relay_ctl[i]}"],
                                    threads=1, max_held=100000))
             p = Daemon("smockron-proxy", conf, tmp, args=["--log-level", "warn"], admin_port=self.padmin[i])
@@ -195,6 +209,56 @@ def load(ports: list[int], clients: int, seconds: float, service: float) -> dict
     return {"done": done[0], "refused": refused[0], "rate": done[0] / elapsed, "p50": pick(0.5), "p99": pick(0.99)}
 
 
+def tenants(cluster: Cluster, args) -> dict:
+    """Three tenants on the shared domain, through random gatekeepers: two heavy (5x an equal share
+    of --shared each, as concurrent clients) and a light one (0.1x: one client busy a tenth of the
+    time). Requests served per tenant in each 10 s window (--seconds for shorter runs)."""
+    equal = args.shared / 3
+    heavy_clients = max(1, round(5 * equal))
+    light_gap = args.service / (0.1 * equal) - args.service  # one request, then idle: 0.1 x equal busy
+    window = min(10.0, args.seconds)
+    windows = max(1, round(args.tenant_seconds / window))
+    t0 = time.monotonic()
+    stop = t0 + windows * window
+    counts = {name: [0] * windows for name in ("heavy-a", "heavy-b", "light")}
+    lock = threading.Lock()
+
+    def client(name: str, gap: float):
+        conns: dict[int, http.client.HTTPConnection] = {}
+        rng = random.Random()
+        while time.monotonic() < stop:
+            port = rng.choice(cluster.listen)
+            c = conns.get(port) or conns.setdefault(port, http.client.HTTPConnection(HOST, port, timeout=120))
+            try:
+                c.request("GET", f"/slow?s={args.service}", headers={"X-API-Key": name, "Host": SHARED_HOST})
+                r = c.getresponse()
+                r.read()
+            except (OSError, http.client.HTTPException):
+                conns.pop(port).close()
+                continue
+            w = int((time.monotonic() - t0) / window)
+            if r.status == 200 and w < windows:
+                with lock:
+                    counts[name][w] += 1
+            if gap > 0:
+                time.sleep(gap)
+
+    cluster.backend.reset()
+    threads = [threading.Thread(target=client, args=(n, 0.0), daemon=True)
+               for n in ("heavy-a", "heavy-b") for _ in range(heavy_clients)]
+    threads.append(threading.Thread(target=client, args=("light", light_gap), daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(windows * window + 180)
+    jain = [(a + b) ** 2 / (2 * (a * a + b * b)) if a + b else 0.0
+            for a, b in zip(counts["heavy-a"], counts["heavy-b"])]
+    per_window = [sum(counts[n][w] for n in counts) for w in range(windows)]
+    return {"counts": counts, "jain_min": min(jain), "served": per_window, "window": window,
+            "light_wanted": window / (args.service + light_gap),
+            "max": cluster.backend.inflight()["max"].get("*", 0)}
+
+
 def phase(cluster: Cluster, ports: list[int], args, clients: int | None = None) -> dict:
     cluster.backend.reset()
     out = load(ports, clients or args.clients, args.seconds, args.service)
@@ -210,10 +274,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=30, help="concurrent clients of the one key")
     ap.add_argument("--service", type=float, default=0.2, help="the backend's service time in seconds")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    ap.add_argument("--shared", type=int, default=6, help="the shared domain's concurrency (the tenants' phase)")
+    ap.add_argument("--tenant-seconds", type=float, default=20.0, help="length of the tenants' phase")
     ap.add_argument("--smoke", action="store_true", help="G = 2, D = 0, 8 clients, 3 s phases; checks only")
     args = ap.parse_args()
     if args.smoke:
-        args.g, args.delays, args.clients, args.seconds = "2", "0", 8, 3.0
+        args.g, args.delays, args.clients, args.seconds, args.tenant_seconds = "2", "0", 8, 3.0, 3.0
     print(f"concurrency = {args.limit}, {args.clients} clients of one key (moves: {args.limit}), service "
           f"{args.service * 1000:.0f} ms, {args.seconds:g} s per phase")
     print(f"{'G':>3} {'one-way':>8} | {'ref req/s':>9} | {'one: req/s':>10} {'/ref':>5} {'max':>3} | "
@@ -239,6 +305,15 @@ def main() -> int:
                       f"{one['max']:3d} | {spread['rate']:13.1f} {spread['rate'] / ref['rate']:5.2f} "
                       f"{spread['max']:3d} | {moves['p50'] * 1000:13.0f}ms {moves['p99'] * 1000:5.0f}ms "
                       f"{moves['max']:3d} | {peer}", flush=True)
+                t = tenants(cluster, args)
+                capacity = ref["rate"] / args.limit * args.shared * t["window"]  # what S slots serve in a window
+                ok = ok and t["max"] <= args.shared and min(t["counts"]["light"]) > 0
+                c = t["counts"]
+                print(f"    tenants (shared {args.shared}, {t['window']:g} s windows): heavy-a {c['heavy-a']} "
+                      f"heavy-b {c['heavy-b']} light {c['light']} (wants ~{t['light_wanted']:.0f}); "
+                      f"Jain(heavy) min {t['jain_min']:.3f}; served/capacity "
+                      f"{min(t['served']) / capacity:.3f}-{max(t['served']) / capacity:.3f}; max {t['max']}",
+                      flush=True)
         finally:
             cluster.stop()
             shutil.rmtree(tmp, ignore_errors=True)
