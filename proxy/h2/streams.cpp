@@ -98,12 +98,13 @@ bool h2_connection::take_slot(const std::shared_ptr<h2_stream>& st) {
   const route& r = *st->r;
   const admission& a = st->adm;
   const std::int64_t now_us = s_.clk.wall_us();
-  if (concurrency_limit(s_.concurrency, r, a, now_us) <= 0) return true;
-  st->slot_queue.table = &w_.slots;
-  slot_table::waiter& w = st->slot_queue.w;
+  if (!s_.concurrency.any() || concurrency_limit(s_.concurrency, r, a, now_us) <= 0) return true;
+  st->slot_queue = std::make_unique<slot_wait>();
+  st->slot_queue->table = &w_.slots;
+  slot_table::waiter& w = st->slot_queue->w;
   // The slot is the stream's at once; the timer's handler forwards it.
   w.wake = [this, s = st.get()] {
-    s->slot = held_slot(w_.slots, s->slot_queue.w.granted);
+    s->slot = held_slot(w_.slots, s->slot_queue->w.granted);
     if (s->timer) s->timer->cancel();
   };
   if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us)) {
@@ -131,7 +132,7 @@ void h2_connection::slot_wait_ended(const std::shared_ptr<h2_stream>& st) {
     forward(st);
     return;
   }
-  w_.slots.cancel(st->slot_queue.w, s_.clk.wall_us());
+  w_.slots.cancel(st->slot_queue->w, s_.clk.wall_us());
   s_.metrics.reject_concurrency.inc();
   const refusal no = refusal_for_concurrency(*st->r);
   answer(*st, no.status, no.text, no.retry_after_s, st->r->grpc_status, no.retry_after_s * 1000);
@@ -165,7 +166,7 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   if (st.timer) st.timer->cancel();
   // Its concurrency slot is free (or its place in the queue given up).
   st.slot_waiting = false;
-  if (st.slot_queue.w.on != nullptr) w_.slots.cancel(st.slot_queue.w, s_.clk.wall_us());
+  if (st.slot_queue && st.slot_queue->w.on != nullptr) w_.slots.cancel(st.slot_queue->w, s_.clk.wall_us());
   st.slot.reset();
   cancel_upstream(st);
   drop_body(st);

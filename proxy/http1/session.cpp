@@ -213,9 +213,10 @@ private:
       }
     }
     // Under a concurrency rule, a slot first (held until the exchange ends).
-    held_slot slot;
-    if (const std::int64_t limit = concurrency_limit(s_.concurrency, *r, a, s_.clk.wall_us()); limit > 0) {
-      if (const auto refused = co_await take_slot(rt, *r, a, now_us, slot)) co_return *refused;
+    // (The slot is the session's, not this frame's: every request's frame
+    // would grow by it, concurrency rule or not.)
+    if (s_.concurrency.any() && concurrency_limit(s_.concurrency, *r, a, s_.clk.wall_us()) > 0) {
+      if (const auto refused = co_await take_slot(rt, *r, a, now_us, slot_)) co_return *refused;
     }
     c_.outcome = {};
     c_.outcome.body_cost_limit = a.body_limit;
@@ -226,6 +227,7 @@ private:
                                               ? forward_to_h2(s_, w_, generation, *r, c_, hop)
                                               : forward(fenv, rt, *r, c_, hop);
     const connection_next next = co_await std::move(exchange);
+    slot_.reset();  // the exchange is over: its concurrency slot is free
     // A cost known only now (a response field, the body's size) is charged now.
     if (a.charge_when_done) charge_done(env, rt, *r, a, cost_when_done(*r, c_.outcome), s_.clk.wall_us());
     if (entry_) {
@@ -354,6 +356,7 @@ private:
   /// The current request's access log line (access_log on). On the heap: every
   /// connection's frame would otherwise carry its 300 bytes, access log or not.
   std::unique_ptr<access_entry> entry_;
+  held_slot slot_;  ///< the concurrency slot of the request being forwarded (none: empty)
   steady::time_point started_{};
 };
 

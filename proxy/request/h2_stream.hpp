@@ -39,7 +39,7 @@ struct h2_stream {
   /// Under a concurrency rule: the slot it holds while forwarded, or its
   /// place in the queue for one (slot_waiting), and when it was admitted.
   held_slot slot;
-  slot_wait slot_queue;
+  std::unique_ptr<slot_wait> slot_queue;  ///< made only under a concurrency rule (a stream is small)
   bool slot_waiting = false;
   std::int64_t admitted_us = 0;
   bool dispatched = false;  ///< its head was complete and it was decided
