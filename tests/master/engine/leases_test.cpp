@@ -157,48 +157,64 @@ TEST(Leases, ALowerLimitOnReloadCapsTheHolders) {
   EXPECT_EQ(g.cap(10) + g.cap(20), 2);
 }
 
+namespace {
+
+// A deterministic random number below n (a 64-bit LCG).
+struct lcg {
+  std::uint64_t x;
+  std::uint64_t operator()(std::uint64_t n) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % n;
+  }
+};
+
+// One holder of one identifier as a gatekeeper worker runs it: requests
+// arrive and end at random, it admits within min(held, cap) and gives back
+// above what it keeps (proxy/gate/slots.cpp's rules).
+struct simulated_holder {
+  std::int64_t held = 0, cap = 0, in_use = 0, waiting = 0, returned = 0;
+
+  /// One random event; returns the LEASE it then sends (want, held, returned).
+  lease step(lcg& next, std::string_view identifier, std::uint64_t holder) {
+    switch (next(3)) {
+      case 0: ++waiting; break;
+      case 1:
+        if (in_use > 0) --in_use;
+        break;
+      default: break;
+    }
+    while (waiting > 0 && in_use < std::min(held, cap)) {
+      --waiting;
+      ++in_use;
+    }
+    const std::int64_t want = in_use + waiting;
+    const std::int64_t keep = cap < held ? std::max(in_use, std::min(cap, want)) : held;
+    if (held > keep) {
+      returned += held - keep;
+      held = keep;
+    }
+    return lease{"llm", identifier, holder, want, held, returned};
+  }
+  /// A GRANT for it: what the master counted, less the give-backs on their way.
+  void grant(const leases::holder& h) {
+    held = h.held - (returned - h.seen);
+    cap = std::min(h.cap, held);
+  }
+};
+
+}  // namespace
+
 // Many holders asking and giving back in any order: what the master counts
 // never exceeds the limit once the claims are paid back, and never falls
 // below what the holders may use.
 TEST(Leases, RandomTrafficNeverLeasesMoreThanTheLimit) {
   leases book(100);
-  std::uint64_t rng = 12345;
-  const auto next = [&](std::uint64_t n) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (rng >> 33) % n;
-  };
-  struct gk {
-    std::int64_t held = 0, cap = 0, in_use = 0, waiting = 0, returned = 0;
-  };
-  std::map<std::uint64_t, gk> side;
-  for (std::uint64_t id = 1; id <= 5; ++id) side[id];
+  lcg next{12345};
+  std::map<std::uint64_t, simulated_holder> side;
   for (int step = 0; step < 20'000; ++step) {
     const std::uint64_t id = 1 + next(5);
-    gk& k = side[id];
-    switch (next(3)) {
-      case 0: ++k.waiting; break;
-      case 1:
-        if (k.in_use > 0) --k.in_use;
-        break;
-      default: break;
-    }
-    // The holder's own rules: admit within min(held, cap), give back above what it keeps.
-    while (k.waiting > 0 && k.in_use < std::min(k.held, k.cap)) {
-      --k.waiting;
-      ++k.in_use;
-    }
-    const std::int64_t want = k.in_use + k.waiting;
-    const std::int64_t keep = k.cap < k.held ? std::max(k.in_use, std::min(k.cap, want)) : k.held;
-    if (k.held > keep) {
-      k.returned += k.held - keep;
-      k.held = keep;
-    }
-    book.on_lease(id, lease{"llm", "key", id, want, k.held, k.returned}, {3, 0}, step);
-    book.take_changed([&](std::string_view, std::string_view, const leases::holder& h) {
-      gk& t = side[h.id];
-      t.held = h.held - (t.returned - h.seen);
-      t.cap = std::min(h.cap, t.held);
-    });
+    book.on_lease(id, side[id].step(next, "key", id), {3, 0}, step);
+    book.take_changed([&](std::string_view, std::string_view, const leases::holder& h) { side[h.id].grant(h); });
     std::int64_t in_use = 0;
     for (auto& [_, s] : side) in_use += s.in_use;
     ASSERT_LE(in_use, 3) << "step " << step;
@@ -251,49 +267,21 @@ TEST(Leases, ASharedLimitIsSplitMaxMinAmongTheIdentifiers) {
 // never more than the pool in flight, nor more than an identifier's own.
 TEST(Leases, RandomTrafficNeverLeasesMoreThanThePool) {
   leases book(100);
-  std::uint64_t rng = 777;
-  const auto next = [&](std::uint64_t n) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (rng >> 33) % n;
-  };
-  struct gk {
-    std::int64_t held = 0, cap = 0, in_use = 0, waiting = 0, returned = 0;
-  };
-  const char* ids[] = {"a", "b", "c", "d"};
-  std::map<std::pair<int, std::uint64_t>, gk> side;  // (identifier, holder)
+  lcg next{777};
+  const std::string ids[] = {"a", "b", "c", "d"};
+  std::map<std::pair<std::string, std::uint64_t>, simulated_holder> side;  // (identifier, holder)
   for (int step = 0; step < 20'000; ++step) {
-    const int id = static_cast<int>(next(4));
+    const std::string& id = ids[next(4)];
     const std::uint64_t holder = 1 + next(3);
-    gk& k = side[{id, holder}];
-    switch (next(3)) {
-      case 0: ++k.waiting; break;
-      case 1:
-        if (k.in_use > 0) --k.in_use;
-        break;
-      default: break;
-    }
-    while (k.waiting > 0 && k.in_use < std::min(k.held, k.cap)) {
-      --k.waiting;
-      ++k.in_use;
-    }
-    const std::int64_t want = k.in_use + k.waiting;
-    const std::int64_t keep = k.cap < k.held ? std::max(k.in_use, std::min(k.cap, want)) : k.held;
-    if (k.held > keep) {
-      k.returned += k.held - keep;
-      k.held = keep;
-    }
-    const std::int64_t own = id == 3 ? 2 : 0;  // "d" has its own limit of 2
-    book.on_lease(holder, lease{"llm", ids[id], holder, want, k.held, k.returned}, {own, 5}, step);
+    const std::int64_t own = id == "d" ? 2 : 0;  // "d" has its own limit of 2
+    book.on_lease(holder, side[{id, holder}].step(next, id, holder), {own, 5}, step);
     book.take_changed([&](std::string_view, std::string_view name, const leases::holder& h) {
-      const int i = static_cast<int>(std::find(std::begin(ids), std::end(ids), name) - std::begin(ids));
-      gk& t = side[{i, h.id}];
-      t.held = h.held - (t.returned - h.seen);
-      t.cap = std::min(h.cap, t.held);
+      side[{std::string(name), h.id}].grant(h);
     });
     std::int64_t in_use = 0, d = 0;
     for (auto& [key, s] : side) {
       in_use += s.in_use;
-      if (key.first == 3) d += s.in_use;
+      if (key.first == "d") d += s.in_use;
     }
     ASSERT_LE(in_use, 5) << "step " << step;
     ASSERT_LE(d, 2) << "step " << step;
