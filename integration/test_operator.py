@@ -372,8 +372,9 @@ class OverrideTest(DaemonTestCase):
         self.assertFalse(self.get(master.admin_port, "/status/api/plain")["override"])
         self.assertTrue(self.get(master.admin_port, "/status/api/internal")["throttled"] is False)
         api = next(d for d in self.get(master.admin_port, "/status")["domains"] if d["name"] == "api")
-        self.assertEqual(api["overrides"], [{"identifier": "vip", "rules": [{"rate": "2/s", "burst": 20}]},
-                                            {"identifier": "internal", "rules": []}])
+        self.assertEqual(api["overrides"], [{"identifier": "vip", "rules": [{"rate": "2/s", "burst": 20}],
+                                             "source": "file"},
+                                            {"identifier": "internal", "rules": [], "source": "file"}])
 
         # A reload without the overrides: the gatekeeper lets them go once the
         # master stops refreshing them (3.5 s), and vip has the domain's rules.
