@@ -46,10 +46,12 @@ def route(**keys) -> dict:
 
 
 class ConcurrencyTestCase(DaemonTestCase):
-    def stack(self, limit: int, gatekeepers: int = 1, shared: int | None = None, **route_keys):
-        """A master with DOMAIN under { concurrency = limit } (0: none) and, with `shared`, a shared
-        { concurrency = shared }; a backend, and `gatekeepers` proxies."""
-        domain = {"rules": [{"concurrency": limit}] if limit else []}
+    def stack(self, limit: int, gatekeepers: int = 1, shared: int | None = None, rate=None, **route_keys):
+        """A master with DOMAIN under { concurrency = limit } (0: none), with `rate` ((rate, burst))
+        beside it and, with `shared`, a shared { concurrency = shared }; a backend, and `gatekeepers`
+        proxies."""
+        domain = {"rules": ([rate] if rate else []) + ([{"concurrency": limit}] if limit else []),
+                  "algorithm": "gcra"}
         if shared is not None:
             domain["shared"] = [{"concurrency": shared}]
         self.master = self.start_master({DOMAIN: domain, WARM_DOMAIN: {"rules": [("1/h", 1)]}})
@@ -173,6 +175,24 @@ class TestConcurrency(ConcurrencyTestCase):
         self.assertEqual(r.status, 200)
         self.assertLess(time.monotonic() - t0, 5.0)
         self.assertGreaterEqual(self.master.metric("smockron_master_lease_slots_released_total"), 2)
+
+    def test_a_request_held_by_its_rate_then_waits_for_a_slot(self):
+        # 5/s burst 1 and one slot: the second request is held 200 ms by the rate, then waits for the
+        # first (500 ms at the backend) to end; both are served, over HTTP/1.1 and HTTP/2.
+        (proxy,) = self.stack(1, rate=("5/s", 1), max_delay="5s")
+        first = threading.Thread(target=fetch, args=(proxy.port, "/slow?s=0.5"), kwargs={"key": "h1", "timeout": 30})
+        first.start()
+        wait_until(lambda: self.backend.inflight()["now"].get("h1") == 1, 10)
+        r, elapsed = fetch(proxy.port, "/slow?s=0", key="h1", timeout=30)
+        first.join(30)
+        self.assertEqual(r.status, 200, r)
+        with H2Client(proxy.port) as c:
+            sids = [c.request(path, headers=[("x-api-key", "h2")]) for path in ("/slow?s=0.5", "/slow?s=0")]
+            for sid in sids:
+                st = c.response(sid, timeout=30)
+                c.wait(lambda st=st: st.ended, timeout=30, what=f"stream {sid} ends")
+                self.assertEqual(dict(st.headers)[":status"], "200")
+        self.assertEqual(self.backend.inflight()["max"]["h2"], 1)
 
     def test_a_shared_limit_is_split_among_the_identifiers(self):
         a, b = self.stack(0, gatekeepers=2, shared=4)

@@ -61,7 +61,8 @@ bool split_path(std::string_view rest, std::string& domain, std::string& identif
 config::master_config service::effective(const config::master_config& file) const {
   config::master_config out = file;
   for (const auto& [key, entry] : runtime_overrides_) {
-    const auto& [domain, o] = entry;
+    const std::string& domain = entry.first;  // (not a structured binding: lambdas below use it)
+    const config::override_config& o = entry.second;
     auto d = std::find_if(out.domains.begin(), out.domains.end(), [&](const auto& x) { return x.name == domain; });
     if (d == out.domains.end()) continue;  // its domain is gone from the file: kept, not in force
     auto same = std::find_if(d->overrides.begin(), d->overrides.end(),

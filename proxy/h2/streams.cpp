@@ -68,6 +68,7 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
   const steps_decision plan = plan_request(env, rt, st->req, st->target, peer_, deadline ? deadline->count() : -1,
                                            st->adm, st->response_fields, st->entry.get(), now_us, body_prefix);
   st->r = plan.r;
+  st->admitted_us = now_us;  // a concurrency slot is waited for until max_delay from now, held by the rate or not
   const admission& a = st->adm;
   st->outcome.body_cost_limit = a.body_limit;
   if (plan.next == next_step::answer) {
@@ -90,7 +91,6 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
     });
     return;
   }
-  st->admitted_us = now_us;
   if (take_slot(st)) opened_.push_back(st);  // forwarded once the read that opened it is parsed (forward_opened)
 }
 
