@@ -160,7 +160,7 @@ class TestConcurrency(ConcurrencyTestCase):
         self.idle()
         r, elapsed = fetch(proxy.port, "/slow?s=0", key="k", timeout=10)
         self.assertEqual(r.status, 200)
-        self.assertLess(elapsed, 2.0)
+        self.assertLess(elapsed, 8.0)  # no slot left taken (one would wait max_delay, 20 s)
 
     def test_a_killed_gatekeepers_slots_are_freed(self):
         a, b = self.stack(2, gatekeepers=2)
@@ -173,7 +173,7 @@ class TestConcurrency(ConcurrencyTestCase):
         t0 = time.monotonic()
         r, _ = fetch(b.port, "/slow?s=0", key="k", timeout=20)
         self.assertEqual(r.status, 200)
-        self.assertLess(time.monotonic() - t0, 5.0)
+        self.assertLess(time.monotonic() - t0, 15.0)  # freed at the close, not at max_delay (20 s)
         self.assertGreaterEqual(self.master.metric("smockron_master_lease_slots_released_total"), 2)
 
     def test_a_request_held_by_its_rate_then_waits_for_a_slot(self):

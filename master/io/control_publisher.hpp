@@ -2,8 +2,9 @@
 // the master's loop) carrying DELAY_UNTIL to every gatekeeper, and each
 // domain's POLICY (its rules, and one per identifier with rules of its own,
 // for the gatekeepers' own first-round-trip bound and rate-limit fields)
-// every policy interval and to each gatekeeper as soon as it subscribes.
-// What is published during a turn of the loop leaves at its end, together.
+// every policy interval and to each gatekeeper as soon as it subscribes,
+// with QUOTA and CONCURRENCY beside it; and the GRANTs of concurrency
+// leases, again every policy interval. What is published during a turn of the loop leaves at its end, together.
 #pragma once
 
 #include <chrono>

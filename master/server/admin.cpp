@@ -7,6 +7,21 @@
 
 namespace smockron::master {
 
+std::optional<std::string> decode_path_identifier(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out.push_back(text[i]);
+    } else if (i + 2 < text.size() && hex_digit(text[i + 1]) >= 0 && hex_digit(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_digit(text[i + 1]) * 16 + hex_digit(text[i + 2])));
+      i += 2;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // GET /status/DOMAIN/IDENTIFIER: the identifier percent-encoded as needed
@@ -16,18 +31,9 @@ admin_server::response identifier_status(service& svc, std::string_view rest) {
   if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) {
     return {400, "text/plain", "use /status/DOMAIN/IDENTIFIER (the identifier percent-encoded)\n"};
   }
-  std::string identifier;
-  for (std::size_t i = slash + 1; i < rest.size(); ++i) {
-    if (rest[i] == '%' && i + 2 < rest.size() && hex_digit(rest[i + 1]) >= 0 && hex_digit(rest[i + 2]) >= 0) {
-      identifier.push_back(static_cast<char>(hex_digit(rest[i + 1]) * 16 + hex_digit(rest[i + 2])));
-      i += 2;
-    } else if (rest[i] == '%') {
-      return {400, "text/plain", "invalid percent-encoding in the identifier\n"};
-    } else {
-      identifier.push_back(rest[i]);
-    }
-  }
-  const auto json = svc.identifier_status(rest.substr(0, slash), identifier, std::chrono::seconds(2));
+  const auto identifier = decode_path_identifier(rest.substr(slash + 1));
+  if (!identifier) return {400, "text/plain", "invalid percent-encoding in the identifier\n"};
+  const auto json = svc.identifier_status(rest.substr(0, slash), *identifier, std::chrono::seconds(2));
   if (!json) return {503, "text/plain", "the accounting loop did not answer in time\n"};
   if (json->empty()) return {404, "text/plain", "unknown domain\n"};
   return {200, "application/json", *json + "\n"};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "master/server/service.hpp"
@@ -16,6 +17,10 @@ namespace smockron::master {
 /// admin thread; the service answers through its own thread-safe calls).
 admin_server::response admin_response(service& svc, metrics::registry& registry, std::string_view path,
                                       std::string_view query);
+
+/// An identifier as written in an admin path (percent-encoded as needed:
+/// identifiers may hold '/', ':' and any byte); nothing when an escape is malformed.
+std::optional<std::string> decode_path_identifier(std::string_view text);
 
 /// The override API (overrides_api.cpp): PUT, GET and DELETE
 /// /overrides/DOMAIN/IDENTIFIER (the identifier percent-encoded; PUT's body a

@@ -9,7 +9,6 @@
 #include "master/io/control_publisher.hpp"
 #include "master/server/admin.hpp"
 #include "master/store/redis_store.hpp"
-#include "shared/base/text.hpp"
 
 namespace smockron::master {
 
@@ -36,21 +35,15 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0 && !b.empty();
 }
 
-// "/overrides/DOMAIN/IDENTIFIER" (the identifier percent-encoded): false when malformed.
+// "/overrides/DOMAIN/IDENTIFIER" (the identifier percent-encoded), or
+// "/overrides/DOMAIN" (identifier empty): false when malformed.
 bool split_path(std::string_view rest, std::string& domain, std::string& identifier) {
   const auto slash = rest.find('/');
   domain = std::string(rest.substr(0, slash));
   if (slash == std::string_view::npos) return !domain.empty();
-  for (std::size_t i = slash + 1; i < rest.size(); ++i) {
-    if (rest[i] == '%' && i + 2 < rest.size() && hex_digit(rest[i + 1]) >= 0 && hex_digit(rest[i + 2]) >= 0) {
-      identifier.push_back(static_cast<char>(hex_digit(rest[i + 1]) * 16 + hex_digit(rest[i + 2])));
-      i += 2;
-    } else if (rest[i] == '%') {
-      return false;
-    } else {
-      identifier.push_back(rest[i]);
-    }
-  }
+  auto decoded = decode_path_identifier(rest.substr(slash + 1));
+  if (!decoded) return false;
+  identifier = std::move(*decoded);
   return !domain.empty() && !identifier.empty();
 }
 

@@ -1,6 +1,7 @@
 // The proxy's control side: one thread owning the libzmq SUB socket,
 // connected to every master and subscribed to the routes' domains, feeding
-// DELAY_UNTIL and POLICY into the gate.
+// DELAY_UNTIL, POLICY and QUOTA into the gate, CONCURRENCY into the
+// concurrency policies and each GRANT to the worker it names.
 #pragma once
 
 #include <zmq.hpp>
