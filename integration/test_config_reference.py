@@ -41,6 +41,7 @@ SECTIONS = {
     "[master.domains.NAME]": "`[master.domains.NAME]`",
     "rules entries": "`rules` entries",
     "overrides entries": "`overrides` entries",
+    "[master.domains.NAME.tiers.TIER]": "`[master.domains.NAME.tiers.TIER]`",
     "[proxy]": "`[proxy]`",
     "[proxy.jwt]": "`[proxy.jwt]`",
     "tls_sni entries": "`tls_sni` entries",
@@ -62,6 +63,8 @@ READERS = {
     ("read_quota", "r"): "rules entries",
     ("read_overrides", "r"): "[master.domains.NAME]",  # r.get("overrides")
     ("read_overrides", "orr"): "overrides entries",
+    ("read_tiers", "r"): "[master.domains.NAME]",  # r.get("tiers")
+    ("read_tiers", "tr"): "[master.domains.NAME.tiers.TIER]",
     ("read_proxy", "r"): "[proxy]",
     ("read_http2", "r"): "[proxy]",
     ("read_paths", "r"): "[proxy]",

@@ -12,6 +12,7 @@ std::vector<domain_limits> compile_all(const config::master_config& cfg) {
   for (const auto& d : cfg.domains) {
     domain_limits& l = out.emplace_back(compile(d, cfg.max_clock_skew));
     for (const auto& o : d.overrides) l.overrides.emplace(o.identifier, compile(d, o, cfg.max_clock_skew));
+    for (const auto& t : d.tiers) l.tiers.emplace_back(t.name, compile(d, t, cfg.max_clock_skew));  // sorted
   }
   return out;
 }
@@ -148,10 +149,10 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   // Leases of a domain gone keep their slots until their holders give them
   // back (they stop asking once the domain's CONCURRENCY is not refreshed).
   leases_.relimit(
-      [&](std::string_view d, std::string_view id) {
+      [&](std::string_view d, std::string_view id, std::string_view tier) {
         const auto i = find(d);
         if (!i) return leases::limits{};
-        const rules::limits& l = limiter_.limits_of(*i, id);
+        const rules::limits& l = limiter_.limits_of(*i, id, tier);
         return leases::limits{l.concurrency, l.shared_concurrency};
       },
       clock_.wall_us());
@@ -226,7 +227,7 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
       else if (reservation_log_) reservation_log_->opened(*held);
     }
   }
-  const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us);
+  const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us, msg->tier);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
   if ((msg->state != wire::status::accepted && !msg->adjust) || (dec.throttled && dec.next_us > now_us)) {

@@ -78,6 +78,7 @@ bool leases::on_lease(std::uint64_t peer, const wire::lease& m, limits l, std::i
     it->second.key = &it->first;
   }
   entry& e = it->second;
+  if (e.tier != m.tier) e.tier = m.tier;
   set_limits(e, l);
   auto h = std::find_if(e.holders.begin(), e.holders.end(),
                         [&](const holder& x) { return x.peer == peer && x.id == m.holder; });

@@ -63,14 +63,15 @@ public:
   bool on_lease(std::uint64_t peer, const wire::lease& m, limits l, std::int64_t now_us);
   /// Connection `peer` closed: its slots are free (given to those waiting). Returns how many.
   std::int64_t peer_closed(std::uint64_t peer, std::int64_t now_us);
-  /// New limits (a reload): `limits_of(domain, identifier)` is what applies now.
+  /// New limits (a reload): `limits_of(domain, identifier, tier)` is what
+  /// applies now (tier: the one its holders' last LEASE named).
   template <class F>
   void relimit(F&& limits_of, std::int64_t now_us) {
     std::vector<entry*> all;
     for (auto& [key, e] : entries_) all.push_back(&e);
     for (entry* e : all) {
       const auto [domain, identifier] = split(*e->key);
-      set_limits(*e, limits_of(domain, identifier));
+      set_limits(*e, limits_of(domain, identifier, std::string_view(e->tier)));
     }
     for (entry* e : all) settle(*e, now_us);
   }
@@ -116,6 +117,7 @@ private:
     std::int64_t own = k_unlimited;    ///< its own limit
     std::int64_t limit = k_unlimited;  ///< in force: its own, or lower, its share of the pool
     pool* in = nullptr;                ///< its domain's shared limit, if any
+    std::string tier;                  ///< the tier the last LEASE named (its limit's, on a reload)
     std::vector<holder> holders;
   };
   /// A domain's shared limit and the identifiers under it.

@@ -43,6 +43,14 @@ rules::limits compile(const config::domain_config& d, const config::override_con
   return l;
 }
 
+rules::limits compile(const config::domain_config& d, const config::tier_config& t,
+                      std::chrono::microseconds max_clock_skew) {
+  rules::limits l = compile_rules(d.algorithm, t.rules, max_clock_skew);
+  l.concurrency = t.concurrency;                // a tier's rules replace the domain's, this one too
+  l.shared_concurrency = d.shared_concurrency;  // the domain's, whatever the tier
+  return l;
+}
+
 limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)
     : limits_(std::move(domains)), maps_(limits_.size()), max_identifiers_(std::max<std::size_t>(1, max_identifiers)) {
   for (auto& m : maps_) m.reserve(std::min<std::size_t>(max_identifiers_, 1 << 16));
@@ -142,12 +150,34 @@ rules::decision limiter::record(entry* en, rules::event e, std::int64_t now_us) 
   return rules::apply(*en->lim, en->st, e, now_us);
 }
 
-rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us) {
+void limiter::rejudge(entry& en, const rules::limits* next) {
+  // A changed algorithm or rule count makes old state meaningless; so does a
+  // changed layout of the counters and quotas (a rule's burst crossing
+  // k_exact_burst, a quota added or removed) for those numbers.
+  if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
+  if (!rules::same_aux_layout(*en.lim, *next)) en.st.aux.clear();
+  en.lim = next;
+}
+
+rules::decision limiter::apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us,
+                               std::string_view tier) {
   // A rejection of an identifier nobody knows: nothing to record, nothing known.
   // A refund for an identifier nobody knows (expired, evicted) has nothing to give back.
+  const bool use = e.kind == rules::event_kind::accepted || e.kind == rules::event_kind::delayed;
   const bool creates = e.kind == rules::event_kind::adjust ? e.cost > 0 : e.kind != rules::event_kind::rejected;
   entry* en = touch(domain, identifier, creates);
-  return en ? record(en, e, now_us) : rules::decision{};
+  if (en == nullptr) return {};
+  // Only a domain with tiers looks again: its client's tier can change with any request.
+  if (use && !limits_[domain].tiers.empty()) {
+    const rules::limits* next = &limits_[domain].of(identifier, tier);
+    if (next != en->lim) rejudge(*en, next);
+  }
+  return record(en, e, now_us);
+}
+
+const rules::limits& limiter::current_limits(std::size_t domain, std::string_view identifier) const {
+  const entry* en = maps_[domain].find(identifier);
+  return en != nullptr ? *en->lim : limits_of(domain, identifier);
 }
 
 limiter::query_use limiter::use(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
@@ -229,15 +259,12 @@ void limiter::reconfigure(std::vector<domain_limits> domains,
     const std::size_t old = *old_index[i];
     kept[old] = true;
     maps[i] = std::move(maps_[old]);
+    const domain_limits& before = limits_[old];
     maps[i].for_each([&](entry& en) {
       en.domain = i;
-      const rules::limits* next = &domains[i].of(en.key);
-      // A changed algorithm or rule count makes old state meaningless; so
-      // does a changed layout of the counters and quotas (a rule's burst
-      // crossing k_exact_burst, a quota added or removed) for those numbers.
-      if (en.lim->algo != next->algo || en.lim->rules.size() != next->rules.size()) en.st.times.clear();
-      if (!rules::same_aux_layout(*en.lim, *next)) en.st.aux.clear();
-      en.lim = next;  // points into `domains`' elements, which move into limits_ below
+      // An identifier judged by a tier stays with that tier (by name) until its next use names one.
+      const std::string_view tier = before.tier_of(en.lim);
+      rejudge(en, &domains[i].of(en.key, tier));  // points into `domains`' elements, which move into limits_ below
     });
   }
   for (std::size_t old = 0; old < maps_.size(); ++old) {

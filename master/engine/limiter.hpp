@@ -3,6 +3,7 @@
 // sweeps of expired state. One atomic operation: apply(). Single-threaded.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -24,20 +25,49 @@ rules::limits compile(const config::domain_config& d, std::chrono::microseconds 
 /// The engine's form of one override's rules (the domain's algorithm).
 rules::limits compile(const config::domain_config& d, const config::override_config& o,
                       std::chrono::microseconds max_clock_skew);
+/// The engine's form of one tier's rules (the domain's algorithm).
+rules::limits compile(const config::domain_config& d, const config::tier_config& t,
+                      std::chrono::microseconds max_clock_skew);
 
-/// A domain's limits, and the identifiers that have limits of their own
-/// (the configuration's per-identifier overrides; same algorithm).
+/// A domain's limits, the identifiers that have limits of their own (the
+/// per-identifier overrides) and its tiers (rules a request selects by
+/// name); one algorithm.
 struct domain_limits {
   rules::limits base;
   string_map<rules::limits> overrides;
+  /// Sorted by name; never resized once built (states point into it).
+  std::vector<std::pair<std::string, rules::limits>> tiers;
 
   domain_limits() = default;
   domain_limits(rules::limits b) : base(std::move(b)) {}  // NOLINT: a domain without overrides
-  /// The limits that apply to `identifier`.
+  /// The limits that apply to `identifier` when its requests name no tier.
   const rules::limits& of(std::string_view identifier) const {
     if (overrides.empty()) return base;
     const auto it = overrides.find(identifier);
     return it == overrides.end() ? base : it->second;
+  }
+  /// The limits that apply to `identifier` when its request names `tier`:
+  /// its override, else the tier's, else (no tier, or one the domain does
+  /// not have) the domain's.
+  const rules::limits& of(std::string_view identifier, std::string_view tier) const {
+    if (!overrides.empty()) {
+      if (const auto it = overrides.find(identifier); it != overrides.end()) return it->second;
+    }
+    const rules::limits* t = find_tier(tier);
+    return t != nullptr ? *t : base;
+  }
+  const rules::limits* find_tier(std::string_view name) const {
+    if (name.empty() || tiers.empty()) return nullptr;
+    const auto it = std::lower_bound(tiers.begin(), tiers.end(), name,
+                                     [](const auto& t, std::string_view n) { return t.first < n; });
+    return it != tiers.end() && it->first == name ? &it->second : nullptr;
+  }
+  /// The name of the tier `l` points into (empty: none of them).
+  std::string_view tier_of(const rules::limits* l) const {
+    for (const auto& [name, t] : tiers) {
+      if (&t == l) return name;
+    }
+    return {};
   }
 };
 
@@ -48,8 +78,13 @@ public:
   limiter& operator=(const limiter&) = delete;
   ~limiter();
 
-  /// Records `e` for (domain, identifier) and returns the decision.
-  rules::decision apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us);
+  /// Records `e` for (domain, identifier) and returns the decision. A use
+  /// (accepted, delayed) names the request's `tier` (empty: none): in a
+  /// domain with tiers the identifier is judged by that tier's rules from
+  /// then on (domain_limits::of), its state kept when they have the same
+  /// shape. Refusals and adjustments keep the rules in force.
+  rules::decision apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us,
+                        std::string_view tier = {});
 
   /// Removes expired state, examining at most `budget` entries, resuming where
   /// the previous sweep stopped. Returns how many were removed.
@@ -61,10 +96,17 @@ public:
   /// override added or removed included) starts afresh.
   void reconfigure(std::vector<domain_limits> domains, const std::vector<std::optional<std::size_t>>& old_index);
 
-  /// The limits that apply to (domain, identifier).
+  /// The limits that apply to (domain, identifier) when it names no tier.
   const rules::limits& limits_of(std::size_t domain, std::string_view identifier) const {
     return limits_[domain].of(identifier);
   }
+  /// The limits that apply to (domain, identifier) naming `tier`.
+  const rules::limits& limits_of(std::size_t domain, std::string_view identifier, std::string_view tier) const {
+    return limits_[domain].of(identifier, tier);
+  }
+  /// The limits (domain, identifier) is judged by now: those of the tier its
+  /// last use named, or limits_of() when it has no state.
+  const rules::limits& current_limits(std::size_t domain, std::string_view identifier) const;
   const domain_limits& limits(std::size_t domain) const { return limits_[domain]; }
 
   /// Changes the cap; evicts least recently used state at once if over it.
@@ -156,6 +198,8 @@ private:
   /// (evicting the least recently used at the cap) when `create`, else null if absent.
   entry* touch(std::size_t domain, std::string_view identifier, bool create);
   rules::decision record(entry* en, rules::event e, std::int64_t now_us);
+  /// Moves an entry to other limits: state of another shape starts afresh.
+  static void rejudge(entry& en, const rules::limits* next);
   void unlink(entry* e);
   void push_front(entry* e);
   void erase(entry* e);

@@ -1,7 +1,10 @@
 // The master's control stream (see control_publisher.hpp).
 #include "master/io/control_publisher.hpp"
 
+#include <array>
 #include <utility>
+
+#include "shared/protocol/wire_tier.hpp"
 
 namespace smockron::master {
 
@@ -70,8 +73,11 @@ void control_publisher::publish_policy(const ingest& lookup, std::size_t i, std:
   // (A gatekeeper only asks whether an identifier takes slots: under a
   // shared limit every one does, with its own limit or, lacking one, the pool's.)
   const auto slots = [](const rules::limits& l) { return l.concurrency > 0 ? l.concurrency : l.shared_concurrency; };
+  // Each tier, with its rules and its concurrency limit.
+  for (const auto& [name, l] : limits.tiers) send_tier(domain, name, l, slots(l));
   bool concurrency = slots(limits.base) > 0;
   for (const auto& [identifier, l] : limits.overrides) concurrency = concurrency || slots(l) > 0;
+  for (const auto& [name, l] : limits.tiers) concurrency = concurrency || slots(l) > 0;
   if (!concurrency) return;
   send_concurrency(domain, {}, slots(limits.base));
   for (const auto& [identifier, l] : limits.overrides) send_concurrency(domain, identifier, slots(l));
@@ -91,19 +97,41 @@ void control_publisher::grant(const wire::grant& g) {
   grants_dropped_.inc(server_.publish(enc->view()).dropped);
 }
 
+namespace {
+// Any subset of the rules bounds less, never more: the first few that the
+// wire can carry are enough.
+std::size_t policy_rules(const rules::limits& l, std::array<wire::policy::rule, wire::max_policy_rules>& out) {
+  std::size_t n = 0;
+  for (const rules::rule& r : l.rules) {
+    if (n == wire::max_policy_rules) break;
+    if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
+      out[n++] = {r.interval_us, r.burst};
+    }
+  }
+  return n;
+}
+}  // namespace
+
+void control_publisher::send_tier(std::string_view domain, std::string_view name, const rules::limits& l,
+                                  std::int64_t concurrency) {
+  wire::tier_policy t;
+  t.domain = domain;
+  t.name = name;
+  t.count = policy_rules(l, t.rules);
+  t.concurrency = concurrency;
+  if (auto enc = wire::encode(t, scratch_)) {
+    server_.publish(enc->view());
+    policy_sent_.inc();
+  }
+}
+
 void control_publisher::send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l) {
   wire::policy p;
   p.domain = domain;
   p.identifier = identifier;
-  // Any subset of the rules bounds less, never more: the first few that the
-  // wire can carry are enough. A domain without rules gets an empty POLICY:
-  // it still tells gatekeepers that a master covers the domain (fail_closed).
-  for (const rules::rule& r : l.rules) {
-    if (p.count == wire::max_policy_rules) break;
-    if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
-      p.rules[p.count++] = {r.interval_us, r.burst};
-    }
-  }
+  // A domain without rules gets an empty POLICY: it still tells gatekeepers
+  // that a master covers the domain (fail_closed).
+  p.count = policy_rules(l, p.rules);
   if (auto enc = wire::encode(p, scratch_)) {
     server_.publish(enc->view());
     policy_sent_.inc();

@@ -3,7 +3,7 @@
 // domain's POLICY (its rules, and one per identifier with rules of its own,
 // for the gatekeepers' own first-round-trip bound and rate-limit fields)
 // every policy interval and to each gatekeeper as soon as it subscribes,
-// with QUOTA and CONCURRENCY beside it; and the GRANTs of concurrency
+// with QUOTA, CONCURRENCY and each tier's TIER beside it; and the GRANTs of concurrency
 // leases, again every policy interval. What is published during a turn of the loop leaves at its end, together.
 #pragma once
 
@@ -65,6 +65,8 @@ private:
   void publish_policy(const ingest& lookup, std::size_t domain, std::chrono::steady_clock::time_point now);
   void send_policy(std::string_view domain, std::string_view identifier, const rules::limits& l);
   void send_concurrency(std::string_view domain, std::string_view identifier, std::int64_t limit);
+  /// TIER: a tier's rules and its concurrency limit (0: none).
+  void send_tier(std::string_view domain, std::string_view name, const rules::limits& l, std::int64_t concurrency);
 
   zmtp_server server_;
   wire::scratch scratch_;

@@ -24,8 +24,20 @@ void concurrency_policies::set(std::string_view domain, std::string_view identif
   any_.store(true, std::memory_order_relaxed);
 }
 
-std::int64_t concurrency_policies::limit(std::string_view domain, std::string_view identifier,
-                                         std::int64_t now_us) const {
+void concurrency_policies::set_tier(std::string_view domain, std::string_view tier, std::int64_t limit,
+                                    std::int64_t now_us) {
+  std::lock_guard lock(mutex_);
+  auto it = domains_.find(domain);
+  if (it == domains_.end()) it = domains_.emplace(std::string(domain), domain_items{}).first;
+  // A domain has at most config::max_tiers; a stale one is replaced in place.
+  auto t = it->second.tiers.find(tier);
+  if (t == it->second.tiers.end()) t = it->second.tiers.emplace(std::string(tier), item{}).first;
+  t->second = {limit, now_us};
+  if (limit > 0) any_.store(true, std::memory_order_relaxed);
+}
+
+std::int64_t concurrency_policies::limit(std::string_view domain, std::string_view identifier, std::int64_t now_us,
+                                         std::string_view tier) const {
   const auto fresh = [&](const item& i) { return now_us - i.updated_us <= wire::policy_fresh_ms * 1000; };
   std::lock_guard lock(mutex_);
   const auto it = domains_.find(domain);
@@ -35,6 +47,9 @@ std::int64_t concurrency_policies::limit(std::string_view domain, std::string_vi
     if (const auto o = d.overrides.find(identifier); o != d.overrides.end() && fresh(o->second)) {
       return o->second.limit;
     }
+  }
+  if (!tier.empty() && !d.tiers.empty()) {
+    if (const auto t = d.tiers.find(tier); t != d.tiers.end() && fresh(t->second)) return t->second.limit;
   }
   return fresh(d.own) ? d.own.limit : 0;
 }
@@ -53,10 +68,11 @@ slot_table::entry* slot_table::find_or_add(std::string_view domain, std::string_
 }
 
 slot_table::entry* slot_table::acquire(std::string_view domain, std::string_view identifier, bool online, waiter& w,
-                                       std::int64_t now_us) {
+                                       std::int64_t now_us, std::string_view tier) {
   entry* e = find_or_add(domain, identifier);
   if (e == nullptr) return &untracked_;
   e->quiet_since_us = 0;
+  if (e->tier != tier) e->tier = tier;
   // No master: fail-open, but counted in flight (claimed when one is back).
   // Else a free slot of the lease, unless others wait before it.
   if (!online || (e->waiting == 0 && e->in_use < std::min(e->held, e->cap))) {
@@ -152,7 +168,7 @@ void slot_table::report(entry& e, std::int64_t now_us, bool force) {
   const bool tell = force || e.returned != e.sent_returned || side(want) != side(e.sent_want) ||
                     (want > e.held && want != e.sent_want);
   if (tell && send_) {
-    send_(wire::lease{e.domain, e.identifier, holder_, want, e.held, e.returned});
+    send_(wire::lease{e.domain, e.identifier, holder_, want, e.held, e.returned, e.tier});
     e.sent_want = want;
     e.sent_returned = e.returned;
     e.asked_us = now_us;

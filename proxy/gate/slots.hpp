@@ -38,8 +38,13 @@ class concurrency_policies {
 public:
   /// Sets (domain, identifier)'s limit (identifier empty: the domain's; `limit` 0 for an identifier: none).
   void set(std::string_view domain, std::string_view identifier, std::int64_t limit, std::int64_t now_us);
-  /// The limit of one identifier now; 0: none (no fresh policy, or its own rules have none).
-  std::int64_t limit(std::string_view domain, std::string_view identifier, std::int64_t now_us) const;
+  /// Sets a tier's limit (TIER; 0: none for the tier's clients).
+  void set_tier(std::string_view domain, std::string_view tier, std::int64_t limit, std::int64_t now_us);
+  /// The limit of one identifier now, whose request names `tier` (empty:
+  /// none): its override's, else its tier's, else the domain's; 0: none (no
+  /// fresh policy, or the rules that apply have none).
+  std::int64_t limit(std::string_view domain, std::string_view identifier, std::int64_t now_us,
+                     std::string_view tier = {}) const;
   /// True once some master has published a CONCURRENCY (the per-request check is skipped until then).
   bool any() const { return any_.load(std::memory_order_relaxed); }
 
@@ -51,6 +56,7 @@ private:
   struct domain_items {
     item own;
     string_map<item> overrides;
+    string_map<item> tiers;
   };
   mutable std::mutex mutex_;
   string_map<domain_items> domains_;
@@ -92,6 +98,7 @@ public:
     std::int64_t idle_since_us = 0;   ///< since when more is held than wanted (0: not)
     std::int64_t asked_us = 0;        ///< when the last LEASE left
     std::int64_t quiet_since_us = 0;  ///< since when nothing is held, wanted or in flight (0: not)
+    std::string tier;                 ///< the tier the last request named (LEASE carries it)
     std::size_t waiting = 0;
     std::int64_t counted[3] = {};  ///< in_use, held, waiting as added to the table's totals
     waiter* head = nullptr;
@@ -105,11 +112,13 @@ public:
   std::int64_t now_us() const { return clock_.wall_us(); }
 
   /// A request of (domain, identifier) wants a slot. `online`: a master
-  /// delivers for the domain. Returns the entry it holds a slot of (in
+  /// delivers for the domain. `tier`: the tier the request names (the
+  /// master's limit is that tier's). Returns the entry it holds a slot of (in
   /// flight), or nullptr: it waits in `w` until woken.
   /// The untracked case (k_max_entries already): `untracked` is returned, a
   /// slot of nothing (release() ignores it).
-  entry* acquire(std::string_view domain, std::string_view identifier, bool online, waiter& w, std::int64_t now_us);
+  entry* acquire(std::string_view domain, std::string_view identifier, bool online, waiter& w, std::int64_t now_us,
+                 std::string_view tier = {});
   entry* untracked() { return &untracked_; }
   /// A request holding a slot of `e` ended.
   void release(entry& e, std::int64_t now_us);

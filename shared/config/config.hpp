@@ -58,6 +58,15 @@ struct override_config {
   std::string text;  ///< from_api: the rules as the API was given them (kept in Redis)
 };
 
+/// A tier: the rules of every identifier whose requests name it (a route's
+/// `tier` source: a verified JWT claim, or a header a trusted peer sets),
+/// unless the identifier has an override of its own.
+struct tier_config {
+  std::string name;  ///< 1 to wire::max_tier_bytes of [A-Za-z0-9._-]
+  std::vector<rule_config> rules;
+  std::int64_t concurrency = 0;  ///< its own { concurrency = N } rule; 0: none (not the domain's)
+};
+
 /// A domain's algorithm: the spec's sliding log, or GCRA (master/rules.hpp runs them).
 enum class algorithm_kind : std::uint8_t { sliding_log, gcra };
 
@@ -73,7 +82,13 @@ struct domain_config {
   /// those that want slots; 0: none.
   std::int64_t shared_concurrency = 0;
   std::vector<override_config> overrides;
+  /// `[master.domains.X.tiers.NAME]`, sorted by name; a request naming none
+  /// of them (or no tier) has the domain's rules.
+  std::vector<tier_config> tiers;
 };
+
+/// Tiers one domain may have: each is published to every gatekeeper every second.
+inline constexpr std::size_t max_tiers = 64;
 
 /// Overrides one master may list, all domains together: each is published to
 /// every gatekeeper every second, as the domains' POLICY is.
@@ -218,6 +233,10 @@ struct route_config {
   std::optional<cost_source> cost_estimate;
   std::int64_t cost_max = 1'000'000;  ///< a larger cost is charged as this (counted)
   std::int64_t cost_default = 1;      ///< the charge of a cost that is missing or malformed (counted)
+  /// Where a request's tier comes from (`tier = "jwt:plan"` or
+  /// `"header:X-Plan"`): its value names one of the domain's tiers on the
+  /// master, whose rules then apply to the client. Nothing: no tier.
+  std::optional<identifier_source> tier;
 };
 
 struct jwt_config {

@@ -174,6 +174,39 @@ void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
              });
 }
 
+// `tiers`: a table of rule sets by name ([master.domains.X.tiers.NAME] rules = [...]).
+void read_tiers(reader& r, sink& s, domain_config& d) {
+  const toml::node* n = r.get("tiers");
+  if (!n) return;
+  const auto* t = n->as_table();
+  if (!t) {
+    s.add(*n, r.key("tiers"),
+          "expected a table of tiers ([master.domains.X.tiers.NAME]), got " + std::string(type_name(*n)));
+    return;
+  }
+  if (t->size() > max_tiers) {
+    s.add(*n, r.key("tiers"), "at most " + std::to_string(max_tiers) + " tiers (each is published every second)");
+  }
+  for (auto&& [k, v] : *t) {
+    const std::string path = r.key("tiers") + "." + std::string(k.str());
+    tier_config tc;
+    tc.name = std::string(k.str());
+    if (!wire::valid_tier_name(tc.name)) {
+      s.add(v, path, "a tier's name is 1 to " + std::to_string(wire::max_tier_bytes) + " of A-Z a-z 0-9 . _ -");
+    }
+    const auto* tt = v.as_table();
+    if (!tt) {
+      s.add(v, path, "expected a table { rules = [...] }, got " + std::string(type_name(v)));
+      continue;
+    }
+    reader tr(*tt, path, s);
+    if (const toml::node* rules = tr.get("rules")) read_rules(rules, tr.key("rules"), s, tc.rules, tc.concurrency);
+    else s.add(v, tr.key("rules"), "missing (rules = [] for no limit)");
+    d.tiers.push_back(std::move(tc));
+  }
+  std::sort(d.tiers.begin(), d.tiers.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+}
+
 void read_domain(std::string_view name, const toml::node& n, const std::string& path, sink& s,
                  std::vector<domain_config>& out) {
   domain_config d;
@@ -195,6 +228,7 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
   read_rules(r.get("rules"), r.key("rules"), s, d.rules, d.concurrency);
   read_shared(r, s, d);
   read_overrides(r, s, d.overrides);
+  read_tiers(r, s, d);
   out.push_back(std::move(d));
 }
 

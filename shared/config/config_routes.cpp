@@ -201,7 +201,7 @@ void read_route_place(reader& rr, const toml::node& at, const std::string& path,
     // Not limited: every key that shapes limiting would do nothing, so none is accepted.
     for (const char* k :
          {"identify", "unidentified", "status", "max_delay", "max_held", "mode", "exempt", "ratelimit_headers",
-          "explain", "grpc_status", "cost", "cost_max", "cost_default", "cost_estimate"}) {
+          "explain", "grpc_status", "cost", "cost_max", "cost_default", "cost_estimate", "tier"}) {
       if (const toml::node* kn = rr.table().get(k)) {
         rr.errors().add(*kn, path + "." + k, "has no effect on a route without a domain (it is not limited)");
       }
@@ -233,6 +233,20 @@ void read_route_limits(reader& rr, const std::string& path, const proxy_config& 
           *rr.table().get("identify"), path + ".identify",
           "a jwt: source needs [proxy.jwt] hs256_secret, public_key_file or jwks_file (the claims of an unsigned "
           "token are whatever the client wants)");
+    }
+  }
+  if (auto* t = rr.typed<toml::value<std::string>>("tier", "\"jwt:CLAIM\" or \"header:NAME\"")) {
+    auto src = parse_identifier_source(t->get());
+    if (!src || (src->type != identifier_source::kind::jwt && src->type != identifier_source::kind::header)) {
+      rr.errors().add(*t, path + ".tier",
+                      "expected \"jwt:CLAIM\" (a verified token's claim) or \"header:NAME\" (set by a trusted peer "
+                      "in front), got \"" +
+                          t->get() + "\"");
+    } else if (src->type == identifier_source::kind::jwt && !p.jwt.verify()) {
+      rr.errors().add(*t, path + ".tier", "a jwt: tier needs [proxy.jwt] hs256_secret, public_key_file or jwks_file");
+    } else {
+      src->hash = false;  // a tier is a name the master looks up, never a secret
+      route.tier = *src;
     }
   }
   rr.choice("unidentified", std::array<std::string_view, 3>{"shared", "reject", "allow"}, "action", route.unidentified);

@@ -84,6 +84,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::reserve_invalid: return "reserve_invalid";
     case decode_error::quota_invalid: return "quota_invalid";
     case decode_error::lease_invalid: return "lease_invalid";
+    case decode_error::tier_invalid: return "tier_invalid";
   }
   return "unknown";
 }
@@ -98,6 +99,14 @@ result<std::int64_t> parse_timestamp(std::string_view frame) {
   std::from_chars(frame.data(), frame.data() + frame.size(), v);  // digits only, fits: checked above
   if (!valid_timestamp(v)) return decode_error::timestamp_out_of_range;
   return v;
+}
+
+bool valid_tier_name(std::string_view name) {
+  if (name.empty() || name.size() > max_tier_bytes) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
 }
 
 result<accounting> decode_accounting(frames f) {
@@ -158,6 +167,13 @@ result<accounting> decode_accounting(frames f) {
     } else if (!use && m.loginfo.starts_with(adjust_prefix)) {
       m.adjust = number(adjust_prefix, true);
       if (!m.adjust) return decode_error::adjust_invalid;
+    }
+    if (use && m.loginfo.starts_with(tier_prefix)) {
+      const std::string_view rest = m.loginfo.substr(tier_prefix.size());
+      const std::size_t end = rest.find(' ');
+      m.tier = rest.substr(0, end);
+      if (!m.tier.empty() && !valid_tier_name(m.tier)) return decode_error::tier_invalid;
+      m.loginfo = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
     }
   }
   return m;
@@ -292,24 +308,37 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
   const bool use = m.state != status::rejected;
   if (m.adjust && (use || *m.adjust < -max_cost || *m.adjust > max_cost)) return std::nullopt;
   if (m.reserve && !use) return std::nullopt;
+  if (!m.tier.empty() && (!use || !valid_tier_name(m.tier))) return std::nullopt;
   // A loginfo that starts with "cost=" on its own would be read as a cost (or
   // one that starts with "reserve=" or, REJECTED, "adjust=", as those): it
-  // gets the cost prefix too.
+  // gets the cost prefix too. One that would read as a tier gets "tier= ".
   const bool reads_as_more =
       m.loginfo.starts_with(cost_prefix) || m.loginfo.starts_with(use ? reserve_prefix : adjust_prefix);
-  if (m.adjust || m.reserve || m.cost != 1 || reads_as_more) {
+  const bool numbered = m.adjust || m.reserve || m.cost != 1 || reads_as_more;
+  const bool tiered = use && (!m.tier.empty() || m.loginfo.starts_with(tier_prefix));
+  if (numbered || tiered) {
     if (m.cost < 0 || m.cost > max_cost) return std::nullopt;
-    // "cost=N" (or "reserve=N", "adjust=N"), then " " + loginfo when there is one, within max_loginfo_bytes.
-    const std::string_view prefix = m.adjust ? adjust_prefix : m.reserve ? reserve_prefix : cost_prefix;
-    char* out = std::copy(prefix.begin(), prefix.end(), s.loginfo.data());
-    out = std::to_chars(out, out + 20, m.adjust ? *m.adjust : m.cost).ptr;  // 14 characters at most
-    const auto used = static_cast<std::size_t>(out - s.loginfo.data());
+    // ["cost=N" (or "reserve=N", "adjust=N")] [" tier=NAME"], then " " +
+    // loginfo when there is one, within max_loginfo_bytes.
+    char* const start = s.loginfo.data();
+    char* out = start;
+    if (numbered) {
+      const std::string_view prefix = m.adjust ? adjust_prefix : m.reserve ? reserve_prefix : cost_prefix;
+      out = std::copy(prefix.begin(), prefix.end(), out);
+      out = std::to_chars(out, out + 20, m.adjust ? *m.adjust : m.cost).ptr;  // 14 characters at most
+    }
+    if (tiered) {
+      if (out != start) *out++ = ' ';
+      out = std::copy(tier_prefix.begin(), tier_prefix.end(), out);
+      out = std::copy(m.tier.begin(), m.tier.end(), out);  // 14 + 1 + 5 + 64 so far
+    }
+    const auto used = static_cast<std::size_t>(out - start);
     if (!m.loginfo.empty()) {
       if (used + 1 + m.loginfo.size() > max_loginfo_bytes) return std::nullopt;
       *out++ = ' ';
       out = std::copy(m.loginfo.begin(), m.loginfo.end(), out);
     }
-    e.frame[e.count++] = std::string_view(s.loginfo.data(), static_cast<std::size_t>(out - s.loginfo.data()));
+    e.frame[e.count++] = std::string_view(start, static_cast<std::size_t>(out - start));
   } else if (!m.loginfo.empty()) {
     e.frame[e.count++] = m.loginfo;
   }

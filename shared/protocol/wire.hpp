@@ -52,8 +52,9 @@ enum class decode_error : std::uint8_t {
   adjust_invalid,          ///< a REJECTED message's loginfo starts with "adjust=" but no valid adjustment follows
   reserve_invalid,         ///< loginfo starts with "reserve=" but no valid cost follows
   lease_invalid,           ///< a LEASE, GRANT or CONCURRENCY numbers frame malformed
+  tier_invalid,            ///< a "tier=" in the loginfo, or a TIER message's name, that is no tier name
 };
-inline constexpr std::size_t decode_error_count = 20;
+inline constexpr std::size_t decode_error_count = 21;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -88,6 +89,19 @@ inline constexpr std::string_view reserve_prefix = "reserve=";
 /// back the units and never counts it as a refusal.
 inline constexpr std::string_view adjust_prefix = "adjust=";
 
+/// The tier of a request (wire addition, in the loginfo frame after the
+/// cost): an ACCEPTED or DELAYED message whose loginfo goes on (after any
+/// "cost=N " or "reserve=N ", else at its start) with "tier=NAME" (then the
+/// end or a space and free text) was for a request naming tier NAME, whose
+/// rules the master applies to the identifier unless it has an override.
+/// NAME: 1 to max_tier_bytes of [A-Za-z0-9._-]; "tier=" alone names none (a
+/// free text that starts with "tier=" is sent behind it). A spec master logs
+/// the frame and counts one use, as it does with the cost.
+inline constexpr std::string_view tier_prefix = "tier=";
+inline constexpr std::size_t max_tier_bytes = 64;
+/// True for a tier name: 1 to max_tier_bytes of [A-Za-z0-9._-].
+bool valid_tier_name(std::string_view name);
+
 /// Accounting message: [domain\0, status, identifier, received_ms, delayed_ms|"", (loginfo)].
 struct accounting {
   std::string_view domain;
@@ -99,6 +113,7 @@ struct accounting {
   std::int64_t cost = 1;        ///< units used; not 1: encoded as the loginfo's "cost=N" prefix
   bool reserve = false;         ///< ACCEPTED or DELAYED: `cost` is an estimate ("reserve=N")
   std::optional<std::int64_t> adjust = std::nullopt;  ///< REJECTED only: a reservation's correction ("adjust=N")
+  std::string_view tier = {};  ///< ACCEPTED or DELAYED: the request's tier ("tier=NAME"); empty: none
 };
 
 /// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].

@@ -36,14 +36,15 @@ bool read_numbers(std::string_view frame, bool hex_first, std::array<std::uint64
 bool in(std::uint64_t v, std::int64_t max) { return v <= static_cast<std::uint64_t>(max); }
 
 // Frames 0-2 of a lease message: the domain, `command`, an identifier (empty allowed when `empty_id`).
+// `extra`: a fifth frame may follow.
 template <class T>
-std::optional<decode_error> read_head(frames f, std::string_view command, bool empty_id, T& m) {
+std::optional<decode_error> read_head(frames f, std::string_view command, bool empty_id, T& m, bool extra = false) {
   if (f.size() < 2) return decode_error::frame_count;
   auto domain = decode_domain_frame(f[0]);
   if (!domain) return domain.error();
   m.domain = domain.value();
   if (f[1] != command) return command == lease_status ? decode_error::unknown_status : decode_error::unknown_command;
-  if (f.size() != 4) return decode_error::frame_count;
+  if (f.size() != 4 && !(extra && f.size() == 5)) return decode_error::frame_count;
   if (f[2].size() > max_identifier_bytes || f[3].size() > 80) return decode_error::frame_too_large;
   if (f[2].empty() && !empty_id) return decode_error::identifier_empty;
   m.identifier = f[2];
@@ -68,11 +69,15 @@ encoded four(std::string_view domain, std::string_view command, std::string_view
 
 result<lease> decode_lease(frames f) {
   lease m;
-  if (auto e = read_head(f, lease_status, false, m)) return *e;
+  if (auto e = read_head(f, lease_status, false, m, true)) return *e;
   std::array<std::uint64_t, 4> n{};
   if (!read_numbers(f[3], true, n) || !in(n[1], max_concurrency) || !in(n[2], max_concurrency) ||
       !in(n[3], max_returned)) {
     return decode_error::lease_invalid;
+  }
+  if (f.size() == 5) {
+    if (!valid_tier_name(f[4])) return decode_error::tier_invalid;
+    m.tier = f[4];
   }
   m.holder = n[0];
   m.want = static_cast<std::int64_t>(n[1]);
@@ -108,7 +113,7 @@ std::optional<encoded> encode(const lease& m, scratch& s) {
   auto domain = encode_domain_frame(m.domain, s);
   if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || m.want < 0 ||
       m.want > max_concurrency || m.held < 0 || m.held > max_concurrency || m.returned < 0 ||
-      m.returned > max_returned) {
+      m.returned > max_returned || (!m.tier.empty() && !valid_tier_name(m.tier))) {
     return std::nullopt;
   }
   char* const begin = s.numbers.data();
@@ -118,7 +123,9 @@ std::optional<encoded> encode(const lease& m, scratch& s) {
     *out++ = ' ';
     out = std::to_chars(out, end, v).ptr;
   }
-  return four(*domain, lease_status, m.identifier, begin, out);
+  encoded e = four(*domain, lease_status, m.identifier, begin, out);
+  if (!m.tier.empty()) e.frame[e.count++] = m.tier;
+  return e;
 }
 
 std::optional<encoded> encode(const grant& m, scratch& s) {

@@ -37,7 +37,9 @@ inline constexpr std::int64_t max_returned = 999'999'999'999'999;
 /// now (in flight and waiting), HELD the slots it holds (read by the master
 /// only when it knows no lease of this holder: a holder whose connection came
 /// back claims what is still in flight), RETURNED how many slots of this
-/// identifier it has given back since it started.
+/// identifier it has given back since it started. An optional fifth frame
+/// names the tier of the identifier's requests (wire::valid_tier_name), whose
+/// concurrency rule applies unless the identifier has an override.
 struct lease {
   std::string_view domain;
   std::string_view identifier;
@@ -45,6 +47,7 @@ struct lease {
   std::int64_t want = 0;
   std::int64_t held = 0;
   std::int64_t returned = 0;
+  std::string_view tier = {};  ///< empty: none (the frame is left out)
 };
 
 /// Master -> gatekeepers, on the control stream: [domain\0, "GRANT",

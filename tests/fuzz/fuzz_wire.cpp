@@ -5,6 +5,7 @@
 #include "fuzz_frames.hpp"
 #include "shared/protocol/wire.hpp"
 #include "shared/protocol/wire_lease.hpp"
+#include "shared/protocol/wire_tier.hpp"
 
 using namespace smockron;
 
@@ -19,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(back->domain == a->domain && back->state == a->state && back->identifier == a->identifier);
     FUZZ_CHECK(back->received_ms == a->received_ms && back->loginfo == a->loginfo && back->cost == a->cost);
     FUZZ_CHECK(a->cost >= 0 && a->cost <= wire::max_cost);
-    FUZZ_CHECK(back->adjust == a->adjust && back->reserve == a->reserve);
+    FUZZ_CHECK(back->adjust == a->adjust && back->reserve == a->reserve && back->tier == a->tier);
+    FUZZ_CHECK(a->tier.empty() || (wire::valid_tier_name(a->tier) && a->state != wire::status::rejected));
     FUZZ_CHECK(!a->adjust || (*a->adjust >= -wire::max_cost && *a->adjust <= wire::max_cost));
     FUZZ_CHECK(!a->adjust || a->state == wire::status::rejected);
     FUZZ_CHECK(!a->reserve || a->state != wire::status::rejected);
@@ -71,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto back = wire::decode_lease(enc->view());
     FUZZ_CHECK(back && back->domain == l->domain && back->identifier == l->identifier && back->holder == l->holder);
     FUZZ_CHECK(back->want == l->want && back->held == l->held && back->returned == l->returned);
+    FUZZ_CHECK(back->tier == l->tier && (l->tier.empty() || wire::valid_tier_name(l->tier)));
   }
   if (auto g = wire::decode_grant(f)) {
     FUZZ_CHECK(g->cap >= 0 && g->cap <= g->held && g->held <= wire::max_concurrency);  // what a holder relies on
@@ -85,6 +88,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(enc);
     const auto back = wire::decode_concurrency(enc->view());
     FUZZ_CHECK(back && back->domain == c->domain && back->identifier == c->identifier && back->limit == c->limit);
+  }
+  if (auto t = wire::decode_tier(f)) {
+    FUZZ_CHECK(wire::valid_tier_name(t->name) && t->count <= wire::max_policy_rules);
+    const auto enc = wire::encode(t.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_tier(enc->view());
+    FUZZ_CHECK(back && back->domain == t->domain && back->name == t->name && back->count == t->count);
+    FUZZ_CHECK(back->concurrency == t->concurrency);
+    for (std::size_t i = 0; i < t->count; ++i) {
+      FUZZ_CHECK(back->rules[i].interval_us == t->rules[i].interval_us && back->rules[i].burst == t->rules[i].burst);
+    }
   }
   return 0;
 }

@@ -210,3 +210,90 @@ overrides = [ { identifier = "batch", rules = [ { concurrency = 5 } ] } ]
   EXPECT_NE(text.find("smockron_master_lease_slots_released_total 7"), std::string::npos);
   EXPECT_NE(text.find("smockron_master_lease_slots_held 1"), std::string::npos);
 }
+
+// A request's tier (its accounting message's "tier=NAME") selects the rules
+// its identifier is judged by: the tier's, an override's before it, the
+// domain's for no tier or an unknown one. A change of tier takes effect with
+// the first message that names the new one; a reload keeps each identifier
+// with its tier.
+TEST(IngestTiers, TheTierAMessageNamesSelectsTheRules) {
+  const std::string text = R"(
+[master]
+[master.domains.api]
+rules = [ { rate = "1/s", burst = 1 } ]
+overrides = [ { identifier = "vip", rules = [ { rate = "1/s", burst = 5 } ] } ]
+[master.domains.api.tiers.pro]
+rules = [ { rate = "1/s", burst = 3 } ]
+[master.domains.api.tiers.free]
+rules = [ { rate = "1/s", burst = 2 }, { rate = "100/d", burst = 100 } ]
+)";
+  auto r = config::load_string(text, "test");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : config::format(r.errors[0]));
+  manual_clock clock;
+  metrics::registry reg;
+  master::ingest in(*r.cfg->master, clock, reg);
+  // How many uses at one instant follow the first before the master says
+  // wait (it says so with the use that reaches the burst).
+  const auto burst = [&](const std::string& id, const std::string& loginfo) {
+    for (int n = 1; n <= 10; ++n) {
+      std::vector<std::string> f{"api\0"s, "ACCEPTED", id, std::to_string(clock.wall_ms()), ""};
+      if (!loginfo.empty()) f.push_back(loginfo);
+      const std::vector<std::string_view> v(f.begin(), f.end());
+      if (in.handle(v, false, clock.wall_us())) return n - 1;
+    }
+    return 10;
+  };
+  EXPECT_EQ(burst("a", ""), 0);                  // no tier: the domain's rules (burst 1)
+  EXPECT_EQ(burst("b", "tier=pro"), 2);          // pro (burst 3)
+  EXPECT_EQ(burst("c", "cost=1 tier=gold"), 0);  // a tier the domain does not have: the domain's
+  EXPECT_EQ(burst("vip", "tier=pro"), 4);        // an override before the tier (burst 5)
+  EXPECT_EQ(&in.states().current_limits(0, "b"), in.states().limits(0).find_tier("pro"));
+  // The client's plan changes: its next message judges it by the new tier.
+  // Rules of the same shape (one rule each): its use is kept (afresh: 2).
+  EXPECT_EQ(burst("a", "tier=pro"), 1);
+  // Another shape (free has two rules): it starts afresh (kept: 0).
+  EXPECT_EQ(burst("b", "tier=free"), 1);
+  EXPECT_EQ(&in.states().current_limits(0, "b"), in.states().limits(0).find_tier("free"));
+  // A reload keeps it with its tier by name.
+  auto again = config::load_string(text, "test");
+  in.reconfigure(*again.cfg->master);
+  EXPECT_EQ(&in.states().current_limits(0, "b"), in.states().limits(0).find_tier("free"));
+  EXPECT_EQ(in.states().limits(0).tier_of(&in.states().current_limits(0, "b")), "free");
+  // Refusals keep the tier in force; a use with no tier goes back to the domain's.
+  const std::vector<std::string> rej{"api\0"s, "REJECTED", "b", std::to_string(clock.wall_ms()), ""};
+  in.handle(std::vector<std::string_view>(rej.begin(), rej.end()), false, clock.wall_us());
+  EXPECT_EQ(in.states().limits(0).tier_of(&in.states().current_limits(0, "b")), "free");
+  clock.advance(std::chrono::seconds(10));
+  EXPECT_EQ(burst("b", ""), 0);
+  // A malformed tier is refused and counted.
+  const std::vector<std::string> bad{"api\0"s, "ACCEPTED", "d", std::to_string(clock.wall_ms()), "", "tier=a/b"};
+  EXPECT_FALSE(in.handle(std::vector<std::string_view>(bad.begin(), bad.end()), false, clock.wall_us()));
+  EXPECT_NE(reg.render().find("smockron_master_decode_errors_total{reason=\"tier_invalid\"} 1"), std::string::npos);
+}
+
+// A LEASE naming a tier is granted up to that tier's concurrency limit.
+TEST(IngestTiers, ALeaseIsLimitedByItsTier) {
+  auto r = config::load_string(R"(
+[master]
+[master.domains.llm]
+rules = [ { concurrency = 1 } ]
+[master.domains.llm.tiers.pro]
+rules = [ { concurrency = 4 } ]
+)",
+                               "test");
+  ASSERT_TRUE(r.cfg);
+  manual_clock clock;
+  metrics::registry reg;
+  master::ingest in(*r.cfg->master, clock, reg);
+  const auto lease = [&](const std::string& id, const std::string& tier) {
+    std::vector<std::string> f{"llm\0"s, "LEASE", id, "0000000000000001 9 0 0"};
+    if (!tier.empty()) f.push_back(tier);
+    in.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock.wall_us(), 1);
+    std::int64_t held = -1;
+    in.take_grants([&](const wire::grant& g) { held = g.held; });
+    return held;
+  };
+  EXPECT_EQ(lease("a", ""), 1);
+  EXPECT_EQ(lease("b", "pro"), 4);
+  EXPECT_EQ(lease("c", "gold"), 1);
+}

@@ -151,7 +151,7 @@ TEST(Leases, ALowerLimitOnReloadCapsTheHolders) {
   book.on_lease(2, ask(20, 4), {8, 0}, 1'000);
   g.take(book);
   EXPECT_EQ(book.held(), 8);
-  book.relimit([](std::string_view, std::string_view) { return leases::limits{2, 0}; }, 2'000);
+  book.relimit([](std::string_view, std::string_view, std::string_view) { return leases::limits{2, 0}; }, 2'000);
   g.take(book);
   EXPECT_EQ(book.held(), 8);  // in flight stays counted
   EXPECT_EQ(g.cap(10) + g.cap(20), 2);

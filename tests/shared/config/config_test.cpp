@@ -974,3 +974,62 @@ TEST(Config, SharedConcurrency) {
   EXPECT_NE(one_error("[master.domains.a]\nshared = [ { concurrency = 0 } ]\n").find("must be between 1"),
             std::string::npos);
 }
+
+TEST(Config, Tiers) {
+  auto r = load(R"(
+[master.domains.api]
+rules = [ { rate = "10/s", burst = 20 } ]
+[master.domains.api.tiers.pro]
+rules = [ { rate = "100/s", burst = 200 }, { concurrency = 16 }, { quota = 1000000, per = "month" } ]
+[master.domains.api.tiers.enterprise]
+rules = []
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("api");
+  ASSERT_EQ(d.tiers.size(), 2u);
+  EXPECT_EQ(d.tiers[0].name, "enterprise");  // sorted by name
+  EXPECT_TRUE(d.tiers[0].rules.empty());
+  EXPECT_EQ(d.tiers[1].name, "pro");
+  ASSERT_EQ(d.tiers[1].rules.size(), 2u);
+  EXPECT_EQ(d.tiers[1].rules[0].burst, 200);
+  EXPECT_TRUE(d.tiers[1].rules[1].is_quota());
+  EXPECT_EQ(d.tiers[1].concurrency, 16);
+  const std::string head = "[master.domains.a]\n";
+  EXPECT_NE(one_error(head + "tiers = 3\n").find("master.domains.a.tiers: expected a table of tiers"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[master.domains.a.tiers.\"a b\"]\nrules = []\n").find("a tier's name is 1 to 64"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\n").find("master.domains.a.tiers.pro.rules: missing"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\nrules = []\nweight = 2\n").find("unknown key"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\nrules = [{ rate = \"1/s\", burst = 0 }]\n")
+                .find("master.domains.a.tiers.pro.rules[0].burst: must be between 1"),
+            std::string::npos);
+  std::string many = head;
+  for (int i = 0; i <= 64; ++i) many += "[master.domains.a.tiers.t" + std::to_string(i) + "]\nrules = []\n";
+  EXPECT_NE(one_error(many).find("at most 64 tiers"), std::string::npos);
+}
+
+TEST(Config, RouteTier) {
+  const std::string up = "[proxy.upstreams.u]\nservers = [\"127.0.0.1:1\"]\n";
+  const std::string route = "[[proxy.routes]]\ndomain = \"d\"\nupstream = \"u\"\n";
+  auto r = load(up + route + "tier = \"header:X-Plan\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& tier = r.cfg->proxy->routes[0].tier;
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->type, config::identifier_source::kind::header);
+  EXPECT_EQ(tier->name, "X-Plan");
+  EXPECT_FALSE(tier->hash);
+  auto j = load("[proxy.jwt]\nhs256_secret = \"s3cret\"\n" + up + route + "tier = \"jwt:plan\"\n");
+  ASSERT_TRUE(j.cfg) << (j.errors.empty() ? "" : format(j.errors[0]));
+  EXPECT_EQ(j.cfg->proxy->routes[0].tier->type, config::identifier_source::kind::jwt);
+  EXPECT_FALSE(load(up + route).cfg->proxy->routes[0].tier);
+  EXPECT_NE(one_error(up + route + "tier = \"jwt:plan\"\n").find("a jwt: tier needs [proxy.jwt]"), std::string::npos);
+  EXPECT_NE(one_error(up + route + "tier = \"ip\"\n").find("proxy.routes[0].tier: expected \"jwt:CLAIM\""),
+            std::string::npos);
+  EXPECT_NE(one_error(up + route + "tier = \"token\"\n").find("expected \"jwt:CLAIM\""), std::string::npos);
+  EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\ntier = \"header:X-Plan\"\n")
+                .find("proxy.routes[0].tier: has no effect on a route without a domain"),
+            std::string::npos);
+}
