@@ -7,6 +7,7 @@
 
 #include "shared/base/log.hpp"
 #include "shared/daemon/zmq_util.hpp"
+#include "shared/protocol/wire_tier.hpp"
 
 namespace smockron::proxy {
 
@@ -136,6 +137,17 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
       const std::span<const guard_rule> rules{p->rules.data(), p->count};
       const bool kept = p->identifier.empty() ? gate_.set_policy(*domain, rules, clock_.wall_us())
                                               : gate_.set_override(*domain, p->identifier, rules, clock_.wall_us());
+      if (kept) policies_.inc();
+      else policies_ignored_.inc();
+    }
+    return;
+  }
+  if (wire::control_command(in.frames()) == wire::tier_command) {
+    const auto t = wire::decode_tier(in.frames());
+    if (!t) return bad(t.error());
+    if (const auto domain = domains_.find(t->domain)) {
+      const bool kept = gate_.set_tier(*domain, t->name, {t->rules.data(), t->count}, clock_.wall_us());
+      if (concurrency_.policies) concurrency_.policies->set_tier(t->domain, t->name, t->concurrency, clock_.wall_us());
       if (kept) policies_.inc();
       else policies_ignored_.inc();
     }

@@ -85,6 +85,49 @@ bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::
   return true;
 }
 
+bool gate::set_tier(std::uint32_t domain, std::string_view tier, std::span<const guard_rule> rules,
+                    std::int64_t now_us) {
+  if (domain >= k_policy_domains) return false;
+  std::unique_lock lock(tiers_mutex_);
+  auto it = tiers_.find(key_view{domain, tier});
+  if (it == tiers_.end()) {
+    if (tiers_.size() >= k_max_tiers) return false;
+    it = tiers_.emplace(key{domain, std::string(tier)}, tier_slot{}).first;
+  }
+  policy& p = it->second.rules;
+  const std::size_t n = std::min(rules.size(), k_guard_rules);
+  bool same = p.seq != 0 && p.count == n;
+  for (std::size_t i = 0; same && i < n; ++i) {
+    same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
+  }
+  if (!same) {
+    std::copy_n(rules.begin(), n, p.rules.begin());
+    p.count = n;
+    p.seq = override_seq_ += 2;  // changed rules: its clients' guard state starts afresh
+  }
+  it->second.updated_us = now_us;
+  any_tiers_.store(true, std::memory_order_relaxed);
+  return true;
+}
+
+std::size_t gate::tiers() const {
+  std::shared_lock lock(tiers_mutex_);
+  return tiers_.size();
+}
+
+gate::policy gate::read_policy(std::uint32_t domain, std::int64_t now_us, std::string_view tier, bool& tiered) const {
+  tiered = false;
+  if (!tier.empty() && any_tiers_.load(std::memory_order_relaxed)) {
+    std::shared_lock lock(tiers_mutex_);
+    const auto it = tiers_.find(key_view{domain, tier});
+    if (it != tiers_.end() && now_us - it->second.updated_us <= wire::policy_fresh_ms * 1000) {
+      tiered = true;
+      return it->second.rules;
+    }
+  }
+  return read_policy(domain, now_us);
+}
+
 gate::policy gate::policy_for(const shard& s, const key_view& k, const policy& domain_policy,
                               std::int64_t now_us) const {
   if (k.domain >= k_policy_domains) return domain_policy;
@@ -146,9 +189,10 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
   if (interval_us > 0) e.interval_us = interval_us;
 }
 
-quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us) {
+quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us, std::string_view tier) {
   quota_state q;
-  policy guard = read_policy(domain, now_us);
+  bool tiered = false;
+  policy guard = read_policy(domain, now_us, tier, tiered);
   std::array<std::int64_t, k_guard_rules> tat{};
   std::int64_t next_us = 0;  // the master's DELAY_UNTIL for the client
   bool overridden = false;
@@ -157,7 +201,7 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
     shard& s = shard_for(k);
     std::lock_guard lock(s.mutex);
     const policy own = policy_for(s, k, guard, now_us);
-    overridden = own.seq != guard.seq;
+    overridden = tiered || own.seq != guard.seq;  // the domain's quotas are not its
     guard = own;
     if (const auto it = s.map.find(k); it != s.map.end()) {
       if (it->second.policy_seq == guard.seq) tat = it->second.tat;
@@ -228,15 +272,17 @@ bool gate::over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now
 }
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                           const gate_limits& limits, std::int64_t units, std::int64_t pace_units) {
-  if (over_quota(domain, units, now_us)) {
+                           const gate_limits& limits, std::int64_t units, std::int64_t pace_units,
+                           std::string_view tier) {
+  bool tiered = false;
+  policy guard = read_policy(domain, now_us, tier, tiered);
+  if (!tiered && over_quota(domain, units, now_us)) {  // (a tier's quotas are the master's to apply)
     gate_decision d;
     d.v = verdict::reject;
     d.reason = reject_reason::cost_over_limit;
     d.units = units;
     return d;
   }
-  policy guard = read_policy(domain, now_us);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);
@@ -298,17 +344,21 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   return d;
 }
 
-void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
-  if (units > 0) correct(domain, identifier, units, now_us);
+void gate::charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us,
+                  std::string_view tier) {
+  if (units > 0) correct(domain, identifier, units, now_us, tier);
 }
 
-void gate::refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us) {
-  if (units > 0) correct(domain, identifier, -units, now_us);
+void gate::refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us,
+                  std::string_view tier) {
+  if (units > 0) correct(domain, identifier, -units, now_us, tier);
 }
 
-void gate::correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us) {
+void gate::correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us,
+                   std::string_view tier) {
   if (delta == 0) return;
-  policy guard = read_policy(domain, now_us);
+  bool tiered = false;
+  policy guard = read_policy(domain, now_us, tier, tiered);
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);
@@ -336,10 +386,13 @@ std::size_t gate::sweep(std::int64_t now_us) {
   const std::size_t removed = std::erase_if(s.map, [&](const auto& kv) { return kv.second.expires_us() <= now_us; });
   entries_.fetch_sub(removed, std::memory_order_relaxed);
   // An override no master refreshes any more (removed from its configuration, or the master is gone).
-  override_count_.fetch_sub(
-      std::erase_if(s.overrides,
-                    [&](const auto& kv) { return now_us - kv.second.updated_us > wire::policy_fresh_ms * 1000; }),
-      std::memory_order_relaxed);
+  const auto stale = [&](const auto& kv) { return now_us - kv.second.updated_us > wire::policy_fresh_ms * 1000; };
+  override_count_.fetch_sub(std::erase_if(s.overrides, stale), std::memory_order_relaxed);
+  // So with tiers, on one shard's turn in k_shards (they are few).
+  if (&s == &shards_[0] && any_tiers_.load(std::memory_order_relaxed)) {
+    std::unique_lock tiers_lock(tiers_mutex_);
+    std::erase_if(tiers_, stale);
+  }
   return removed;
 }
 

@@ -16,13 +16,16 @@
 // authority it holds a client only k_guard_hold_intervals ahead. Without a fresh
 // policy (master silent for wire::policy_fresh_ms) there is no guard. An
 // identifier the master gives rules of its own (a POLICY naming it) is
-// guarded, and described in the rate-limit fields, by those instead.
+// guarded, and described in the rate-limit fields, by those instead; a
+// request naming a tier (TIER) by that tier's rules, unless its identifier
+// has rules of its own.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -122,6 +125,14 @@ public:
   /// Overrides a gate keeps (a master lists at most config::max_overrides).
   static constexpr std::size_t k_max_overrides = 65'536;
 
+  /// Sets a tier's rules (TIER), used instead of the domain's for a request
+  /// naming that tier while refreshed within wire::policy_fresh_ms. Called
+  /// from one thread (the control subscriber). False (not kept) when
+  /// k_max_tiers are kept already or the domain id is too large.
+  bool set_tier(std::uint32_t domain, std::string_view tier, std::span<const guard_rule> rules, std::int64_t now_us);
+  /// Tiers a gate keeps, all domains together.
+  static constexpr std::size_t k_max_tiers = 4096;
+
   /// Sets a domain's quotas (QUOTA), described in the rate-limit fields
   /// while refreshed within wire::policy_fresh_ms. Called from one thread
   /// (the control subscriber). False (not kept) for a domain id of
@@ -147,17 +158,22 @@ public:
   /// 0: the request only checks the limit. `pace_units`: the paces the next
   /// held request of the client waits after this one before its own units
   /// (0: 1; more for a cost charged only when the request is done).
+  /// `tier`: the tier the request names (empty: none), whose rules guard it.
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
-                       const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0);
+                       const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0,
+                       std::string_view tier = {});
 
   /// A request admitted earlier turned out to cost `units` (known once it
-  /// was done): the guard charges them now.
-  void charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us);
+  /// was done): the guard charges them now. `tier`: as decide() was told.
+  void charge(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us,
+              std::string_view tier = {});
   /// A request reserved at an estimate cost `units` fewer: the guard gives them back.
-  void refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us);
+  void refund(std::uint32_t domain, std::string_view identifier, std::int64_t units, std::int64_t now_us,
+              std::string_view tier = {});
 
-  /// The client's standing under the domain's rules (after any use decide() charged).
-  quota_state quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us);
+  /// The client's standing under the rules that apply to it (its own, its
+  /// tier's, the domain's), after any use decide() charged.
+  quota_state quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us, std::string_view tier = {});
 
   /// A held request finished (forwarded or dropped); `limits`: those it was decided with.
   void release_held(const gate_limits& limits) {
@@ -181,6 +197,8 @@ public:
   std::uint64_t unguarded() const { return unguarded_.load(std::memory_order_relaxed); }
   /// Per-identifier policies kept now.
   std::size_t overrides() const { return override_count_.load(std::memory_order_relaxed); }
+  /// Tier policies kept now.
+  std::size_t tiers() const;
 
 private:
   // A place among the held: within max_held and the route's own cap, or none taken.
@@ -219,12 +237,16 @@ private:
   /// True when `units` exceed one of the domain's fresh quotas (a cost no window holds).
   bool over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now_us) const;
   /// charge() (delta > 0) or refund() (delta < 0) under the client's lock.
-  void correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us);
+  void correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us,
+               std::string_view tier);
   /// Appends the domain's fresh quotas to `q` (none for an overridden identifier).
   void add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
                   std::int64_t now_us) const;
   /// The domain's policy if it is fresh at `now_us`.
   policy read_policy(std::uint32_t domain, std::int64_t now_us) const;
+  /// The policy of a request naming `tier`: the tier's when fresh (`tiered`
+  /// set), else the domain's (read_policy).
+  policy read_policy(std::uint32_t domain, std::int64_t now_us, std::string_view tier, bool& tiered) const;
   /// One identifier's own policy (written by the control thread under the shard's lock).
   struct override_policy {
     policy rules;
@@ -252,6 +274,14 @@ private:
   std::atomic<std::size_t> override_count_{0};
   std::uint32_t override_seq_ = 1;  ///< odd, so never a domain policy's (even) sequence; control thread only
   std::atomic<std::size_t> sweep_cursor_{0};
+  // Tiers are read by requests that name one: a reader lock, taken only once some tier is kept.
+  struct tier_slot {
+    policy rules;
+    std::int64_t updated_us = 0;
+  };
+  mutable std::shared_mutex tiers_mutex_;
+  std::unordered_map<key, tier_slot, key_hash, key_eq> tiers_;
+  std::atomic<bool> any_tiers_{false};
   // Quotas are read only for the rate-limit fields: one lock, taken only
   // once some domain has quotas.
   struct quota_slot {

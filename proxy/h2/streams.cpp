@@ -107,7 +107,7 @@ bool h2_connection::take_slot(const std::shared_ptr<h2_stream>& st) {
     s->slot = held_slot(w_.slots, s->slot_queue->w.granted);
     if (s->timer) s->timer->cancel();
   };
-  if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us)) {
+  if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us, a.tier)) {
     st->slot = held_slot(w_.slots, e);
     return true;
   }

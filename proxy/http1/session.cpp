@@ -250,7 +250,7 @@ private:
       c_.rewatch();
     };
     const std::int64_t now_us = s_.clk.wall_us();
-    if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us)) {
+    if (auto* e = w_.slots.acquire(r.domain, a.who->value, w_.accounting.delivers(r.domain), w, now_us, a.tier)) {
       slot = held_slot(w_.slots, e);
       co_return std::nullopt;
     }

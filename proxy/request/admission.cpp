@@ -7,7 +7,8 @@ namespace smockron::proxy {
 namespace {
 
 void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
-             std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1, bool reserve = false) {
+             std::string_view tier, std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1,
+             bool reserve = false) {
   wire::accounting m;
   m.reserve = reserve;
   m.domain = r.domain;
@@ -16,6 +17,7 @@ void account(admission_env& env, const runtime& rt, const route& r, wire::status
   m.received_ms = now_us / 1000;
   m.delayed_ms = delayed_ms;
   if (st != wire::status::rejected) {
+    m.tier = tier;
     m.cost = units;
     env.metrics.cost_units.inc(static_cast<std::uint64_t>(units));
   }
@@ -72,6 +74,12 @@ bool identified(admission& a, admission_env& env, const runtime& rt, const route
     return false;
   }
   a.who = std::move(found.who);
+  if (!r.tier.empty()) {
+    // A tier is a name or nothing: a value that is no tier name (or two of them) names none.
+    identification tier = identify(r.tier, req.headers, req.target, peer, ictx);
+    if (tier.who && wire::valid_tier_name(tier.who->value)) a.tier = std::move(tier.who->value);
+    else if (tier.who || tier.ambiguous != nullptr) env.metrics.tier_invalid.inc();
+  }
   // fail_closed: no master has published this domain's policy lately (none
   // reachable, or none owns the domain): refuse rather than pass.
   if (rt.cfg.fail_closed && !env.g.covered(rt.gate_domain[r.domain_index], now_us)) {
@@ -123,7 +131,9 @@ void shadow(admission& a, admission_env& env, const runtime& rt, const route& r,
     a.reserved = charged->units;
     a.reserved_at_ms = now_us / 1000;
   }
-  if (charged) account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, charged->units, a.reserved >= 0);
+  if (charged) {
+    account(env, rt, r, wire::status::accepted, a.who->value, a.tier, now_us, 0, charged->units, a.reserved >= 0);
+  }
   rt.decisions[r.domain_index][decision::accepted]->inc();
 }
 
@@ -140,7 +150,7 @@ void record_verdict(admission& a, admission_env& env, const runtime& rt, const r
        : deadline_binds                                  ? env.metrics.reject_grpc_deadline
                                                          : env.metrics.reject_too_long)
           .inc();
-      account(env, rt, r, wire::status::rejected, id, now_us, 0);
+      account(env, rt, r, wire::status::rejected, id, {}, now_us, 0);
       break;
     case verdict::delay:
       a.outcome = decision::delayed;
@@ -150,14 +160,14 @@ void record_verdict(admission& a, admission_env& env, const runtime& rt, const r
       // slot (given back by a held client that left) was reported already.
       // (A body without a length is accounted when the request is done.)
       if (!a.gate.prepaid && charged) {
-        account(env, rt, r, wire::status::delayed, id, now_us, (a.gate.release_us + 999) / 1000, units,
+        account(env, rt, r, wire::status::delayed, id, a.tier, now_us, (a.gate.release_us + 999) / 1000, units,
                 a.reserved >= 0);
       }
       env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
       break;
     case verdict::accept:
       a.outcome = decision::accepted;
-      if (charged) account(env, rt, r, wire::status::accepted, id, now_us, 0, units, a.reserved >= 0);
+      if (charged) account(env, rt, r, wire::status::accepted, id, a.tier, now_us, 0, units, a.reserved >= 0);
       break;
   }
   rt.decisions[r.domain_index][a.outcome]->inc();
@@ -188,7 +198,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   // A held request's successor waits out its own cost (planned with it),
   // and a cost known only when the request is done, taken as cost_default.
   const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
-  a.gate = env.g.decide(rt.gate_domain[r.domain_index], a.who->value, now_us, limits, units, pace_units);
+  a.gate = env.g.decide(rt.gate_domain[r.domain_index], a.who->value, now_us, limits, units, pace_units, a.tier);
   if (r.shadow) {
     shadow(a, env, rt, r, limits, charged, cost.has_value(), now_us);
     return a;
@@ -210,16 +220,16 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
   count_fallback(env.metrics, cost.why);
   const auto domain = rt.gate_domain[r.domain_index];
   if (a.reserved < 0) {
-    account(env, rt, r, wire::status::accepted, a.who->value, now_us, 0, cost.units);
-    env.g.charge(domain, a.who->value, cost.units, now_us);
+    account(env, rt, r, wire::status::accepted, a.who->value, a.tier, now_us, 0, cost.units);
+    env.g.charge(domain, a.who->value, cost.units, now_us, a.tier);
     return;
   }
   // No cost field (the client or the upstream broke off, the upstream never
   // said): the request keeps the estimate it reserved.
   const std::int64_t delta = cost.why == cost_fallback::missing ? 0 : cost.units - a.reserved;
   adjust(env, rt, r, a.who->value, a.reserved_at_ms, delta);  // closes it, whatever the difference
-  if (delta > 0) env.g.charge(domain, a.who->value, delta, now_us);
-  else if (delta < 0) env.g.refund(domain, a.who->value, -delta, now_us);
+  if (delta > 0) env.g.charge(domain, a.who->value, delta, now_us, a.tier);
+  else if (delta < 0) env.g.refund(domain, a.who->value, -delta, now_us, a.tier);
 }
 
 void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a) {

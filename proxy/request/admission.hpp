@@ -21,10 +21,14 @@ namespace smockron::proxy {
 struct admission {
   decision outcome = decision::unidentified;
   std::optional<identity> who;  ///< nothing: no identifier source yielded a value (the request passes)
-  gate_decision gate;           ///< the gate's answer (when identified and not refused for no_master)
-  bool no_master = false;       ///< refused under fail_closed: no master covers the route's domain
-  bool unidentified = false;    ///< refused: no source identified it and the route rejects such requests
-  bool ambiguous = false;       ///< refused (400): an identifier source found more than one value
+  /// The tier the request names (the route's `tier` source; empty: none, or
+  /// a value that is no tier name): the master's and the guard's rules are
+  /// that tier's, and its accounting messages carry it.
+  std::string tier;
+  gate_decision gate;         ///< the gate's answer (when identified and not refused for no_master)
+  bool no_master = false;     ///< refused under fail_closed: no master covers the route's domain
+  bool unidentified = false;  ///< refused: no source identified it and the route rejects such requests
+  bool ambiguous = false;     ///< refused (400): an identifier source found more than one value
   /// Shadow route: what the gate would have done (`outcome` is then accepted: the request goes on).
   std::optional<decision> shadow;
   /// The request's cost is known only once it is done (the route's cost is a

@@ -64,6 +64,9 @@ struct proxy_metrics {
   metrics::counter& reject_concurrency;
   /// Requests that waited for a concurrency slot (smockron_proxy_concurrency_waits_total).
   metrics::counter& concurrency_waits;
+  /// smockron_proxy_tier_invalid_total: requests of a route with a tier source whose value was no tier name
+  /// (or two values): judged by the domain's rules.
+  metrics::counter& tier_invalid;
   metrics::histogram& delay_seconds;
   metrics::histogram& shadow_delay_seconds;  ///< the holds shadow routes would have made
 };

@@ -79,7 +79,7 @@ void append_limit_fields(std::string& out, gate& g, const runtime& rt, const rou
       a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject &&
                                          a.gate.reason != reject_reason::cost_over_limit);
   if (a.who && !r.domain.empty() && (limited || r.ratelimit_headers)) {
-    const auto q = g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us);
+    const auto q = g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us, a.tier);
     const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
     append_ratelimit_fields(out, r.domain, q, throttled_s);
   }
@@ -200,7 +200,7 @@ void note_admission(access_entry& e, const route& r, const admission& a) {
 std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, const admission& a, std::int64_t now_us) {
   if (!p.any() || !a.who || a.shadow || r.domain.empty()) return 0;
   if (a.outcome != decision::accepted && a.outcome != decision::delayed) return 0;  // exempt
-  return p.limit(r.domain, a.who->value, now_us);
+  return p.limit(r.domain, a.who->value, now_us, a.tier);
 }
 
 refusal refusal_for_concurrency(const route& r) {

@@ -74,6 +74,7 @@ route_table::route_table(const config::proxy_config& cfg) {
     r.cost_max = rc.cost_max;
     r.cost_default = rc.cost_default;
     r.cost_estimate = rc.cost_estimate;
+    if (rc.tier) r.tier.push_back(*rc.tier);
     routes_.push_back(std::move(r));
   }
 }

@@ -33,6 +33,9 @@ struct route {
   std::int64_t cost_default = 1;
   /// What a response-charged request reserves at admission (nothing: cost_default).
   std::optional<config::route_config::cost_source> cost_estimate;
+  /// Where the request's tier comes from (`tier`): empty, or one source
+  /// (kept as a list for identify()).
+  std::vector<config::identifier_source> tier;
 };
 
 class route_table {

@@ -442,6 +442,43 @@ TEST(GateGuard, OverrideChangeStartsTheClientAfreshAndOverridesAreBounded) {
   EXPECT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{100 * ms, 5}}, t0)) << "refreshing one kept is fine";
 }
 
+// A request naming a tier (TIER) is guarded, and described, by that tier's
+// rules; an override still comes first; an unknown or stale tier falls back
+// to the domain's rules. The domain's quotas are not a tiered client's.
+TEST(GateGuard, ATierGivesItsRequestsItsRules) {
+  gate g;
+  set_policy(g, 0, {{100 * ms, 2}}, t0);
+  ASSERT_TRUE(g.set_tier(0, "pro", std::vector<guard_rule>{{10 * ms, 20}}, t0));
+  EXPECT_EQ(g.tiers(), 1u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(g.decide(0, "a", t0, limits(), 1, 0, "pro").v, verdict::accept) << i;
+  const auto held = g.decide(0, "a", t0, limits(), 1, 0, "pro");
+  ASSERT_EQ(held.v, verdict::delay);
+  EXPECT_EQ(held.interval_us, 10 * ms);
+  EXPECT_EQ(g.quota(0, "a", t0, "pro").items[0].quota, 20);
+  // No tier, or one the master did not publish: the domain's rules.
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(g.decide(0, "b", t0, limits(), 1, 0, "gold").v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "b", t0, limits(), 1, 0, "gold").v, verdict::delay);
+  EXPECT_EQ(g.quota(0, "b", t0).items[0].quota, 2);
+  // An override before the tier.
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{10 * ms, 50}}, t0));
+  EXPECT_EQ(g.quota(0, "vip", t0, "pro").items[0].quota, 50);
+  // The same tier in another domain is another tier.
+  set_policy(g, 1, {{100 * ms, 2}}, t0);
+  EXPECT_EQ(g.quota(1, "a", t0, "pro").items[0].quota, 2);
+  // The domain's quotas describe the domain's clients only.
+  const std::vector<smockron::wire::quota_policy::item> quotas{{1000, smockron::calendar::period::day, 0, 0}};
+  ASSERT_TRUE(g.set_quotas(0, quotas, t0));
+  EXPECT_EQ(g.quota(0, "b", t0).count, 2u);
+  EXPECT_EQ(g.quota(0, "a", t0, "pro").count, 1u);
+  // Not refreshed: the domain's rules again, and the sweep drops it.
+  const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
+  set_policy(g, 0, {{100 * ms, 2}}, later);
+  EXPECT_EQ(g.quota(0, "a", later, "pro").items[0].quota, 2);
+  for (std::size_t i = 0; i < 64; ++i) g.sweep(later);
+  EXPECT_EQ(g.tiers(), 0u);
+  EXPECT_FALSE(g.set_tier(gate::k_policy_domains, "pro", std::vector<guard_rule>{}, t0));
+}
+
 TEST(RateLimitFields, DraftTenSyntax) {
   quota_state q;
   q.count = 1;

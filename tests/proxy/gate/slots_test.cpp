@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 using namespace smockron;
@@ -158,4 +159,39 @@ TEST(ConcurrencyPolicies, FreshLimitsOverridesAndNone) {
   EXPECT_EQ(p.limit("other", "k", t), 0);
   // Not refreshed: dropped (a silent master means no limit).
   EXPECT_EQ(p.limit("llm", "k", t + wire::policy_fresh_ms * 1000 + 1), 0);
+}
+
+TEST(ConcurrencyPolicies, ATiersLimitAfterAnOverrideBeforeTheDomains) {
+  concurrency_policies p;
+  const std::int64_t t = 1'000'000'000;
+  p.set("llm", "", 1, t);
+  p.set("llm", "batch", 16, t);
+  p.set_tier("llm", "pro", 4, t);
+  p.set_tier("llm", "free", 0, t);
+  EXPECT_EQ(p.limit("llm", "k", t, "pro"), 4);
+  EXPECT_EQ(p.limit("llm", "k", t, "free"), 0);  // the tier has no concurrency rule
+  EXPECT_EQ(p.limit("llm", "k", t, "gold"), 1);  // unknown: the domain's
+  EXPECT_EQ(p.limit("llm", "k", t), 1);
+  EXPECT_EQ(p.limit("llm", "batch", t, "pro"), 16);
+  EXPECT_EQ(p.limit("llm", "k", t + wire::policy_fresh_ms * 1000 + 1, "pro"), 0);
+}
+
+// The LEASE names the tier of the request that asked, so the master leases
+// under that tier's limit.
+TEST(SlotsTier, LeasesNameTheTier) {
+  manual_clock clock;
+  std::vector<std::string> tiers;
+  slot_table table(
+      7, [&](const wire::lease& m) { tiers.emplace_back(m.tier); }, clock);
+  slot_table::waiter w;
+  w.wake = [] {};
+  EXPECT_EQ(table.acquire("llm", "k", true, w, clock.wall_us(), "pro"), nullptr);
+  ASSERT_EQ(tiers.size(), 1u);
+  EXPECT_EQ(tiers.back(), "pro");
+  table.cancel(w, clock.wall_us());
+  slot_table::waiter v;
+  v.wake = [] {};
+  EXPECT_EQ(table.acquire("llm", "k", true, v, clock.wall_us()), nullptr);
+  EXPECT_EQ(tiers.back(), "");
+  table.cancel(v, clock.wall_us());
 }

@@ -261,3 +261,41 @@ TEST_F(RoutePolicy, ARouteCapsItsOwnHeldRequestsAndMaxDelay) {
 }
 
 }  // namespace
+
+// A route's `tier` source names the request's tier: the guard's rules are
+// that tier's; a value that is no tier name (or two) names none, counted.
+class TierAdmission : public Admission {
+protected:
+  TierAdmission()
+      : Admission(false, "shared", R"(
+[[proxy.routes]]
+path = "/tiered"
+domain = "api"
+upstream = "app"
+identify = ["header:X-Key"]
+tier = "header:X-Plan"
+)") {}
+};
+
+TEST_F(TierAdmission, TheTierComesFromTheRoutesSourceAndSelectsTheGuardsRules) {
+  const auto now = clock_.wall_us();
+  const auto api = domains_.id("api");
+  ASSERT_TRUE(gate_.set_policy(api, std::vector<guard_rule>{{100'000, 1}}, now));
+  ASSERT_TRUE(gate_.set_tier(api, "pro", std::vector<guard_rule>{{100'000, 3}}, now));
+  for (int i = 0; i < 3; ++i) {
+    const auto a = admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nX-Plan: pro\r\n\r\n");
+    EXPECT_EQ(a.tier, "pro");
+    EXPECT_EQ(a.outcome, decision::accepted) << i;
+  }
+  EXPECT_EQ(admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k1\r\nX-Plan: pro\r\n\r\n").outcome,
+            decision::delayed);
+  // No tier: the domain's burst of 1.
+  EXPECT_EQ(admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k2\r\n\r\n").outcome, decision::accepted);
+  EXPECT_EQ(admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k2\r\n\r\n").outcome, decision::delayed);
+  // A route without a tier source ignores the field.
+  EXPECT_EQ(admit_with("GET / HTTP/1.1\r\nHost: x\r\nX-Key: k3\r\nX-Plan: pro\r\n\r\n").tier, "");
+  // Not a tier name, or two of them: none, counted.
+  EXPECT_EQ(admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k4\r\nX-Plan: pro plus\r\n\r\n").tier, "");
+  EXPECT_EQ(admit_with("GET /tiered HTTP/1.1\r\nHost: x\r\nX-Key: k5\r\nX-Plan: a\r\nX-Plan: b\r\n\r\n").tier, "");
+  EXPECT_EQ(metric("smockron_proxy_tier_invalid_total"), 2);
+}
