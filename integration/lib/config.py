@@ -46,7 +46,8 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
 
     domains: {name: {"rules": [("10/s", 2), {"quota": 100, "per": "day"}, ...], "algorithm": "gcra",
                      "shared": [{"concurrency": 64}],
-                     "overrides": {identifier: [("100/s", 20), ...]}}} (algorithm and overrides optional).
+                     "overrides": {identifier: [("100/s", 20), ...]},
+                     "tiers": {name: [("100/s", 20), {"concurrency": 4}, ...]}}} (all but rules optional).
     master_keys: extra [master] keys, e.g. max_identifiers=100, sweep_interval="50ms".
     probe: add PROBE_DOMAIN (rate 1/h, burst 1) for Gatekeeper.handshake().
     """
@@ -74,6 +75,9 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
             overrides = [{"identifier": ident, "rules": [{"rate": r, "burst": b} for r, b in rules]}
                          for ident, rules in d["overrides"].items()]
             lines.append(f"overrides = {toml_value(overrides)}")
+        for tier, rules in d.get("tiers", {}).items():
+            lines.append(f"[master.domains.{_toml_key(name)}.tiers.{_toml_key(tier)}]")
+            lines.append(f"rules = {toml_value([r if isinstance(r, dict) else {'rate': r[0], 'burst': r[1]} for r in rules])}")
     return "\n".join(lines) + "\n"
 
 

@@ -386,9 +386,11 @@ void service::answer_queries() {
     }
     const auto& dom = ingest_.domains()[*d];
     const auto& limits = ingest_.states().limits(*d);
-    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, limits.of(q->identifier),
-                                                       limits.overrides.contains(q->identifier),
-                                                       ingest_.states().find(*d, q->identifier), now));
+    // The rules it is judged by now: its tier's when its last use named one.
+    const rules::limits& current = ingest_.states().current_limits(*d, q->identifier);
+    q->answer.set_value(
+        master::identifier_status_json(dom.name, q->identifier, current, limits.overrides.contains(q->identifier),
+                                       ingest_.states().find(*d, q->identifier), now, limits.tier_of(&current)));
   }
 }
 

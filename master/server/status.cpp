@@ -60,13 +60,23 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
                               {"overrides", std::move(overrides)},
                               {"tracked_identifiers", static_cast<std::uint64_t>(tracked.value())}});
     if (d.concurrency > 0) doc["domains"].back()["concurrency"] = d.concurrency;
+    if (!d.tiers.empty()) {
+      nlohmann::ordered_json tiers = nlohmann::ordered_json::object();
+      for (const auto& t : d.tiers) {
+        nlohmann::ordered_json one{{"rules", rules_json(t.rules)}};
+        if (t.concurrency > 0) one["concurrency"] = t.concurrency;
+        tiers[t.name] = std::move(one);
+      }
+      doc["domains"].back()["tiers"] = std::move(tiers);
+    }
   }
   // Names come from the configuration file: invalid UTF-8 is replaced, never thrown.
   return doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
-                                   bool overridden, const rules::state* st, std::int64_t now_us) {
+                                   bool overridden, const rules::state* st, std::int64_t now_us,
+                                   std::string_view tier) {
   const auto ms = [](std::int64_t us) { return us / 1000; };
   nlohmann::ordered_json doc;
   doc["domain"] = domain;
@@ -91,6 +101,7 @@ std::string identifier_status_json(std::string_view domain, std::string_view ide
                              {"reset_ms", ms(rules::window_end_us(q, now_us))}});
   }
   doc["override"] = overridden;
+  if (!tier.empty()) doc["tier"] = tier;
   doc["now_ms"] = ms(now_us);
   doc["tracked"] = st != nullptr;
   nlohmann::ordered_json times = nlohmann::ordered_json::array();

@@ -30,8 +30,10 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
 /// recorded uses (sliding log) or theoretical arrival times (GCRA), and
 /// whether the identifier is throttled now and until when. `st`: its state,
 /// nothing when none is tracked (never seen, or expired).
+/// `tier`: the tier whose rules `limits` are (empty: none).
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
-                                   bool overridden, const rules::state* st, std::int64_t now_us);
+                                   bool overridden, const rules::state* st, std::int64_t now_us,
+                                   std::string_view tier = {});
 
 /// JSON for GET /top: per domain (every domain when `domain` is empty), the
 /// `n` identifiers limited most in the last 30 to 60 s (top.hpp), each with

@@ -45,6 +45,8 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
   reg.add_callback("smockron_proxy_gate_overrides",
                    "Identifiers with rules of their own (a master's overrides) the gate keeps", "",
                    [&g] { return static_cast<double>(g.overrides()); });
+  reg.add_callback("smockron_proxy_gate_tiers", "Tiers (rules a request selects by name) the gate keeps", "",
+                   [&g] { return static_cast<double>(g.tiers()); });
   reg.add_callback("smockron_proxy_masters_connected", "Masters the control socket is connected to", "",
                    [this] { return static_cast<double>(connected_.load()); });
   thread_ = std::thread([this] { run(); });

@@ -300,6 +300,13 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
   entry& e = it->second;
+  if (const std::uint32_t tag = tier_tag(tier); e.tier != tag) {
+    // The client's tier changed (its plan): what the master said of it was
+    // under the old tier's rules. Its next use tells the master the new
+    // tier, which answers under those within a round trip.
+    if (e.tier != 0) e.next_us = e.interval_us = 0;
+    e.tier = tag;
+  }
   refresh(e, guard, now_us);
   const std::int64_t max_delay =
       limits.max_delay_us - static_cast<std::int64_t>(static_cast<double>(limits.max_delay_us) * horizon_cut_);

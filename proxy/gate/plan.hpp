@@ -8,6 +8,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string_view>
 
 #include "shared/protocol/wire.hpp"
 
@@ -34,10 +36,18 @@ struct client_entry {
   std::int64_t spare_us = 0;                      ///< a reported slot given back by a client that left (0 = none)
   std::array<std::int64_t, k_guard_rules> tat{};  ///< the guard's theoretical arrival time per rule
   std::uint32_t policy_seq = 0;                   ///< the policy `tat` was computed under (another one resets it)
+  /// The tier the client's last request named (tier_tag()); 0: not known
+  /// (the entry came with a DELAY_UNTIL). Another one forgets `next_us`.
+  std::uint32_t tier = 0;
 
   /// When keeping this entry no longer changes any decision.
   std::int64_t expires_us() const;
 };
+
+/// The mark of a tier in client_entry::tier (never 0): equal for equal names.
+inline std::uint32_t tier_tag(std::string_view tier) {
+  return tier.empty() ? 1u : static_cast<std::uint32_t>(std::hash<std::string_view>{}(tier)) | 2u;
+}
 
 /// Before the master's first word about a client, the guard holds it at most
 /// this many of its rule's intervals (longer waits are refused).

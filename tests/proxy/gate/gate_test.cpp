@@ -470,6 +470,14 @@ TEST(GateGuard, ATierGivesItsRequestsItsRules) {
   ASSERT_TRUE(g.set_quotas(0, quotas, t0));
   EXPECT_EQ(g.quota(0, "b", t0).count, 2u);
   EXPECT_EQ(g.quota(0, "a", t0, "pro").count, 1u);
+  // A client whose plan changes: what the master said under its old tier no
+  // longer holds it (its next use tells the master, which answers under the new one).
+  EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::accept);
+  g.update(0, "c", t0 + 60'000 * ms, 100 * ms, t0);
+  EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::reject);  // a minute: beyond max_delay
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro").v, verdict::accept);
+  g.update(0, "c", t0 + 60'000 * ms, 100 * ms, t0);
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro").v, verdict::reject);  // the same tier: the master's word holds
   // Not refreshed: the domain's rules again, and the sweep drops it.
   const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
   set_policy(g, 0, {{100 * ms, 2}}, later);
