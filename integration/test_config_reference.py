@@ -284,7 +284,8 @@ class ConfigReferenceTest(unittest.TestCase):
         keys, problems = parser_keys(self.source)
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
-        self.assertEqual({"algorithm", "rules", "shared", "overrides", "tiers"}, keys["[master.domains.NAME]"])
+        self.assertEqual({"algorithm", "rules", "shared", "share_window", "overrides", "tiers"},
+                         keys["[master.domains.NAME]"])
         self.assertEqual({"rules"}, keys["[master.domains.NAME.tiers.TIER]"])
         self.assertEqual({"rate", "burst", "quota", "per", "tz", "concurrency"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])

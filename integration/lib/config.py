@@ -71,6 +71,8 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
             lines.append(f'algorithm = {toml_value(d["algorithm"])}')
         if "shared" in d:
             lines.append(f'shared = {toml_value(d["shared"])}')
+        if "share_window" in d:
+            lines.append(f'share_window = {toml_value(d["share_window"])}')
         if "overrides" in d:
             overrides = [{"identifier": ident, "rules": [{"rate": r, "burst": b} for r, b in rules]}
                          for ident, rules in d["overrides"].items()]

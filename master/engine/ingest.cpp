@@ -19,6 +19,17 @@ std::vector<domain_limits> compile_all(const config::master_config& cfg) {
 
 std::int64_t ceil_ms(std::int64_t us) { return (us + 999) / 1000; }
 
+// Each domain's shared rate, as the shares book takes it (none: nullopt).
+std::vector<std::optional<shares::pool_config>> share_configs(const config::master_config& cfg) {
+  std::vector<std::optional<shares::pool_config>> out;
+  for (const auto& d : cfg.domains) {
+    if (d.shared_rate)
+      out.push_back(shares::pool_config{d.shared_rate->r.interval_us(), d.shared_rate->burst, d.share_window.count()});
+    else out.emplace_back();
+  }
+  return out;
+}
+
 // A state's cost beside its history: hash node, key, LRU and dirty links (get_size's estimate).
 constexpr std::uint64_t k_state_overhead = 160;
 
@@ -57,6 +68,7 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
           reg.add_counter("smockron_master_reservations_late_corrections_total",
                           "Corrections of reservations given back before they came: the estimate was charged again")),
       leases_(cfg.max_identifiers),
+      shares_(cfg.max_identifiers),
       lease_messages_(reg.add_counter("smockron_master_lease_messages_total",
                                       "LEASE messages applied (concurrency slots wanted or given back)")),
       leases_untracked_(reg.add_counter(
@@ -70,6 +82,13 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
                    [this] { return static_cast<double>(leases_.held()); });
   reg.add_callback("smockron_master_lease_identifiers", "Identifiers with concurrency slots leased or wanted", "",
                    [this] { return static_cast<double>(leases_.size()); });
+  reg.add_callback("smockron_master_shared_identifiers", "Identifiers with a share of a domain's shared rate", "",
+                   [this] { return static_cast<double>(shares_.size()); });
+  reg.add_counter_callback("smockron_master_shared_untracked_total",
+                           "Uses of a shared-rate domain not given a share (max_identifiers already have one): "
+                           "only their own rules applied",
+                           [this] { return static_cast<double>(shares_.untracked()); });
+  shares_.configure(share_configs(cfg), std::vector<std::optional<std::size_t>>(cfg.domains.size()));
   reg.add_callback("smockron_master_reservations_open", "Reservations held open (not corrected yet)", "",
                    [this] { return static_cast<double>(reservations_.size()); });
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
@@ -140,6 +159,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
     changes.removed.push_back(d.name);
   }
   limiter_.reconfigure(compile_all(next), old_index);
+  shares_.configure(share_configs(next), old_index);
   limiter_.set_max_identifiers(next.max_identifiers);
   reservations_.set_max_open(next.max_identifiers);
   reservation_timeout_ = next.reservation_timeout;
@@ -227,7 +247,8 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
       else if (reservation_log_) reservation_log_->opened(*held);
     }
   }
-  const rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us, msg->tier);
+  rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us, msg->tier);
+  if (shares_.any(it->second)) dec = share(it->second, msg->identifier, e, dec, now_us);
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
   if ((msg->state != wire::status::accepted && !msg->adjust) || (dec.throttled && dec.next_us > now_us)) {
@@ -327,7 +348,24 @@ void ingest::release(const std::vector<reservations::reservation>& gone, metrics
   }
 }
 
+rules::decision ingest::share(std::size_t domain, std::string_view identifier, const rules::event& e,
+                              rules::decision dec, std::int64_t now_us) {
+  // A use, or an adjustment up (the real cost above the estimate); what is
+  // given back is not (a share follows what was used). A refusal says the
+  // client wanted more.
+  if (e.kind == rules::event_kind::rejected) shares_.refused(domain, identifier, e.at_us);
+  if (e.kind == rules::event_kind::rejected || e.cost <= 0) return dec;
+  const rules::decision s =
+      shares_.use(domain, identifier, e.cost, e.at_us, now_us, e.kind == rules::event_kind::delayed);
+  return s.throttled && (!dec.throttled || s.next_us > dec.next_us) ? s : dec;
+}
+
 void ingest::sweep(std::int64_t now_us, std::size_t budget) {
+  // Shares follow demand once a second.
+  if (now_us - rebalanced_us_ >= 1'000'000) {
+    shares_.rebalance(now_us);
+    rebalanced_us_ = now_us;
+  }
   release(reservations_.take_older(now_us - reservation_timeout_.count(), budget), released_timeout_, now_us);
   // Small slices often: a long sweep would stall the loop and show in the
   // control-loop p99 (1,000 entries every 10 ms = 100k entries/s examined).

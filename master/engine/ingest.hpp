@@ -18,6 +18,7 @@
 #include "master/engine/leases.hpp"
 #include "master/engine/limiter.hpp"
 #include "master/engine/reservations.hpp"
+#include "master/engine/shares.hpp"
 #include "master/engine/top.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/base/enum_array.hpp"
@@ -119,6 +120,8 @@ public:
   limiter& states() { return limiter_; }
   const limiter& states() const { return limiter_; }
   const top_limited& top() const { return top_; }
+  /// The domains' shared rates and each identifier's share.
+  const shares& shared_rates() const { return shares_; }
 
 private:
   void install(const config::master_config& cfg);
@@ -150,6 +153,11 @@ private:
   metrics::counter& late_corrections_;
   reservation_log* reservation_log_ = nullptr;
   leases leases_;
+  shares shares_;
+  std::int64_t rebalanced_us_ = 0;  ///< when the shares were last computed
+  /// Applies a use to its identifier's share of its domain's shared rate: the later of the two decisions.
+  rules::decision share(std::size_t domain, std::string_view identifier, const rules::event& e, rules::decision dec,
+                        std::int64_t now_us);
   /// LEASEs not kept (the book full): granted what they want, published by take_grants().
   struct untracked_grant {
     std::string domain, identifier;

@@ -284,4 +284,10 @@ std::int64_t leases::held_by(std::string_view domain, std::string_view identifie
   return n;
 }
 
+std::int64_t leases::limit_of(std::string_view domain, std::string_view identifier) const {
+  const auto it = entries_.find(key_of(domain, identifier));
+  if (it == entries_.end() || it->second.limit == k_unlimited) return -1;
+  return it->second.limit;
+}
+
 }  // namespace smockron::master

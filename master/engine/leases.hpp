@@ -107,6 +107,9 @@ public:
   std::int64_t held() const { return held_; }
   /// The slots one identifier's holders hold (the `/status` view; -1: none).
   std::int64_t held_by(std::string_view domain, std::string_view identifier) const;
+  /// The limit in force for one identifier with leases: its own, or lower,
+  /// its max-min share of its domain's shared limit (-1: none, or no lease).
+  std::int64_t limit_of(std::string_view domain, std::string_view identifier) const;
   void set_max_entries(std::size_t n) { max_entries_ = n; }
 
 private:

@@ -388,9 +388,14 @@ void service::answer_queries() {
     const auto& limits = ingest_.states().limits(*d);
     // The rules it is judged by now: its tier's when its last use named one.
     const rules::limits& current = ingest_.states().current_limits(*d, q->identifier);
-    q->answer.set_value(
-        master::identifier_status_json(dom.name, q->identifier, current, limits.overrides.contains(q->identifier),
-                                       ingest_.states().find(*d, q->identifier), now, limits.tier_of(&current)));
+    master::identifier_extras extras;
+    extras.tier = limits.tier_of(&current);
+    extras.share = ingest_.shared_rates().find(*d, q->identifier, now);
+    extras.slots_held = ingest_.lease_book().held_by(dom.name, q->identifier);
+    extras.slots_limit = ingest_.lease_book().limit_of(dom.name, q->identifier);
+    q->answer.set_value(master::identifier_status_json(dom.name, q->identifier, current,
+                                                       limits.overrides.contains(q->identifier),
+                                                       ingest_.states().find(*d, q->identifier), now, extras));
   }
 }
 

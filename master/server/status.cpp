@@ -76,7 +76,7 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
 
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
                                    bool overridden, const rules::state* st, std::int64_t now_us,
-                                   std::string_view tier) {
+                                   const identifier_extras& extras) {
   const auto ms = [](std::int64_t us) { return us / 1000; };
   nlohmann::ordered_json doc;
   doc["domain"] = domain;
@@ -101,7 +101,17 @@ std::string identifier_status_json(std::string_view domain, std::string_view ide
                              {"reset_ms", ms(rules::window_end_us(q, now_us))}});
   }
   doc["override"] = overridden;
-  if (!tier.empty()) doc["tier"] = tier;
+  if (!extras.tier.empty()) doc["tier"] = extras.tier;
+  if (extras.share) {
+    // Units per second: its share of the domain's shared rate, what it used over the share window.
+    doc["share"] = {{"rate_per_s", extras.share->share_per_s},
+                    {"used_per_s", extras.share->used_per_s},
+                    {"wants_more", extras.share->wants_more}};
+  }
+  if (extras.slots_held >= 0) {
+    doc["slots"] = {{"held", extras.slots_held}};
+    if (extras.slots_limit >= 0) doc["slots"]["limit"] = extras.slots_limit;
+  }
   doc["now_ms"] = ms(now_us);
   doc["tracked"] = st != nullptr;
   nlohmann::ordered_json times = nlohmann::ordered_json::array();
@@ -127,13 +137,17 @@ std::string top_json(const ingest& in, std::string_view domain, std::size_t n, s
     for (const auto& e : in.top().top(d, std::min(n, in.top().capacity()), now_us)) {
       const rules::state* st = states.find(d, e.identifier);
       const rules::decision dec =
-          st ? rules::evaluate(states.limits_of(d, e.identifier), *st, now_us) : rules::decision{};
+          st ? rules::evaluate(states.current_limits(d, e.identifier), *st, now_us) : rules::decision{};
       const auto [uses, refusals] = states.find_stats(d, e.identifier).last_minute(now_us);
       nlohmann::ordered_json item{
           {"identifier", e.identifier}, {"limited", e.limited}, {"error", e.error}, {"throttled", dec.throttled}};
       if (dec.throttled) item["throttled_until_ms"] = (dec.next_us + 999) / 1000;
       item["uses"] = uses;
       item["refusals"] = refusals;
+      if (const auto share = in.shared_rates().find(d, e.identifier, now_us)) {
+        item["share_per_s"] = share->share_per_s;
+        item["used_per_s"] = share->used_per_s;
+      }
       list.push_back(std::move(item));
     }
     doc["domains"].push_back({{"domain", in.domains()[d].name}, {"top", std::move(list)}});

@@ -30,10 +30,19 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
 /// recorded uses (sliding log) or theoretical arrival times (GCRA), and
 /// whether the identifier is throttled now and until when. `st`: its state,
 /// nothing when none is tracked (never seen, or expired).
-/// `tier`: the tier whose rules `limits` are (empty: none).
+/// What /status/DOMAIN/IDENTIFIER shows beside the rules: the tier whose
+/// rules they are, its share of the domain's shared rate, and its concurrency
+/// slots (held now, and the limit in force: its own or its share of the
+/// domain's shared limit).
+struct identifier_extras {
+  std::string_view tier;  ///< empty: none
+  std::optional<shares::view> share;
+  std::int64_t slots_held = -1;   ///< -1: no lease
+  std::int64_t slots_limit = -1;  ///< -1: none
+};
 std::string identifier_status_json(std::string_view domain, std::string_view identifier, const rules::limits& limits,
                                    bool overridden, const rules::state* st, std::int64_t now_us,
-                                   std::string_view tier = {});
+                                   const identifier_extras& extras = {});
 
 /// JSON for GET /top: per domain (every domain when `domain` is empty), the
 /// `n` identifiers limited most in the last 30 to 60 s (top.hpp), each with

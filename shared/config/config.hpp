@@ -81,6 +81,12 @@ struct domain_config {
   /// domain's identifiers together in flight, split max-min fairly among
   /// those that want slots; 0: none.
   std::int64_t shared_concurrency = 0;
+  /// `shared = [ { rate = "1000/min", burst = 100 } ]`: at most this many
+  /// units of all the domain's identifiers together, split max-min fairly
+  /// among those active in the last `share_window` (master/engine/shares.hpp);
+  /// nothing: none. Each identifier's own rules still apply.
+  std::optional<rule_config> shared_rate;
+  microseconds share_window = std::chrono::seconds(10);
   std::vector<override_config> overrides;
   /// `[master.domains.X.tiers.NAME]`, sorted by name; a request naming none
   /// of them (or no tier) has the domain's rules.

@@ -135,15 +135,28 @@ void read_rules(const toml::node* n, const std::string& path, sink& s, std::vect
   }
 }
 
-// `shared`: limits over all the domain's identifiers together; a concurrency
-// limit only (its slots split max-min among the identifiers that want them).
+// `shared`: limits over all the domain's identifiers together: a concurrency
+// limit (its slots split max-min among the identifiers that want them) and a
+// rate (its units split max-min among the identifiers active in the last
+// share_window).
 void read_shared(reader& r, sink& s, domain_config& d) {
   const toml::node* n = r.get("shared");
-  if (!n) return;
   std::vector<rule_config> over_time;
-  read_rules(n, r.key("shared"), s, over_time, d.shared_concurrency);
-  if (!over_time.empty()) {
-    s.add(*n, r.key("shared"), "a shared limit is { concurrency = N } (shared rates and quotas are not supported)");
+  if (n) read_rules(n, r.key("shared"), s, over_time, d.shared_concurrency);
+  if (std::any_of(over_time.begin(), over_time.end(), [](const rule_config& c) { return c.is_quota(); })) {
+    s.add(*n, r.key("shared"), "a shared limit is a rate or a concurrency limit (shared quotas are not supported)");
+  } else if (over_time.size() > 1) {
+    s.add(*n, r.key("shared"), "at most one shared rate");
+  } else if (over_time.size() == 1) {
+    d.shared_rate = over_time.front();
+  }
+  if (r.table().contains("share_window")) {
+    r.duration("share_window", d.share_window, std::chrono::seconds(1));
+    if (d.share_window > std::chrono::minutes(10)) {
+      s.add(*r.get("share_window"), r.key("share_window"), "at most 10m");
+    } else if (!d.shared_rate) {
+      s.add(*r.get("share_window"), r.key("share_window"), "has no effect without a shared rate");
+    }
   }
 }
 

@@ -968,8 +968,8 @@ TEST(Config, SharedConcurrency) {
   ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
   EXPECT_EQ(r.cfg->master->find_domain("llm")->shared_concurrency, 64);
   EXPECT_EQ(r.cfg->master->find_domain("llm")->concurrency, 4);
-  EXPECT_NE(one_error("[master.domains.a]\nshared = [ { rate = \"10/s\", burst = 1 } ]\n")
-                .find("a shared limit is { concurrency = N }"),
+  EXPECT_NE(one_error("[master.domains.a]\nshared = [ { quota = 10, per = \"day\" } ]\n")
+                .find("a shared limit is a rate or a concurrency limit"),
             std::string::npos);
   EXPECT_NE(one_error("[master.domains.a]\nshared = [ { concurrency = 0 } ]\n").find("must be between 1"),
             std::string::npos);
@@ -1032,4 +1032,30 @@ TEST(Config, RouteTier) {
   EXPECT_NE(one_error(up + "[[proxy.routes]]\nupstream = \"u\"\ntier = \"header:X-Plan\"\n")
                 .find("proxy.routes[0].tier: has no effect on a route without a domain"),
             std::string::npos);
+}
+
+TEST(Config, SharedRate) {
+  auto r = load(
+      "[master.domains.llm]\nrules = [ { rate = \"100/s\", burst = 100 } ]\n"
+      "shared = [ { rate = \"1000/s\", burst = 2000 }, { concurrency = 64 } ]\nshare_window = \"30s\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("llm");
+  ASSERT_TRUE(d.shared_rate);
+  EXPECT_EQ(d.shared_rate->r.interval_us(), 1000);
+  EXPECT_EQ(d.shared_rate->burst, 2000);
+  EXPECT_EQ(d.shared_concurrency, 64);
+  EXPECT_EQ(d.share_window, std::chrono::seconds(30));
+  EXPECT_EQ(load("[master.domains.a]\nrules = []\n").cfg->master->find_domain("a")->share_window,
+            std::chrono::seconds(10));
+  const std::string head = "[master.domains.a]\n";
+  EXPECT_NE(one_error(head + "shared = [ { rate = \"1/s\", burst = 1 }, { rate = \"60/min\", burst = 1 } ]\n")
+                .find("at most one shared rate"),
+            std::string::npos);
+  EXPECT_NE(one_error(head + "share_window = \"5s\"\n").find("has no effect without a shared rate"), std::string::npos);
+  EXPECT_NE(
+      one_error(head + "shared = [ { rate = \"1/s\", burst = 1 } ]\nshare_window = \"11m\"\n").find("at most 10m"),
+      std::string::npos);
+  EXPECT_NE(
+      one_error(head + "shared = [ { rate = \"1/s\", burst = 1 } ]\nshare_window = \"10ms\"\n").find("share_window"),
+      std::string::npos);
 }

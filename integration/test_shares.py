@@ -1,0 +1,93 @@
+"""A shared rate split max-min with the real binaries (docs/configuration.md,
+`shared` and `share_window`): two heavy tenants and a light one under a
+domain-wide rate.
+
+- the light tenant gets all it asks for, never held long or refused;
+- the heavy ones split the rest evenly, and the total stays near the rate;
+- /status/DOMAIN/IDENTIFIER shows each one's share and whether it wants more.
+
+The heavy tenants are sequential clients that send again as soon as they
+are answered (held requests wait their turn at the gatekeeper, as the
+master's DELAY_UNTIL says); their shares are read over the last seconds of
+a bounded run, with tolerances wide enough for a loaded machine.
+
+Run: cd integration && python3 -m unittest -v test_shares
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lib.http1 import fetch  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+
+DOMAIN = "api"
+RATE = 20  # units a second, all tenants together
+RUN_S = 8.0
+MEASURE_S = 4.0  # the last seconds of the run
+
+
+class TestSharedRate(DaemonTestCase):
+    def test_two_heavy_tenants_split_what_the_light_one_leaves(self):
+        self.master, self.backend, self.proxy = self.gate_stack(
+            {DOMAIN: {"rules": [], "shared": [{"rate": f"{RATE}/s", "burst": RATE}], "share_window": "2s"}},
+            [{"path": "/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"], "status": 429,
+              "max_delay": "5s"}])
+        start = time.monotonic()
+        statuses: dict[str, list[int]] = {"a": [], "b": [], "light": []}
+
+        def heavy(key: str) -> None:
+            while time.monotonic() - start < RUN_S:
+                statuses[key].append(fetch(self.proxy.port, "/", key=key, timeout=10)[0].status)
+
+        def light() -> None:
+            n = 0
+            while time.monotonic() - start < RUN_S:
+                statuses["light"].append(fetch(self.proxy.port, "/", key="light", timeout=10)[0].status)
+                n += 1
+                time.sleep(max(0.0, start + n * 0.5 - time.monotonic()))  # 2 a second
+
+        threads = [threading.Thread(target=heavy, args=(k,)) for k in ("a", "b")]
+        threads.append(threading.Thread(target=light))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertTrue(all(s == 200 for s in statuses["light"]), statuses["light"])
+        self.assertTrue(all(s == 200 for k in ("a", "b") for s in statuses[k]))
+
+        # What reached the backend in the last MEASURE_S seconds of the run.
+        log = self.backend.requests(target_prefix="/")
+        end = max(e["t"] for e in log if e["key"] in ("a", "b"))
+        got = {k: sum(1 for e in log if e["key"] == k and e["t"] > end - MEASURE_S) / MEASURE_S
+               for k in ("a", "b", "light")}
+        a, b, light_rate = got["a"], got["b"], got["light"]
+        self.assertGreaterEqual(light_rate, 1.5, got)  # all it asks for (2 a second)
+        jain = (a + b) ** 2 / (2 * (a * a + b * b))
+        self.assertGreaterEqual(jain, 0.95, got)
+        total = a + b + light_rate
+        self.assertGreaterEqual(total, 0.8 * RATE, got)
+        self.assertLessEqual(total, 1.2 * RATE, got)
+
+        def share(key: str) -> dict:
+            with urllib.request.urlopen(f"http://{HOST}:{self.master.admin_port}/status/{DOMAIN}/{key}",
+                                        timeout=5) as r:
+                return json.loads(r.read())["share"]
+
+        heavy_share = share("a")
+        self.assertTrue(heavy_share["wants_more"], heavy_share)
+        self.assertGreater(heavy_share["rate_per_s"], 0.3 * RATE, heavy_share)
+        self.assertLess(heavy_share["rate_per_s"], 0.6 * RATE, heavy_share)
+        self.assertFalse(share("light")["wants_more"])
+
+
+if __name__ == "__main__":
+    unittest.main()
