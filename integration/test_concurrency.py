@@ -133,6 +133,9 @@ class TestConcurrency(ConcurrencyTestCase):
         self.assertEqual(r.status, 429)
         self.assertEqual(r.headers.get("retry-after"), "1")
         self.assertIn(b"concurrency limit", r.body)
+        # The fields name the limit that refused it (draft RateLimit fields, quota unit concurrent-requests).
+        self.assertEqual(r.headers.get("ratelimit-policy"), '"c-concurrency";q=1;qu="concurrent-requests"')
+        self.assertEqual(r.headers.get("ratelimit"), '"c-concurrency";r=0;t=1')
         self.assertGreaterEqual(elapsed, 0.9)
         self.assertEqual(len(self.backend.requests(key="k", target_prefix="/slow?s=0")), 0)
         self.assertEqual(proxy.metric("smockron_proxy_rejects_total", {"reason": "concurrency"}), 1)

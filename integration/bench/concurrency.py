@@ -28,7 +28,11 @@ an equal share of S each, as concurrent clients) and a light one (0.1x: one
 client busy a tenth of the time). Per 10 s window: requests served per
 tenant, Jain's index of the heavy two (goal >= 0.99), served / capacity
 (the reference's rate per slot x S; goal 0.98-1.03), the light one served
-all it asked.
+all it asked. The same three tenants on a third domain with
+`shared = [ { rate = "R/s", burst = R } ]` (--shared-rate, 60) and a 5 s
+share_window: the heavy ones as back-to-back clients (held by the
+gatekeepers until their share allows), the light one paced at 0.1x an
+equal share; served / capacity is against R x the window.
 
 --smoke: G = 2, D = 0, C = 8, 3 s phases; exit 1 unless every phase ran and
 smockron never let more than N through. Needs nginx for the peer (skipped,
@@ -64,6 +68,9 @@ KEY = "bench-key"
 #: The shared-capacity domain (shared = [ { concurrency = --shared } ]), reached with this Host.
 SHARED = "s"
 SHARED_HOST = "shared.local"
+#: The shared-rate domain (shared = [ { rate = "--shared-rate/s" } ]), reached with this Host.
+RATED = "r"
+RATED_HOST = "rate.local"
 
 
 class Cluster:
@@ -96,7 +103,9 @@ class Cluster:
         with open(mconf, "w") as f:
             f.write(master_toml(self.acc, self.ctl, self.madmin,
                                 {DOMAIN: {"rules": [{"concurrency": a.limit}]},
-                                 SHARED: {"rules": [], "shared": [{"concurrency": a.shared}]}}, probe=False))
+                                 SHARED: {"rules": [], "shared": [{"concurrency": a.shared}]},
+                                 RATED: {"rules": [], "shared": [{"rate": f"{a.shared_rate}/s", "burst": a.shared_rate}],
+                                         "share_window": "5s"}}, probe=False))
         self.master = Daemon("smockron-master", mconf, tmp, args=["--log-level", "warn"], admin_port=self.madmin)
         self.procs.append(self.master)
         self.master.start(ready_timeout=15)
@@ -104,12 +113,13 @@ class Cluster:
         route = {"path": "/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"],
                  "max_delay": "60s"}
         shared_route = dict(route, host=SHARED_HOST, domain=SHARED)
+        rated_route = dict(route, host=RATED_HOST, domain=RATED)
         for i in range(self.g):
             conf = os.path.join(tmp, f"proxy-g{self.g}-{i}.toml")
             with open(conf, "w") as f:
                 f.write(proxy_toml(self.listen[i], self.padmin[i],
                                    {"app": {"servers": [f"{HOST}:{self.backend.port}"], "keepalive": 256}},
-                                   [shared_route, route],
+                                   [shared_route, rated_route, route],
                                    [f"tcp://{HOST}:{self.relay_acc[i]}"], [f"tcp://{HOST}:{self.relay_ctl[i]}"],
                                    threads=1, max_held=100000))
             p = Daemon("smockron-proxy", conf, tmp, args=["--log-level", "warn"], admin_port=self.padmin[i])
@@ -209,16 +219,25 @@ def load(ports: list[int], clients: int, seconds: float, service: float) -> dict
     return {"done": done[0], "refused": refused[0], "rate": done[0] / elapsed, "p50": pick(0.5), "p99": pick(0.99)}
 
 
-def tenants(cluster: Cluster, args) -> dict:
-    """Three tenants on the shared domain, through random gatekeepers: two heavy (5x an equal share
-    of --shared each, as concurrent clients) and a light one (0.1x: one client busy a tenth of the
-    time). Requests served per tenant in each 10 s window (--seconds for shorter runs)."""
-    equal = args.shared / 3
-    heavy_clients = max(1, round(5 * equal))
-    light_gap = args.service / (0.1 * equal) - args.service  # one request, then idle: 0.1 x equal busy
+def tenants(cluster: Cluster, args, rated: bool = False) -> dict:
+    """Three tenants on a shared domain, through random gatekeepers: two heavy (5x an equal share
+    each) and a light one (0.1x). Shared concurrency (--shared): the heavy ones as concurrent
+    clients, the light one a client busy a tenth of the time. Shared rate (`rated`,
+    --shared-rate): the heavy ones as back-to-back clients (held until their share allows), the
+    light one paced. Requests served per tenant in each 10 s window (--seconds for shorter runs)."""
+    if rated:
+        equal = args.shared_rate / 3
+        heavy_clients, path, host = 4, "/", RATED_HOST
+        light_gap = 1 / (0.1 * equal)
+    else:
+        equal = args.shared / 3
+        heavy_clients, path, host = max(1, round(5 * equal)), f"/slow?s={args.service}", SHARED_HOST
+        light_gap = args.service / (0.1 * equal) - args.service  # one request, then idle: 0.1 x equal busy
     window = min(10.0, args.seconds)
     windows = max(1, round(args.tenant_seconds / window))
-    t0 = time.monotonic()
+    # The rated domain's shares settle first (a share window), outside the windows counted.
+    settle = 6.0 if rated else 0.0
+    t0 = time.monotonic() + settle
     stop = t0 + windows * window
     counts = {name: [0] * windows for name in ("heavy-a", "heavy-b", "light")}
     lock = threading.Lock()
@@ -226,22 +245,26 @@ def tenants(cluster: Cluster, args) -> dict:
     def client(name: str, gap: float):
         conns: dict[int, http.client.HTTPConnection] = {}
         rng = random.Random()
+        next_at = time.monotonic()
         while time.monotonic() < stop:
             port = rng.choice(cluster.listen)
             c = conns.get(port) or conns.setdefault(port, http.client.HTTPConnection(HOST, port, timeout=120))
             try:
-                c.request("GET", f"/slow?s={args.service}", headers={"X-API-Key": name, "Host": SHARED_HOST})
+                c.request("GET", path, headers={"X-API-Key": name, "Host": host})
                 r = c.getresponse()
                 r.read()
             except (OSError, http.client.HTTPException):
                 conns.pop(port).close()
                 continue
-            w = int((time.monotonic() - t0) / window)
-            if r.status == 200 and w < windows:
+            w = int((time.monotonic() - t0) / window) if time.monotonic() >= t0 else -1
+            if r.status == 200 and 0 <= w < windows:
                 with lock:
                     counts[name][w] += 1
-            if gap > 0:
-                time.sleep(gap)
+            if gap > 0 and rated:
+                next_at += gap  # paced: a request every `gap` whatever the answer took
+                time.sleep(max(0.0, next_at - time.monotonic()))
+            elif gap > 0:
+                time.sleep(gap)  # busy one request, then idle
 
     cluster.backend.reset()
     threads = [threading.Thread(target=client, args=(n, 0.0), daemon=True)
@@ -250,12 +273,12 @@ def tenants(cluster: Cluster, args) -> dict:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(windows * window + 180)
+        t.join(settle + windows * window + 180)
     jain = [(a + b) ** 2 / (2 * (a * a + b * b)) if a + b else 0.0
             for a, b in zip(counts["heavy-a"], counts["heavy-b"])]
     per_window = [sum(counts[n][w] for n in counts) for w in range(windows)]
     return {"counts": counts, "jain_min": min(jain), "served": per_window, "window": window,
-            "light_wanted": window / (args.service + light_gap),
+            "light_wanted": window / (light_gap if rated else args.service + light_gap),
             "max": cluster.backend.inflight()["max"].get("*", 0)}
 
 
@@ -275,6 +298,7 @@ def main() -> int:
     ap.add_argument("--service", type=float, default=0.2, help="the backend's service time in seconds")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     ap.add_argument("--shared", type=int, default=6, help="the shared domain's concurrency (the tenants' phase)")
+    ap.add_argument("--shared-rate", type=int, default=60, help="the shared-rate domain's requests a second")
     ap.add_argument("--tenant-seconds", type=float, default=20.0, help="length of the tenants' phase")
     ap.add_argument("--smoke", action="store_true", help="G = 2, D = 0, 8 clients, 3 s phases; checks only")
     args = ap.parse_args()
@@ -314,6 +338,14 @@ def main() -> int:
                       f"Jain(heavy) min {t['jain_min']:.3f}; served/capacity "
                       f"{min(t['served']) / capacity:.3f}-{max(t['served']) / capacity:.3f}; max {t['max']}",
                       flush=True)
+                t = tenants(cluster, args, rated=True)
+                capacity = args.shared_rate * t["window"]
+                ok = ok and min(t["counts"]["light"]) > 0
+                c = t["counts"]
+                print(f"    rate tenants (shared {args.shared_rate}/s, {t['window']:g} s windows): heavy-a "
+                      f"{c['heavy-a']} heavy-b {c['heavy-b']} light {c['light']} (wants ~{t['light_wanted']:.0f}); "
+                      f"Jain(heavy) min {t['jain_min']:.3f}; served/capacity "
+                      f"{min(t['served']) / capacity:.3f}-{max(t['served']) / capacity:.3f}", flush=True)
         finally:
             cluster.stop()
             shutil.rmtree(tmp, ignore_errors=True)

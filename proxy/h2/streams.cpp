@@ -62,7 +62,7 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
     if (st->timer) st->timer->cancel();
   }
   const std::int64_t now_us = s_.clk.wall_us();
-  admission_env env{s_.gate, s_.metrics, w_.accounting};
+  admission_env env{s_.gate, s_.metrics, w_.accounting, &s_.concurrency};
   // A gRPC call is not held past its deadline: refused at once instead (as a hold beyond max_delay is).
   const auto deadline = st->grpc ? h2::grpc::parse_timeout(st->fields.grpc_timeout()) : std::nullopt;
   const steps_decision plan = plan_request(env, rt, st->req, st->target, peer_, deadline ? deadline->count() : -1,
@@ -134,7 +134,8 @@ void h2_connection::slot_wait_ended(const std::shared_ptr<h2_stream>& st) {
   }
   w_.slots.cancel(st->slot_queue->w, s_.clk.wall_us());
   s_.metrics.reject_concurrency.inc();
-  const refusal no = refusal_for_concurrency(*st->r);
+  const refusal no = refusal_for_concurrency(
+      *st->r, concurrency_limit(s_.concurrency, *st->r, st->adm, s_.clk.wall_us()), st->response_fields);
   answer(*st, no.status, no.text, no.retry_after_s, st->r->grpc_status, no.retry_after_s * 1000);
 }
 

@@ -190,7 +190,7 @@ private:
       if (!c_.early.empty()) body_prefix = joined.assign(body_prefix).append(c_.early).substr(0, want);
     }
     const std::int64_t now_us = s_.clk.wall_us();
-    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    admission_env env{s_.gate, s_.metrics, w_.accounting, &s_.concurrency};
     admission a;
     const steps_decision plan =
         plan_request(env, rt, req, c_.target, peer_, -1, a, c_.response_fields, entry_.get(), now_us, body_prefix);
@@ -269,7 +269,8 @@ private:
     }
     if (slot) co_return std::nullopt;
     s_.metrics.reject_concurrency.inc();
-    const refusal no = refusal_for_concurrency(r);
+    const refusal no =
+        refusal_for_concurrency(r, concurrency_limit(s_.concurrency, r, a, s_.clk.wall_us()), c_.response_fields);
     answered(no.status);
     co_return co_await answer(no.status, no.text, no.retry_after_s);
   }

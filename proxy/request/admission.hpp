@@ -10,6 +10,7 @@
 #include "proxy/cluster/accounting_sender.hpp"
 #include "proxy/codec/http1.hpp"
 #include "proxy/gate/gate.hpp"
+#include "proxy/gate/slots.hpp"
 #include "proxy/identify/identify.hpp"
 #include "proxy/request/cost.hpp"
 #include "proxy/request/proxy_metrics.hpp"
@@ -56,6 +57,8 @@ struct admission_env {
   gate& g;
   proxy_metrics& metrics;
   accounting_sender& accounting;
+  /// The concurrency limits masters publish (the rate-limit fields describe a client's); nullptr: none.
+  const concurrency_policies* concurrency = nullptr;
 };
 
 /// Decides request `req` on route `r` from `peer` at wall time `now_us`. A

@@ -57,6 +57,17 @@ void append_ratelimit_fields(std::string& out, std::string_view domain, const qu
   if (!first) out.append("\r\n");
 }
 
+void append_concurrency_fields(std::string& out, std::string_view domain, std::int64_t limit, bool refused) {
+  const std::string name = std::string(domain) + "-concurrency";
+  out.append("RateLimit-Policy: ");
+  append_sf_string(out, name);
+  out.append(";q=").append(std::to_string(limit)).append(";qu=\"concurrent-requests\"\r\n");
+  if (!refused) return;
+  out.append("RateLimit: ");
+  append_sf_string(out, name);
+  out.append(";r=0;t=1\r\n");
+}
+
 void append_decision_field(std::string& out, decision d, std::optional<decision> shadow, std::string_view reason,
                            std::int64_t held_ms) {
   out.append("Smockron-Decision: ").append(to_string(d));

@@ -24,6 +24,15 @@ namespace smockron::proxy {
 /// master counts them; known here once exhausted) is in RateLimit-Policy only.
 void append_ratelimit_fields(std::string& out, std::string_view domain, const quota_state& q, std::int64_t throttled_s);
 
+/// Appends the client's concurrency limit of `limit` requests in flight as a
+/// policy of its own, "DOMAIN-concurrency", whose quota unit is
+/// concurrent-requests (the draft's `qu`; no window):
+/// "RateLimit-Policy: \"api-concurrency\";q=4;qu=\"concurrent-requests\"",
+/// and, `refused` (no slot came within max_delay), "RateLimit:
+/// \"api-concurrency\";r=0;t=1". Lines of their own: a list field may span
+/// several lines (RFC 9110 5.3).
+void append_concurrency_fields(std::string& out, std::string_view domain, std::int64_t limit, bool refused);
+
 /// Appends "Smockron-Decision: accepted" / "delayed;held_ms=250" /
 /// "rejected;reason=delay_too_long" (a shadow route adds ";shadow=<would-be>").
 /// `reason`: why a rejected request was (delay_too_long, held_full, cost_over_limit, no_master, unidentified).

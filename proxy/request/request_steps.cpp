@@ -73,7 +73,7 @@ const route* route_request(const runtime& rt, http1::request_head& req, std::str
 }
 
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
-                         std::int64_t now_us) {
+                         std::int64_t now_us, std::int64_t concurrency) {
   // A cost no wait lets through is not a client's standing: no rate-limit fields for it.
   const bool limited =
       a.outcome == decision::delayed || (a.outcome == decision::rejected && a.gate.v == verdict::reject &&
@@ -83,6 +83,8 @@ void append_limit_fields(std::string& out, gate& g, const runtime& rt, const rou
     const std::int64_t throttled_s = limited ? std::max<std::int64_t>(1, a.gate.retry_after_s) : 0;
     append_ratelimit_fields(out, r.domain, q, throttled_s);
   }
+  // A concurrency limit is described on every response of a route that asks for the fields.
+  if (a.who && concurrency > 0 && r.ratelimit_headers) append_concurrency_fields(out, r.domain, concurrency, false);
   if (r.explain) {
     const std::string_view reason = a.no_master                                       ? "no_master"
                                     : a.ambiguous                                     ? "ambiguous_identifier"
@@ -138,7 +140,8 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
   }
   const route& r = *p.r;
   adm = admit(env, rt, r, req, peer, now_us, deadline_us, body_prefix);
-  append_limit_fields(response_fields, env.g, rt, r, adm, now_us);
+  append_limit_fields(response_fields, env.g, rt, r, adm, now_us,
+                      env.concurrency != nullptr ? concurrency_limit(*env.concurrency, r, adm, now_us) : 0);
   if (entry) note_admission(*entry, r, adm);
   switch (adm.outcome) {
     case decision::rejected: {
@@ -203,7 +206,9 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
   return p.limit(r.domain, a.who->value, now_us, a.tier);
 }
 
-refusal refusal_for_concurrency(const route& r) {
+refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string& response_fields) {
+  // The fields name the limit that refused it (none left now; a slot may free within a second).
+  if (limit > 0) append_concurrency_fields(response_fields, r.domain, limit, true);
   return {r.status, "concurrency limit: no slot free within max_delay\n", 1};
 }
 

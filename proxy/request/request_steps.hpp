@@ -36,8 +36,9 @@ std::size_t body_prefix_wanted(const runtime& rt, const http1::request_head& req
 
 /// Appends the rate-limit fields (always when limited; on every response
 /// with ratelimit_headers) and the decision (explain) as header lines.
+/// `concurrency`: the client's concurrency limit (0: none), described with ratelimit_headers.
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
-                         std::int64_t now_us);
+                         std::int64_t now_us, std::int64_t concurrency = 0);
 
 /// What a refused admission answers: the status, a short text, Retry-After.
 struct refusal {
@@ -89,7 +90,10 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
 /// What a request answers when no concurrency slot came within max_delay:
 /// the route's status, Retry-After 1 (a slot is freed when any request of the
 /// client ends, which nobody here can promise sooner).
-refusal refusal_for_concurrency(const route& r);
+/// A request that found no concurrency slot within max_delay (its
+/// identifier's `limit`): the route's status, Retry-After 1, and the
+/// concurrency policy with nothing left appended to `response_fields`.
+refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string& response_fields);
 
 /// The access-log record of `req`, begun when its head is complete.
 std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,

@@ -487,6 +487,17 @@ TEST(GateGuard, ATierGivesItsRequestsItsRules) {
   EXPECT_FALSE(g.set_tier(gate::k_policy_domains, "pro", std::vector<guard_rule>{}, t0));
 }
 
+TEST(RateLimitFields, AConcurrencyLimitIsAPolicyOfItsOwn) {
+  std::string out;
+  append_concurrency_fields(out, "llm", 4, false);
+  EXPECT_EQ(out, "RateLimit-Policy: \"llm-concurrency\";q=4;qu=\"concurrent-requests\"\r\n");
+  out.clear();
+  append_concurrency_fields(out, "llm", 4, true);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"llm-concurrency\";q=4;qu=\"concurrent-requests\"\r\n"
+            "RateLimit: \"llm-concurrency\";r=0;t=1\r\n");
+}
+
 TEST(RateLimitFields, DraftTenSyntax) {
   quota_state q;
   q.count = 1;
