@@ -286,7 +286,8 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual({"master", "proxy"}, keys["top level"])
         self.assertEqual({"algorithm", "rules", "shared", "share_window", "overrides", "tiers"},
                          keys["[master.domains.NAME]"])
-        self.assertEqual({"rules"}, keys["[master.domains.NAME.tiers.TIER]"])
+        self.assertEqual({"rules", "weight"}, keys["[master.domains.NAME.tiers.TIER]"])
+        self.assertEqual({"identifier", "rules", "weight"}, keys["overrides entries"])
         self.assertEqual({"rate", "burst", "quota", "per", "tz", "concurrency"}, keys["rules entries"])
         self.assertEqual({"source", "hash"}, keys["identify source tables"])
         self.assertEqual({"servers", "fail_timeout", "keepalive", "tls", "tls_ca", "tls_verify", "tls_server_name",

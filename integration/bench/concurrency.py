@@ -32,7 +32,8 @@ all it asked. The same three tenants on a third domain with
 `shared = [ { rate = "R/s", burst = R } ]` (--shared-rate, 60) and a 5 s
 share_window: the heavy ones as back-to-back clients (held by the
 gatekeepers until their share allows), the light one paced at 0.1x an
-equal share; served / capacity is against R x the window.
+equal share; served / capacity is against R x the window, counted after
+15 s (the shares settle and the first round trip's over-use is paid back).
 
 --smoke: G = 2, D = 0, C = 8, 3 s phases; exit 1 unless every phase ran and
 smockron never let more than N through. Needs nginx for the peer (skipped,
@@ -235,8 +236,11 @@ def tenants(cluster: Cluster, args, rated: bool = False) -> dict:
         light_gap = args.service / (0.1 * equal) - args.service  # one request, then idle: 0.1 x equal busy
     window = min(10.0, args.seconds)
     windows = max(1, round(args.tenant_seconds / window))
-    # The rated domain's shares settle first (a share window), outside the windows counted.
-    settle = 6.0 if rated else 0.0
+    # The rated domain's shares settle first, outside the windows counted: a
+    # share window, and the payback of what the gatekeepers let through in
+    # the first round trip (each up to the shared burst and rate x RTT per
+    # tenant, charged in full).
+    settle = (6.0 if args.smoke else 15.0) if rated else 0.0
     t0 = time.monotonic() + settle
     stop = t0 + windows * window
     counts = {name: [0] * windows for name in ("heavy-a", "heavy-b", "light")}

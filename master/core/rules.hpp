@@ -67,6 +67,14 @@ struct limits {
   /// The domain's shared concurrency (all identifiers together; the same in
   /// an override's limits as in the domain's); 0: none.
   std::int64_t shared_concurrency = 0;
+  /// The identifier's weight in the domain's shared limits (an override's or
+  /// a tier's `weight`): its max-min share is this many even ones.
+  std::int64_t weight = 1;
+  /// The domain's shared rate (all identifiers together, master/engine/shares.hpp),
+  /// the same in every identifier's limits; interval 0: none. Published with the
+  /// rules in POLICY: no identifier may use more, so it bounds a gatekeeper's
+  /// first round trip without holding anyone its share allows.
+  rule shared_rate{0, 0};
   /// Timestamps further than this ahead of the master's clock are clamped
   /// (a gatekeeper with a fast clock must not lock a client out for hours).
   std::int64_t max_future_us = 60'000'000;

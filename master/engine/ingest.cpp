@@ -173,7 +173,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
         const auto i = find(d);
         if (!i) return leases::limits{};
         const rules::limits& l = limiter_.limits_of(*i, id, tier);
-        return leases::limits{l.concurrency, l.shared_concurrency};
+        return leases::limits{l.concurrency, l.shared_concurrency, l.weight};
       },
       clock_.wall_us());
   return changes;
@@ -356,7 +356,8 @@ rules::decision ingest::share(std::size_t domain, std::string_view identifier, c
   if (e.kind == rules::event_kind::rejected) shares_.refused(domain, identifier, e.at_us);
   if (e.kind == rules::event_kind::rejected || e.cost <= 0) return dec;
   const rules::decision s =
-      shares_.use(domain, identifier, e.cost, e.at_us, now_us, e.kind == rules::event_kind::delayed);
+      shares_.use(domain, identifier, e.cost, e.at_us, now_us, e.kind == rules::event_kind::delayed,
+                  limiter_.current_limits(domain, identifier).weight);
   return s.throttled && (!dec.throttled || s.next_us > dec.next_us) ? s : dec;
 }
 

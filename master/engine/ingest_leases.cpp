@@ -18,7 +18,7 @@ void ingest::handle_lease(std::span<const std::string_view> frames, std::int64_t
   }
   lease_messages_.inc();
   const rules::limits& l = limiter_.limits_of(it->second, msg->identifier, msg->tier);
-  if (leases_.on_lease(peer, msg.value(), {l.concurrency, l.shared_concurrency}, now_us)) return;
+  if (leases_.on_lease(peer, msg.value(), {l.concurrency, l.shared_concurrency, l.weight}, now_us)) return;
   // The book is full: fail-open, as an untracked identifier is everywhere
   // else (granted what it wants, counted against nothing).
   leases_untracked_.inc();

@@ -8,16 +8,21 @@ namespace smockron::master {
 
 namespace {
 
-// Max-min fair shares of `limit` over `wants` (water-filling); the remainder
-// of an even split goes to the last in `order` (ascending want) that wants more.
+// Max-min fair shares of `limit` over `wants` (water-filling), each i
+// counting as weights[i] even shares (none: 1); the remainder of the split
+// goes to the last in `order` (ascending want per weight) that wants more.
 std::vector<std::int64_t> water_fill(std::int64_t limit, const std::vector<std::int64_t>& wants,
-                                     const std::vector<std::size_t>& order) {
+                                     const std::vector<std::size_t>& order,
+                                     const std::vector<std::int64_t>* weights = nullptr) {
   std::vector<std::int64_t> share(wants.size());
+  const auto weight = [&](std::size_t k) { return weights != nullptr ? (*weights)[k] : std::int64_t{1}; };
   std::int64_t left = limit;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const auto n = static_cast<std::int64_t>(order.size() - i);
-    share[order[i]] = std::min(wants[order[i]], left / n);
-    left -= share[order[i]];
+  std::int64_t rest = 0;  // the weights of those not served yet
+  for (std::size_t k : order) rest += weight(k);
+  for (std::size_t k : order) {
+    share[k] = std::min(wants[k], left * weight(k) / rest);
+    left -= share[k];
+    rest -= weight(k);
   }
   for (std::size_t i = order.size(); i-- > 0 && left > 0;) {
     const std::size_t k = order[i];
@@ -46,6 +51,7 @@ std::pair<std::string_view, std::string_view> leases::split(std::string_view key
 
 void leases::set_limits(entry& e, limits l) {
   e.own = l.own > 0 ? l.own : k_unlimited;
+  e.weight = std::max<std::int64_t>(1, l.weight);
   pool* next = nullptr;
   if (l.shared > 0) {
     const auto domain = split(*e.key).first;
@@ -128,10 +134,14 @@ void leases::rebalance_pool(pool& p, std::int64_t now_us) {
     for (const holder& h : p.members[i]->holders) w += h.want;
     wants[i] = std::min(w, p.members[i]->own);
   }
+  std::vector<std::int64_t> weights(n);
+  for (std::size_t i = 0; i < n; ++i) weights[i] = p.members[i]->weight;
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return wants[a] < wants[b]; });
-  const auto share = water_fill(p.limit, wants, order);
+  // Ascending want per weight (a x wb < b x wa, in integers).
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return wants[a] * weights[b] < wants[b] * weights[a]; });
+  const auto share = water_fill(p.limit, wants, order, &weights);
   std::vector<std::int64_t> held(n);
   for (std::size_t i = 0; i < n; ++i) {
     p.members[i]->limit = std::min(p.members[i]->own, share[i]);

@@ -21,7 +21,8 @@
 //   is under N again.
 // - A domain's shared limit S (all its identifiers together) is a pool: each
 //   identifier's limit becomes the lower of its own and its max-min share of
-//   S among the identifiers that want slots, and no grant takes the pool
+//   S among the identifiers that want slots (weighted: an identifier of
+//   weight w counts as w even ones), and no grant takes the pool
 //   past S (an identifier above its share gives back as its requests end).
 #pragma once
 
@@ -56,6 +57,7 @@ public:
   struct limits {
     std::int64_t own = 0;
     std::int64_t shared = 0;
+    std::int64_t weight = 1;  ///< its weight in the shared limit's split
   };
   /// Applies a LEASE from connection `peer` for an identifier under `l`
   /// (neither: every want is granted). False: not tracked (max_entries
@@ -121,6 +123,7 @@ private:
     std::int64_t limit = k_unlimited;  ///< in force: its own, or lower, its share of the pool
     pool* in = nullptr;                ///< its domain's shared limit, if any
     std::string tier;                  ///< the tier the last LEASE named (its limit's, on a reload)
+    std::int64_t weight = 1;           ///< in its pool's split
     std::vector<holder> holders;
   };
   /// A domain's shared limit and the identifiers under it.

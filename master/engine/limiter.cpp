@@ -32,6 +32,7 @@ rules::limits compile(const config::domain_config& d, std::chrono::microseconds 
   rules::limits l = compile_rules(d.algorithm, d.rules, max_clock_skew);
   l.concurrency = d.concurrency;
   l.shared_concurrency = d.shared_concurrency;
+  if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
   return l;
 }
 
@@ -40,6 +41,8 @@ rules::limits compile(const config::domain_config& d, const config::override_con
   rules::limits l = compile_rules(d.algorithm, o.rules, max_clock_skew);
   l.concurrency = o.concurrency;                // an override's rules replace the domain's, this one too
   l.shared_concurrency = d.shared_concurrency;  // the domain's, whoever the identifier
+  l.weight = o.weight;
+  if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
   return l;
 }
 
@@ -48,6 +51,8 @@ rules::limits compile(const config::domain_config& d, const config::tier_config&
   rules::limits l = compile_rules(d.algorithm, t.rules, max_clock_skew);
   l.concurrency = t.concurrency;                // a tier's rules replace the domain's, this one too
   l.shared_concurrency = d.shared_concurrency;  // the domain's, whatever the tier
+  l.weight = t.weight;
+  if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
   return l;
 }
 

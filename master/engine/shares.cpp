@@ -57,7 +57,7 @@ std::pair<std::int64_t, std::int64_t> shares::gcra(const pool& p, const member& 
 }
 
 rules::decision shares::use(std::size_t domain, std::string_view identifier, std::int64_t units, std::int64_t at_us,
-                            std::int64_t now_us, bool held) {
+                            std::int64_t now_us, bool held, std::int64_t weight) {
   if (!any(domain) || units <= 0) return {};
   pool& p = pools_[domain];
   auto it = p.members.find(identifier);
@@ -67,20 +67,23 @@ rules::decision shares::use(std::size_t domain, std::string_view identifier, std
       return {};
     }
     it = p.members.emplace(std::string(identifier), member{}).first;
-    it->second.share_per_s = p.level;
+    it->second.share_per_s = std::min(p.rate_per_s, p.level * static_cast<double>(std::max<std::int64_t>(1, weight)));
     it->second.first_us = now_us;
     it->second.window_start = now_us / std::max<std::int64_t>(1, p.cfg.window_us / 2);
     ++size_;
   }
   member& m = it->second;
+  m.weight = std::max<std::int64_t>(1, weight);
   roll(p, m, now_us);
   m.used[0] += units;
   m.last_us = now_us;
   // GCRA: a use conforms when it comes no earlier than tat - ahead +
   // interval; it is charged either way (every unit is paid back at the share).
   const auto [interval, ahead] = gcra(p, m);
+  m.charged_share = m.share_per_s;
   const std::int64_t allowed = m.tat_us - ahead + interval;
-  if (allowed > at_us || (held && allowed >= at_us - interval)) m.wants_more = true;
+  // It wants more until the use goes (a held one waits at its gatekeeper until at_us, unreported).
+  if (allowed > at_us || (held && allowed >= at_us - interval)) m.wanted_us = std::max({m.wanted_us, now_us, at_us});
   m.tat_us = std::min(std::max(m.tat_us, at_us) + units * interval, now_us + rules::k_max_debt_us);
   rules::decision d;
   if (const std::int64_t next = m.tat_us - ahead + interval; next > now_us) d = {true, next, interval};
@@ -94,36 +97,61 @@ void shares::refused(std::size_t domain, std::string_view identifier, std::int64
   if (it == p.members.end()) return;
   member& m = it->second;
   const auto [interval, ahead] = gcra(p, m);
-  if (m.tat_us - ahead + interval >= at_us - interval) m.wants_more = true;  // its share held it
+  if (m.tat_us - ahead + interval >= at_us - interval) m.wanted_us = std::max(m.wanted_us, at_us);  // its share held it
 }
 
 void shares::split(pool& p, std::int64_t now_us, const shares& self) {
-  // Water-filling: those that did not want more take what they used (and
-  // are given k_headroom over it); the rest share the remainder equally.
-  std::vector<std::pair<double, member*>> wants;
+  // Water-filling, weighted: those that did not want more take what they
+  // used (and are given k_headroom over it); the rest share the remainder,
+  // each in proportion to its weight. Ascending want per weight.
+  struct want {
+    double per_weight;
+    double units;
+    member* m;
+  };
+  std::vector<want> wants;
   wants.reserve(p.members.size());
+  double weights = 0;
   for (auto& [id, m] : p.members) {
-    // A member younger than a window has no full measure of its use yet: it gets the level.
-    const bool more = m.wants_more || m.wanted_more || now_us - m.first_us < p.cfg.window_us;
-    m.wanted_more = m.wants_more;
-    m.wants_more = false;
-    wants.emplace_back(more ? std::numeric_limits<double>::infinity() : self.used_per_s(p, m, now_us), &m);
+    // A member younger than a window has no full measure of its use yet, and
+    // one its share holds now (its uses wait at a gatekeeper, unreported
+    // until they go) wants more than it has: they get the level.
+    const auto [interval, ahead] = gcra(p, m);
+    const bool held_now = m.tat_us - ahead + interval > now_us;
+    const bool more = now_us - m.wanted_us < k_want_us || held_now || now_us - m.first_us < p.cfg.window_us;
+    const double used = more ? std::numeric_limits<double>::infinity() : self.used_per_s(p, m, now_us);
+    wants.push_back({used / static_cast<double>(m.weight), used, &m});
+    weights += static_cast<double>(m.weight);
   }
-  std::sort(wants.begin(), wants.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(wants.begin(), wants.end(), [](const want& a, const want& b) { return a.per_weight < b.per_weight; });
   double remaining = p.rate_per_s;
   std::size_t i = 0;
   p.level = 0;
   for (; i < wants.size(); ++i) {
-    const double level = remaining / static_cast<double>(wants.size() - i);
-    if (wants[i].first >= level) {
+    const double level = remaining / weights;  // per weight
+    const auto w = static_cast<double>(wants[i].m->weight);
+    if (wants[i].per_weight >= level) {
       p.level = level;
       break;
     }
-    wants[i].second->share_per_s = std::min(level, wants[i].first * k_headroom);
-    remaining -= wants[i].first;
+    wants[i].m->share_per_s = std::min(level * w, wants[i].units * k_headroom);
+    remaining -= wants[i].units;
+    weights -= w;
   }
-  for (std::size_t j = i; j < wants.size(); ++j) wants[j].second->share_per_s = p.level;
-  // Nobody wants more: a newcomer may use what is left, at least an equal split.
+  for (std::size_t j = i; j < wants.size(); ++j) {
+    wants[j].m->share_per_s = p.level * static_cast<double>(wants[j].m->weight);
+  }
+  // What a member owes is units, not time: under its new share they are paid
+  // back at the new rate (a debt run up at a small share must not hold it at a larger one).
+  for (want& w : wants) {
+    member& m = *w.m;
+    if (m.tat_us > now_us && m.charged_share > 0 && m.share_per_s != m.charged_share) {
+      const double owed = static_cast<double>(m.tat_us - now_us) * m.charged_share;
+      m.tat_us = now_us + static_cast<std::int64_t>(owed / std::max(m.share_per_s, p.rate_per_s * 1e-6));
+    }
+    m.charged_share = m.share_per_s;
+  }
+  // Nobody wants more: a newcomer may use what is left, at least an even split.
   if (i == wants.size()) p.level = std::max(remaining, p.rate_per_s / static_cast<double>(wants.size() + 1));
 }
 
@@ -150,7 +178,7 @@ std::optional<shares::view> shares::find(std::size_t domain, std::string_view id
   if (it == p.members.end()) return std::nullopt;
   member m = it->second;
   roll(p, m, now_us);
-  return view{m.share_per_s, used_per_s(p, m, now_us), m.wants_more || m.wanted_more};
+  return view{m.share_per_s, used_per_s(p, m, now_us), now_us - m.wanted_us < k_want_us};
 }
 
 }  // namespace smockron::master

@@ -12,16 +12,15 @@
 //
 // How shares follow demand: every rebalance() (each second) the shares are
 // computed again from what each identifier used in the window, and whether
-// it wanted more since the last one: a use came before its share allowed it,
+// it wants more: a use came before its share allowed it,
 // or one was held or refused by a gatekeeper (DELAYED, REJECTED) while its
 // share was what held it (its share used up, within one of its intervals;
-// one held by its own rules does not want more of the shared rate). One that
-// wanted more gets the water level; one that did not gets what it used, with
-// k_headroom to grow into. Only what it used is taken from the rate, so the
-// others' level is the rate less the real use of the light ones. A newcomer
-// gets the level at once, and keeps it for its first window (its use is not
-// measured yet). State is memory only: a restarted master learns
-// the shares again within one window.
+// one held by its own rules does not want more of the shared rate), until
+// that use went and two seconds more, or its share holds it now. One that wanted more gets the water level; one that
+// did not gets what it used, with k_headroom to grow into. Only what it used is taken from the rate, so the others'
+// level is the rate less the real use of the light ones. Weighted: an identifier of weight w (an override's or a tier's
+// `weight`) counts as w even shares. A newcomer gets the level at once, and keeps it for its first window (its use is
+// not measured yet). State is memory only: a restarted master learns the shares again within one window.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +47,10 @@ public:
   };
   /// A light identifier's share is what it used times this.
   static constexpr double k_headroom = 1.25;
+  /// An identifier wants more for this long after it last did (two
+  /// rebalances): a live client held by its share sends again within a round
+  /// trip of its release; one that stopped leaves the level to the others.
+  static constexpr std::int64_t k_want_us = 2'000'000;
 
   /// `max_entries`: identifiers tracked at most, all domains together (more go unshared: counted).
   explicit shares(std::size_t max_entries) : max_entries_(max_entries) {}
@@ -59,9 +62,11 @@ public:
   bool any(std::size_t domain) const { return domain < pools_.size() && pools_[domain].on; }
 
   /// A use of `units` at `at_us` by (domain, identifier), charged to its
-  /// share. `held`: a gatekeeper held it first (DELAYED). Throttled: when it may go again.
+  /// share. `held`: a gatekeeper held it first (DELAYED). `weight`: the
+  /// identifier's (an override's or a tier's; it counts as that many even
+  /// shares). Throttled: when it may go again.
   rules::decision use(std::size_t domain, std::string_view identifier, std::int64_t units, std::int64_t at_us,
-                      std::int64_t now_us, bool held = false);
+                      std::int64_t now_us, bool held = false, std::int64_t weight = 1);
   /// A request of (domain, identifier) refused by a gatekeeper (REJECTED) at `at_us`.
   void refused(std::size_t domain, std::string_view identifier, std::int64_t at_us);
   /// Computes the shares again from the demand seen; forgets identifiers idle for a window.
@@ -86,14 +91,17 @@ private:
     std::int64_t used[2] = {0, 0};  ///< units in this half window [0] and the last [1]
     std::int64_t last_us = 0;       ///< its last use
     std::int64_t first_us = 0;      ///< its first use (its demand is measured from then)
-    bool wants_more = false;        ///< over its share since the last rebalance
-    bool wanted_more = false;       ///< over its share in the window before
+    /// Until when it wanted more than its share (its last use over it, or
+    /// held by it until then): it wants more while this is within k_want_us.
+    std::int64_t wanted_us = 0;
+    std::int64_t weight = 1;   ///< as its last use said
+    double charged_share = 0;  ///< the share `tat_us` was charged at (its debt is rescaled when it changes)
   };
   struct pool {
     bool on = false;
     pool_config cfg;
     double rate_per_s = 0;  ///< units per second
-    double level = 0;       ///< the share of those that want more (a newcomer's)
+    double level = 0;       ///< the share of one weight of those that want more (a newcomer's, times its weight)
     string_map<member> members;
   };
   /// Units per second `m` used over the window ending at `now_us`.

@@ -99,15 +99,18 @@ void control_publisher::grant(const wire::grant& g) {
 
 namespace {
 // Any subset of the rules bounds less, never more: the first few that the
-// wire can carry are enough.
+// wire can carry are enough. The domain's shared rate goes last, when there
+// is room: no identifier may use more than all of it.
 std::size_t policy_rules(const rules::limits& l, std::array<wire::policy::rule, wire::max_policy_rules>& out) {
   std::size_t n = 0;
-  for (const rules::rule& r : l.rules) {
-    if (n == wire::max_policy_rules) break;
-    if (r.burst <= wire::max_policy_burst && r.interval_us <= wire::max_policy_span_us / r.burst) {
+  const auto add = [&](const rules::rule& r) {
+    if (n < wire::max_policy_rules && r.burst <= wire::max_policy_burst &&
+        r.interval_us <= wire::max_policy_span_us / r.burst) {
       out[n++] = {r.interval_us, r.burst};
     }
-  }
+  };
+  for (const rules::rule& r : l.rules) add(r);
+  if (l.shared_rate.interval_us > 0) add(l.shared_rate);
   return n;
 }
 }  // namespace

@@ -53,6 +53,8 @@ struct override_config {
   std::string identifier;  ///< as the gatekeepers send it (a hashed source: "sha256:" + 32 hex digits)
   std::vector<rule_config> rules;
   std::int64_t concurrency = 0;  ///< its own { concurrency = N } rule; 0: none (not the domain's)
+  /// Its weight in the domain's shared limits (`weight`): its max-min share is this many even ones.
+  std::int64_t weight = 1;
   /// Set at run time through the master's override API, not read from the file.
   bool from_api = false;
   std::string text;  ///< from_api: the rules as the API was given them (kept in Redis)
@@ -65,6 +67,7 @@ struct tier_config {
   std::string name;  ///< 1 to wire::max_tier_bytes of [A-Za-z0-9._-]
   std::vector<rule_config> rules;
   std::int64_t concurrency = 0;  ///< its own { concurrency = N } rule; 0: none (not the domain's)
+  std::int64_t weight = 1;       ///< its clients' weight in the domain's shared limits
 };
 
 /// A domain's algorithm: the spec's sliding log, or GCRA (master/rules.hpp runs them).

@@ -26,6 +26,9 @@ using detail::reader;
 using detail::sink;
 using detail::type_name;
 
+// A weight in the shared limits: this many even shares at most.
+constexpr std::int64_t k_max_weight = 1000;
+
 // `tz` of a quota: "UTC" or a fixed offset "+HH:MM" / "-HH:MM" (no zone
 // database: an offset that changes with daylight saving is not expressible).
 std::optional<std::int64_t> parse_tz(std::string_view tz) {
@@ -178,6 +181,7 @@ void read_overrides(reader& r, sink& s, std::vector<override_config>& out) {
                } else if (!orr.table().contains("identifier")) {
                  s.add(item, orr.key("identifier"), "missing (every override names the identifier it is for)");
                }
+               orr.integer("weight", oc.weight, 1, k_max_weight);
                if (const toml::node* rules = orr.get("rules")) {
                  read_rules(rules, orr.key("rules"), s, oc.rules, oc.concurrency);
                } else {
@@ -213,6 +217,7 @@ void read_tiers(reader& r, sink& s, domain_config& d) {
       continue;
     }
     reader tr(*tt, path, s);
+    tr.integer("weight", tc.weight, 1, k_max_weight);
     if (const toml::node* rules = tr.get("rules")) read_rules(rules, tr.key("rules"), s, tc.rules, tc.concurrency);
     else s.add(v, tr.key("rules"), "missing (rules = [] for no limit)");
     d.tiers.push_back(std::move(tc));
@@ -279,6 +284,7 @@ std::variant<override_config, std::string> parse_override_rules(std::string_view
   sink s("override");
   {
     reader r(t, "", s);  // unknown keys are reported when it goes
+    r.integer("weight", oc.weight, 1, k_max_weight);
     if (const toml::node* rules = r.get("rules")) read_rules(rules, "rules", s, oc.rules, oc.concurrency);
     else return std::string("missing rules (rules = [] for no limit)");
   }

@@ -263,6 +263,20 @@ TEST(Leases, ASharedLimitIsSplitMaxMinAmongTheIdentifiers) {
   EXPECT_EQ(book.held(), 10);
 }
 
+// Weights: an identifier of weight w counts as w even shares of the pool.
+TEST(Leases, APoolIsSplitByWeight) {
+  leases book(100);
+  book.on_lease(1, for_id("a", 10, 20), {0, 9, 2}, 1'000);
+  book.on_lease(1, for_id("b", 10, 20), {0, 9, 1}, 2'000);
+  book.take_changed([](std::string_view, std::string_view, const leases::holder&) {});
+  EXPECT_EQ(book.limit_of("llm", "a"), 6);
+  EXPECT_EQ(book.limit_of("llm", "b"), 3);
+  // One that wants less than its weighted share leaves the rest to the other.
+  book.on_lease(1, for_id("a", 10, 2), {0, 9, 2}, 3'000);
+  EXPECT_EQ(book.limit_of("llm", "a"), 2);
+  EXPECT_EQ(book.limit_of("llm", "b"), 7);
+}
+
 // Identifiers and holders asking and giving back at random under a pool:
 // never more than the pool in flight, nor more than an identifier's own.
 TEST(Leases, RandomTrafficNeverLeasesMoreThanThePool) {

@@ -115,3 +115,29 @@ TEST(Shares, NewcomersDomainsAndBounds) {
   ASSERT_TRUE(d.throttled);
   EXPECT_EQ(d.next_us, t0 + 500 * ms + 10 * ms);
 }
+
+// Weights: a tenant of weight 2 (an override's or a tier's) gets twice the
+// share of one of weight 1 when both want more.
+TEST(Shares, HeavyTenantsSplitByWeight) {
+  shares book = one_pool();
+  std::map<std::string, double> got;
+  std::map<std::string, std::int64_t> next_allowed;
+  const std::map<std::string, std::int64_t> weight{{"gold", 2}, {"plain", 1}};
+  std::int64_t rebalanced = t0;
+  for (std::int64_t now = t0; now < t0 + 30 * s; now += ms) {
+    if (now - rebalanced >= s) {
+      book.rebalance(now);
+      rebalanced = now;
+    }
+    for (const auto& [id, w] : weight) {
+      // Back to back: a use whenever the last answer allows (held: it wanted to go sooner).
+      if (next_allowed[id] > now) continue;
+      const auto d = book.use(0, id, 1, now, now, true, w);
+      if (d.throttled) next_allowed[id] = d.next_us;
+      if (now >= t0 + 10 * s) got[id] += 1;
+    }
+  }
+  EXPECT_NEAR(got["gold"] / 20, 200.0 / 3, 3) << got["plain"] / 20;
+  EXPECT_NEAR(got["plain"] / 20, 100.0 / 3, 3);
+  EXPECT_NEAR(book.find(0, "gold", t0 + 30 * s)->share_per_s, 200.0 / 3, 1);
+}

@@ -1001,7 +1001,7 @@ rules = []
             std::string::npos);
   EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\n").find("master.domains.a.tiers.pro.rules: missing"),
             std::string::npos);
-  EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\nrules = []\nweight = 2\n").find("unknown key"),
+  EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\nrules = []\nlimit = 2\n").find("unknown key"),
             std::string::npos);
   EXPECT_NE(one_error(head + "[master.domains.a.tiers.pro]\nrules = [{ rate = \"1/s\", burst = 0 }]\n")
                 .find("master.domains.a.tiers.pro.rules[0].burst: must be between 1"),
@@ -1058,4 +1058,26 @@ TEST(Config, SharedRate) {
   EXPECT_NE(
       one_error(head + "shared = [ { rate = \"1/s\", burst = 1 } ]\nshare_window = \"10ms\"\n").find("share_window"),
       std::string::npos);
+}
+
+TEST(Config, WeightsOfOverridesAndTiers) {
+  auto r = load(R"(
+[master.domains.llm]
+rules = []
+shared = [ { concurrency = 64 } ]
+overrides = [ { identifier = "big", rules = [], weight = 4 } ]
+[master.domains.llm.tiers.pro]
+rules = []
+weight = 3
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& d = *r.cfg->master->find_domain("llm");
+  EXPECT_EQ(d.overrides[0].weight, 4);
+  EXPECT_EQ(d.tiers[0].weight, 3);
+  EXPECT_NE(one_error("[master.domains.a]\noverrides = [ { identifier = \"x\", rules = [], weight = 0 } ]\n")
+                .find("weight: must be between 1 and 1000"),
+            std::string::npos);
+  auto api = config::parse_override_rules("vip", "rules = []\nweight = 5");
+  ASSERT_TRUE(std::holds_alternative<config::override_config>(api));
+  EXPECT_EQ(std::get<config::override_config>(api).weight, 5);
 }
