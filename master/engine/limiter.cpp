@@ -28,32 +28,31 @@ rules::limits compile_rules(config::algorithm_kind algo, const std::vector<confi
 }
 }  // namespace
 
-rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
-  rules::limits l = compile_rules(d.algorithm, d.rules, max_clock_skew);
-  l.concurrency = d.concurrency;
+// The limits of one identifier of domain `d` judged by `rules` (the domain's,
+// an override's or a tier's, which replace the domain's, its concurrency rule
+// too) with `weight`; the domain's algorithm and shared limits, whoever the identifier.
+rules::limits compile_for(const config::domain_config& d, const std::vector<config::rule_config>& rules,
+                          std::int64_t concurrency, std::int64_t weight, std::chrono::microseconds max_clock_skew) {
+  rules::limits l = compile_rules(d.algorithm, rules, max_clock_skew);
+  l.concurrency = concurrency;
   l.shared_concurrency = d.shared_concurrency;
+  l.weight = weight;
   if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
   return l;
+}
+
+rules::limits compile(const config::domain_config& d, std::chrono::microseconds max_clock_skew) {
+  return compile_for(d, d.rules, d.concurrency, 1, max_clock_skew);
 }
 
 rules::limits compile(const config::domain_config& d, const config::override_config& o,
                       std::chrono::microseconds max_clock_skew) {
-  rules::limits l = compile_rules(d.algorithm, o.rules, max_clock_skew);
-  l.concurrency = o.concurrency;                // an override's rules replace the domain's, this one too
-  l.shared_concurrency = d.shared_concurrency;  // the domain's, whoever the identifier
-  l.weight = o.weight;
-  if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
-  return l;
+  return compile_for(d, o.rules, o.concurrency, o.weight, max_clock_skew);
 }
 
 rules::limits compile(const config::domain_config& d, const config::tier_config& t,
                       std::chrono::microseconds max_clock_skew) {
-  rules::limits l = compile_rules(d.algorithm, t.rules, max_clock_skew);
-  l.concurrency = t.concurrency;                // a tier's rules replace the domain's, this one too
-  l.shared_concurrency = d.shared_concurrency;  // the domain's, whatever the tier
-  l.weight = t.weight;
-  if (d.shared_rate) l.shared_rate = {d.shared_rate->r.interval_us(), d.shared_rate->burst};
-  return l;
+  return compile_for(d, t.rules, t.concurrency, t.weight, max_clock_skew);
 }
 
 limiter::limiter(std::vector<domain_limits> domains, std::size_t max_identifiers)

@@ -52,6 +52,19 @@ bool gate::set_quotas(std::uint32_t domain, std::span<const wire::quota_policy::
   return true;
 }
 
+bool gate::assign(policy& p, std::span<const guard_rule> rules) {
+  const std::size_t n = std::min(rules.size(), k_guard_rules);
+  bool same = p.seq != 0 && p.count == n;
+  for (std::size_t i = 0; same && i < n; ++i) {
+    same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
+  }
+  if (same) return false;
+  std::copy_n(rules.begin(), n, p.rules.begin());
+  p.count = n;
+  p.seq = override_seq_ += 2;
+  return true;
+}
+
 bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::span<const guard_rule> rules,
                         std::int64_t now_us) {
   if (domain >= k_policy_domains) return false;
@@ -65,18 +78,10 @@ bool gate::set_override(std::uint32_t domain, std::string_view identifier, std::
       it = s.overrides.emplace(key{domain, std::string(identifier)}, override_policy{}).first;
       override_count_.fetch_add(1, std::memory_order_relaxed);
     }
-    policy& p = it->second.rules;
-    const std::size_t n = std::min(rules.size(), k_guard_rules);
-    bool same = p.seq != 0 && p.count == n;
-    for (std::size_t i = 0; same && i < n; ++i) {
-      same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
-    }
-    if (!same) {
-      std::copy_n(rules.begin(), n, p.rules.begin());
-      p.count = n;
-      p.seq = override_seq_ += 2;  // changed rules: the client's guard state starts afresh
-      // And so does what the master said of it under the old ones (it
-      // started the client afresh too: an override set at run time).
+    if (assign(it->second.rules, rules)) {
+      // Changed rules: the client's guard state starts afresh, and so does
+      // what the master said of it under the old ones (it started the client
+      // afresh too: an override set at run time).
       entries_.fetch_sub(s.map.erase(key{domain, std::string(identifier)}), std::memory_order_relaxed);
     }
     it->second.updated_us = now_us;
@@ -94,17 +99,7 @@ bool gate::set_tier(std::uint32_t domain, std::string_view tier, std::span<const
     if (tiers_.size() >= k_max_tiers) return false;
     it = tiers_.emplace(key{domain, std::string(tier)}, tier_slot{}).first;
   }
-  policy& p = it->second.rules;
-  const std::size_t n = std::min(rules.size(), k_guard_rules);
-  bool same = p.seq != 0 && p.count == n;
-  for (std::size_t i = 0; same && i < n; ++i) {
-    same = p.rules[i].interval_us == rules[i].interval_us && p.rules[i].burst == rules[i].burst;
-  }
-  if (!same) {
-    std::copy_n(rules.begin(), n, p.rules.begin());
-    p.count = n;
-    p.seq = override_seq_ += 2;  // changed rules: its clients' guard state starts afresh
-  }
+  assign(it->second.rules, rules);  // changed: its clients' guard state starts afresh (a new seq)
   it->second.updated_us = now_us;
   any_tiers_.store(true, std::memory_order_relaxed);
   return true;

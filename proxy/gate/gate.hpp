@@ -247,6 +247,9 @@ private:
   /// The policy of a request naming `tier`: the tier's when fresh (`tiered`
   /// set), else the domain's (read_policy).
   policy read_policy(std::uint32_t domain, std::int64_t now_us, std::string_view tier, bool& tiered) const;
+  /// Sets an override's or a tier's policy to `rules` (control thread):
+  /// true when they changed (a new odd sequence, so guard state under the old ones starts afresh).
+  bool assign(policy& p, std::span<const guard_rule> rules);
   /// One identifier's own policy (written by the control thread under the shard's lock).
   struct override_policy {
     policy rules;
