@@ -201,7 +201,20 @@ class BenchmarkSmokeTest(unittest.TestCase):
         self.assert_figures(out, r"^\s+2\s+0ms \|\s+[\d.]+ \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|\s+[\d.]+\s+[\d.]+\s+[0-4] \|"
                                  r"\s+\d+ms\s+\d+ms\s+[0-4] \|",
                             r"^    tenants \(shared 6, 3 s windows\): heavy-a \[\d+\] heavy-b \[\d+\] light \[[1-9]\d*\].* max [0-6]$",
+                            r"^    rate tenants \(shared 60/s, 3 s windows\): heavy-a \[\d+\] heavy-b \[\d+\] "
+                            r"light \[[1-9]\d*\].* served/capacity [\d.]+-[\d.]+$",
                             r"^limit held \(smockron never above N\): yes$")
+
+    def test_aborts(self):
+        """200 requests of a key under a concurrency limit aborted by their clients (HTTP/1.1 closes,
+        HTTP/2 RST_STREAM): nothing stays in flight, the master's leases come back to 0, and the
+        limit's slots all serve fresh requests at once."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "aborts.py"), "--smoke"])
+        self.assert_figures(out, r"^aborts: 200 aborted \(100 HTTP/1.1, 100 HTTP/2\)",
+                            r"^in flight and waiting at the gatekeepers back to 0 in: [\d.]+ s$",
+                            r"^slots leased at the master back to 0 in: [\d.]+ s",
+                            r"^most of the key at the backend at once: \d+ \(limit 4",
+                            r"^no slot left taken: yes$")
 
     def test_master_memory(self):
         """2,000 identifiers of a domain with a 1,000,000-burst rate and a monthly quota: every one
