@@ -268,7 +268,7 @@ bool gate::over_quota(std::uint32_t domain, std::int64_t units, std::int64_t now
 
 gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                            const gate_limits& limits, std::int64_t units, std::int64_t pace_units,
-                           std::string_view tier) {
+                           std::string_view tier, bool names_tier) {
   bool tiered = false;
   policy guard = read_policy(domain, now_us, tier, tiered);
   if (!tiered && over_quota(domain, units, now_us)) {  // (a tier's quotas are the master's to apply)
@@ -295,10 +295,12 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
   entry& e = it->second;
-  if (const std::uint32_t tag = tier_tag(tier); e.tier != tag) {
+  if (const std::uint32_t tag = tier_tag(tier); names_tier && e.tier != tag) {
     // The client's tier changed (its plan): what the master said of it was
     // under the old tier's rules. Its next use tells the master the new
-    // tier, which answers under those within a round trip.
+    // tier, which answers under those within a round trip. Only a route with
+    // a tier source says (a request of another route of the domain names
+    // none and changes nothing: alternating routes frees no one).
     if (e.tier != 0) e.next_us = e.interval_us = 0;
     e.tier = tag;
   }

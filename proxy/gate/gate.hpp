@@ -161,7 +161,7 @@ public:
   /// `tier`: the tier the request names (empty: none), whose rules guard it.
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0,
-                       std::string_view tier = {});
+                       std::string_view tier = {}, bool names_tier = false);
 
   /// A request admitted earlier turned out to cost `units` (known once it
   /// was done): the guard charges them now. `tier`: as decide() was told.

@@ -198,7 +198,8 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   // A held request's successor waits out its own cost (planned with it),
   // and a cost known only when the request is done, taken as cost_default.
   const std::int64_t pace_units = charged ? 1 : std::max<std::int64_t>(1, r.cost_default);
-  a.gate = env.g.decide(rt.gate_domain[r.domain_index], a.who->value, now_us, limits, units, pace_units, a.tier);
+  a.gate = env.g.decide(rt.gate_domain[r.domain_index], a.who->value, now_us, limits, units, pace_units, a.tier,
+                        !r.tier.empty());
   if (r.shadow) {
     shadow(a, env, rt, r, limits, charged, cost.has_value(), now_us);
     return a;

@@ -472,12 +472,17 @@ TEST(GateGuard, ATierGivesItsRequestsItsRules) {
   EXPECT_EQ(g.quota(0, "a", t0, "pro").count, 1u);
   // A client whose plan changes: what the master said under its old tier no
   // longer holds it (its next use tells the master, which answers under the new one).
-  EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, {}, true).v, verdict::accept);
   g.update(0, "c", t0 + 60'000 * ms, 100 * ms, t0);
-  EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::reject);  // a minute: beyond max_delay
-  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro").v, verdict::accept);
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, {}, true).v, verdict::reject);  // a minute: beyond max_delay
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro", true).v, verdict::accept);
   g.update(0, "c", t0 + 60'000 * ms, 100 * ms, t0);
-  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro").v, verdict::reject);  // the same tier: the master's word holds
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro", true).v,
+            verdict::reject);  // the same tier: the master's word holds
+  // A request of a route without a tier source names none: alternating with
+  // it frees no one from the master's word.
+  EXPECT_EQ(g.decide(0, "c", t0, limits()).v, verdict::reject);
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 1, 0, "pro", true).v, verdict::reject);
   // Not refreshed: the domain's rules again, and the sweep drops it.
   const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
   set_policy(g, 0, {{100 * ms, 2}}, later);
