@@ -159,6 +159,8 @@ public:
   /// held request of the client waits after this one before its own units
   /// (0: 1; more for a cost charged only when the request is done).
   /// `tier`: the tier the request names (empty: none), whose rules guard it.
+  /// `names_tier`: its route has a tier source; only such a request changes
+  /// the client's tier (and drops what the master said under the old one).
   gate_decision decide(std::uint32_t domain, std::string_view identifier, std::int64_t now_us,
                        const gate_limits& limits, std::int64_t units = 1, std::int64_t pace_units = 0,
                        std::string_view tier = {}, bool names_tier = false);

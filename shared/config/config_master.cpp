@@ -247,6 +247,13 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
   read_shared(r, s, d);
   read_overrides(r, s, d.overrides);
   read_tiers(r, s, d);
+  // A weight splits the shared limits: without any it would do nothing.
+  if (!d.shared_rate && d.shared_concurrency == 0) {
+    const bool weighted =
+        std::any_of(d.overrides.begin(), d.overrides.end(), [](const auto& o) { return o.weight != 1; }) ||
+        std::any_of(d.tiers.begin(), d.tiers.end(), [](const auto& t) { return t.weight != 1; });
+    if (weighted) s.add(n, path, "a weight has no effect without shared limits (shared = [...])");
+  }
   out.push_back(std::move(d));
 }
 

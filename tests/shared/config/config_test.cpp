@@ -1077,6 +1077,9 @@ weight = 3
   EXPECT_NE(one_error("[master.domains.a]\noverrides = [ { identifier = \"x\", rules = [], weight = 0 } ]\n")
                 .find("weight: must be between 1 and 1000"),
             std::string::npos);
+  EXPECT_NE(one_error("[master.domains.a]\noverrides = [ { identifier = \"x\", rules = [], weight = 2 } ]\n")
+                .find("a weight has no effect without shared limits"),
+            std::string::npos);
   auto api = config::parse_override_rules("vip", "rules = []\nweight = 5");
   ASSERT_TRUE(std::holds_alternative<config::override_config>(api));
   EXPECT_EQ(std::get<config::override_config>(api).weight, 5);
