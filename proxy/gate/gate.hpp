@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "proxy/gate/plan.hpp"
+#include "shared/protocol/ratelimit_fields.hpp"
 #include "shared/protocol/wire.hpp"
 
 namespace smockron::proxy {
@@ -71,19 +72,6 @@ struct gate_limits {
   /// shared by the workers, and the cap. nullptr: no cap of its own.
   std::atomic<std::int64_t>* route_held = nullptr;
   std::int64_t route_max_held = 0;
-};
-
-/// A client's standing under each rule of its domain, as this gatekeeper
-/// knows it (the RateLimit-Policy and RateLimit response fields).
-struct quota_state {
-  struct item {
-    std::int64_t quota = 0;      ///< the rule's burst, or the quota's limit: units in one window
-    std::int64_t window_s = 0;   ///< burst x interval, or the quota's current window, in whole seconds (at least 1)
-    std::int64_t remaining = 0;  ///< units left now; -1: not known here (a quota the client has not exhausted)
-    std::int64_t reset_s = 0;    ///< seconds until the quota is whole again
-  };
-  std::array<item, wire::max_policy_rules + wire::max_quota_items> items{};
-  std::size_t count = 0;  ///< 0: no fresh policy for the domain (nothing known)
 };
 
 class gate {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+using namespace smockron;
 using namespace smockron::proxy;
 
 namespace {
