@@ -26,6 +26,7 @@
 #include "shared/base/metrics.hpp"
 #include "shared/base/string_hash.hpp"
 #include "shared/config/config.hpp"
+#include "shared/protocol/ratelimit_fields.hpp"
 #include "shared/protocol/wire.hpp"
 #include "shared/protocol/wire_lease.hpp"
 
@@ -104,6 +105,41 @@ public:
     std::optional<wire::delay_until> publish;
   };
   query_result answer(const query::request& r, std::int64_t now_us, std::string& out);
+
+  /// A request an external data plane asks about (Envoy's rate limit
+  /// services, master/envoy/): `cost` units of (domain, identifier) at
+  /// `now_us`, admitted when they fit under every rule and quota now
+  /// (limiter::charge), in the same state as the gatekeepers' accounting.
+  /// `mode`: limiter::charge_mode (force: charged whatever the verdict,
+  /// which is only reported; probe: nothing recorded, counted or published).
+  struct check_result {
+    bool fits = false;          ///< the units fit now (charged)
+    bool never = false;         ///< more than a rule's burst or a quota's limit: can never fit
+    std::int64_t retry_us = 0;  ///< refused and not `never`: when the units fit (wall time)
+    std::int64_t throttled_until_us = 0;  ///< once decided, no use is allowed before this (0: allowed now)
+    /// The identifier's standing once decided: rules, then quotas (the RateLimit fields).
+    quota_state standing;
+    std::size_t binding = 0;  ///< the item of `standing` with the fewest units left (the one that decides)
+    /// The DELAY_UNTIL to publish (the identifier is throttled now), views valid until the next call.
+    std::optional<wire::delay_until> publish;
+  };
+  check_result check(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
+                     limiter::charge_mode mode = limiter::charge_mode::charge);
+  /// Would `cost` units of (domain, identifier) fit now? Nothing recorded.
+  bool fits(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us) {
+    return limiter_.charge(domain, identifier, cost, now_us, limiter::charge_mode::probe).fits;
+  }
+  /// Refusals of (domain, identifier) made elsewhere (an Envoy that enforced
+  /// its assignment): counted in its stats and /top, nothing charged.
+  void refused_elsewhere(std::size_t domain, std::string_view identifier, std::int64_t now_us) {
+    limiter_.apply(domain, identifier, {rules::event_kind::rejected, now_us, 0}, now_us);
+    shares_.refused(domain, identifier, now_us);
+    top_.limited(domain, identifier, now_us);
+  }
+  /// The compiled limits (domain, identifier) is judged by now.
+  const rules::limits& limits_now(std::size_t domain, std::string_view identifier) const {
+    return limiter_.current_limits(domain, identifier);
+  }
 
   /// Domains, rules and max_identifiers from `next`; states of domains that
   /// stay are kept. Returns the names of domains added and removed.

@@ -201,6 +201,44 @@ limiter::query_use limiter::use(std::size_t domain, std::string_view identifier,
   return out;
 }
 
+limiter::charge_use limiter::charge(std::size_t domain, std::string_view identifier, std::int64_t cost,
+                                    std::int64_t now_us, charge_mode mode) {
+  charge_use out;
+  entry* en = mode == charge_mode::probe ? maps_[domain].find(identifier) : touch(domain, identifier, true);
+  const rules::limits& l = en ? *en->lim : limits_of(domain, identifier);
+  for (const auto& r : l.rules) out.never = out.never || cost > r.burst;
+  for (const auto& q : l.quotas) out.never = out.never || cost > q.limit;
+  out.fits = !out.never;
+  if (out.fits && en && !en->st.empty()) {
+    out.fits = !rules::evaluate(l, en->st, now_us).throttled;
+    // Every unit within each rule's burst and each quota's limit now (a
+    // counted rule's estimate is fractional: a hair over is over).
+    for (std::size_t i = 0; out.fits && i < l.rules.size(); ++i) {
+      out.fits = rules::window_uses(l, en->st, i, now_us) + static_cast<double>(cost) <=
+                 static_cast<double>(l.rules[i].burst) + 1e-9;
+    }
+    for (std::size_t i = 0; out.fits && i < l.quotas.size(); ++i) {
+      out.fits = rules::quota_used(l, en->st, i, now_us) + cost <= l.quotas[i].limit;
+    }
+  }
+  if (!en) return out;
+  const bool records = mode != charge_mode::probe;
+  if (records && (out.fits || mode == charge_mode::force) && cost > 0) {
+    out.after = record(en, {rules::event_kind::accepted, now_us, cost}, now_us);
+  } else {
+    if (records && !out.fits) {
+      ++en->counts.n_req;
+      ++en->counts.n_over;
+      en->counts.count(true, now_us);
+    }
+    out.after = en->st.empty() ? rules::decision{} : rules::evaluate(l, en->st, now_us);
+  }
+  out.st = &en->st;
+  out.lim = en->lim;
+  out.counts = &en->counts;
+  return out;
+}
+
 limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {
   const entry* en = maps_[domain].find(identifier);
   return en ? en->counts : stats{};

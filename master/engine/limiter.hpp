@@ -176,6 +176,27 @@ public:
     stats* counts = nullptr;
   };
   query_use use(std::size_t domain, std::string_view identifier, std::int64_t now_us);
+  /// A use of `cost` units asked of the master directly (Envoy's rate limit
+  /// service, master/envoy/), decided as a gatekeeper decides a known cost:
+  /// recorded as an accepted use at `now_us` when the units fit under every
+  /// rule and quota now (`fits`); else nothing is recorded and it is counted
+  /// as refused (`never`: more than a rule's burst or a quota's limit, so it
+  /// can never fit). `force` records it whatever the verdict (shadow mode, or
+  /// uses that already happened: the verdict is only reported); `probe`
+  /// records and counts nothing (is the state as it is: pointers null when
+  /// the identifier has none). A use of 0 units records nothing. The
+  /// pointers as for use().
+  struct charge_use {
+    bool fits = false;
+    bool never = false;
+    rules::decision after;  ///< the decision once recorded (or now, when not)
+    const rules::state* st = nullptr;
+    const rules::limits* lim = nullptr;
+    stats* counts = nullptr;
+  };
+  enum class charge_mode : std::uint8_t { charge, force, probe };
+  charge_use charge(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
+                    charge_mode mode = charge_mode::charge);
 
 private:
   // The state lives inside the hash map's node (stable address): one lookup,

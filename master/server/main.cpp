@@ -74,9 +74,10 @@ int main(int argc, char** argv) {
       [&] { log->info("SIGUSR1: no log file to reopen (the master logs to stderr)"); });
   std::thread admin_thread([&] { ioc.run(); });
 
-  log->info("smockron-master {} accounting={} control={} admin={} domains={}{}", version_string, cfg.accounting,
+  log->info("smockron-master {} accounting={} control={} admin={} domains={}{}{}", version_string, cfg.accounting,
             cfg.control, cfg.admin.to_string(), cfg.domains.size(),
-            cfg.query ? " query=udp:" + host_port{cfg.query->host, svc->query_port()}.to_string() : std::string());
+            cfg.query ? " query=udp:" + host_port{cfg.query->host, svc->query_port()}.to_string() : std::string(),
+            cfg.rls ? " rls=" + host_port{cfg.rls->host, svc->rls_port()}.to_string() : std::string());
   svc->run(stop);
   svc->finish(std::chrono::seconds(2));
 

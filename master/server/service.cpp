@@ -28,6 +28,8 @@ std::string keep_restart_only(const config::master_config& running, config::mast
       .keep(&c::admin, "admin")
       .keep(&c::query, "query")
       .keep(&c::query_allow, "query_allow")
+      .keep(&c::rls, "rls")
+      .keep(&c::rls_allow, "rls_allow")
       .keep(&c::max_accounting_peers, "max_accounting_peers")
       .keep(&c::control_hwm, "control_hwm")
       .keep(&c::accounting_allow, "accounting_allow")
@@ -96,6 +98,13 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
     if (!loop_.add(query_->fd(), EPOLLIN, queries_ready_))  // level-triggered: what one call leaves is seen again
       throw std::system_error(errno, std::generic_category(), "epoll_ctl (query endpoint)");
   }
+  if (cfg.rls) {
+    envoy_ = std::make_unique<envoy_decider>(cfg_, ingest_, clk, reg,
+                                             [this](const wire::delay_until& d) { control_->delay_until(d); });
+    envoy_server_ = std::make_unique<envoy_server>(*cfg.rls, cfg.rls_allow, reg);
+    if (!loop_.add(envoy_server_->wake_fd(), EPOLLIN, envoy_ready_))
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl (rls endpoint)");
+  }
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
   // A master that answers its admin endpoint but whose loop has stopped is
@@ -107,7 +116,11 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   });
 }
 
-service::~service() = default;
+service::~service() {
+  if (envoy_server_) envoy_server_->shutdown(*envoy_);
+}
+
+std::uint16_t service::rls_port() const { return envoy_server_ ? envoy_server_->port() : 0; }
 
 const std::string& service::control_endpoint() const { return control_->endpoint(); }
 
@@ -287,6 +300,7 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
 }
 
 void service::finish(std::chrono::milliseconds deadline) {
+  if (envoy_server_) envoy_server_->shutdown(*envoy_);  // what Envoy asked is answered, then it is told UNAVAILABLE
   if (!store_) return;
   const auto until = clock_.steady_now() + deadline;
   const limiter& states = ingest_.states();
@@ -313,6 +327,7 @@ void service::reconfigure(config::master_config next) {
     std::lock_guard lock(status_mutex_);
     cfg_ = std::move(next);
   }
+  if (envoy_) envoy_->reconfigure(cfg_);
   reloads_.inc();
   log_->info("configuration reloaded: {} domain(s)", ingest_.domains().size());
 }

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "master/engine/ingest.hpp"
+#include "master/envoy/decider.hpp"
+#include "master/envoy/grpc_server.hpp"
 #include "master/io/zmtp_server.hpp"
 #include "master/server/reservation_writes.hpp"
 #include "shared/base/clock.hpp"
@@ -110,6 +112,8 @@ public:
   const std::string& control_endpoint() const;
   /// The UDP query endpoint's port as bound (0: no query endpoint).
   std::uint16_t query_port() const;
+  /// The port of Envoy's rate limit services as bound (0: off).
+  std::uint16_t rls_port() const;
 
 private:
   void reconfigure(config::master_config next);
@@ -146,6 +150,15 @@ private:
     void on_ready(std::uint32_t) override { self.serve_queries(); }
   };
   queries_ready queries_ready_{*this};
+  // Envoy's rate limit services (cfg.rls): calls handed over by the gRPC threads, answered on this loop.
+  std::unique_ptr<envoy_decider> envoy_;
+  std::unique_ptr<envoy_server> envoy_server_;
+  struct envoy_ready final : event_loop::source {
+    service& self;
+    explicit envoy_ready(service& s) : self(s) {}
+    void on_ready(std::uint32_t) override { self.envoy_server_->serve(*self.envoy_); }
+  };
+  envoy_ready envoy_ready_{*this};
   std::unique_ptr<udp_responder> query_;
   struct query_counters {
     metrics::counter *malformed, *unknown_command, *too_large, *refused, *send_failed;

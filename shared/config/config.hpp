@@ -93,7 +93,15 @@ struct domain_config {
   std::vector<override_config> overrides;
   /// `[master.domains.X.tiers.NAME]`, sorted by name; a request naming none
   /// of them (or no tier) has the domain's rules.
-  std::vector<tier_config> tiers;
+  std::vector<tier_config> tiers;  /// Envoy's rate limit services (master `rls`): the descriptor entries (RLS)
+  /// or BucketId keys (RLQS) whose values, in this order, joined by
+  /// `descriptor_separator`, name the identifier; empty: every entry, in the
+  /// descriptor's order (a BucketId's by key). A descriptor missing one is not limited.
+  std::vector<std::string> descriptor_keys;
+  std::string descriptor_separator = "|";
+  /// Envoy's rate limit services: `"shadow"` answers OK to every request
+  /// (the would-be answer counted) and charges it, as a shadow route does.
+  bool envoy_shadow = false;
 };
 
 /// Tiers one domain may have: each is published to every gatekeeper every second.
@@ -142,6 +150,16 @@ struct master_config {
   std::optional<host_port> query;
   /// Who may send queries (empty: anyone): an over_limit records a use, so list the clients' networks.
   std::vector<cidr> query_allow;
+  /// The gRPC endpoint of Envoy's rate limit services (RLS v3 and RLQS,
+  /// master/envoy/); none: off.
+  std::optional<host_port> rls;
+  /// Who may call it (empty: anyone): a call charges uses, so list the data planes' networks.
+  std::vector<cidr> rls_allow;
+  /// RLS: a request for a domain this master does not have is answered OK
+  /// (allow) or OVER_LIMIT (deny); counted either way.
+  bool rls_deny_unknown = false;
+  /// RLQS: buckets one stream may report (more are answered with abandon_action, counted).
+  std::uint64_t rlqs_max_buckets = 100'000;
   std::int64_t control_hwm = 1'000'000;  ///< messages queued per control subscriber at most (0: no limit)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default

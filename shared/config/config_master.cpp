@@ -247,6 +247,18 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
   read_shared(r, s, d);
   read_overrides(r, s, d.overrides);
   read_tiers(r, s, d);
+  r.string_list("descriptor_keys", d.descriptor_keys, [](std::string_view k) {
+    return k.empty() ? std::string("an entry key is not empty") : std::string();
+  });
+  if (d.descriptor_keys.size() > 16) s.add(*r.get("descriptor_keys"), r.key("descriptor_keys"), "at most 16 keys");
+  r.string("descriptor_separator", d.descriptor_separator);
+  if (d.descriptor_separator.size() > 8) {
+    s.add(*r.get("descriptor_separator"), r.key("descriptor_separator"), "at most 8 bytes");
+  }
+  enum class envoy_mode : std::uint8_t { enforce, shadow };
+  envoy_mode mode = envoy_mode::enforce;
+  r.choice("envoy_mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", mode);
+  d.envoy_shadow = mode == envoy_mode::shadow;
   // A weight splits the shared limits: without any it would do nothing.
   if (!d.shared_rate && d.shared_concurrency == 0) {
     const bool weighted =
@@ -272,6 +284,28 @@ void read_admin_token(reader& r, sink& s, master_config& m) {
   if (!in) s.add(*f, "master.admin_token_file", "cannot read \"" + m.admin_token_file + "\"");
   else if (token.size() < 16) s.add(*f, "master.admin_token_file", "the token must be at least 16 characters");
   else m.admin_token = std::move(token);
+}
+
+// `rls`: the gRPC endpoint of Envoy's rate limit services, and what goes with it.
+void read_rls(reader& r, sink& s, master_config& m) {
+  if (r.table().contains("rls")) {
+    host_port h{"127.0.0.1", 10007};
+    r.bind_address("rls", h);
+    m.rls = h;
+  }
+  r.cidr_list("rls_allow", m.rls_allow);
+  enum class unknown : std::uint8_t { allow, deny };
+  unknown u = unknown::allow;
+  r.choice("rls_unknown_domain", std::array<std::string_view, 2>{"allow", "deny"}, "answer", u);
+  m.rls_deny_unknown = u == unknown::deny;
+  std::int64_t buckets = static_cast<std::int64_t>(m.rlqs_max_buckets);
+  r.integer("rlqs_max_buckets", buckets, 1, 10'000'000);
+  m.rlqs_max_buckets = static_cast<std::uint64_t>(buckets);
+  if (!m.rls) {
+    for (const char* k : {"rls_allow", "rls_unknown_domain", "rlqs_max_buckets"}) {
+      if (const toml::node* n = r.table().get(k)) s.add(*n, "master." + std::string(k), "has no effect without rls");
+    }
+  }
 }
 
 }  // namespace
@@ -320,6 +354,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   if (!m.query && !m.query_allow.empty()) {
     s.add(*r.table().get("query_allow"), "master.query_allow", "has no effect without query");
   }
+  read_rls(r, s, m);
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
   read_admin_token(r, s, m);
