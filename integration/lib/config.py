@@ -47,7 +47,8 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
     domains: {name: {"rules": [("10/s", 2), {"quota": 100, "per": "day"}, ...], "algorithm": "gcra",
                      "shared": [{"concurrency": 64}],
                      "overrides": {identifier: [("100/s", 20), ...]},
-                     "tiers": {name: [("100/s", 20), {"concurrency": 4}, ...]}}} (all but rules optional).
+                     "tiers": {name: [("100/s", 20), {"concurrency": 4}, ...]},
+                     "descriptor_keys": ["api_key"], "envoy_mode": "shadow"}} (all but rules optional).
     master_keys: extra [master] keys, e.g. max_identifiers=100, sweep_interval="50ms".
     probe: add PROBE_DOMAIN (rate 1/h, burst 1) for Gatekeeper.handshake().
     """
@@ -73,6 +74,9 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
             lines.append(f'shared = {toml_value(d["shared"])}')
         if "share_window" in d:
             lines.append(f'share_window = {toml_value(d["share_window"])}')
+        for key in ("descriptor_keys", "descriptor_separator", "envoy_mode"):
+            if key in d:
+                lines.append(f"{key} = {toml_value(d[key])}")
         if "overrides" in d:
             overrides = [{"identifier": ident, "rules": [{"rate": r, "burst": b} for r, b in rules]}
                          for ident, rules in d["overrides"].items()]

@@ -202,6 +202,13 @@ class MasterProcess(Daemon):
             raise AssertionError(f"the master names no query endpoint in its log:\n{self.log()}")
         return int(m.group(1))
 
+    def rls_port(self) -> int:
+        """The port of Envoy's rate limit services as bound ("rls = 127.0.0.1:0" picks one; the master logs it)."""
+        m = re.search(r" rls=[^ ]*:(\d+)", self.log())
+        if not m:
+            raise AssertionError(f"the master names no rls endpoint in its log:\n{self.log()}")
+        return int(m.group(1))
+
     def gatekeeper(self, domains, handshake: bool = True, timeout: float = 10.0) -> "Gatekeeper":
         gk = Gatekeeper(self.accounting, self.control, domains)
         if handshake:
