@@ -56,6 +56,7 @@ READERS = {
     ("load_string", "r"): "top level",
     ("read_master", "r"): "[master]",
     ("read_admin_token", "r"): "[master]",
+    ("read_rls", "r"): "[master]",
     ("parse_override_rules", "r"): "overrides entries",  # the override API's document: an entry's rules
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_shared", "r"): "[master.domains.NAME]",  # r.get("shared")
@@ -284,7 +285,8 @@ class ConfigReferenceTest(unittest.TestCase):
         keys, problems = parser_keys(self.source)
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
-        self.assertEqual({"algorithm", "rules", "shared", "share_window", "overrides", "tiers"},
+        self.assertEqual({"algorithm", "rules", "shared", "share_window", "overrides", "tiers", "descriptor_keys",
+                          "descriptor_separator", "envoy_mode"},
                          keys["[master.domains.NAME]"])
         self.assertEqual({"rules", "weight"}, keys["[master.domains.NAME.tiers.TIER]"])
         self.assertEqual({"identifier", "rules", "weight"}, keys["overrides entries"])

@@ -21,6 +21,7 @@ packages=(
   libboost1.81-dev
   libzmq3-dev cppzmq-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libssl-dev libhiredis-dev libnghttp2-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-zmq curl
 )
