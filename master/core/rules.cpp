@@ -2,6 +2,8 @@
 #include "master/core/rules.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace smockron::rules {
 namespace {
@@ -403,6 +405,40 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
   }
   if (l.counted(r)) return estimate(r, counts_at(l, s, i, now_us), now_us);
   return static_cast<double>(count_after(s.times, now_us - r.window_us()));
+}
+
+std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::int64_t now_us) {
+  constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+  for (const rule& r : l.rules) {
+    if (cost > r.burst) return never;
+  }
+  for (const quota& q : l.quotas) {
+    if (cost > q.limit) return never;
+  }
+  // Throttled as the gatekeepers are told (a refusal's decision: the sliding
+  // log's next use one interval after the last, its slot charged from there).
+  state after = s;
+  std::int64_t at = now_us;
+  if (const decision d = apply(l, after, {event_kind::rejected, now_us, 0}, now_us); d.throttled) {
+    at = std::max(at, d.next_us);
+  }
+  if (cost <= 0) return at;
+  apply(l, after, {event_kind::accepted, now_us, cost}, now_us);
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    const rule& r = l.rules[i];
+    if (l.algo == algorithm::gcra) {
+      if (i < after.times.size()) at = std::max(at, after.times[i] - r.window_us());
+    } else if (l.counted(r)) {
+      const double over = window_uses(l, after, i, now_us) - static_cast<double>(r.burst);
+      if (over > 1e-9) at = std::max(at, now_us + static_cast<std::int64_t>(std::ceil(over)) * r.interval_us);
+    } else if (!after.times.empty()) {
+      at = std::max(at, after.times.back());  // the last unit's slot
+    }
+  }
+  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
+    if (quota_used(l, after, i, now_us) > l.quotas[i].limit) at = std::max(at, window_end_us(l.quotas[i], now_us));
+  }
+  return at;
 }
 
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {

@@ -182,6 +182,16 @@ void merge(const limits& l, state& into, const state& older);
 /// Below `burst` means the rule admits another use now.
 double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
 
+/// The earliest time at or after `now_us` at which a use of `cost` units
+/// fits every rule and quota of `l` as the state is (nothing recorded): no
+/// unit of it charged ahead of its time (sliding log: placed at a free slot
+/// no later than it; GCRA: its arrival time within the burst; counters and
+/// quotas within their limits) and the identifier not throttled. A use that
+/// fits now returns `now_us`; one that never can (more than a rule's burst or
+/// a quota's limit), INT64_MAX. What an external data plane's request is
+/// admitted by (master/envoy/), as the gatekeepers admit a known cost.
+std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::int64_t now_us);
+
 /// Units of quota `i` used in its window holding `now_us`.
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
 

@@ -113,9 +113,9 @@ public:
   /// `mode`: limiter::charge_mode (force: charged whatever the verdict,
   /// which is only reported; probe: nothing recorded, counted or published).
   struct check_result {
-    bool fits = false;          ///< the units fit now (charged)
-    bool never = false;         ///< more than a rule's burst or a quota's limit: can never fit
-    std::int64_t retry_us = 0;  ///< refused and not `never`: when the units fit (wall time)
+    bool fits = false;                    ///< the units fit now (charged)
+    bool never = false;                   ///< more than a rule's burst or a quota's limit: can never fit
+    std::int64_t retry_us = 0;            ///< refused and not `never`: when the units fit (wall time)
     std::int64_t throttled_until_us = 0;  ///< once decided, no use is allowed before this (0: allowed now)
     /// The identifier's standing once decided: rules, then quotas (the RateLimit fields).
     quota_state standing;

@@ -19,7 +19,8 @@ void fill_standing(const rules::limits& l, const rules::state& st, std::int64_t 
     auto& it = q.items[q.count++];
     it.quota = r.burst;
     it.window_s = std::max<std::int64_t>(1, ceil_s(r.window_us()));
-    it.remaining = std::max<std::int64_t>(0, static_cast<std::int64_t>(std::floor(static_cast<double>(r.burst) - used)));
+    it.remaining =
+        std::max<std::int64_t>(0, static_cast<std::int64_t>(std::floor(static_cast<double>(r.burst) - used)));
     it.reset_s = ceil_s(static_cast<std::int64_t>(std::ceil(used)) * r.interval_us);
   }
   for (std::size_t i = 0; i < l.quotas.size() && q.count < q.items.size(); ++i) {
@@ -38,28 +39,10 @@ void fill_standing(const rules::limits& l, const rules::state& st, std::int64_t 
   }
 }
 
-// When `cost` units fit under every rule and quota of `l` (the state as it is
-// now, nothing recorded), at the earliest `from_us`.
-std::int64_t fits_at(const rules::limits& l, const rules::state& st, std::int64_t cost, std::int64_t now_us,
-                     std::int64_t from_us) {
-  std::int64_t at = std::max(from_us, now_us);
-  for (std::size_t i = 0; i < l.rules.size(); ++i) {
-    const auto& r = l.rules[i];
-    const double over = rules::window_uses(l, st, i, now_us) + static_cast<double>(cost) - static_cast<double>(r.burst);
-    if (over > 0) at = std::max(at, now_us + static_cast<std::int64_t>(std::ceil(over)) * r.interval_us);
-  }
-  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
-    if (rules::quota_used(l, st, i, now_us) + cost > l.quotas[i].limit) {
-      at = std::max(at, rules::window_end_us(l.quotas[i], now_us));
-    }
-  }
-  return at;
-}
-
 }  // namespace
 
-ingest::check_result ingest::check(std::size_t d, std::string_view identifier, std::int64_t cost,
-                                   std::int64_t now_us, limiter::charge_mode mode) {
+ingest::check_result ingest::check(std::size_t d, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
+                                   limiter::charge_mode mode) {
   check_result out;
   const bool probe = mode == limiter::charge_mode::probe;
   const auto use = limiter_.charge(d, identifier, cost, now_us, mode);
@@ -80,11 +63,12 @@ ingest::check_result ingest::check(std::size_t d, std::string_view identifier, s
   static const rules::state no_state;
   const rules::state& st = use.st ? *use.st : no_state;
   const rules::limits& l = use.lim ? *use.lim : limiter_.limits_of(d, identifier);
-  if (!use.fits && !use.never) out.retry_us = fits_at(l, st, cost, now_us, after.throttled ? after.next_us : now_us);
+  if (!use.fits && !use.never) out.retry_us = rules::fits_at(l, st, cost, now_us);
   if (after.throttled && after.next_us > now_us) out.throttled_until_us = after.next_us;
   fill_standing(l, st, now_us, out);
-  // The gatekeepers hold the identifier too: one budget, whoever asks.
-  if (!probe && out.throttled_until_us > 0) {
+  // The gatekeepers hold the identifier too (one budget, whoever asks): told
+  // when a use throttles it (a refusal changes nothing they were told).
+  if (!probe && out.throttled_until_us > 0 && (use.fits || mode == limiter::charge_mode::force) && cost > 0) {
     out.publish.emplace();
     out.publish->domain = domains_[d].name;
     out.publish->identifier = identifier;

@@ -1,6 +1,8 @@
 // In-memory limiter state: hash map per domain + one intrusive LRU list.
 #include "master/engine/limiter.hpp"
 
+#include <limits>
+
 #include "master/engine/top.hpp"
 
 #include <algorithm>
@@ -204,23 +206,14 @@ limiter::query_use limiter::use(std::size_t domain, std::string_view identifier,
 limiter::charge_use limiter::charge(std::size_t domain, std::string_view identifier, std::int64_t cost,
                                     std::int64_t now_us, charge_mode mode) {
   charge_use out;
-  entry* en = mode == charge_mode::probe ? maps_[domain].find(identifier) : touch(domain, identifier, true);
+  // A look (a probe, or a use of no units) makes no state.
+  entry* en =
+      mode == charge_mode::probe || cost <= 0 ? maps_[domain].find(identifier) : touch(domain, identifier, true);
   const rules::limits& l = en ? *en->lim : limits_of(domain, identifier);
-  for (const auto& r : l.rules) out.never = out.never || cost > r.burst;
-  for (const auto& q : l.quotas) out.never = out.never || cost > q.limit;
-  out.fits = !out.never;
-  if (out.fits && en && !en->st.empty()) {
-    out.fits = !rules::evaluate(l, en->st, now_us).throttled;
-    // Every unit within each rule's burst and each quota's limit now (a
-    // counted rule's estimate is fractional: a hair over is over).
-    for (std::size_t i = 0; out.fits && i < l.rules.size(); ++i) {
-      out.fits = rules::window_uses(l, en->st, i, now_us) + static_cast<double>(cost) <=
-                 static_cast<double>(l.rules[i].burst) + 1e-9;
-    }
-    for (std::size_t i = 0; out.fits && i < l.quotas.size(); ++i) {
-      out.fits = rules::quota_used(l, en->st, i, now_us) + cost <= l.quotas[i].limit;
-    }
-  }
+  static const rules::state no_state;
+  const std::int64_t at = rules::fits_at(l, en ? en->st : no_state, cost, now_us);
+  out.never = at == std::numeric_limits<std::int64_t>::max();
+  out.fits = at <= now_us;
   if (!en) return out;
   const bool records = mode != charge_mode::probe;
   if (records && (out.fits || mode == charge_mode::force) && cost > 0) {

@@ -40,7 +40,8 @@ rls_limit quota_limit(const rules::quota& q) {
 }
 
 // "Name: value\r\n" lines (ratelimit_fields.hpp) as headers to add.
-void add_header_lines(std::string_view lines, google::protobuf::RepeatedPtrField<::envoy::config::core::v3::HeaderValue>& out) {
+void add_header_lines(std::string_view lines,
+                      google::protobuf::RepeatedPtrField<::envoy::config::core::v3::HeaderValue>& out) {
   while (!lines.empty()) {
     const auto end = lines.find("\r\n");
     const std::string_view line = lines.substr(0, end);
@@ -99,7 +100,12 @@ token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::
   for (std::int64_t s = 1; s <= 3'600; ++s) {
     const double exact = rate * static_cast<double>(s);
     const auto tokens = std::max<long long>(1, std::llround(exact));
-    if (tokens > static_cast<long long>(tb.max_tokens)) break;  // a fill never adds more than the bucket holds
+    if (tokens > static_cast<long long>(tb.max_tokens)) {
+      // A fill never adds more than the bucket holds: a rate faster than
+      // max_tokens a second is a full bucket every second.
+      if (s == 1) tb.tokens_per_fill = tb.max_tokens;
+      break;
+    }
     const double error = std::abs(static_cast<double>(tokens) - exact) / exact;
     if (error < best_error) {
       best_error = error;
@@ -111,8 +117,8 @@ token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::
   return tb;
 }
 
-envoy_decider::envoy_decider(const config::master_config& cfg, ingest& engine, const clock& clk,
-                             metrics::registry& reg, publish_fn publish)
+envoy_decider::envoy_decider(const config::master_config& cfg, ingest& engine, const clock& clk, metrics::registry& reg,
+                             publish_fn publish)
     : engine_(engine),
       clock_(clk),
       publish_(std::move(publish)),
@@ -323,7 +329,8 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   const std::int64_t report_ttl = std::clamp<std::int64_t>(ceil_s(3 * elapsed_us), 2, 60);
   if (now.throttled_until_us > now_us) {
     strat->set_blanket_rule(strategy::DENY_ALL);
-    qa->mutable_assignment_time_to_live()->set_seconds(std::max<std::int64_t>(1, ceil_s(now.throttled_until_us - now_us)));
+    qa->mutable_assignment_time_to_live()->set_seconds(
+        std::max<std::int64_t>(1, ceil_s(now.throttled_until_us - now_us)));
     b.sent.reset();
     rlqs_deny_.inc();
     return;
@@ -339,8 +346,8 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   // The rule with the lowest rate, split among the streams reporting the identifier.
   const auto slowest = std::max_element(l.rules.begin(), l.rules.end(),
                                         [](const auto& x, const auto& y) { return x.interval_us < y.interval_us; });
-  token_bucket tb = token_bucket_of(slowest->interval_us, slowest->burst,
-                                    sharers(*b.domain, b.identifier, stream.id, now_us));
+  token_bucket tb =
+      token_bucket_of(slowest->interval_us, slowest->burst, sharers(*b.domain, b.identifier, stream.id, now_us));
   // Envoy replaces its bucket only when max_tokens or tokens_per_fill change:
   // a new rate with the same two numbers goes out as twice both, if it can.
   if (b.sent && b.sent->max_tokens == tb.max_tokens && b.sent->tokens_per_fill == tb.tokens_per_fill &&

@@ -4,8 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <deque>
 #include <grpcpp/grpcpp.h>
+#include <deque>
 #include <stdexcept>
 
 #include "envoy/service/rate_limit_quota/v3/rlqs.grpc.pb.h"
@@ -34,7 +34,8 @@ public:
     bool closed_seen = false;     ///< the loop ran stream_closed()
   };
 
-  rlqs_stream(envoy_server& server, grpc::CallbackServerContext* ctx) : server_(server), sh_(std::make_shared<shared>()) {
+  rlqs_stream(envoy_server& server, grpc::CallbackServerContext* ctx)
+      : server_(server), sh_(std::make_shared<shared>()) {
     sh_->self = this;
     sh_->state.id = server.next_stream_id();
     server_.streams().add(1);

@@ -1,0 +1,254 @@
+// Envoy's rate limit services decided on the engine, with no sockets and an
+// injected clock: identifiers from descriptors, costs, the all-or-nothing
+// charge, the limit that decides, the RateLimit fields, RLQS assignments.
+#include <gtest/gtest.h>
+
+#include "master/envoy/decider.hpp"
+
+using namespace smockron;
+using namespace smockron::master;
+
+namespace {
+
+using rate_limit = rls_pb::RateLimitResponse::RateLimit;
+constexpr auto OK = rls_pb::RateLimitResponse::OK;
+constexpr auto OVER = rls_pb::RateLimitResponse::OVER_LIMIT;
+
+config::master_config load(const char* text) {
+  auto r = config::load_string(text, "test");
+  EXPECT_TRUE(r.cfg) << (r.errors.empty() ? "" : r.errors.front().message);
+  return *r.cfg->master;
+}
+
+class Decider : public ::testing::Test {
+protected:
+  explicit Decider(const char* text = R"(
+[master]
+rls = "127.0.0.1:0"
+[master.domains.api]
+rules = [ { rate = "60/min", burst = 5 } ]
+descriptor_keys = ["api_key"]
+[master.domains.q]
+rules = [ { rate = "60/min", burst = 5 }, { quota = 7, per = "day" } ]
+)")
+      : cfg_(load(text)),
+        engine_(cfg_, clock_, registry_),
+        decider_(cfg_, engine_, clock_, registry_,
+                 [this](const wire::delay_until& d) { published_.push_back(std::string(d.identifier)); }) {}
+
+  rls_pb::RateLimitResponse ask(const std::string& domain,
+                                std::vector<std::vector<std::pair<std::string, std::string>>> descs,
+                                std::uint32_t hits = 0, std::optional<std::uint64_t> own = std::nullopt) {
+    rls_pb::RateLimitRequest req;
+    req.set_domain(domain);
+    req.set_hits_addend(hits);
+    for (const auto& d : descs) {
+      auto* desc = req.add_descriptors();
+      for (const auto& [k, v] : d) {
+        auto* e = desc->add_entries();
+        e->set_key(k);
+        e->set_value(v);
+      }
+      if (own) desc->mutable_hits_addend()->set_value(*own);
+    }
+    rls_pb::RateLimitResponse resp;
+    last_status_ = decider_.should_rate_limit(req, resp, clock_.wall_us());
+    return resp;
+  }
+  int code(const std::string& key, std::uint32_t hits = 0) {
+    return ask("api", {{{"api_key", key}}}, hits).overall_code();
+  }
+  static std::map<std::string, std::string> headers(const rls_pb::RateLimitResponse& r) {
+    std::map<std::string, std::string> out;
+    for (const auto& h : r.response_headers_to_add()) out[h.key()] = h.value();
+    return out;
+  }
+
+  manual_clock clock_;
+  metrics::registry registry_;
+  config::master_config cfg_;
+  ingest engine_;
+  envoy_decider decider_;
+  std::vector<std::string> published_;
+  envoy_decider::status last_status_;
+};
+
+TEST(EnvoyIdentifier, KeysPickValuesInOrderAndAMissingKeyNamesNobody) {
+  const std::vector<std::pair<std::string_view, std::string_view>> pairs = {
+      {"path", "/x"}, {"api_key", "k"}, {"user", "u"}};
+  EXPECT_EQ(identifier_of(pairs, {"api_key"}, "|"), "k");
+  EXPECT_EQ(identifier_of(pairs, {"user", "api_key"}, ":"), "u:k");
+  EXPECT_EQ(identifier_of(pairs, {}, "|"), "/x|k|u");
+  EXPECT_EQ(identifier_of(pairs, {"remote_address"}, "|"), std::nullopt);
+  EXPECT_EQ(identifier_of({{"a", ""}}, {}, "|"), std::nullopt) << "empty";
+  const std::string long_value(1025, 'x');
+  EXPECT_EQ(identifier_of({{"a", long_value}}, {}, "|"), std::nullopt) << "longer than an identifier may be";
+}
+
+TEST(EnvoyLimit, TheSmallestUnitInWhichTheRateIsWhole) {
+  EXPECT_EQ(rls_limit_of(100'000).unit, rate_limit::SECOND);  // 10/s
+  EXPECT_EQ(rls_limit_of(100'000).requests_per_unit, 10u);
+  EXPECT_EQ(rls_limit_of(600'000).unit, rate_limit::MINUTE);  // 100/min, not 2/s
+  EXPECT_EQ(rls_limit_of(600'000).requests_per_unit, 100u);
+  EXPECT_EQ(rls_limit_of(90'000'000).unit, rate_limit::HOUR);  // one per 90 s: 40/h
+  EXPECT_EQ(rls_limit_of(90'000'000).requests_per_unit, 40u);
+  EXPECT_EQ(rls_limit_of(7 * 86'400'000'000LL).unit, rate_limit::DAY);  // one a week: at least 1 a day
+  EXPECT_EQ(rls_limit_of(7 * 86'400'000'000LL).requests_per_unit, 1u);
+}
+
+TEST(EnvoyTokenBucket, WholeSecondFillsCloseToTheRateAndSplitAmongStreams) {
+  EXPECT_EQ(token_bucket_of(1'000'000, 10, 1), (token_bucket{10, 1, 1}));  // 60/min
+  EXPECT_EQ(token_bucket_of(600'000, 100, 1), (token_bucket{100, 5, 3}));  // 100/min: 5 every 3 s
+  EXPECT_EQ(token_bucket_of(1'000'000, 10, 2), (token_bucket{5, 1, 2}));   // half each
+  EXPECT_EQ(token_bucket_of(60'000'000, 1, 1), (token_bucket{1, 1, 60}));  // 1/min
+  EXPECT_EQ(token_bucket_of(1'000, 5, 1).tokens_per_fill, 5u) << "never more per fill than the bucket holds";
+}
+
+TEST_F(Decider, UnitsAreChargedWhileTheyFitThenOverLimitWithTheLimitThatDecides) {
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(code("k"), OK) << i;
+  const auto r = ask("api", {{{"api_key", "k"}}});
+  EXPECT_EQ(r.overall_code(), OVER);
+  const auto& st = r.statuses(0);
+  EXPECT_EQ(st.current_limit().name(), "api");
+  EXPECT_EQ(st.current_limit().requests_per_unit(), 1u) << "60/min is 1/s";
+  EXPECT_EQ(st.current_limit().unit(), rate_limit::SECOND);
+  EXPECT_EQ(st.limit_remaining(), 0u);
+  EXPECT_EQ(st.duration_until_reset().seconds(), 5);
+  const auto h = headers(r);
+  EXPECT_EQ(h.at("RateLimit-Policy"), "\"api\";q=5;w=5");
+  EXPECT_EQ(h.at("RateLimit"), "\"api\";r=0;t=5");
+  EXPECT_EQ(h.at("Retry-After"), "1");
+  EXPECT_EQ(published_, std::vector<std::string>({"k"})) << "the gatekeepers hear it once it is throttled";
+  clock_.advance(std::chrono::seconds(1));
+  EXPECT_EQ(code("k"), OK) << "a unit back a second later";
+}
+
+TEST_F(Decider, HitsAddendIsTheCostAndACostOverTheBurstNeverFits) {
+  EXPECT_EQ(code("a", 3), OK);
+  EXPECT_EQ(code("a", 3), OVER) << "3 + 3 > 5: refused, not charged";
+  EXPECT_EQ(code("a", 2), OK);
+  const auto big = ask("api", {{{"api_key", "b"}}}, 6);
+  EXPECT_EQ(big.overall_code(), OVER);
+  EXPECT_EQ(headers(big).count("Retry-After"), 0u) << "no time at which it fits";
+  EXPECT_EQ(code("b", 5), OK) << "the refusal left nothing charged";
+  // A descriptor's own hits_addend, even 0, wins over the request's.
+  EXPECT_EQ(ask("api", {{{"api_key", "c"}}}, 4, 0).overall_code(), OK);
+  EXPECT_EQ(engine_.states().find(engine_.find("api").value(), "c"), nullptr) << "0 units: a look only";
+}
+
+TEST_F(Decider, AllOrNothingAcrossDescriptors) {
+  for (int i = 0; i < 5; ++i) code("full");
+  const auto r = ask("api", {{{"api_key", "free"}}, {{"api_key", "full"}}});
+  EXPECT_EQ(r.overall_code(), OVER);
+  EXPECT_EQ(r.statuses(0).code(), OK);
+  EXPECT_EQ(r.statuses(1).code(), OVER);
+  EXPECT_EQ(engine_.states().find(engine_.find("api").value(), "free"), nullptr) << "not charged";
+  const auto none = ask("api", {{{"path", "/"}}});
+  EXPECT_EQ(none.overall_code(), OK) << "a descriptor naming nobody is not limited";
+  EXPECT_FALSE(none.statuses(0).has_current_limit());
+}
+
+TEST_F(Decider, QuotasDecideWhenTheyHaveFewerUnitsLeft) {
+  const auto first = ask("q", {{{"id", "x"}}}, 4);
+  EXPECT_EQ(first.statuses(0).current_limit().name(), "q-1") << "burst 1 left, quota 3: the burst";
+  clock_.advance(std::chrono::seconds(10));
+  const auto second = ask("q", {{{"id", "x"}}}, 3);
+  EXPECT_EQ(second.overall_code(), OK);
+  EXPECT_EQ(second.statuses(0).current_limit().name(), "q-2") << "the quota has 0 left";
+  EXPECT_EQ(second.statuses(0).current_limit().unit(), rate_limit::DAY);
+  EXPECT_EQ(second.statuses(0).current_limit().requests_per_unit(), 7u);
+  clock_.advance(std::chrono::seconds(10));
+  const auto third = ask("q", {{{"id", "x"}}});
+  EXPECT_EQ(third.overall_code(), OVER);
+  EXPECT_GT(std::stoll(headers(third).at("Retry-After")), 60) << "until the day's window ends";
+}
+
+TEST_F(Decider, UnknownDomainsAreAllowedAndBadRequestsInvalid) {
+  const auto r = ask("elsewhere", {{{"a", "b"}}, {{"c", "d"}}});
+  EXPECT_EQ(r.overall_code(), OK);
+  EXPECT_EQ(r.statuses_size(), 2);
+  ask("api", {});
+  EXPECT_FALSE(last_status_.ok);
+}
+
+class ShadowDecider : public Decider {
+protected:
+  ShadowDecider()
+      : Decider(R"(
+[master]
+rls = "127.0.0.1:0"
+rls_unknown_domain = "deny"
+[master.domains.api]
+rules = [ { rate = "60/min", burst = 1 } ]
+envoy_mode = "shadow"
+)") {}
+};
+
+TEST_F(ShadowDecider, ShadowAnswersOkAndChargesAndUnknownDomainsCanBeDenied) {
+  EXPECT_EQ(ask("api", {{{"k", "s"}}}).overall_code(), OK);
+  EXPECT_EQ(ask("api", {{{"k", "s"}}}).overall_code(), OK);
+  EXPECT_EQ(engine_.states().find(engine_.find("api").value(), "s")->times.size(), 2u) << "both charged";
+  EXPECT_EQ(ask("elsewhere", {{{"a", "b"}}}).overall_code(), OVER);
+}
+
+// RLQS: a usage report in, an action per bucket out.
+class Rlqs : public Decider {
+protected:
+  rlqs_pb::RateLimitQuotaResponse report(
+      rlqs_stream_state& s, const std::string& domain,
+      std::vector<std::tuple<std::map<std::string, std::string>, int, int>> buckets) {
+    rlqs_pb::RateLimitQuotaUsageReports r;
+    r.set_domain(domain);
+    for (const auto& [b, allowed, denied] : buckets) {
+      auto* u = r.add_bucket_quota_usages();
+      for (const auto& [k, v] : b) (*u->mutable_bucket_id()->mutable_bucket())[k] = v;
+      u->mutable_time_elapsed()->set_seconds(1);
+      u->set_num_requests_allowed(static_cast<std::uint64_t>(allowed));
+      u->set_num_requests_denied(static_cast<std::uint64_t>(denied));
+    }
+    rlqs_pb::RateLimitQuotaResponse out;
+    decider_.report(s, r, out, clock_.wall_us());
+    return out;
+  }
+};
+
+TEST_F(Rlqs, UsageIsChargedAndAnsweredWithTheRuleThenDenyAll) {
+  rlqs_stream_state s{1, {}};
+  auto out = report(s, "api", {{{{"api_key", "k"}}, 2, 0}});
+  ASSERT_EQ(out.bucket_action_size(), 1);
+  const auto& tb = out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket();
+  EXPECT_EQ(tb.max_tokens(), 5u);
+  EXPECT_EQ(tb.tokens_per_fill().value(), 1u);
+  EXPECT_EQ(tb.fill_interval().seconds(), 1);
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().assignment_time_to_live().seconds(), 3);
+  out = report(s, "api", {{{{"api_key", "k"}}, 4, 3}});
+  const auto& qa = out.bucket_action(0).quota_assignment_action();
+  EXPECT_EQ(qa.rate_limit_strategy().blanket_rule(), ::envoy::type::v3::RateLimitStrategy::DENY_ALL);
+  EXPECT_EQ(qa.assignment_time_to_live().seconds(), 2) << "6 units over a burst of 5: free in 2 s";
+  EXPECT_EQ(engine_.states().find_stats(engine_.find("api").value(), "k").n_over, 1u) << "the denials counted";
+  EXPECT_EQ(published_, std::vector<std::string>({"k"}));
+  EXPECT_EQ(decider_.buckets(), 1u);
+  decider_.stream_closed(s);
+  EXPECT_EQ(decider_.buckets(), 0u);
+}
+
+TEST_F(Rlqs, BucketsOfNobodyOrBeyondTheBoundAreAbandonedAndStreamsShareARate) {
+  rlqs_stream_state s{1, {}};
+  auto out = report(s, "api", {{{{"user", "u"}}, 1, 0}, {{{"api_key", "k"}}, 0, 0}});
+  EXPECT_TRUE(out.bucket_action(0).has_abandon_action());
+  EXPECT_TRUE(out.bucket_action(1).has_quota_assignment_action());
+  EXPECT_TRUE(report(s, "elsewhere", {{{{"api_key", "k"}}, 1, 0}}).bucket_action(0).has_abandon_action());
+  rlqs_stream_state t{2, {}};
+  out = report(t, "api", {{{{"api_key", "k"}}, 0, 0}});
+  const auto& half = out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket();
+  EXPECT_EQ(half.max_tokens(), 2u);
+  EXPECT_EQ(half.tokens_per_fill().value(), 1u);
+  EXPECT_EQ(half.fill_interval().seconds(), 2);
+  decider_.stream_closed(t);
+  clock_.advance(std::chrono::seconds(1));
+  out = report(s, "api", {{{{"api_key", "k"}}, 0, 0}});
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket().max_tokens(), 5u)
+      << "the other stream closed: the whole rate again";
+}
+
+}  // namespace
