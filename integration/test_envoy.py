@@ -34,9 +34,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from lib import envoy_stubs  # noqa: E402  (puts Debian's grpcio on the path)
 import grpc  # noqa: E402
-
-from lib import envoy_stubs  # noqa: E402
 from lib.http1 import fetch  # noqa: E402
 from lib.ports import HOST  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402

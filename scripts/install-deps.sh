@@ -33,7 +33,7 @@ if [ "$test_deps" = 1 ]; then
   # Real HTTP clients that honour Retry-After (integration/test_retry_after.py).
   packages+=(python3-urllib3)
   # HTTP/2 and gRPC peers (integration/test_http2.py, test_grpc.py, bench/h2_bench.py).
-  packages+=(nghttp2-client python3-h2 python3-grpcio)
+  packages+=(nghttp2-client python3-h2 python3-grpcio python3-protobuf)
   # clang's libFuzzer for the fuzz targets (scripts/fuzz.sh).
   packages+=(clang libclang-rt-14-dev)
   # The source format check (scripts/format.sh --check).

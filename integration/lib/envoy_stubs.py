@@ -11,6 +11,12 @@ import subprocess
 import sys
 import tempfile
 
+# Debian's python3-grpcio and python3-protobuf, for a pyenv/venv Python of the
+# same minor version too (appended: the interpreter's own packages first).
+_DIST = "/usr/lib/python3/dist-packages"
+if _DIST not in sys.path:
+    sys.path.append(_DIST)
+
 PROTO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "master", "envoy", "proto")
 _out: str | None = None
 

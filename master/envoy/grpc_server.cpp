@@ -247,6 +247,7 @@ void envoy_server::serve(envoy_decider& d) {
 }
 
 void envoy_server::shutdown(envoy_decider& d) {
+  if (!server_) return;  // done already
   serve(d);
   {
     std::lock_guard lock(mutex_);
