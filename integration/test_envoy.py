@@ -19,7 +19,8 @@ request shapes Envoy sends:
   does not matter; time_elapsed 0 accepted; a closed and reopened stream;
   two streams on one identifier share its rate.
 
-Rates are per minute or per hour, so that what passes depends on counts.
+Rates are a few per minute or slower, so that what passes depends on
+counts, not on how fast the calls come (a sanitizer build is slow).
 
 Run: cd integration && /usr/bin/python3 -m unittest -v test_envoy
 """
@@ -87,18 +88,18 @@ class EnvoyCase(DaemonTestCase):
 
 class TestRls(EnvoyCase):
     def test_descriptors_name_identifiers_and_hits_are_charged_until_they_no_longer_fit(self):
-        self.start({DOMAIN: {"rules": [("100/min", 5)], "descriptor_keys": ["api_key"]}})
+        self.start({DOMAIN: {"rules": [("5/min", 5)], "descriptor_keys": ["api_key"]}})
         self.assertEqual(self.codes(6, "k1"), [OK] * 5 + [OVER])
         r = self.ask(DOMAIN, [[("path", "/x"), ("api_key", "k1")]])  # other entries around the key
         self.assertEqual(r.overall_code, OVER)
         st = r.statuses[0]
         self.assertEqual((st.code, st.current_limit.requests_per_unit, st.current_limit.unit, st.current_limit.name,
-                          st.limit_remaining), (OVER, 100, Unit.MINUTE, DOMAIN, 0))
+                          st.limit_remaining), (OVER, 5, Unit.MINUTE, DOMAIN, 0))
         self.assertGreaterEqual(st.duration_until_reset.seconds, 1)
         headers = {h.key: h.value for h in r.response_headers_to_add}
-        self.assertEqual(headers["RateLimit-Policy"], '"api";q=5;w=3')
+        self.assertEqual(headers["RateLimit-Policy"], '"api";q=5;w=60')
         self.assertTrue(headers["RateLimit"].startswith('"api";r=0;t='), headers)
-        self.assertEqual(headers["Retry-After"], "1")  # one unit back in 0.6 s
+        self.assertIn(int(headers["Retry-After"]), range(1, 13))  # one unit back 12 s after the last
         # The request's hits_addend is each descriptor's cost; 0 means 1.
         self.assertEqual(self.codes(1, "k2", hits=3), [OK])
         self.assertEqual(self.codes(1, "k2", hits=3), [OVER])  # 3 + 3 > 5: refused, not charged
@@ -111,7 +112,7 @@ class TestRls(EnvoyCase):
         self.assertEqual(self.codes(5, "k3"), [OK] * 5)
 
     def test_all_or_nothing_per_descriptor_hits_and_unidentified_descriptors(self):
-        self.start({DOMAIN: {"rules": [("100/min", 5)], "descriptor_keys": ["api_key"]}})
+        self.start({DOMAIN: {"rules": [("5/min", 5)], "descriptor_keys": ["api_key"]}})
         self.assertEqual(self.codes(5, "full"), [OK] * 5)
         # Two descriptors: one refused, so the other is not charged either.
         r = self.ask(DOMAIN, [[("api_key", "free")], [("api_key", "full")]])
@@ -130,7 +131,7 @@ class TestRls(EnvoyCase):
         self.assertEqual(self.metric("smockron_master_rls_unidentified_descriptors_total"), 1)
 
     def test_default_keys_separator_quotas_and_several_rules(self):
-        self.start({DOMAIN: {"rules": [("100/min", 5), ("10/h", 10), {"quota": 7, "per": "day"}],
+        self.start({DOMAIN: {"rules": [("5/min", 5), ("10/h", 10), {"quota": 7, "per": "day"}],
                              "descriptor_separator": "/"}})
         self.assertEqual([self.ask(DOMAIN, [[("user", "u"), ("path", "p")]]).overall_code for _ in range(5)],
                          [OK] * 5)
@@ -140,10 +141,10 @@ class TestRls(EnvoyCase):
         # The quota has 2 left, the burst 0: the burst decides.
         self.assertEqual((r.statuses[0].current_limit.name, r.statuses[0].limit_remaining), ("api-1", 0))
         policy = {h.key: h.value for h in r.response_headers_to_add}["RateLimit-Policy"]
-        self.assertEqual(policy, '"api-1";q=5;w=3, "api-2";q=10;w=3600, "api-3";q=7;w=86400')
+        self.assertEqual(policy, '"api-1";q=5;w=60, "api-2";q=10;w=3600, "api-3";q=7;w=86400')
 
     def test_unknown_domain_invalid_request_and_shadow(self):
-        self.start({DOMAIN: {"rules": [("100/min", 1)], "envoy_mode": "shadow"}}, rls_unknown_domain="deny")
+        self.start({DOMAIN: {"rules": [("1/min", 1)], "envoy_mode": "shadow"}}, rls_unknown_domain="deny")
         r = self.ask("elsewhere", [[("a", "b")], [("c", "d")]])
         self.assertEqual((r.overall_code, [s.code for s in r.statuses]), (OVER, [OVER, OVER]))
         self.assertEqual(self.metric("smockron_master_rls_requests_total", code="unknown_domain"), 1)

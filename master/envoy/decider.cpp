@@ -183,6 +183,7 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
   struct item {
     std::optional<std::string> identifier;
     std::int64_t cost = 1;
+    bool fits = true;
   };
   std::vector<item> items(static_cast<std::size_t>(n));
   std::vector<std::pair<std::string_view, std::string_view>> pairs;
@@ -198,7 +199,8 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
       rls_unidentified_.inc();
       continue;
     }
-    all_fit = all_fit && engine_.fits(dv->index, *it.identifier, it.cost, now_us);
+    it.fits = engine_.fits(dv->index, *it.identifier, it.cost, now_us);
+    all_fit = all_fit && it.fits;
   }
   // All or nothing: the units are charged when every descriptor's fit (a
   // shadow domain charges them whatever); otherwise only the refusals count.
@@ -215,10 +217,9 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
       st->set_code(rls_pb::RateLimitResponse::OK);
       continue;
     }
-    const bool fits = engine_.fits(dv->index, *it.identifier, it.cost, now_us);
-    const auto mode = charge ? limiter::charge_mode::force
-                      : fits ? limiter::charge_mode::probe
-                             : limiter::charge_mode::charge;
+    const auto mode = charge    ? limiter::charge_mode::force
+                      : it.fits ? limiter::charge_mode::probe
+                                : limiter::charge_mode::charge;
     auto res = engine_.check(dv->index, *it.identifier, it.cost, now_us, mode);
     if (res.publish) publish_(*res.publish);
     const bool refused = !res.fits && !dc.envoy_shadow;

@@ -1060,6 +1060,53 @@ TEST(Config, SharedRate) {
       std::string::npos);
 }
 
+TEST(Config, EnvoyRateLimitServices) {
+  auto r = load(R"(
+[master]
+rls = "127.0.0.1:10007"
+rls_allow = ["10.0.0.0/8"]
+rls_unknown_domain = "deny"
+rlqs_max_buckets = 500
+[master.domains.api]
+rules = []
+descriptor_keys = ["tenant", "api_key"]
+descriptor_separator = ":"
+envoy_mode = "shadow"
+)");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& m = *r.cfg->master;
+  ASSERT_TRUE(m.rls);
+  EXPECT_EQ(m.rls->port, 10007);
+  EXPECT_EQ(m.rls_allow.size(), 1u);
+  EXPECT_TRUE(m.rls_deny_unknown);
+  EXPECT_EQ(m.rlqs_max_buckets, 500u);
+  const auto& d = *m.find_domain("api");
+  EXPECT_EQ(d.descriptor_keys, (std::vector<std::string>{"tenant", "api_key"}));
+  EXPECT_EQ(d.descriptor_separator, ":");
+  EXPECT_TRUE(d.envoy_shadow);
+  // Defaults: off, allow, every entry joined by "|", enforce.
+  const auto def = load("[master.domains.a]\nrules = []\n");
+  EXPECT_FALSE(def.cfg->master->rls);
+  EXPECT_FALSE(def.cfg->master->rls_deny_unknown);
+  EXPECT_EQ(def.cfg->master->find_domain("a")->descriptor_separator, "|");
+  EXPECT_FALSE(def.cfg->master->find_domain("a")->envoy_shadow);
+  for (const char* k : {"rls_allow = []", "rls_unknown_domain = \"deny\"", "rlqs_max_buckets = 5"}) {
+    EXPECT_NE(one_error(std::string("[master]\n") + k + "\n").find("has no effect without rls"), std::string::npos)
+        << k;
+  }
+  EXPECT_NE(one_error("[master]\nrls = \"127.0.0.1:1\"\nrls_unknown_domain = \"maybe\"\n")
+                .find("unknown answer \"maybe\" (use \"allow\" or \"deny\")"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\nrls = \"localhost:1\"\n").find("is not an IP address"), std::string::npos);
+  const std::string head = "[master.domains.a]\nrules = []\n";
+  EXPECT_NE(one_error(head + "descriptor_keys = [\"\"]\n").find("an entry key is not empty"), std::string::npos);
+  EXPECT_NE(one_error(head + "descriptor_separator = \"123456789\"\n").find("at most 8 bytes"), std::string::npos);
+  EXPECT_NE(one_error(head + "envoy_mode = \"loud\"\n").find("unknown mode \"loud\""), std::string::npos);
+  std::string many = "descriptor_keys = [";
+  for (int i = 0; i < 17; ++i) many += "\"k" + std::to_string(i) + "\",";
+  EXPECT_NE(one_error(head + many + "]\n").find("at most 16 keys"), std::string::npos);
+}
+
 TEST(Config, WeightsOfOverridesAndTiers) {
   auto r = load(R"(
 [master.domains.llm]
