@@ -17,7 +17,8 @@ void append_sf_string(std::string& out, std::string_view s) {
 }
 
 void append_name(std::string& out, std::string_view domain, const quota_state& q, std::size_t i) {
-  append_sf_string(out, policy_name(domain, q, i));
+  if (q.count == 1) append_sf_string(out, domain);  // no string built on a response's path
+  else append_sf_string(out, policy_name(domain, q, i));
 }
 
 }  // namespace
