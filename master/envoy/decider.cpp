@@ -221,7 +221,10 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
                       : it.fits ? limiter::charge_mode::probe
                                 : limiter::charge_mode::charge;
     auto res = engine_.check(dv->index, *it.identifier, it.cost, now_us, mode);
-    if (res.publish) publish_(*res.publish);
+    if (res.publish) {
+      publish_(*res.publish);
+      ++published_;
+    }
     const bool refused = !res.fits && !dc.envoy_shadow;
     st->set_code(refused ? rls_pb::RateLimitResponse::OVER_LIMIT : rls_pb::RateLimitResponse::OK);
     if (!res.fits && dc.envoy_shadow) rls_shadow_over_.inc();
@@ -313,7 +316,10 @@ void envoy_decider::report(rlqs_stream_state& stream, const rlqs_pb::RateLimitQu
     if (usage.num_requests_allowed() > 0) {
       const auto res = engine_.check(*b.domain, b.identifier, units(usage.num_requests_allowed()), now_us,
                                      limiter::charge_mode::force);
-      if (res.publish) publish_(*res.publish);
+      if (res.publish) {
+        publish_(*res.publish);
+        ++published_;
+      }
     }
     if (usage.num_requests_denied() > 0) engine_.refused_elsewhere(*b.domain, b.identifier, now_us);
     answer_bucket(stream, b, duration_us(usage.time_elapsed()), *action, now_us);

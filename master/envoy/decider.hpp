@@ -107,6 +107,8 @@ public:
 
   /// Buckets tracked over all streams now.
   std::size_t buckets() const { return buckets_; }
+  /// DELAY_UNTIL messages handed to `publish` so far.
+  std::uint64_t published() const { return published_; }
 
 private:
   struct domain_view {
@@ -126,6 +128,7 @@ private:
   string_map<domain_view> domains_;
   std::uint64_t max_buckets_ = 0;
   std::size_t buckets_ = 0;
+  std::uint64_t published_ = 0;
   /// Per "domain index\0identifier": the streams reporting it and when they last did.
   string_map<std::vector<std::pair<std::uint64_t, std::int64_t>>> sharing_;
 

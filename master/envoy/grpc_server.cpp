@@ -17,30 +17,20 @@ namespace {
 using reports_t = rlqs_pb::RateLimitQuotaUsageReports;
 using response_t = rlqs_pb::RateLimitQuotaResponse;
 
-// One RLQS stream. gRPC calls its On* methods on its threads; the loop
-// answers its reports. What both touch is behind `mutex`, and outlives the
-// reactor (jobs hold it by shared_ptr): `alive` says whether the reactor
-// still does.
+// One RLQS stream. gRPC calls its On* methods on its threads, one reaction
+// at a time per direction; `mutex` guards what the read side (which answers a
+// report) and the write side share. Deletes itself in OnDone.
 class rlqs_stream final : public grpc::ServerBidiReactor<reports_t, response_t> {
 public:
-  // Writes waiting beyond this pause the reads (a client that does not read its answers).
+  // Answers waiting beyond this pause the reads (a client that does not read them).
   static constexpr std::size_t k_max_unsent = 4;
 
-  struct shared {
-    // Recursive: gRPC may run a reaction (OnWriteDone) inline in a Start* call made under it.
-    std::recursive_mutex mutex;
-    rlqs_stream* self = nullptr;  ///< null once the reactor is done
-    rlqs_stream_state state;      ///< loop thread only
-    bool closed_seen = false;     ///< the loop ran stream_closed()
-  };
-
-  rlqs_stream(envoy_server& server, grpc::CallbackServerContext* ctx)
-      : server_(server), sh_(std::make_shared<shared>()) {
-    sh_->self = this;
-    sh_->state.id = server.next_stream_id();
+  rlqs_stream(envoy_server& server, grpc::CallbackServerContext* ctx) : server_(server) {
+    state_.id = server_.next_stream_id();
     server_.streams().add(1);
     if (!server_.allowed(ctx->peer())) {
       server_.denied().inc();
+      std::lock_guard lock(mutex_);
       finish_locked(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not in rls_allow"));
       return;
     }
@@ -49,27 +39,31 @@ public:
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending, or the call ended
-      end_stream(grpc::Status::OK);
+      close();
+      std::lock_guard lock(mutex_);
+      if (writing_ || !unsent_.empty()) finish_after_writes_ = true;
+      else finish_locked(grpc::Status::OK);
       return;
     }
-    auto sh = sh_;
-    const bool posted = server_.post([sh](envoy_decider& d) {
-      std::lock_guard<std::recursive_mutex> lock(sh->mutex);
-      if (sh->self == nullptr || sh->closed_seen) return;
-      response_t out;
-      d.report(sh->state, sh->self->in_, out, d.now_us());
-      sh->self->queue_locked(std::move(out));
-      if (sh->self->unsent_.size() < k_max_unsent) sh->self->StartRead(&sh->self->in_);
-      else sh->self->read_paused_ = true;
+    response_t out;
+    server_.decide([&](envoy_decider& d) {
+      d.report(state_, in_, out, d.now_us());
+      return 0;
     });
-    if (!posted) {
-      server_.unavailable().inc();
-      end_stream(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the master is busy or stopping"));
+    std::lock_guard lock(mutex_);
+    if (!finished_ && out.bucket_action_size() > 0) {
+      unsent_.push_back(std::move(out));
+      if (!writing_) {
+        writing_ = true;
+        StartWrite(&unsent_.front());
+      }
     }
+    if (unsent_.size() < k_max_unsent) StartRead(&in_);
+    else read_paused_ = true;
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::recursive_mutex> lock(sh_->mutex);
+    std::lock_guard lock(mutex_);
     writing_ = false;
     unsent_.pop_front();
     if (!ok) return;  // the call is going: OnReadDone(false) ends it
@@ -86,40 +80,19 @@ public:
   }
 
   void OnDone() override {
-    {
-      std::lock_guard<std::recursive_mutex> lock(sh_->mutex);
-      sh_->self = nullptr;
-    }
+    close();  // a call cancelled while its reads were paused has no OnReadDone(false)
     server_.streams().add(-1);
     delete this;
   }
 
 private:
-  // The stream ends: its buckets stop sharing (on the loop, or inline once
-  // it has stopped), and it is finished with `st` once its answers are out.
-  void end_stream(const grpc::Status& st) {
-    auto sh = sh_;
-    const auto close = [sh, st](envoy_decider& d) {
-      std::lock_guard<std::recursive_mutex> lock(sh->mutex);
-      if (!sh->closed_seen) d.stream_closed(sh->state);
-      sh->closed_seen = true;
-      if (sh->self) sh->self->finish_when_written_locked(st);
-    };
-    if (!server_.post(close, true)) server_.run_if_closed(close);
-  }
-
-  void queue_locked(response_t out) {
-    if (finished_ || out.bucket_action_size() == 0) return;
-    unsent_.push_back(std::move(out));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&unsent_.front());
-    }
-  }
-  void finish_when_written_locked(const grpc::Status& st) {
-    if (!st.ok()) finish_locked(st);
-    else if (writing_ || !unsent_.empty()) finish_after_writes_ = true;
-    else finish_locked(st);
+  // Its buckets stop sharing their identifiers' rates (once).
+  void close() {
+    server_.decide([&](envoy_decider& d) {
+      if (!closed_) d.stream_closed(state_);
+      closed_ = true;
+      return 0;
+    });
   }
   void finish_locked(const grpc::Status& st) {
     if (finished_) return;
@@ -128,8 +101,11 @@ private:
   }
 
   envoy_server& server_;
-  std::shared_ptr<shared> sh_;
+  rlqs_stream_state state_;  ///< under the engine's lock (envoy_server::decide)
+  bool closed_ = false;      ///< under the engine's lock
   reports_t in_;
+  // Recursive: gRPC may run a reaction (OnWriteDone) inline in a Start* call made under it.
+  std::recursive_mutex mutex_;
   std::deque<response_t> unsent_;  ///< front: being written when writing_
   bool writing_ = false;
   bool read_paused_ = false;
@@ -148,15 +124,8 @@ public:
       reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not in rls_allow"));
       return reactor;
     }
-    // Answered by the loop; req and resp live until Finish.
-    const bool posted = server_.post([reactor, req, resp](envoy_decider& d) {
-      const auto st = d.should_rate_limit(*req, *resp, d.now_us());
-      reactor->Finish(st.ok ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, st.message));
-    });
-    if (!posted) {
-      server_.unavailable().inc();
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the master is busy or stopping"));
-    }
+    const auto st = server_.decide([&](envoy_decider& d) { return d.should_rate_limit(*req, *resp, d.now_us()); });
+    reactor->Finish(st.ok ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, st.message));
     return reactor;
   }
 
@@ -168,7 +137,7 @@ class rlqs_service final : public rlqs_pb::RateLimitQuotaService::CallbackServic
 public:
   explicit rlqs_service(envoy_server& s) : server_(s) {}
   grpc::ServerBidiReactor<reports_t, response_t>* StreamRateLimitQuotas(grpc::CallbackServerContext* ctx) override {
-    return new rlqs_stream(server_, ctx);  // deletes itself in OnDone
+    return new rlqs_stream(server_, ctx);
   }
 
 private:
@@ -183,11 +152,11 @@ struct envoy_server::services {
   explicit services(envoy_server& s) : rls(s), rlqs(s) {}
 };
 
-envoy_server::envoy_server(const host_port& at, std::vector<cidr> allow, metrics::registry& reg)
-    : allow_(std::move(allow)),
-      unavailable_(reg.add_counter("smockron_master_envoy_unavailable_total",
-                                   "RLS calls and RLQS streams answered UNAVAILABLE (the loop had too much waiting, "
-                                   "or the master was stopping)")),
+envoy_server::envoy_server(const host_port& at, std::vector<cidr> allow, metrics::registry& reg, envoy_decider& decider,
+                           std::mutex& engine)
+    : decider_(decider),
+      engine_(engine),
+      allow_(std::move(allow)),
       denied_(reg.add_counter("smockron_master_refused_connections_total",
                               "Connections refused by an endpoint's allow list",
                               metrics::labels({{"endpoint", "rls"}}))),
@@ -212,50 +181,23 @@ envoy_server::envoy_server(const host_port& at, std::vector<cidr> allow, metrics
 }
 
 envoy_server::~envoy_server() {
-  if (server_) server_->Shutdown(std::chrono::system_clock::now());
-  if (wake_fd_ >= 0) ::close(wake_fd_);
+  shutdown();
+  ::close(wake_fd_);
 }
 
-bool envoy_server::post(job j, bool always) {
-  std::lock_guard lock(mutex_);
-  if (closed_ || (!always && waiting_.size() >= k_max_waiting)) return false;
-  const bool was_empty = waiting_.empty();
-  waiting_.push_back(std::move(j));
-  if (was_empty) {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);  // a full counter is still readable
-  }
-  return true;
+void envoy_server::wake() {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);  // a full counter is still readable
 }
 
-bool envoy_server::run_if_closed(const job& j) {
-  std::lock_guard lock(mutex_);
-  if (!closed_ || closed_decider_ == nullptr) return false;
-  j(*closed_decider_);
-  return true;
-}
-
-void envoy_server::serve(envoy_decider& d) {
+void envoy_server::woken() {
   std::uint64_t count = 0;
   [[maybe_unused]] const auto n = ::read(wake_fd_, &count, sizeof count);
-  std::vector<job> batch;
-  {
-    std::lock_guard lock(mutex_);
-    batch.swap(waiting_);
-  }
-  for (auto& j : batch) j(d);
 }
 
-void envoy_server::shutdown(envoy_decider& d) {
+void envoy_server::shutdown() {
   if (!server_) return;  // done already
-  serve(d);
-  {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    closed_decider_ = &d;
-  }
-  serve(d);  // what came meanwhile
-  // Streams still open are cancelled now; their ends run inline (run_if_closed).
+  // Calls under way finish; open streams are cancelled now and end (OnReadDone(false)).
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   server_.reset();
 }

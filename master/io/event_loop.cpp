@@ -33,11 +33,12 @@ void event_loop::modify(int fd, std::uint32_t events, source& s) {
 
 void event_loop::remove(int fd) { ::epoll_ctl(fd_, EPOLL_CTL_DEL, fd, nullptr); }
 
-int event_loop::run_once(std::chrono::milliseconds timeout) {
+int event_loop::run_once(std::chrono::milliseconds timeout, std::unique_lock<std::mutex>* hold) {
   std::array<epoll_event, 64> events;
   const int n = ::epoll_wait(fd_, events.data(), static_cast<int>(events.size()),
                              static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 0, 60'000)));
   if (n < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "epoll_wait");
+  if (hold != nullptr) hold->lock();
   for (int i = 0; i < n; ++i) static_cast<source*>(events[i].data.ptr)->on_ready(events[i].events);
   return std::max(n, 0);
 }

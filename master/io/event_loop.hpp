@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 
 namespace smockron::master {
 
@@ -40,7 +41,9 @@ public:
   /// of each ready descriptor; returns how many there were. A source may add
   /// or remove descriptors meanwhile, but not destroy another ready source
   /// (owners close in the call and free afterwards).
-  int run_once(std::chrono::milliseconds timeout);
+  /// `hold` (if any) is locked once the wait is over, before any source is
+  /// called: what the sources do is under it, the wait is not.
+  int run_once(std::chrono::milliseconds timeout, std::unique_lock<std::mutex>* hold = nullptr);
 
 private:
   int fd_ = -1;

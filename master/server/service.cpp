@@ -101,7 +101,7 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   if (cfg.rls) {
     envoy_ = std::make_unique<envoy_decider>(cfg_, ingest_, clk, reg,
                                              [this](const wire::delay_until& d) { control_->delay_until(d); });
-    envoy_server_ = std::make_unique<envoy_server>(*cfg.rls, cfg.rls_allow, reg);
+    envoy_server_ = std::make_unique<envoy_server>(*cfg.rls, cfg.rls_allow, reg, *envoy_, engine_mutex_);
     if (!loop_.add(envoy_server_->wake_fd(), EPOLLIN, envoy_ready_))
       throw std::system_error(errno, std::generic_category(), "epoll_ctl (rls endpoint)");
   }
@@ -117,7 +117,7 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
 }
 
 service::~service() {
-  if (envoy_server_) envoy_server_->shutdown(*envoy_);
+  if (envoy_server_) envoy_server_->shutdown();  // its calls use the engine: they end first
 }
 
 std::uint16_t service::rls_port() const { return envoy_server_ ? envoy_server_->port() : 0; }
@@ -154,7 +154,9 @@ void service::handle(std::span<const std::string_view> frames, bool truncated, s
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   const std::size_t before = accounting_.delivered();
-  loop_.run_once(timeout);
+  // The turn's work is under the engine's lock (Envoy's calls decide under it too); the wait is not.
+  std::unique_lock lock(engine_mutex_, std::defer_lock);
+  loop_.run_once(timeout, &lock);
   accounting_.after_turn();
   const std::size_t n = accounting_.delivered() - before;
   const auto now = clock_.steady_now();
@@ -187,7 +189,10 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
 }
 
 void service::run(const std::atomic<bool>& stop) {
-  if (store_) restore_from_store(stop);
+  if (store_) {
+    std::lock_guard lock(engine_mutex_);  // Envoy's calls wait for the states, as accounting does
+    restore_from_store(stop);
+  }
   while (!stop.load(std::memory_order_relaxed)) {
     try {
       // Wake at least every 50 ms whatever sweep_interval is: stop and reload
@@ -300,7 +305,7 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
 }
 
 void service::finish(std::chrono::milliseconds deadline) {
-  if (envoy_server_) envoy_server_->shutdown(*envoy_);  // what Envoy asked is answered, then it is told UNAVAILABLE
+  if (envoy_server_) envoy_server_->shutdown();  // calls under way are answered, open streams ended
   if (!store_) return;
   const auto until = clock_.steady_now() + deadline;
   const limiter& states = ingest_.states();

@@ -150,13 +150,17 @@ private:
     void on_ready(std::uint32_t) override { self.serve_queries(); }
   };
   queries_ready queries_ready_{*this};
-  // Envoy's rate limit services (cfg.rls): calls handed over by the gRPC threads, answered on this loop.
+  /// The engine's lock: held by the loop for each turn's work (never while it
+  /// waits) and by Envoy's calls while they decide (master/envoy/grpc_server.hpp).
+  std::mutex engine_mutex_;
+  // Envoy's rate limit services (cfg.rls), decided on gRPC's threads under engine_mutex_;
+  // a decision that publishes wakes the loop (envoy_ready_), which sends it with its turn.
   std::unique_ptr<envoy_decider> envoy_;
   std::unique_ptr<envoy_server> envoy_server_;
   struct envoy_ready final : event_loop::source {
     service& self;
     explicit envoy_ready(service& s) : self(s) {}
-    void on_ready(std::uint32_t) override { self.envoy_server_->serve(*self.envoy_); }
+    void on_ready(std::uint32_t) override { self.envoy_server_->woken(); }
   };
   envoy_ready envoy_ready_{*this};
   std::unique_ptr<udp_responder> query_;
