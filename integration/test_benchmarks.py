@@ -290,6 +290,26 @@ class BenchmarkSmokeTest(unittest.TestCase):
             self.assertGreater(float(master), 0, out)
         self.assert_figures(out, r"^median: echo \d+/s, master \d+/s, master/echo [\d.]+")
 
+    def test_rls_bench(self):
+        """A bare gRPC server and the real master answer ShouldRateLimit; the ingest alone and beside; RLQS."""
+        bench = self.bench_binary("smockron-rls-bench")
+        out = self.run_bench([bench, "--master", binary("smockron-master"), "--seconds", "0.3", "--window", "8",
+                              "--ingest-rate", "2000", "--buckets", "100", "--reports", "1"])
+        bare, master = self.assert_figures(
+            out, r"^bare gRPC server:\s+[\d.]+ decisions/s .*\((\d+) answered, 0 failed\)",
+            r"^smockron-master RLS:\s+[\d.]+ decisions/s .*\((\d+) answered, 0 failed\)",
+            r"^ratio master/bare:\s+[\d.]+",
+            r"^ingest beside/alone:\s+[\d.]+",
+            r"^rlqs 100 buckets a report: answered in p50 [\d.]+ ms, max [\d.]+ ms over 1 reports "
+            r"\(every bucket answered\)")[:2]
+        self.assertGreater(int(bare.group(1)), 0, "the bare server answered nothing")
+        self.assertGreater(int(master.group(1)), 0, "the master answered nothing")
+        ingest = re.findall(r"^ingest (?:alone|beside RLS):\s+[\d.]+ msg/s offered, (\d+) sent: [\d.]+ processed "
+                            r"within the phase \([\d.]+\), (\d+) a second later", out, re.MULTILINE)
+        self.assertEqual(len(ingest), 2, out)
+        for sent, processed in ingest:  # how many in how long is the benchmark's figure, not the smoke's
+            self.assertGreater(int(processed), 0, f"the master processed no accounting message:\n{out}")
+
     def test_gate_bench(self):
         """Every benchmark the binary registers runs and prints its time per iteration."""
         bench = self.bench_binary("smockron-gate-bench")
