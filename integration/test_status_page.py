@@ -135,5 +135,32 @@ class StatusPageTest(DaemonTestCase):
         self.assertIn("/__warm/", dom, "the routes table")
 
 
+    def test_the_master_page_shows_envoys_calls(self):
+        from lib import envoy_stubs  # Debian's grpcio: only this test needs it
+        rls_pb2, rls_pb2_grpc, rlqs_pb2, rlqs_pb2_grpc = envoy_stubs.load()
+        import grpc
+
+        master = self.start_master({"api": {"rules": [("1/h", 2)]}}, rls="127.0.0.1:0")
+        channel = grpc.insecure_channel(f"127.0.0.1:{master.rls_port()}")
+        self.addCleanup(channel.close)
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        for domain in ("api", "api", "api", "elsewhere"):
+            req = rls_pb2.RateLimitRequest(domain=domain)
+            req.descriptors.add().entries.add(key="k", value="one")
+            stub.ShouldRateLimit(req, timeout=5)
+        report = rlqs_pb2.RateLimitQuotaUsageReports(domain="api")
+        report.bucket_quota_usages.add().bucket_id.bucket["k"] = "two"
+        answers = rlqs_pb2_grpc.RateLimitQuotaServiceStub(channel).StreamRateLimitQuotas(iter([report]), timeout=5)
+        self.assertEqual(len(list(answers)), 1)
+        wait_until(lambda: master.metric("smockron_master_rlqs_streams") == 0, 10, message="the stream ended")
+
+        page, _ = self.chromium(f"http://127.0.0.1:{master.admin_port}/", "master-envoy")
+        self.assertNotIn("not answering", page.by_id.get("error", ""))
+        self.assertEqual(page.by_id["rls"], f"127.0.0.1:{master.rls_port()}")
+        shown = {c["cell"]["field"]: c["text"] for c in page.cells if c["cell"].get("field", "").startswith(("rls", "rlqs"))}
+        self.assertEqual(shown, {"rls-ok": "2", "rls-over_limit": "1", "rls-shadow_over_limit": "0",
+                                 "rls-unknown_domain": "1", "rls-invalid_argument": "0", "rlqs-reports": "1",
+                                 "rlqs-streams": "0", "rlqs-buckets": "0"})
+
 if __name__ == "__main__":
     unittest.main()

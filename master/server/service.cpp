@@ -423,7 +423,7 @@ std::string service::status_json() const {
   std::lock_guard lock(status_mutex_);
   std::optional<store_status> st;
   if (store_) st = store_status{store_->up(), unwritten_.load(std::memory_order_relaxed) + store_->queued()};
-  return master::status_json(cfg_, st, metrics_);
+  return master::status_json(cfg_, st, metrics_, rls_port());
 }
 
 }  // namespace smockron::master

@@ -38,9 +38,10 @@ nlohmann::ordered_json rules_json(const std::vector<config::rule_config>& rules)
 }  // namespace
 
 std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
-                        metrics::registry& reg) {
+                        metrics::registry& reg, std::uint16_t rls_port) {
   nlohmann::ordered_json doc;
   doc["store"] = cfg.store == config::store_kind::memory ? "memory" : "redis";
+  if (cfg.rls && rls_port != 0) doc["rls"] = host_port{cfg.rls->host, rls_port}.to_string();
   if (store) doc["redis"] = {{"connected", store->connected}, {"unwritten_states", store->unwritten_states}};
   doc["max_identifiers"] = cfg.max_identifiers;
   doc["domains"] = nlohmann::ordered_json::array();

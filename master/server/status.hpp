@@ -21,9 +21,10 @@ struct store_status {
 };
 
 /// `store`: nothing for the memory store. Tracked identifiers are read from
-/// the per-domain gauges in `reg` (thread-safe).
+/// the per-domain gauges in `reg` (thread-safe). `rls_port`: the port of
+/// Envoy's rate limit services as bound (0: off), shown as "rls".
 std::string status_json(const config::master_config& cfg, const std::optional<store_status>& store,
-                        metrics::registry& reg);
+                        metrics::registry& reg, std::uint16_t rls_port = 0);
 
 /// JSON for GET /status/<domain>/<identifier>: the rules that apply
 /// (`overridden`: the identifier's own, from the domain's overrides), the
