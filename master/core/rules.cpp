@@ -407,6 +407,35 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
   return static_cast<double>(count_after(s.times, now_us - r.window_us()));
 }
 
+namespace {
+
+// True when a use of `cost` units at `t` fits: not throttled as the
+// gatekeepers are told (a refusal's decision), and, recorded on a copy, no
+// unit placed after `t` (sliding log), no arrival time past the burst (GCRA),
+// counters and quotas within their limits.
+bool fits_now(const limits& l, const state& s, std::int64_t cost, std::int64_t t) {
+  state after = s;
+  if (apply(l, after, {event_kind::rejected, t, 0}, t).throttled) return false;
+  if (cost <= 0) return true;
+  apply(l, after, {event_kind::accepted, t, cost}, t);
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    const rule& r = l.rules[i];
+    if (l.algo == algorithm::gcra) {
+      if (i < after.times.size() && after.times[i] - r.window_us() > t) return false;
+    } else if (l.counted(r)) {
+      if (window_uses(l, after, i, t) > static_cast<double>(r.burst) + 1e-9) return false;
+    } else if (!after.times.empty() && after.times.back() > t) {
+      return false;
+    }
+  }
+  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
+    if (quota_used(l, after, i, t) > l.quotas[i].limit) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::int64_t now_us) {
   constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
   for (const rule& r : l.rules) {
@@ -415,30 +444,32 @@ std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::in
   for (const quota& q : l.quotas) {
     if (cost > q.limit) return never;
   }
-  // Throttled as the gatekeepers are told (a refusal's decision: the sliding
-  // log's next use one interval after the last, its slot charged from there).
-  state after = s;
-  std::int64_t at = now_us;
-  if (const decision d = apply(l, after, {event_kind::rejected, now_us, 0}, now_us); d.throttled) {
-    at = std::max(at, d.next_us);
-  }
-  if (cost <= 0) return at;
-  apply(l, after, {event_kind::accepted, now_us, cost}, now_us);
+  if (fits_now(l, s, cost, now_us)) return now_us;
+  // The times at which what stands in the way goes: the next allowed time,
+  // each logged use leaving its window, the arrival time that makes room
+  // (GCRA), a counter's estimate, a quota's next window. The first at which
+  // the use fits is the answer (what is promised holds then).
+  std::vector<std::int64_t> at;
+  state probe = s;
+  if (const decision d = apply(l, probe, {event_kind::rejected, now_us, 0}, now_us); d.throttled)
+    at.push_back(d.next_us);
   for (std::size_t i = 0; i < l.rules.size(); ++i) {
     const rule& r = l.rules[i];
     if (l.algo == algorithm::gcra) {
-      if (i < after.times.size()) at = std::max(at, after.times[i] - r.window_us());
+      if (i < s.times.size()) at.push_back(std::max(s.times[i], now_us) + (cost - r.burst) * r.interval_us);
     } else if (l.counted(r)) {
-      const double over = window_uses(l, after, i, now_us) - static_cast<double>(r.burst);
-      if (over > 1e-9) at = std::max(at, now_us + static_cast<std::int64_t>(std::ceil(over)) * r.interval_us);
-    } else if (!after.times.empty()) {
-      at = std::max(at, after.times.back());  // the last unit's slot
+      const double over = window_uses(l, s, i, now_us) + static_cast<double>(cost) - static_cast<double>(r.burst);
+      if (over > 0) at.push_back(now_us + static_cast<std::int64_t>(std::ceil(over)) * r.interval_us);
+    } else {
+      for (const std::int64_t t : s.times) at.push_back(t + r.window_us());
     }
   }
-  for (std::size_t i = 0; i < l.quotas.size(); ++i) {
-    if (quota_used(l, after, i, now_us) > l.quotas[i].limit) at = std::max(at, window_end_us(l.quotas[i], now_us));
+  for (const quota& q : l.quotas) at.push_back(window_end_us(q, now_us));
+  std::sort(at.begin(), at.end());
+  for (const std::int64_t t : at) {
+    if (t > now_us && fits_now(l, s, cost, t)) return t;
   }
-  return at;
+  return at.empty() ? now_us : std::max(at.back(), now_us);
 }
 
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {

@@ -188,8 +188,11 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
 /// no later than it; GCRA: its arrival time within the burst; counters and
 /// quotas within their limits) and the identifier not throttled. A use that
 /// fits now returns `now_us`; one that never can (more than a rule's burst or
-/// a quota's limit), INT64_MAX. What an external data plane's request is
-/// admitted by (master/envoy/), as the gatekeepers admit a known cost.
+/// a quota's limit), INT64_MAX. Found among the times at which what stands
+/// in the way goes, each checked on a copy (a history of at most
+/// history_cap() entries): the time returned is one at which the use fits
+/// if nothing else is used meanwhile. What an external data plane's request
+/// is admitted by (master/envoy/), as the gatekeepers admit a known cost.
 std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::int64_t now_us);
 
 /// Units of quota `i` used in its window holding `now_us`.

@@ -1,12 +1,11 @@
 // In-memory limiter state: hash map per domain + one intrusive LRU list.
 #include "master/engine/limiter.hpp"
 
-#include <limits>
-
 #include "master/engine/top.hpp"
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 namespace smockron::master {
 

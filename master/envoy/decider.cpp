@@ -206,6 +206,7 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
   // shadow domain charges them whatever); otherwise only the refusals count.
   const bool charge = all_fit || dc.envoy_shadow;
   bool over = false;
+  bool shadow_over = false;  // a shadow domain's request that would have been refused
   // The descriptor whose standing the RateLimit fields describe: the first
   // refused, else the one with the fewest units left.
   std::optional<ingest::check_result> shown;
@@ -227,7 +228,7 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
     }
     const bool refused = !res.fits && !dc.envoy_shadow;
     st->set_code(refused ? rls_pb::RateLimitResponse::OVER_LIMIT : rls_pb::RateLimitResponse::OK);
-    if (!res.fits && dc.envoy_shadow) rls_shadow_over_.inc();
+    shadow_over = shadow_over || (!res.fits && dc.envoy_shadow);
     if (res.standing.count > 0) {
       const auto& b = res.standing.items[res.binding];
       const rules::limits& l = engine_.limits_now(dv->index, *it.identifier);
@@ -249,6 +250,7 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
   }
   resp.set_overall_code(over ? rls_pb::RateLimitResponse::OVER_LIMIT : rls_pb::RateLimitResponse::OK);
   (over ? rls_over_ : rls_ok_).inc();
+  if (shadow_over) rls_shadow_over_.inc();
   if (shown) {
     // As smockron-proxy writes them: refused, nothing remains until the units fit.
     const std::int64_t retry_s = over && shown->retry_us > now_us ? ceil_s(shown->retry_us - now_us) : 0;

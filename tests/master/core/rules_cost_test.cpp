@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <random>
 
 #include "master/core/rules.hpp"
@@ -511,4 +512,40 @@ TEST(CountedRule, ADebtBeyondTheNextWindowIsRemembered) {
   EXPECT_EQ(d.next_us, t0 + 3'000 * ms - 499 * ms);
   EXPECT_TRUE(evaluate(l, s, t0 + 2'000 * ms).throttled);
   EXPECT_EQ(expires_at_us(l, s), t0 + 3'000 * ms);
+}
+
+// fits_at: when a use of c units fits (what Envoy's RLS calls are admitted by).
+TEST_P(InUnits, FitsAtAdmitsWhatTheBurstHoldsAndTellsWhenTheRestFits) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  state s;
+  EXPECT_EQ(fits_at(l, s, 5, t0), t0) << "a whole burst fits a fresh client";
+  EXPECT_EQ(fits_at(l, s, 6, t0), std::numeric_limits<std::int64_t>::max()) << "more than the burst never fits";
+  use(l, s, 3, t0, t0);
+  EXPECT_EQ(fits_at(l, s, 2, t0), t0);
+  const std::int64_t later = fits_at(l, s, 3, t0);
+  // GCRA: one unit paid back at 10/s; the log: the three uses leave its 500 ms window.
+  EXPECT_EQ(later, GetParam() == algorithm::gcra ? t0 + 100 * ms : t0 + 500 * ms) << "3 + 3 > 5";
+  EXPECT_EQ(fits_at(l, s, 3, later), later) << "a promise: at that time they fit";
+  const state before = s;
+  fits_at(l, s, 3, t0);
+  EXPECT_EQ(s.times, before.times) << "nothing recorded";
+  EXPECT_EQ(fits_at(l, s, 0, t0), t0) << "a look: the client is not throttled";
+}
+
+TEST_P(InUnits, FitsAtWaitsForTheQuotaWindow) {
+  const limits l = make(GetParam(), {per_second(1000, 1000)}, {{10, period::day}});
+  state s;
+  use(l, s, 8, t0, t0);
+  EXPECT_EQ(fits_at(l, s, 2, t0 + ms), t0 + ms);
+  EXPECT_EQ(fits_at(l, s, 3, t0 + ms), window_end_us(l.quotas[0], t0)) << "past the quota: its next window";
+  EXPECT_EQ(fits_at(l, s, 11, t0 + ms), std::numeric_limits<std::int64_t>::max());
+}
+
+TEST(CountedRule, FitsAtCountsTheSlidingWindowEstimate) {
+  const limits l = make(algorithm::sliding_log, {{1'000, 1'000}});  // 1000/s, burst 1000: a counted rule
+  ASSERT_TRUE(l.counted(l.rules[0]));
+  state s;
+  use(l, s, 900, t0, t0);
+  EXPECT_EQ(fits_at(l, s, 100, t0), t0);
+  EXPECT_GT(fits_at(l, s, 101, t0), t0);
 }
