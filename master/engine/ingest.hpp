@@ -110,8 +110,8 @@ public:
   /// services, master/envoy/): `cost` units of (domain, identifier) at
   /// `now_us`, admitted when they fit under every rule and quota now
   /// (limiter::charge), in the same state as the gatekeepers' accounting.
-  /// `mode`: limiter::charge_mode (force: charged whatever the verdict,
-  /// which is only reported; probe: nothing recorded, counted or published).
+  /// `mode`: limiter::charge_mode (force: charged with no verdict, `fits`
+  /// true; probe: nothing recorded, counted or published).
   struct check_result {
     bool fits = false;                    ///< the units fit now (charged)
     bool never = false;                   ///< more than a rule's burst or a quota's limit: can never fit

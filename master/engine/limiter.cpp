@@ -209,10 +209,14 @@ limiter::charge_use limiter::charge(std::size_t domain, std::string_view identif
   entry* en =
       mode == charge_mode::probe || cost <= 0 ? maps_[domain].find(identifier) : touch(domain, identifier, true);
   const rules::limits& l = en ? *en->lim : limits_of(domain, identifier);
-  static const rules::state no_state;
-  const std::int64_t at = rules::fits_at(l, en ? en->st : no_state, cost, now_us);
-  out.never = at == std::numeric_limits<std::int64_t>::max();
-  out.fits = at <= now_us;
+  if (mode == charge_mode::force) {
+    out.fits = true;  // recorded whatever: the caller has the verdict it needs, if any
+  } else {
+    static const rules::state no_state;
+    const std::int64_t at = rules::fits_at(l, en ? en->st : no_state, cost, now_us);
+    out.never = at == std::numeric_limits<std::int64_t>::max();
+    out.fits = at <= now_us;
+  }
   if (!en) return out;
   const bool records = mode != charge_mode::probe;
   if (records && (out.fits || mode == charge_mode::force) && cost > 0) {

@@ -181,8 +181,8 @@ public:
   /// recorded as an accepted use at `now_us` when the units fit under every
   /// rule and quota now (`fits`); else nothing is recorded and it is counted
   /// as refused (`never`: more than a rule's burst or a quota's limit, so it
-  /// can never fit). `force` records it whatever the verdict (shadow mode, or
-  /// uses that already happened: the verdict is only reported); `probe`
+  /// can never fit). `force` records it with no verdict (`fits` true: the
+  /// caller probed first, or the uses already happened); `probe`
   /// records and counts nothing (is the state as it is: pointers null when
   /// the identifier has none). A use of 0 units records nothing. The
   /// pointers as for use().

@@ -226,9 +226,9 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
       publish_(*res.publish);
       ++published_;
     }
-    const bool refused = !res.fits && !dc.envoy_shadow;
+    const bool refused = !it.fits && !dc.envoy_shadow;
     st->set_code(refused ? rls_pb::RateLimitResponse::OVER_LIMIT : rls_pb::RateLimitResponse::OK);
-    shadow_over = shadow_over || (!res.fits && dc.envoy_shadow);
+    shadow_over = shadow_over || (!it.fits && dc.envoy_shadow);
     if (res.standing.count > 0) {
       const auto& b = res.standing.items[res.binding];
       const rules::limits& l = engine_.limits_now(dv->index, *it.identifier);
