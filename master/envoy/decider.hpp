@@ -1,5 +1,5 @@
-// Envoy's rate limit services answered from the engine, on the master's loop
-// thread (grpc_server.hpp hands each call over). RLS v3 (ShouldRateLimit):
+// Envoy's rate limit services answered from the engine, under the engine's
+// lock (grpc_server.hpp: on gRPC's threads). RLS v3 (ShouldRateLimit):
 // each descriptor names an identifier of the request's domain and is charged
 // its hits as a gatekeeper charges a known cost: admitted when the units fit
 // under every rule and quota now, else OVER_LIMIT with the limit that
@@ -61,7 +61,7 @@ struct token_bucket {
 /// 0.5%), never more than max_tokens.
 token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::int64_t shares);
 
-/// One RLQS stream's memory (loop thread): the buckets it reported and what
+/// One RLQS stream's memory (under the engine's lock): the buckets it reported and what
 /// each was last told.
 struct rlqs_stream_state {
   std::uint64_t id = 0;
