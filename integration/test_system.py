@@ -137,6 +137,7 @@ class SystemCase(DaemonTestCase):
         p = self.start_proxy(upstreams, [WARM_ROUTE] + routes, accounting, [master.control],
                              config_name=f"{name}.toml", **proxy_keys)
         self.wait_connected(p)
+        self.wait_accounting(p, masters=2 if tap else 1)
         self.prime(p)
         if tap:
             tap.wait_linked(p)

@@ -178,6 +178,13 @@ class FakeMaster:
         self.control = f"tcp://{HOST}:{self.control_port}"
         self.closed = False
 
+    def pump(self) -> None:
+        """Lets libzmq attach new connections to the sockets: a SUB sends its
+        subscriptions (and a PUB learns a subscriber's) only when the
+        application calls into it, so a gatekeeper's messages go unsent until then."""
+        self.sub.getsockopt(zmq.EVENTS)
+        self.pub.getsockopt(zmq.EVENTS)
+
     def recv_raw(self, timeout: float = 5.0) -> list[bytes] | None:
         if self.sub.poll(max(0, int(timeout * 1000))):
             return self.sub.recv_multipart()

@@ -14,7 +14,7 @@ import unittest
 from lib.backends import BackendProcess
 from lib.config import WARM_DOMAIN, WARM_ROUTE, master_toml, proxy_toml
 from lib.daemons import Daemon, DaemonExited, MasterProcess, ProxyProcess
-from lib.gatekeeper import Gatekeeper
+from lib.gatekeeper import FakeMaster, Gatekeeper
 from lib.http1 import fetch
 from lib.ports import HOST, bind_failed, free_ports, reserve_port
 from lib.timing import WaitTimeout, wait_until
@@ -183,13 +183,20 @@ class DaemonTestCase(unittest.TestCase):
         wait_until(lambda: f"masters connected: {masters}" in proxy.readyz(), timeout,
                    message=f"proxy {proxy.port}: masters connected: {masters}")
 
-    def wait_accounting(self, proxy: ProxyProcess, masters: int = 1, timeout: float = 10.0) -> None:
+    def wait_accounting(self, proxy: ProxyProcess, masters: int = 1, timeout: float = 10.0,
+                        fake: FakeMaster | None = None) -> None:
         """Until every worker's accounting link to each of `masters` has the master's
-        subscriptions: a message sent before would be counted unsent, not charged."""
+        subscriptions: a message sent before would be counted unsent, not charged.
+        A `fake` master is pumped meanwhile (its SUB subscribes only when called into)."""
         workers = int(wait_until(lambda: re.search(r"\((\d+) worker threads?\)", proxy.log()), timeout,
                                  message="the proxy's worker count in its log").group(1))
-        proxy.wait_metric("smockron_proxy_accounting_links_subscribed", predicate=lambda v: v >= workers * masters,
-                          timeout=timeout)
+
+        def all_subscribed(v: float) -> bool:
+            if fake:
+                fake.pump()
+            return v >= workers * masters
+
+        proxy.wait_metric("smockron_proxy_accounting_links_subscribed", predicate=all_subscribed, timeout=timeout)
 
     def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
         """Sends warm-up requests (one fresh X-Warm key each, route WARM_ROUTE) until a
