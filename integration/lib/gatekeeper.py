@@ -44,7 +44,9 @@ class Gatekeeper:
 
     _ids = itertools.count()
 
-    def __init__(self, accounting: str, control: str, domains, probe_domain: str = PROBE_DOMAIN):
+    def __init__(self, accounting: str, control: str, domains, probe_domain: str = PROBE_DOMAIN,
+                 curve: tuple[bytes, bytes, bytes] | None = None):
+        """`curve`: (our public key, our secret key, the master's public key), Z85: both links speak CURVE."""
         self.ctx = zmq.Context()
         self.uid = f"{os.getpid()}-{next(Gatekeeper._ids)}-{uuid.uuid4().hex[:6]}"
         self.probe_domain = probe_domain
@@ -55,6 +57,9 @@ class Gatekeeper:
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 100_000)
+        if curve:
+            for sock in (self.pub, self.sub):
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         # Test domains first, probe last: subscriptions travel in order, so once a
         # probe reply arrives every earlier subscription is in place too.
         for d in list(domains):
@@ -161,13 +166,19 @@ class FakeMaster:
     SUB bound to the accounting endpoint (subscribed to everything) and PUB
     bound to the control endpoint."""
 
-    def __init__(self, accounting_port: int | None = None, control_port: int | None = None):
+    def __init__(self, accounting_port: int | None = None, control_port: int | None = None,
+                 curve_secret: bytes | None = None):
+        """`curve_secret` (Z85): both sockets are CURVE servers with that key (any client key is accepted)."""
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        if curve_secret:
+            for sock in (self.sub, self.pub):
+                sock.curve_secretkey = curve_secret
+                sock.curve_server = True
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.accounting_port = accounting_port or self.sub.bind_to_random_port(f"tcp://{HOST}")
         if accounting_port:
             self.sub.bind(f"tcp://{HOST}:{accounting_port}")

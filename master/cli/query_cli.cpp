@@ -5,15 +5,21 @@
 //   smockron-query [--server HOST:PORT] [--timeout MS] get_stats DOMAIN IDENTIFIER
 //   smockron-query [--server HOST:PORT] [--timeout MS] get_size
 //   smockron-query [--admin HOST:PORT] [--timeout MS] top [DOMAIN] [N]
+//   smockron-query keygen PATH
 //
 // `top` asks the master's admin endpoint (GET /top, HTTP) who is limited now
 // and prints a table: per domain, the N identifiers limited most in the last
 // minute (default 10).
 //
+// `keygen` writes a CURVE keypair for the links between daemons: PATH.key
+// (the secret key, mode 0600) and PATH.pub (the public key), each in
+// ZeroMQ's Z85 form on one line. It refuses to overwrite either.
+//
 // Prints the answer (without its request ID). Exit status: 0 answered (for
 // over_limit: not over the limit), 1 over_limit answered "Y", 2 no answer in
 // time (a client may then go on as if "N": fail-open), 64 usage.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -34,6 +40,7 @@
 
 #include "master/core/query.hpp"
 #include "shared/base/net.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 #include "smockron/version.hpp"
 
 namespace {
@@ -43,6 +50,7 @@ constexpr const char* k_usage =
     "       smockron-query [--server HOST:PORT] [--timeout MS] get_stats DOMAIN IDENTIFIER\n"
     "       smockron-query [--server HOST:PORT] [--timeout MS] get_size\n"
     "       smockron-query [--admin HOST:PORT] [--timeout MS] top [DOMAIN] [N]\n"
+    "       smockron-query keygen PATH    (writes PATH.key, mode 0600, and PATH.pub: a CURVE keypair)\n"
     "  --server HOST:PORT  the master's [master] query endpoint (default 127.0.0.1:10006)\n"
     "  --admin HOST:PORT   the master's admin endpoint, for top (default 127.0.0.1:9105)\n"
     "  --timeout MS        how long to wait for the answer (default 100)\n"
@@ -54,6 +62,31 @@ int usage(const std::string& why) {
   if (!why.empty()) std::cerr << "smockron-query: " << why << "\n";
   std::cerr << k_usage;
   return 64;
+}
+
+// keygen PATH: a CURVE keypair in PATH.key (secret, 0600) and PATH.pub.
+int keygen(const std::string& path) {
+  const auto kp = smockron::zmtp::curve::generate();
+  const auto write = [](const std::string& file, const std::string& text, mode_t mode) {
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+      std::cerr << "smockron-query: cannot create " << file << ": " << std::strerror(errno) << "\n";
+      return false;
+    }
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) std::cerr << "smockron-query: cannot write " << file << "\n";
+    return ok;
+  };
+  const std::string pub = smockron::zmtp::curve::z85_encode(kp.public_key);
+  if (!write(path + ".key",
+             "# smockron CURVE secret key (public key " + pub + ")\n" +
+                 smockron::zmtp::curve::z85_encode(kp.secret_key) + "\n",
+             0600))
+    return 1;
+  if (!write(path + ".pub", pub + "\n", 0644)) return 1;
+  std::cout << pub << "\n";
+  return 0;
 }
 
 // GET `target` from host:port over HTTP/1.0 within `timeout_ms`: the status
@@ -186,6 +219,11 @@ int main(int argc, char** argv) {
     } else {
       words.emplace_back(a);
     }
+  }
+  if (!words.empty() && words[0] == "keygen") {
+    if (words.size() != 2 || words[1].empty())
+      return usage("keygen: PATH is needed (PATH.key and PATH.pub are written)");
+    return keygen(words[1]);
   }
   if (!words.empty() && words[0] == "top") {
     if (words.size() > 3) return usage("");

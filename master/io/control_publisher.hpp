@@ -52,6 +52,8 @@ public:
 
   /// After each turn of the loop: what was published leaves (see zmtp_server::after_turn).
   void after_turn() { server_.after_turn(); }
+  /// New CURVE keys (a reload): see zmtp_server::set_curve.
+  void set_curve(std::shared_ptr<const zmtp::curve::server_keys> keys) { server_.set_curve(std::move(keys)); }
 
   /// The domain list changed: every domain's POLICY goes out at the next tick.
   void domains_changed(std::size_t count);

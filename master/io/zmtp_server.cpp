@@ -31,6 +31,9 @@ constexpr std::size_t k_max_output = 64 * 1024;
 /// Role pub: a peer's queue is written as soon as it holds this much, not
 /// only at the end of the turn.
 constexpr std::size_t k_flush_at = 64 * 1024;
+/// A subscription frame's bytes beyond its topic, at most: the 0x01, the
+/// header, and under CURVE the MESSAGE name, nonce, MAC and flags (33).
+constexpr std::size_t k_frame_overhead = 48;
 
 }  // namespace
 
@@ -42,7 +45,8 @@ struct zmtp_server::peer final : event_loop::source {
                     ? zmtp::session::limits{.max_message = k_max_message,
                                             .max_skip = k_max_skip,
                                             .max_frames = k_max_frames}
-                    : zmtp::session::limits{.max_message = k_max_message, .max_pong_backlog = k_max_output}),
+                    : zmtp::session::limits{.max_message = k_max_message, .max_pong_backlog = k_max_output},
+                {.client = nullptr, .server = s.opt_.curve}),
         subs(s.opt_.max_subscriptions) {}
   void on_ready(std::uint32_t events) override { owner.peer_ready(*this, events); }
   zmtp_server& owner;
@@ -65,7 +69,8 @@ namespace {
 // also counts peers over max_subscriptions.
 constexpr zmtp::fault k_counted[] = {zmtp::fault::greeting,   zmtp::fault::mechanism,  zmtp::fault::handshake,
                                      zmtp::fault::framing,    zmtp::fault::peer_error, zmtp::fault::timeout,
-                                     zmtp::fault::peer_limit, zmtp::fault::stalled};
+                                     zmtp::fault::peer_limit, zmtp::fault::stalled,    zmtp::fault::unknown_key,
+                                     zmtp::fault::bad_box,    zmtp::fault::nonce};
 
 std::string metric(const std::string& name, std::string_view what) {
   return "smockron_master_" + name + "_" + std::string(what);
@@ -127,7 +132,7 @@ zmtp_server::~zmtp_server() {
 void zmtp_server::subscribe(std::string_view topic) {
   if (std::find(topics_.begin(), topics_.end(), topic) != topics_.end()) return;
   topics_.emplace_back(topic);
-  subscription_bytes_ += topic.size() + 10;
+  subscription_bytes_ += topic.size() + k_frame_overhead;
   send_subscription(true, topic);
 }
 
@@ -135,7 +140,7 @@ void zmtp_server::unsubscribe(std::string_view topic) {
   const auto it = std::find(topics_.begin(), topics_.end(), topic);
   if (it == topics_.end()) return;
   topics_.erase(it);
-  subscription_bytes_ -= topic.size() + 10;
+  subscription_bytes_ -= topic.size() + k_frame_overhead;
   send_subscription(false, topic);
 }
 
@@ -144,9 +149,23 @@ void zmtp_server::send_subscription(bool subscribe, std::string_view topic) {
   std::string body(1, subscribe ? '\x01' : '\0');  // appended: GCC 12 at -O3 warns (-Wrestrict) on "\x01" + string
   body += topic;
   std::string frame;
-  zmtp::append_frame(frame, 0, body);
   for (auto& p : peers_) {
-    if (!p->closed && p->session.ready()) send(*p, frame);
+    if (p->closed || !p->session.ready()) continue;
+    frame.clear();
+    p->session.append(frame, 0, body);  // sealed for each peer under CURVE
+    send(*p, frame);
+  }
+}
+
+void zmtp_server::set_curve(std::shared_ptr<const zmtp::curve::server_keys> keys) {
+  if (!keys || !opt_.curve) return;
+  opt_.curve = std::move(keys);
+  for (auto& p : peers_) {
+    if (p->closed || !p->session.ready()) continue;
+    if (const auto* k = p->session.peer_key(); k && !opt_.curve->allowed.contains(*k)) {
+      drop(*p, zmtp::fault::unknown_key,
+           "the gatekeeper's key " + zmtp::curve::z85_encode(*k) + " is no longer listed");
+    }
   }
 }
 
@@ -229,7 +248,9 @@ void zmtp_server::accept_all() {
     connections_.inc();
     peer& ref = *p;
     peers_.push_back(std::move(p));
-    send(ref, zmtp::session::hello(opt_.role));
+    std::string hello;
+    ref.session.start(hello);
+    send(ref, hello);
   }
 }
 
@@ -254,6 +275,12 @@ bool zmtp_server::admitted(const sockaddr_storage& from) {
 void zmtp_server::on_readable(peer& p) {
   const ssize_t n = ::recv(p.fd, p.in.get() + p.len, k_buffer - p.len, 0);
   if (n == 0) {
+    // A ZeroMQ peer that sent its signature and left at our greeting refused
+    // our mechanism (libzmq closes on a mismatch): a gatekeeper without keys
+    // when we have them, or with keys when we have none.
+    if (!p.session.ready() && p.len >= 10 && static_cast<unsigned char>(p.in[0]) == 0xff) {
+      return drop(p, zmtp::fault::mechanism, "the peer left at our greeting: its security mechanism is not ours");
+    }
     close(p);
     return;
   }
@@ -275,7 +302,7 @@ void zmtp_server::parse(peer& p) {
     events(zmtp_server& s, peer& q, std::string& r) : self(s), p(q), replies(r) {}
     void on_ready() override {
       self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
-      for (const auto& t : self.topics_) zmtp::append_frame(replies, 0, "\x01" + t);
+      for (const auto& t : self.topics_) p.session.append(replies, 0, "\x01" + t);
     }
     void on_message(std::span<const std::string_view> frames, bool truncated) override {
       if (self.on_message_) self.on_message_(frames, truncated);
@@ -333,7 +360,7 @@ zmtp_server::published zmtp_server::publish(std::span<const std::string_view> fr
         zmtp::append_frame(message_, i + 1 < frames.size() ? zmtp::flag_more : 0, frames[i]);
       framed = true;
     }
-    p.out += message_;
+    p.session.append_framed(p.out, message_);  // sealed for each peer under CURVE
     ++p.queued;
     ++r.queued;
     if (p.out.size() >= k_flush_at) {

@@ -84,6 +84,8 @@ public:
     std::size_t max_queued = 0;
     /// Role pub: topics one peer may subscribe to; more is a fault.
     std::size_t max_subscriptions = 10'000;
+    /// CURVE (our keys and the gatekeepers' we admit); null: NULL, plaintext.
+    std::shared_ptr<const zmtp::curve::server_keys> curve = nullptr;
   };
 
   using message_fn = std::function<void(std::span<const std::string_view> frames, bool truncated)>;
@@ -146,6 +148,11 @@ public:
 
   /// Peers that finished the handshake.
   std::size_t peers() const;
+
+  /// New CURVE keys (a reload): new connections use them; a connected
+  /// gatekeeper whose key is no longer listed is disconnected. Null and
+  /// non-null cannot be swapped (a restart changes the mechanism).
+  void set_curve(std::shared_ptr<const zmtp::curve::server_keys> keys);
 
 private:
   struct peer;

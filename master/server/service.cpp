@@ -22,26 +22,35 @@ std::string topic(std::string_view domain) { return std::string(domain) + std::s
 // the keys that differed (for the log).
 std::string keep_restart_only(const config::master_config& running, config::master_config& next) {
   using c = config::master_config;
-  return config::restart_only<c>(running, next)
-      .keep(&c::accounting, "accounting")
-      .keep(&c::control, "control")
-      .keep(&c::admin, "admin")
-      .keep(&c::query, "query")
-      .keep(&c::query_allow, "query_allow")
-      .keep(&c::rls, "rls")
-      .keep(&c::rls_allow, "rls_allow")
-      .keep(&c::max_accounting_peers, "max_accounting_peers")
-      .keep(&c::control_hwm, "control_hwm")
-      .keep(&c::accounting_allow, "accounting_allow")
-      .keep(&c::admin_allow, "admin_allow")
-      .keep(&c::control_allow, "control_allow")
-      .keep(&c::startup_backlog, "startup_backlog")
-      .keep(&c::store, "store")
-      .keep(&c::redis, "redis")
-      .keep(&c::redis_target, "redis")
-      .keep(&c::redis_timeout, "redis_timeout")
-      .keep(&c::log_level, "log_level")
-      .changed();
+  std::string mechanism;
+  if ((running.curve == nullptr) != (next.curve == nullptr)) {  // plaintext <-> CURVE: a restart
+    next.curve = running.curve;
+    next.curve_secret_key = running.curve_secret_key;
+    next.curve_allowed_keys = running.curve_allowed_keys;
+    mechanism = "curve_secret_key (CURVE on or off)";
+  }
+  std::string changed = config::restart_only<c>(running, next)
+                            .keep(&c::accounting, "accounting")
+                            .keep(&c::control, "control")
+                            .keep(&c::admin, "admin")
+                            .keep(&c::query, "query")
+                            .keep(&c::query_allow, "query_allow")
+                            .keep(&c::rls, "rls")
+                            .keep(&c::rls_allow, "rls_allow")
+                            .keep(&c::max_accounting_peers, "max_accounting_peers")
+                            .keep(&c::control_hwm, "control_hwm")
+                            .keep(&c::accounting_allow, "accounting_allow")
+                            .keep(&c::admin_allow, "admin_allow")
+                            .keep(&c::control_allow, "control_allow")
+                            .keep(&c::startup_backlog, "startup_backlog")
+                            .keep(&c::store, "store")
+                            .keep(&c::redis, "redis")
+                            .keep(&c::redis_target, "redis")
+                            .keep(&c::redis_timeout, "redis_timeout")
+                            .keep(&c::log_level, "log_level")
+                            .changed();
+  if (!mechanism.empty()) changed += (changed.empty() ? "" : ", ") + mechanism;
+  return changed;
 }
 
 }  // namespace
@@ -51,8 +60,8 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
       file_cfg_(cfg),
       clock_(clk),
       metrics_(reg),
-      accounting_(loop_, cfg.accounting, {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow}, clk,
-                  reg),
+      accounting_(loop_, cfg.accounting,
+                  {.max_peers = cfg.max_accounting_peers, .allow = cfg.accounting_allow, .curve = cfg.curve}, clk, reg),
       ingest_(cfg, clk, reg),
       control_(std::make_unique<control_publisher>(loop_, cfg, clk, reg)),
       reloads_(reg.add_counter("smockron_master_reloads_total", "Successful configuration reloads")),
@@ -328,6 +337,9 @@ void service::reconfigure(config::master_config next) {
   for (const auto& name : changes.removed) accounting_.unsubscribe(topic(name));
   for (const auto& name : changes.added) accounting_.subscribe(topic(name));
   control_->domains_changed(ingest_.domains().size());  // the new rules reach the gatekeepers at once
+  // New keys: a rotation's second key, gatekeepers added or removed (those removed are disconnected).
+  accounting_.set_curve(next.curve);
+  control_->set_curve(next.curve);
   {
     std::lock_guard lock(status_mutex_);
     cfg_ = std::move(next);

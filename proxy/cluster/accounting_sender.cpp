@@ -31,20 +31,23 @@ constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
 
 struct accounting_sender::link {
   enum class state : std::uint8_t { idle, connecting, handshake, ready };
-  link(asio::io_context& ioc, std::string ep)
+  link(asio::io_context& ioc, std::string ep, std::shared_ptr<const zmtp::curve::client_keys> keys)
       : endpoint(std::move(ep)),
+        curve(std::move(keys)),
         socket(ioc),
         retry(ioc),
         resolver(ioc),
         session(new_session()),
         subs(k_max_subscriptions) {}
 
-  static zmtp::session new_session() {
+  zmtp::session new_session() const {
     return zmtp::session(zmtp::session::role::pub,
-                         {.max_message = k_max_in_frame, .max_pong_backlog = k_max_pong_backlog});
+                         {.max_message = k_max_in_frame, .max_pong_backlog = k_max_pong_backlog},
+                         {.client = curve, .server = nullptr});
   }
 
   std::string endpoint;
+  std::shared_ptr<const zmtp::curve::client_keys> curve;  ///< CURVE with this master; null: plaintext
   generic_stream::socket socket;
   asio::steady_timer retry;
   asio::ip::tcp::resolver resolver;
@@ -77,7 +80,7 @@ accounting_sender::counters::counters(metrics::registry& r)
                              "subscribed: messages are delivered on these only")) {
   for (const auto f : {zmtp::fault::greeting, zmtp::fault::mechanism, zmtp::fault::handshake, zmtp::fault::framing,
                        zmtp::fault::peer_error, zmtp::fault::subscriptions, zmtp::fault::timeout, zmtp::fault::connect,
-                       zmtp::fault::closed, zmtp::fault::io}) {
+                       zmtp::fault::closed, zmtp::fault::io, zmtp::fault::bad_box, zmtp::fault::nonce}) {
     disconnects[static_cast<int>(f)] =
         &r.add_counter("smockron_proxy_accounting_disconnects_total",
                        "Accounting connections to a master that failed or ended, by reason (then retried)",
@@ -87,7 +90,8 @@ accounting_sender::counters::counters(metrics::registry& r)
 
 accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<std::string>& endpoints,
                                      std::size_t queue_limit, counters& c,
-                                     const std::vector<config::proxy_config::shard_config>& shards)
+                                     const std::vector<config::proxy_config::shard_config>& shards,
+                                     const curve_keys& curve)
     : ioc_(ioc),
       queue_limit_(queue_limit),
       counters_(c),
@@ -97,7 +101,8 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
   bytes_.reserve(batch * 96);
   batch_.reserve(batch);
   for (const auto& e : endpoints) {
-    links_.push_back(std::make_unique<link>(ioc_, e));
+    const auto it = curve.find(e);
+    links_.push_back(std::make_unique<link>(ioc_, e, it == curve.end() ? nullptr : it->second));
     connect(*links_.back());
   }
   for (const auto& sc : shards) {
@@ -193,7 +198,7 @@ void accounting_sender::flush() {
         refused = true;
         return;
       }
-      l.pending += message;
+      l.session.append_framed(l.pending, message);  // sealed for this master under CURVE
       ++l.pending_msgs;
       taken = true;
     };
@@ -278,10 +283,13 @@ void accounting_sender::connect(link& l) {
 
 void accounting_sender::on_connected(link& l) {
   l.st = link::state::handshake;
-  l.session = link::new_session();
+  l.session = l.new_session();
   l.in.clear();
   const std::uint64_t gen = l.generation;
-  queue(l, zmtp::session::hello(zmtp::session::role::pub), 0);
+  std::string hello;
+  l.session.start(hello);
+  if (const auto f = l.session.failed()) return fail(l, *f, l.session.detail());
+  queue(l, hello, 0);
   write(l);
   if (gen == l.generation) read(l);
 }

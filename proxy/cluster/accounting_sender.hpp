@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -73,8 +74,11 @@ public:
 
   /// `queue_limit`: messages queued per master at most (accounting_hwm; 0 = unbounded).
   /// `shards`: domains split across masters by identifier (their endpoints are among `endpoints`).
+  /// `curve`: the keys of each endpoint that speaks CURVE (the others are plaintext).
+  using curve_keys = std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>>;
   accounting_sender(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t queue_limit,
-                    counters& c, const std::vector<config::proxy_config::shard_config>& shards = {});
+                    counters& c, const std::vector<config::proxy_config::shard_config>& shards = {},
+                    const curve_keys& curve = {});
   accounting_sender(const accounting_sender&) = delete;
   accounting_sender& operator=(const accounting_sender&) = delete;
 

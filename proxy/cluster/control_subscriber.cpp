@@ -13,7 +13,7 @@ namespace smockron::proxy {
 
 control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g,
                                        domain_registry& domains, const clock& clk, metrics::registry& reg,
-                                       concurrency_sinks concurrency)
+                                       concurrency_sinks concurrency, curve_keys curve)
     : ctx_(ctx),
       endpoints_(endpoints),
       gate_(g),
@@ -33,6 +33,10 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       concurrency_(std::move(concurrency)),
       grants_(reg.add_counter("smockron_proxy_control_grants_total",
                               "GRANT messages for this proxy's workers (concurrency slots leased)")),
+      handshake_failures_(reg.add_counter("smockron_proxy_control_handshake_failures_total",
+                                          "Control connections to a master whose handshake failed (under CURVE: "
+                                          "the master's key is not curve_master_key, or ours is not listed)")),
+      curve_(std::move(curve)),
       log_(log::get("proxy.control")) {
   for (std::size_t i = 0; i < wire::decode_error_count; ++i) {
     errors_[i] = &reg.add_counter("smockron_proxy_control_decode_errors_total", "Malformed control messages by reason",
@@ -72,11 +76,28 @@ void control_subscriber::run() {
   // A monitor tells whether masters are connected (for /readyz and metrics).
   const std::string monitor_endpoint =
       "inproc://smockron-control-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-  zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+  // A master counts once its handshake succeeded (under CURVE a connection
+  // with the wrong master key is connected and useless).
+  zmq_socket_monitor(sub.handle(), monitor_endpoint.c_str(),
+                     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
   zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
   monitor.set(zmq::sockopt::linger, 0);
   monitor.connect(monitor_endpoint);
-  for (const auto& e : endpoints_) sub.connect(e);
+  for (const auto& e : endpoints_) {
+    // libzmq takes the mechanism's options at connect: each endpoint its master's key.
+    if (const auto it = curve_.find(e); it != curve_.end()) {
+      const auto& k = *it->second;
+      const auto bytes = [](const zmtp::curve::key& key) {
+        return std::string_view(reinterpret_cast<const char*>(key.data()), key.size());
+      };
+      sub.set(zmq::sockopt::curve_secretkey, bytes(k.own.secret_key));
+      sub.set(zmq::sockopt::curve_publickey, bytes(k.own.public_key));
+      sub.set(zmq::sockopt::curve_serverkey, bytes(k.server));
+    }
+    sub.connect(e);
+  }
+  std::set<std::string, std::less<>> handshaken;  // endpoints whose connection finished its handshake
 
   std::set<std::string> subscribed;
   zmq_util::multipart in;
@@ -91,8 +112,17 @@ void control_subscriber::run() {
         if (in.count >= 1 && in.views[0].size() >= 2) {
           std::uint16_t event = 0;
           std::memcpy(&event, in.views[0].data(), 2);
-          if (event == ZMQ_EVENT_CONNECTED) ++connected_;
-          if (event == ZMQ_EVENT_DISCONNECTED && connected_ > 0) --connected_;
+          const std::string endpoint(in.count >= 2 ? in.views[1] : std::string_view());
+          if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && handshaken.insert(endpoint).second) ++connected_;
+          if (event == ZMQ_EVENT_DISCONNECTED && handshaken.erase(endpoint) > 0) --connected_;
+          if (event != ZMQ_EVENT_HANDSHAKE_SUCCEEDED && event != ZMQ_EVENT_DISCONNECTED) {
+            handshake_failures_.inc();
+            std::uint64_t suppressed = 0;
+            if (bad_log_.allow(clock_.steady_now(), suppressed)) {
+              log_->warn("control handshake with {} failed ({}): check curve_master_key ({} similar suppressed)",
+                         endpoint, event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "refused" : "protocol", suppressed);
+            }
+          }
         }
       }
       // ZMQ_FD is edge-triggered: always drain everything that is ready.

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -26,6 +27,7 @@
 #include "shared/daemon/zmq_util.hpp"
 #include "shared/protocol/wire.hpp"
 #include "shared/protocol/wire_lease.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 
 namespace smockron::proxy {
 
@@ -38,8 +40,10 @@ public:
     concurrency_policies* policies = nullptr;
     std::function<bool(const wire::grant&)> grant;
   };
+  /// `curve`: the keys of each endpoint that speaks CURVE (the others are plaintext).
+  using curve_keys = std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>>;
   control_subscriber(zmq::context_t& ctx, const std::vector<std::string>& endpoints, gate& g, domain_registry& domains,
-                     const clock& clk, metrics::registry& reg, concurrency_sinks concurrency);
+                     const clock& clk, metrics::registry& reg, concurrency_sinks concurrency, curve_keys curve = {});
   ~control_subscriber();
 
   /// Subscribes to exactly these domains (called at start and on reload; thread-safe).
@@ -69,6 +73,8 @@ private:
   metrics::counter& policies_ignored_;
   concurrency_sinks concurrency_;
   metrics::counter& grants_;
+  metrics::counter& handshake_failures_;
+  curve_keys curve_;
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter bad_log_;
   std::atomic<int> connected_{0};

@@ -84,7 +84,7 @@ struct worker {
       : slots(
             holder, [this](const wire::lease& m) { accounting.lease(m); }, s.clk),
         accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
-                   s.accounting_counters, first->cfg.shards),
+                   s.accounting_counters, first->cfg.shards, first->cfg.curve),
         rt(std::move(first)),
         pool(ioc.get_executor(), s.clk, s.metrics, s.resolve_soon),
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}

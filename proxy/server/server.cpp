@@ -59,6 +59,7 @@ void listen(worker& w, const tcp::endpoint& ep) {
 // the keys that differed (for the log).
 std::string keep_restart_only(const config::proxy_config& running, config::proxy_config& next) {
   using c = config::proxy_config;
+  next.curve = running.curve;  // the links' keys, read at start (the files may have changed since)
   return config::restart_only<c>(running, next)
       .keep(&c::listen, "listen")
       .keep(&c::admin, "admin")
@@ -67,6 +68,8 @@ std::string keep_restart_only(const config::proxy_config& running, config::proxy
       .keep(&c::accounting, "accounting")
       .keep(&c::control, "control")
       .keep(&c::shards, "shards")
+      .keep(&c::curve_secret_key, "curve_secret_key")
+      .keep(&c::curve_master_key, "curve_master_key")
       .keep(&c::accounting_hwm, "accounting_hwm")
       .keep(&c::max_control_entries, "max_control_entries")
       .keep(&c::log_level, "log_level")
@@ -115,7 +118,8 @@ struct server::impl {
     control_ = std::make_unique<control_subscriber>(
         control_ctx_, cfg.control, shared_.gate, shared_.domains, shared_.clk, shared_.registry,
         control_subscriber::concurrency_sinks{&shared_.concurrency,
-                                              [this](const wire::grant& g) { return hand_grant(g); }});
+                                              [this](const wire::grant& g) { return hand_grant(g); }},
+        cfg.curve);
     control_->set_domains(first->routes.domains());
     admin_ = std::make_unique<admin_server>(
         admin_ioc_, cfg.admin,

@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +17,7 @@
 
 #include "shared/base/net.hpp"
 #include "shared/base/units.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 
 namespace smockron::config {
 
@@ -146,6 +149,12 @@ struct master_config {
   std::string admin_token;  ///< its content, read when the configuration is loaded (whitespace trimmed)
   /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
   std::vector<cidr> control_allow;
+  /// CURVE on both endpoints: the files of the master's secret keys (the
+  /// first is current; a second is still accepted during a rotation) and of
+  /// the gatekeepers' public keys it admits. None: plaintext (NULL).
+  std::vector<std::string> curve_secret_key;
+  std::string curve_allowed_keys;
+  std::shared_ptr<const zmtp::curve::server_keys> curve;  ///< the keys, read when the configuration is loaded
   /// The UDP query endpoint (the UDP rate limiter's protocol); none: off.
   std::optional<host_port> query;
   /// Who may send queries (empty: anyone): an over_limit records a use, so list the clients' networks.
@@ -284,6 +293,18 @@ struct proxy_config {
   std::int64_t threads = 0;  ///< 0 = one per core
   std::vector<std::string> accounting{"tcp://127.0.0.1:10004"};
   std::vector<std::string> control{"tcp://127.0.0.1:10005"};
+  /// CURVE on the links to the masters: the file of the gatekeeper's secret
+  /// key, and each endpoint's master key (a file or the Z85 key; one for all,
+  /// or one per endpoint). None: plaintext (NULL).
+  std::string curve_secret_key;
+  std::map<std::string, std::string, std::less<>> curve_master_key;  ///< endpoint -> key ("" = every endpoint)
+  /// The keys of each accounting and control endpoint, read when the configuration is loaded.
+  std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>> curve;
+  /// The keys for `endpoint` (null: plaintext).
+  std::shared_ptr<const zmtp::curve::client_keys> curve_for(std::string_view endpoint) const {
+    const auto it = curve.find(endpoint);
+    return it == curve.end() ? nullptr : it->second;
+  }
   microseconds max_delay = std::chrono::seconds(5);
   std::int64_t max_held = 10'000;
   std::vector<cidr> trusted_proxies;

@@ -286,6 +286,43 @@ void read_admin_token(reader& r, sink& s, master_config& m) {
   else m.admin_token = std::move(token);
 }
 
+// CURVE: the master's secret key files (one, or the current and the
+// previous during a rotation) and the gatekeepers' keys, read now (a reload
+// reads them again).
+void read_curve(reader& r, sink& s, master_config& m) {
+  r.string_list("curve_secret_key", m.curve_secret_key,
+                [](std::string_view f) { return f.empty() ? std::string("expected a file path") : std::string(); });
+  r.string("curve_allowed_keys", m.curve_allowed_keys);
+  const toml::node* secret = r.table().get("curve_secret_key");
+  const toml::node* allowed = r.table().get("curve_allowed_keys");
+  if (!secret && !allowed) return;
+  if (!secret || !allowed) {
+    const toml::node* set = secret ? secret : allowed;
+    s.add(*set, r.key(secret ? "curve_secret_key" : "curve_allowed_keys"),
+          std::string("needs ") + (secret ? "curve_allowed_keys" : "curve_secret_key") + " too");
+    return;
+  }
+  if (m.curve_secret_key.size() > 2) {
+    s.add(*secret, "master.curve_secret_key", "at most two keys (the current one and the previous one)");
+    return;
+  }
+  auto keys = std::make_shared<zmtp::curve::server_keys>();
+  try {
+    for (const auto& f : m.curve_secret_key) keys->own.push_back(zmtp::curve::read_secret_key(f));
+  } catch (const std::runtime_error& e) {
+    s.add(*secret, "master.curve_secret_key", e.what());
+    return;
+  }
+  if (m.curve_allowed_keys.empty()) return;
+  try {
+    keys->allowed = zmtp::curve::read_key_list(m.curve_allowed_keys);
+  } catch (const std::runtime_error& e) {
+    s.add(*allowed, "master.curve_allowed_keys", e.what());
+    return;
+  }
+  if (!keys->own.empty()) m.curve = std::move(keys);
+}
+
 // `rls`: the gRPC endpoint of Envoy's rate limit services, and what goes with it.
 void read_rls(reader& r, sink& s, master_config& m) {
   if (r.table().contains("rls")) {
@@ -359,6 +396,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.cidr_list("admin_allow", m.admin_allow);
   read_admin_token(r, s, m);
   r.cidr_list("control_allow", m.control_allow);
+  read_curve(r, s, m);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
     if (auto u = parse_redis_url(rd->get())) {

@@ -178,6 +178,80 @@ void read_tls(reader& r, proxy_config& p) {
 
 }  // namespace
 
+namespace {
+// CURVE: the gatekeeper's secret key and its masters' public keys, read now.
+// `curve_master_key` is one key for every endpoint, or a table naming each
+// accounting and control endpoint.
+void read_curve(reader& r, sink& s, proxy_config& p) {
+  r.string("curve_secret_key", p.curve_secret_key);
+  const toml::node* secret = r.table().get("curve_secret_key");
+  const toml::node* master = r.get("curve_master_key");
+  if (!secret && !master) return;
+  if (!secret || !master) {
+    const toml::node* set = secret ? secret : master;
+    s.add(*set, r.key(secret ? "curve_secret_key" : "curve_master_key"),
+          std::string("needs ") + (secret ? "curve_master_key" : "curve_secret_key") + " too");
+    return;
+  }
+  bool ok = true;
+  if (const auto* one = master->as_string()) {
+    p.curve_master_key[""] = one->get();
+  } else if (const auto* each = master->as_table()) {
+    for (auto&& [k, v] : *each) {
+      const std::string endpoint(k.str());
+      const auto* text = v.as_string();
+      const bool known = std::find(p.accounting.begin(), p.accounting.end(), endpoint) != p.accounting.end() ||
+                         std::find(p.control.begin(), p.control.end(), endpoint) != p.control.end();
+      if (!text) {
+        s.add(v, "proxy.curve_master_key." + endpoint, "expected a key file path or a Z85 key");
+        ok = false;
+      } else if (!known) {
+        s.add(v, "proxy.curve_master_key." + endpoint, "not one of the accounting or control endpoints");
+        ok = false;
+      } else {
+        p.curve_master_key[endpoint] = text->get();
+      }
+    }
+  } else {
+    s.add(*master, "proxy.curve_master_key",
+          "expected a key (file path or Z85) or a table of endpoint = key, got " + std::string(type_name(*master)));
+    return;
+  }
+  if (!ok) return;
+  zmtp::curve::keypair own;
+  try {
+    own = zmtp::curve::read_secret_key(p.curve_secret_key);
+  } catch (const std::runtime_error& e) {
+    s.add(*secret, "proxy.curve_secret_key", e.what());
+    return;
+  }
+  std::vector<std::string> endpoints = p.accounting;
+  endpoints.insert(endpoints.end(), p.control.begin(), p.control.end());
+  std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>> by_key_text;
+  for (const auto& endpoint : endpoints) {
+    auto it = p.curve_master_key.find(endpoint);
+    if (it == p.curve_master_key.end()) it = p.curve_master_key.find("");
+    if (it == p.curve_master_key.end()) {
+      s.add(*master, "proxy.curve_master_key", "names no key for the endpoint \"" + endpoint + "\"");
+      continue;
+    }
+    auto& shared = by_key_text[it->second];  // one key object per distinct key
+    if (!shared) {
+      try {
+        auto keys = std::make_shared<zmtp::curve::client_keys>();
+        keys->own = own;
+        keys->server = zmtp::curve::read_public_key(it->second);
+        shared = std::move(keys);
+      } catch (const std::runtime_error& e) {
+        s.add(*master, "proxy.curve_master_key", e.what());
+        return;
+      }
+    }
+    p.curve[endpoint] = shared;
+  }
+}
+}  // namespace
+
 proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   proxy_config p;
   reader r(t, "proxy", s);
@@ -186,6 +260,7 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.integer("threads", p.threads, 0, 1024);
   r.string_list("accounting", p.accounting, [](std::string_view e) { return check_stream_endpoint(e, "accounting"); });
   r.string_list("control", p.control, [](std::string_view e) { return check_stream_endpoint(e, "control"); });
+  read_curve(r, s, p);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
   r.cidr_list("trusted_proxies", p.trusted_proxies);

@@ -5,22 +5,26 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
 namespace smockron::zmtp {
 namespace {
 
-constexpr std::array<char, greeting_size> make_greeting() {
+constexpr std::array<char, greeting_size> make_greeting(std::string_view mechanism, bool as_server) {
   std::array<char, greeting_size> g{};
   g[0] = static_cast<char>(0xff);
   g[9] = 0x7f;
   g[10] = 3;  // major
   g[11] = 0;  // minor: 3.0
-  g[12] = 'N', g[13] = 'U', g[14] = 'L', g[15] = 'L';
+  for (std::size_t i = 0; i < mechanism.size(); ++i) g[12 + i] = mechanism[i];
+  g[32] = as_server ? 1 : 0;
   return g;
 }
-constexpr auto k_greeting = make_greeting();
+constexpr auto k_greeting = make_greeting("NULL", false);
+constexpr auto k_curve_client = make_greeting("CURVE", false);
+constexpr auto k_curve_server = make_greeting("CURVE", true);
 
 std::uint64_t load_be(const char* p, int n) {
   std::uint64_t v = 0;
@@ -32,7 +36,12 @@ std::uint64_t load_be(const char* p, int n) {
 
 std::string_view greeting() { return {k_greeting.data(), k_greeting.size()}; }
 
-greeting_status check_greeting(std::string_view g, std::string& detail) {
+std::string_view curve_greeting(bool as_server) {
+  const auto& g = as_server ? k_curve_server : k_curve_client;
+  return {g.data(), g.size()};
+}
+
+greeting_status check_greeting(std::string_view g, std::string& detail, std::string_view mechanism) {
   if (g.empty()) return greeting_status::need_more;
   if (static_cast<unsigned char>(g[0]) != 0xff) {
     detail = "not a ZeroMQ peer";
@@ -47,10 +56,11 @@ greeting_status check_greeting(std::string_view g, std::string& detail) {
     return greeting_status::old_version;
   }
   if (g.size() < greeting_size) return greeting_status::need_more;
-  static constexpr char null_mechanism[20] = {'N', 'U', 'L', 'L'};
-  if (std::memcmp(g.data() + 12, null_mechanism, sizeof null_mechanism) != 0) {
+  char expected[20] = {};
+  std::memcpy(expected, mechanism.data(), std::min<std::size_t>(mechanism.size(), sizeof expected));
+  if (std::memcmp(g.data() + 12, expected, sizeof expected) != 0) {
     detail = "security mechanism \"" + printable(std::string_view(g.data() + 12, strnlen(g.data() + 12, 20))) +
-             "\" (only NULL)";
+             "\" (only " + std::string(mechanism) + ")";
     return greeting_status::mechanism;
   }
   return greeting_status::ok;

@@ -18,11 +18,14 @@ inline constexpr std::uint8_t flag_more = 0x01, flag_long = 0x02, flag_command =
 
 /// Our greeting: signature, version 3.0, mechanism NULL, as-server 0.
 std::string_view greeting();
+/// The CURVE greeting: as NULL's, mechanism CURVE and as-server set on the binding end.
+std::string_view curve_greeting(bool as_server);
 
 enum class greeting_status : std::uint8_t { need_more, ok, not_zmtp, old_version, mechanism };
 /// Judges a peer's greeting from the bytes received so far (decides as early
-/// as the bytes allow: a ZMTP 2.0 peer sends only 12). `detail` gets the reason.
-greeting_status check_greeting(std::string_view bytes, std::string& detail);
+/// as the bytes allow: a ZMTP 2.0 peer sends only 12). `detail` gets the
+/// reason. The peer's mechanism must be `mechanism` (NULL or CURVE).
+greeting_status check_greeting(std::string_view bytes, std::string& detail, std::string_view mechanism = "NULL");
 
 /// A complete READY command frame announcing `socket_type`.
 std::string ready(std::string_view socket_type);

@@ -11,8 +11,8 @@ namespace smockron::zmtp {
 namespace {
 
 constexpr std::array<std::string_view, fault_count> k_fault_names = {
-    "greeting", "mechanism",  "handshake", "framing", "peer_error", "subscriptions",
-    "timeout",  "peer_limit", "stalled",   "connect", "closed",     "io"};
+    "greeting", "mechanism", "handshake", "framing", "peer_error",  "subscriptions", "timeout", "peer_limit",
+    "stalled",  "connect",   "closed",    "io",      "unknown_key", "bad_box",       "nonce"};
 
 const std::string& hello_for(std::string_view socket_type) {
   static const std::string pub = std::string(greeting()) + ready("PUB");
@@ -24,9 +24,41 @@ const std::string& hello_for(std::string_view socket_type) {
 
 std::string_view to_string(fault f) { return k_fault_names[static_cast<std::size_t>(f)]; }
 
-session::session(role r, limits l) : role_(r), limits_(l) {}
+session::session(role r, limits l, security sec) : role_(r), limits_(l) {
+  if (sec.server) mechanism_ = std::make_unique<curve::mechanism>(std::move(sec.server));
+  else if (sec.client) mechanism_ = std::make_unique<curve::mechanism>(std::move(sec.client));
+}
 
 std::string_view session::hello(role r) { return hello_for(r == role::pub ? "PUB" : "SUB"); }
+
+void session::start(std::string& out) {
+  if (!mechanism_) {
+    out += hello(role_);
+    return;
+  }
+  out += curve_greeting(mechanism_->is_server());
+  if (mechanism_->is_server()) return;
+  const std::string hello = mechanism_->hello();
+  if (hello.empty()) fail(fault::bad_box, "the server key is not a usable key");
+  else append_frame(out, flag_command, hello);
+}
+
+void session::append(std::string& out, std::uint8_t flags, std::string_view body) {
+  if (mechanism_) mechanism_->seal(out, flags & flag_more, flags & flag_command, body);
+  else append_frame(out, flags, body);
+}
+
+void session::append_framed(std::string& out, std::string_view framed) {
+  if (!mechanism_) {
+    out += framed;
+    return;
+  }
+  frame f;
+  while (!framed.empty() && next_frame(framed, framed.size(), f) == frame_status::ok) {
+    mechanism_->seal(out, f.more(), f.command(), f.body);
+    framed.remove_prefix(f.size);
+  }
+}
 
 bool session::fail(fault f, std::string detail) {
   phase_ = phase::failed;
@@ -37,7 +69,7 @@ bool session::fail(fault f, std::string detail) {
 
 bool session::greet(std::string_view in) {
   std::string detail;
-  switch (check_greeting(in, detail)) {
+  switch (check_greeting(in, detail, mechanism_ ? "CURVE" : "NULL")) {
     case greeting_status::need_more: return false;
     case greeting_status::ok: phase_ = phase::handshake; return true;
     case greeting_status::mechanism: return fail(fault::mechanism, detail);
@@ -66,6 +98,7 @@ std::size_t session::feed(std::string_view in, session_events& ev, std::string& 
     if (!greet(in)) return 0;
     pos = greeting_size;
   }
+  if (mechanism_) return feed_curve(in, pos, ev, out);
   // Frames of the message being read (views into `in`).
   std::array<std::string_view, 16> frames;
   const std::size_t max_frames = std::min(limits_.max_frames, frames.size());
@@ -159,7 +192,7 @@ bool session::command(std::string_view body, session_events& ev, std::string& ou
   if (phase_ != phase::messages)
     return fail(fault::handshake, "unexpected command \"" + printable(name) + "\" before READY");
   if (name == "PING") {
-    if (out.size() < limits_.max_pong_backlog) out += pong_for(rest);
+    if (out.size() < limits_.max_pong_backlog) append_framed(out, pong_for(rest));
   } else if (role_ == role::pub && (name == "SUBSCRIBE" || name == "CANCEL")) {
     ev.on_subscription(name == "SUBSCRIBE", rest);
   }
@@ -176,6 +209,121 @@ bool session::data(std::span<const std::string_view> frames, bool truncated, ses
   const std::string_view body = frames.empty() ? std::string_view() : frames[0];
   if (!body.empty() && (body[0] == 0 || body[0] == 1)) ev.on_subscription(body[0] == 1, body.substr(1));
   return true;
+}
+
+// ---- CURVE ---------------------------------------------------------------------
+
+bool session::curve_fail(curve::error e, std::string_view during) {
+  const std::string what = std::string(during) + ": " + std::string(curve::to_string(e));
+  switch (e) {
+    case curve::error::bad_box: return fail(fault::bad_box, what);
+    case curve::error::nonce: return fail(fault::nonce, what);
+    case curve::error::unknown_key: return fail(fault::unknown_key, what + " (the client's key is not listed)");
+    case curve::error::malformed: break;
+  }
+  return fail(phase_ == phase::messages ? fault::framing : fault::handshake, what);
+}
+
+bool session::peer_type_fits(std::string_view metadata) {
+  const auto type = ready_socket_type(metadata);
+  if (!type) return fail(fault::handshake, "malformed handshake properties");
+  const bool fits = role_ == role::pub ? (*type == "SUB" || *type == "XSUB") : (*type == "PUB" || *type == "XPUB");
+  if (!fits) {
+    return fail(fault::handshake, "peer socket type \"" + printable(*type) + "\" cannot talk to a " +
+                                      (role_ == role::pub ? "PUB" : "SUB"));
+  }
+  return true;
+}
+
+bool session::curve_handshake(std::string_view body, std::string& out, session_events& ev) {
+  const auto cmd = split_command(body);
+  if (!cmd) return fail(fault::handshake, "malformed command");
+  if (cmd->first == "ERROR") {
+    const std::string_view rest = cmd->second;
+    const std::size_t n =
+        rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
+    return fail(fault::peer_error, "peer sent ERROR \"" + printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
+  }
+  // Our own properties: the Socket-Type, as a READY body after its name.
+  const std::string props = zmtp::ready(role_ == role::pub ? "PUB" : "SUB").substr(2 + 6);
+  std::string reply, metadata;
+  if (mechanism_->is_server()) {
+    if (cmd->first == "HELLO" && !hello_seen_) {
+      if (const auto e = mechanism_->on_hello(body, reply)) return curve_fail(*e, "HELLO");
+      hello_seen_ = true;
+      append_frame(out, flag_command, reply);
+      return true;
+    }
+    if (cmd->first == "INITIATE" && hello_seen_) {
+      if (const auto e = mechanism_->on_initiate(body, props, metadata, reply)) return curve_fail(*e, "INITIATE");
+      if (!peer_type_fits(metadata)) return false;
+      append_frame(out, flag_command, reply);
+      phase_ = phase::messages;
+      ev.on_ready();
+      return true;
+    }
+  } else {
+    if (cmd->first == "WELCOME" && !hello_seen_) {
+      if (const auto e = mechanism_->on_welcome(body, props, reply)) return curve_fail(*e, "WELCOME");
+      hello_seen_ = true;
+      append_frame(out, flag_command, reply);
+      return true;
+    }
+    if (cmd->first == "READY" && hello_seen_) {
+      if (const auto e = mechanism_->on_ready(body, metadata)) return curve_fail(*e, "READY");
+      if (!peer_type_fits(metadata)) return false;
+      phase_ = phase::messages;
+      ev.on_ready();
+      return true;
+    }
+  }
+  return fail(fault::handshake, "unexpected command \"" + printable(cmd->first) + "\" in the CURVE handshake");
+}
+
+std::size_t session::feed_curve(std::string_view in, std::size_t pos, session_events& ev, std::string& out) {
+  // A box holds one frame: its plaintext (the frame) plus 33 bytes.
+  const std::size_t max_box = limits_.max_message + 64;
+  const std::size_t max_frames = std::min(limits_.max_frames, plain_ends_.size() - 1);
+  while (phase_ != phase::failed) {
+    frame f;
+    const auto st = next_frame(in.substr(pos), max_box, f);
+    if (st == frame_status::need_more) break;
+    if (st == frame_status::reserved_flags) return fail(fault::framing, "reserved flag bits set"), pos;
+    if (st == frame_status::too_large)
+      return fail(fault::framing, "frame over " + std::to_string(max_box) + " bytes"), pos;
+    pos += f.size;
+    if (phase_ == phase::handshake) {
+      if (!f.command() || f.more()) return fail(fault::handshake, "a data frame in the CURVE handshake"), pos;
+      curve_handshake(f.body, out, ev);
+      continue;
+    }
+    const std::size_t before = plain_.size();
+    bool more = false, is_command = false;
+    if (const auto e = mechanism_->open(f.body, plain_, more, is_command)) return curve_fail(*e, "MESSAGE"), pos;
+    if (is_command) {  // PING, SUBSCRIBE...: served at once, even between a message's frames
+      const std::string body = plain_.substr(before);
+      plain_.resize(before);
+      if (more) return fail(fault::framing, "command frame with MORE set"), pos;
+      command(body, ev, out);
+      continue;
+    }
+    if (plain_.size() > limits_.max_message)
+      return fail(fault::framing, "message over " + std::to_string(limits_.max_message) + " bytes"), pos;
+    if (plain_count_ < max_frames) plain_ends_[plain_count_++] = plain_.size();
+    else plain_truncated_ = true;
+    if (more) continue;
+    std::array<std::string_view, 17> frames;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < plain_count_; ++i) {
+      frames[i] = std::string_view(plain_).substr(start, plain_ends_[i] - start);
+      start = plain_ends_[i];
+    }
+    data({frames.data(), plain_count_}, plain_truncated_, ev);
+    plain_.clear();
+    plain_count_ = 0;
+    plain_truncated_ = false;
+  }
+  return pos;
 }
 
 bool subscription_set::apply(bool subscribe, std::string_view topic) {

@@ -12,10 +12,20 @@
 // SUBSCRIBE/CANCEL commands of ZMTP 3.1 peers). We announce 3.0, so a 3.1
 // peer (libzmq 4.2+) talks 3.0 to us. Every failure is a `fault`, which is
 // also the metric label the transports count it under.
+//
+// With keys (`security`), the mechanism is CURVE (zmtp_curve.hpp): the
+// handshake is HELLO/WELCOME/INITIATE/READY, then every frame each way is a
+// MESSAGE box. Such a session consumes each frame as it is opened (a box is
+// opened once: its nonce is spent) and keeps an unfinished message's
+// plaintext itself; what it sends must go through append()/append_framed(),
+// which seal every frame. A peer that is not CURVE, or whose key is not
+// listed, never gets past the handshake.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,13 +33,14 @@
 
 #include "shared/base/string_hash.hpp"
 #include "shared/protocol/zmtp.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 
 namespace smockron::zmtp {
 
 /// Why a connection ended: the `reason` label of the disconnect counters.
 enum class fault : std::uint8_t {
   greeting,       ///< not a ZMTP 3.x greeting (older ZeroMQ, or not ZeroMQ at all)
-  mechanism,      ///< a security mechanism other than NULL
+  mechanism,      ///< a security mechanism other than ours (NULL, or CURVE when keys are configured)
   handshake,      ///< READY missing, malformed, repeated, or from a socket type that cannot talk to ours
   framing,        ///< reserved flag bits, a command with MORE, a frame or message over the bounds
   peer_error,     ///< the peer sent ERROR
@@ -40,8 +51,11 @@ enum class fault : std::uint8_t {
   connect,        ///< (transport) resolving or connecting failed
   closed,         ///< (transport) the peer closed the connection
   io,             ///< (transport) a socket error
+  unknown_key,    ///< CURVE: the client's key is not listed
+  bad_box,        ///< CURVE: a box that does not open (wrong server key, tampered bytes)
+  nonce,          ///< CURVE: a nonce not above the last one (replayed or reordered)
 };
-inline constexpr std::size_t fault_count = 12;
+inline constexpr std::size_t fault_count = 15;
 std::string_view to_string(fault f);
 
 /// Data messages a session delivers, and the events of a session's life.
@@ -75,12 +89,33 @@ public:
     std::size_t max_pong_backlog = SIZE_MAX;  ///< PING is not answered while `out` holds this much
   };
 
-  session(role r, limits l);
+  /// Keys make the session CURVE: `client` when we connect, `server` when
+  /// we bind (one of the two); none: NULL.
+  struct security {
+    std::shared_ptr<const curve::client_keys> client;
+    std::shared_ptr<const curve::server_keys> server;
+    bool curve() const { return client || server; }
+  };
 
-  /// What to send at once on connecting: greeting and READY (the NULL
-  /// mechanism needs nothing from the peer first; a libzmq peer reads exactly
-  /// its greeting before READY).
+  session(role r, limits l, security sec = {});
+
+  /// What a NULL session sends at once on connecting: greeting and READY (the
+  /// NULL mechanism needs nothing from the peer first; a libzmq peer reads
+  /// exactly its greeting before READY).
   static std::string_view hello(role r);
+  /// What this session sends at once: hello(r) for NULL; for CURVE the
+  /// greeting, and a client's HELLO.
+  void start(std::string& out);
+
+  /// Appends one frame to send (`flags`: flag_more / flag_command), sealed
+  /// when the session is CURVE. Only once ready(), for CURVE.
+  void append(std::string& out, std::uint8_t flags, std::string_view body);
+  /// Appends frames already framed in the clear (append_frame's output),
+  /// sealing each one when the session is CURVE.
+  void append_framed(std::string& out, std::string_view framed);
+  bool secure() const { return mechanism_ != nullptr; }
+  /// CURVE: the peer's long-term public key (a server knows it once ready()).
+  const curve::key* peer_key() const { return mechanism_ ? &mechanism_->peer_key() : nullptr; }
 
   /// Parses the bytes received so far (`in`, from the first not yet
   /// consumed). Returns how many bytes are consumed; the rest (an unfinished
@@ -103,16 +138,28 @@ private:
   bool skip_frame(const frame& f, std::size_t before, session_events& ev);
   bool command(std::string_view body, session_events& ev, std::string& out);
   bool data(std::span<const std::string_view> frames, bool truncated, session_events& ev);
+  /// feed() for CURVE, past the greeting: frame by frame.
+  std::size_t feed_curve(std::string_view in, std::size_t pos, session_events& ev, std::string& out);
+  bool curve_handshake(std::string_view body, std::string& out, session_events& ev);
+  bool curve_fail(curve::error e, std::string_view during);
+  /// Checks the Socket-Type in a CURVE handshake's metadata.
+  bool peer_type_fits(std::string_view metadata);
 
   role role_;
   limits limits_;
   phase phase_ = phase::greeting;
   std::optional<fault> fault_;
   std::string detail_;
-  std::uint64_t skip_ = 0;     ///< bytes of an oversized message still to discard
-  std::uint64_t skipped_ = 0;  ///< bytes of it discarded or due so far
-  bool skip_more_ = false;     ///< the message being discarded has more frames
-  std::size_t served_ = 0;     ///< commands inside the unfinished message served up to this offset
+  std::uint64_t skip_ = 0;                       ///< bytes of an oversized message still to discard
+  std::uint64_t skipped_ = 0;                    ///< bytes of it discarded or due so far
+  bool skip_more_ = false;                       ///< the message being discarded has more frames
+  std::size_t served_ = 0;                       ///< commands inside the unfinished message served up to this offset
+  std::unique_ptr<curve::mechanism> mechanism_;  ///< CURVE; null: NULL
+  std::string plain_;                            ///< CURVE: the unfinished message's frames, opened
+  std::array<std::size_t, 17> plain_ends_{};     ///< CURVE: where each of its frames ends in plain_
+  std::size_t plain_count_ = 0;                  ///< CURVE: its frames kept (at most max_frames)
+  bool plain_truncated_ = false;
+  bool hello_seen_ = false;  ///< CURVE: HELLO (server) or WELCOME (client) done
 };
 
 /// The topic prefixes a peer subscribed to, with ZeroMQ's counting (a topic
