@@ -57,6 +57,8 @@ READERS = {
     ("read_master", "r"): "[master]",
     ("read_admin_token", "r"): "[master]",
     ("read_rls", "r"): "[master]",
+    ("read_master_curve", "r"): "[master]",
+    ("read_proxy_curve", "r"): "[proxy]",
     ("parse_override_rules", "r"): "overrides entries",  # the override API's document: an entry's rules
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_shared", "r"): "[master.domains.NAME]",  # r.get("shared")

@@ -57,6 +57,34 @@ load_result load_string(std::string_view text, const std::string& source_name) {
   return out;
 }
 
+namespace {
+bool on_this_host(const std::string& endpoint) {
+  const auto e = parse_stream_endpoint(endpoint);
+  if (!e || e->type == stream_endpoint::kind::ipc) return true;
+  const std::string& h = e->address.host;
+  return h == "localhost" || h == "::1" || h.starts_with("127.");
+}
+}  // namespace
+
+std::vector<std::string> warnings(const config& c) {
+  std::vector<std::string> out;
+  const auto check = [&](const std::string& key, const std::string& endpoint, bool keys) {
+    if (keys || on_this_host(endpoint)) return;
+    out.push_back(key + " " + endpoint +
+                  " is not loopback or IPC and the links have no CURVE keys: anyone who reaches it can read and "
+                  "forge accounting and control (plaintext is for a private network only; see curve_secret_key)");
+  };
+  if (c.master) {
+    check("[master] accounting", c.master->accounting, c.master->curve != nullptr);
+    check("[master] control", c.master->control, c.master->curve != nullptr);
+  }
+  if (c.proxy) {
+    for (const auto& e : c.proxy->accounting) check("[proxy] accounting", e, !c.proxy->curve.empty());
+    for (const auto& e : c.proxy->control) check("[proxy] control", e, !c.proxy->curve.empty());
+  }
+  return out;
+}
+
 load_result load_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -422,6 +422,11 @@ load_result load_file(const std::string& path);
 /// Parses and validates TOML text; `source_name` is used in error locations.
 load_result load_string(std::string_view text, const std::string& source_name);
 
+/// What is valid but unsafe: the links between daemons in plaintext on a
+/// network (an accounting or control endpoint that is not loopback or IPC,
+/// with no CURVE keys). One line each; --check and the start-up log print them.
+std::vector<std::string> warnings(const config& c);
+
 /// Settings a reload cannot change (sockets, threads, stores): both daemons
 /// keep their running values in the new configuration and name the keys
 /// that differed, for the log. `keep(&Config::member, "key")` for each.

@@ -289,12 +289,12 @@ void read_admin_token(reader& r, sink& s, master_config& m) {
 // CURVE: the master's secret key files (one, or the current and the
 // previous during a rotation) and the gatekeepers' keys, read now (a reload
 // reads them again).
-void read_curve(reader& r, sink& s, master_config& m) {
+void read_master_curve(reader& r, sink& s, master_config& m) {
   r.string_list("curve_secret_key", m.curve_secret_key,
                 [](std::string_view f) { return f.empty() ? std::string("expected a file path") : std::string(); });
   r.string("curve_allowed_keys", m.curve_allowed_keys);
-  const toml::node* secret = r.table().get("curve_secret_key");
-  const toml::node* allowed = r.table().get("curve_allowed_keys");
+  const toml::node* secret = r.get("curve_secret_key");
+  const toml::node* allowed = r.get("curve_allowed_keys");
   if (!secret && !allowed) return;
   if (!secret || !allowed) {
     const toml::node* set = secret ? secret : allowed;
@@ -396,7 +396,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.cidr_list("admin_allow", m.admin_allow);
   read_admin_token(r, s, m);
   r.cidr_list("control_allow", m.control_allow);
-  read_curve(r, s, m);
+  read_master_curve(r, s, m);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);
   if (auto* rd = r.typed<toml::value<std::string>>("redis", "a redis:// URL")) {
     if (auto u = parse_redis_url(rd->get())) {

@@ -182,9 +182,9 @@ namespace {
 // CURVE: the gatekeeper's secret key and its masters' public keys, read now.
 // `curve_master_key` is one key for every endpoint, or a table naming each
 // accounting and control endpoint.
-void read_curve(reader& r, sink& s, proxy_config& p) {
+void read_proxy_curve(reader& r, sink& s, proxy_config& p) {
   r.string("curve_secret_key", p.curve_secret_key);
-  const toml::node* secret = r.table().get("curve_secret_key");
+  const toml::node* secret = r.get("curve_secret_key");
   const toml::node* master = r.get("curve_master_key");
   if (!secret && !master) return;
   if (!secret || !master) {
@@ -260,7 +260,7 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.integer("threads", p.threads, 0, 1024);
   r.string_list("accounting", p.accounting, [](std::string_view e) { return check_stream_endpoint(e, "accounting"); });
   r.string_list("control", p.control, [](std::string_view e) { return check_stream_endpoint(e, "control"); });
-  read_curve(r, s, p);
+  read_proxy_curve(r, s, p);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
   r.cidr_list("trusted_proxies", p.trusted_proxies);

@@ -59,6 +59,9 @@ std::optional<startup> prepare(int argc, char** argv, const std::string& program
     exit_code = 1;
     return std::nullopt;
   }
+  for (const auto& w : config::warnings(*loaded.cfg)) {
+    if (w.starts_with("[" + section + "]")) std::cerr << loaded.cfg->source << ": warning: " << w << "\n";
+  }
   if (options->check) {
     std::cout << loaded.cfg->source << ": configuration OK\n";
     exit_code = 0;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include "smockron/embedded_config.hpp"
 
@@ -961,6 +962,84 @@ TEST(Config, AdminTokenFile) {
   EXPECT_NE(one_error("[master]\nadmin_token_file = \"" + weak + "\"\n").find("at least 16 characters"),
             std::string::npos);
   EXPECT_NE(one_error("[master]\nadmin_token_file = \"/nonexistent/token\"\n").find("cannot read"), std::string::npos);
+}
+
+TEST(Config, CurveKeys) {
+  const std::string dir = ::testing::TempDir();
+  const auto master = zmtp::curve::generate(), gk = zmtp::curve::generate(), previous = zmtp::curve::generate();
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const auto m_key = write("m.key", zmtp::curve::z85_encode(master.secret_key) + "\n");
+  const auto m_old = write("m-old.key", zmtp::curve::z85_encode(previous.secret_key) + "\n");
+  const auto m_pub = write("m.pub", zmtp::curve::z85_encode(master.public_key) + "\n");
+  const auto g_key = write("g.key", zmtp::curve::z85_encode(gk.secret_key) + "\n");
+  const auto allowed = write("allowed", zmtp::curve::z85_encode(gk.public_key) + " gk-1\n");
+
+  auto r = load("[master]\ncurve_secret_key = [\"" + m_key + "\", \"" + m_old + "\"]\ncurve_allowed_keys = \"" +
+                allowed + "\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& keys = *r.cfg->master->curve;
+  ASSERT_EQ(keys.own.size(), 2u);
+  EXPECT_EQ(keys.own[0].public_key, master.public_key) << "the first is current";
+  EXPECT_EQ(keys.allowed, std::set<zmtp::curve::key>{gk.public_key});
+  EXPECT_FALSE(load("[master]\n").cfg->master->curve) << "plaintext by default";
+
+  // The proxy: one key for every endpoint, or one per endpoint.
+  r = load(
+      "[proxy]\naccounting = [\"tcp://10.0.0.1:10004\"]\ncontrol = [\"tcp://10.0.0.1:10005\"]\n"
+      "curve_secret_key = \"" +
+      g_key + "\"\ncurve_master_key = \"" + m_pub + "\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto acc = r.cfg->proxy->curve_for("tcp://10.0.0.1:10004");
+  ASSERT_TRUE(acc);
+  EXPECT_EQ(acc->server, master.public_key);
+  EXPECT_EQ(acc->own.public_key, gk.public_key);
+  EXPECT_EQ(r.cfg->proxy->curve_for("tcp://10.0.0.1:10005"), acc);
+  r = load(
+      "[proxy]\naccounting = [\"tcp://10.0.0.1:10004\"]\ncontrol = [\"tcp://10.0.0.1:10005\"]\n"
+      "curve_secret_key = \"" +
+      g_key + "\"\ncurve_master_key = { \"tcp://10.0.0.1:10004\" = \"" + m_pub + "\", \"tcp://10.0.0.1:10005\" = \"" +
+      zmtp::curve::z85_encode(previous.public_key) + "\" }\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  EXPECT_EQ(r.cfg->proxy->curve_for("tcp://10.0.0.1:10005")->server, previous.public_key);
+
+  const auto err = [&](const std::string& text, std::string_view want) {
+    const std::string e = one_error(text);
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  };
+  err("[master]\ncurve_secret_key = \"" + m_key + "\"\n", "needs curve_allowed_keys too");
+  err("[master]\ncurve_allowed_keys = \"" + allowed + "\"\n", "needs curve_secret_key too");
+  err("[master]\ncurve_secret_key = [\"" + m_key + "\", \"" + m_key + "\", \"" + m_key +
+          "\"]\ncurve_allowed_keys = \"" + allowed + "\"\n",
+      "at most two keys");
+  err("[master]\ncurve_secret_key = \"/nonexistent\"\ncurve_allowed_keys = \"" + allowed + "\"\n",
+      "cannot read key file");
+  err("[master]\ncurve_secret_key = \"" + m_key + "\"\ncurve_allowed_keys = \"" + write("bad", "nope\n") + "\"\n",
+      "not a Z85 public key");
+  err("[proxy]\ncurve_secret_key = \"" + g_key + "\"\n", "needs curve_master_key too");
+  err("[proxy]\ncurve_secret_key = \"" + g_key + "\"\ncurve_master_key = { \"tcp://127.0.0.1:10004\" = \"" + m_pub +
+          "\" }\n",
+      "names no key for the endpoint \"tcp://127.0.0.1:10005\"");
+  err("[proxy]\ncurve_secret_key = \"" + g_key + "\"\ncurve_master_key = { \"tcp://elsewhere:1\" = \"" + m_pub +
+          "\" }\n",
+      "not one of the accounting or control endpoints");
+  err("[proxy]\ncurve_secret_key = \"" + g_key + "\"\ncurve_master_key = 5\n", "expected a key");
+  err("[proxy]\ncurve_secret_key = \"" + m_pub + "x\"\ncurve_master_key = \"" + m_pub + "\"\n", "cannot read key file");
+}
+
+TEST(Config, PlaintextLinksOffThisHostAreWarnedOf) {
+  auto r = load(
+      "[master]\naccounting = \"tcp://0.0.0.0:10004\"\ncontrol = \"ipc:///run/c\"\n"
+      "[proxy]\naccounting = [\"tcp://127.0.0.1:10004\", \"tcp://10.1.2.3:10004\"]\n"
+      "control = [\"tcp://[::1]:10005\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto w = config::warnings(*r.cfg);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_TRUE(w[0].starts_with("[master] accounting tcp://0.0.0.0:10004 is not loopback")) << w[0];
+  EXPECT_TRUE(w[1].starts_with("[proxy] accounting tcp://10.1.2.3:10004")) << w[1];
+  EXPECT_TRUE(config::warnings(*load("[master]\n").cfg).empty()) << "the loopback defaults";
 }
 
 TEST(Config, SharedConcurrency) {

@@ -1,6 +1,7 @@
 // The ZMTP session both ends of the accounting stream use: end against end
 // in every split of the bytes, against libzmq PUB and SUB sockets on
-// loopback, and every protocol fault with its label.
+// loopback, and every protocol fault with its label; the same for CURVE
+// (libzmq as client and as server, and every refusal).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,12 +12,15 @@
 #include <zmq.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "shared/protocol/zmtp.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 #include "shared/protocol/zmtp_session.hpp"
 
 using namespace smockron;
@@ -48,7 +52,7 @@ struct end {
   session s;
   recorder ev;
   std::string in, out;
-  end(session::role r, session::limits l = {}) : s(r, l) {}
+  end(session::role r, session::limits l = {}, session::security sec = {}) : s(r, l, std::move(sec)) {}
   void receive(std::string_view bytes) {
     in += bytes;
     in.erase(0, s.feed(in, ev, out));
@@ -351,6 +355,272 @@ TEST(ZmtpSession, ReceivesFromALibzmqPub) {
     const auto& m = sub.ev.messages[at + static_cast<std::size_t>(i)];
     ASSERT_EQ(m.size(), 3u);
     EXPECT_EQ(m[2], ids[static_cast<std::size_t>(i)]);
+  }
+}
+
+// ---- CURVE -------------------------------------------------------------------
+
+struct curve_world {
+  zmtp::curve::keypair server = zmtp::curve::generate(), client = zmtp::curve::generate();
+  std::shared_ptr<zmtp::curve::server_keys> server_keys() const {
+    auto k = std::make_shared<zmtp::curve::server_keys>();
+    k->own.push_back(server);
+    k->allowed.insert(client.public_key);
+    return k;
+  }
+  std::shared_ptr<zmtp::curve::client_keys> client_keys() const {
+    auto k = std::make_shared<zmtp::curve::client_keys>();
+    k->own = client;
+    k->server = server.public_key;
+    return k;
+  }
+};
+
+// A connected pair: `pub` a CURVE client (the proxy's accounting), `sub` a server (the master's).
+struct curve_pair {
+  end pub, sub;
+  curve_pair(const curve_world& w, std::shared_ptr<zmtp::curve::client_keys> ck = nullptr)
+      : pub(session::role::pub, {}, {.client = ck ? ck : w.client_keys(), .server = nullptr}),
+        sub(session::role::sub, {}, {.client = nullptr, .server = w.server_keys()}) {
+    pub.s.start(pub.out);
+    sub.s.start(sub.out);
+  }
+  // Moves what each has to send to the other, in pieces cut at random, until both are quiet.
+  void exchange(std::minstd_rand& rng) {
+    while (!pub.out.empty() || !sub.out.empty()) {
+      const std::string a = std::exchange(pub.out, {}), b = std::exchange(sub.out, {});
+      feed_split(sub, a, rng);
+      feed_split(pub, b, rng);
+    }
+  }
+};
+
+TEST(ZmtpCurve, EndAgainstEndInEverySplit) {
+  const curve_world w;
+  std::minstd_rand rng(11);
+  for (int round = 0; round < 50; ++round) {
+    curve_pair c(w);
+    c.exchange(rng);
+    ASSERT_TRUE(c.pub.s.ready() && c.sub.s.ready()) << c.pub.s.detail() << c.sub.s.detail();
+    EXPECT_EQ(*c.sub.s.peer_key(), w.client.public_key);
+    // The subscriber subscribes (a sealed 0x01 message) and pings (a sealed command).
+    c.sub.s.append(c.sub.out, 0, "\x01"s + "api\0"s);
+    c.sub.s.append(c.sub.out, zmtp::flag_command, "\x04PING\0\x10"s + "ctx");
+    c.exchange(rng);
+    ASSERT_EQ(c.pub.ev.subscriptions.size(), 1u);
+    EXPECT_EQ(c.pub.ev.subscriptions[0], std::pair(true, "api\0"s));
+    // Messages of several frames, framed in the clear and sealed frame by frame.
+    const std::string plain = message({"api\0"s, "ACCEPTED", std::string(round * 40, 'x'), "1700000000000", ""});
+    c.pub.s.append_framed(c.pub.out, plain + message({"b", "c"}));
+    const std::string wire = c.pub.out;
+    EXPECT_EQ(wire.find("ACCEPTED"), std::string::npos) << "sealed";
+    c.exchange(rng);
+    ASSERT_EQ(c.sub.ev.messages.size(), 2u) << round;
+    EXPECT_EQ(c.sub.ev.messages[0][1], "ACCEPTED");
+    EXPECT_EQ(c.sub.ev.messages[0][2].size(), static_cast<std::size_t>(round * 40));
+    EXPECT_EQ(c.sub.ev.messages[1], (std::vector<std::string>{"b", "c"}));
+    EXPECT_FALSE(c.pub.s.failed() || c.sub.s.failed());
+  }
+}
+
+// The first MESSAGE of `c.pub` after the handshake, and the bytes after it.
+std::pair<std::string, std::string> first_message(curve_pair& c, std::minstd_rand& rng) {
+  c.exchange(rng);
+  c.pub.s.append_framed(c.pub.out, message({"api\0"s, "ACCEPTED", "victim", "1", ""}));
+  zmtp::frame f;
+  EXPECT_EQ(zmtp::next_frame(c.pub.out, 1 << 20, f), zmtp::frame_status::ok);
+  return {c.pub.out.substr(0, f.size), c.pub.out.substr(f.size)};
+}
+
+TEST(ZmtpCurve, RefusalsHaveTheirLabels) {
+  const curve_world w;
+  std::minstd_rand rng(5);
+  {  // a client key that is not listed
+    auto ck = w.client_keys();
+    ck->own = zmtp::curve::generate();
+    curve_pair c(w, ck);
+    c.exchange(rng);
+    EXPECT_EQ(c.sub.s.failed(), zmtp::fault::unknown_key);
+    EXPECT_TRUE(c.sub.ev.messages.empty());
+  }
+  {  // a client with the wrong server key: HELLO does not open
+    auto ck = w.client_keys();
+    ck->server = zmtp::curve::generate().public_key;
+    curve_pair c(w, ck);
+    c.exchange(rng);
+    EXPECT_EQ(c.sub.s.failed(), zmtp::fault::bad_box);
+  }
+  {  // a tampered box
+    curve_pair c(w);
+    auto [m, rest] = first_message(c, rng);
+    m.back() = static_cast<char>(m.back() ^ 1);
+    c.sub.receive(m);
+    EXPECT_EQ(c.sub.s.failed(), zmtp::fault::bad_box);
+    EXPECT_TRUE(c.sub.ev.messages.empty());
+  }
+  {  // a replayed box
+    curve_pair c(w);
+    auto [m, rest] = first_message(c, rng);
+    c.sub.receive(m);
+    EXPECT_FALSE(c.sub.s.failed());
+    c.sub.receive(m);
+    EXPECT_EQ(c.sub.s.failed(), zmtp::fault::nonce);
+  }
+  {  // reordered boxes: the second frame first
+    curve_pair c(w);
+    auto [m, rest] = first_message(c, rng);
+    zmtp::frame f;
+    ASSERT_EQ(zmtp::next_frame(rest, 1 << 20, f), zmtp::frame_status::ok);
+    c.sub.receive(rest.substr(0, f.size));
+    EXPECT_FALSE(c.sub.s.failed());
+    c.sub.receive(m);
+    EXPECT_EQ(c.sub.s.failed(), zmtp::fault::nonce);
+  }
+  {  // a plaintext peer
+    end sub(session::role::sub, {}, {.client = nullptr, .server = w.server_keys()});
+    sub.receive(session::hello(session::role::pub));
+    EXPECT_EQ(sub.s.failed(), zmtp::fault::mechanism);
+  }
+  {  // a data frame in the handshake, and a second HELLO
+    end sub(session::role::sub, {}, {.client = nullptr, .server = w.server_keys()});
+    sub.receive(zmtp::curve_greeting(false));
+    sub.receive(message({"hello?"}));
+    EXPECT_EQ(sub.s.failed(), zmtp::fault::handshake);
+  }
+}
+
+TEST(ZmtpCurve, EitherOfTwoServerKeysIsAcceptedDuringARotation) {
+  const curve_world w;
+  std::minstd_rand rng(9);
+  const auto next = zmtp::curve::generate();
+  auto sk = w.server_keys();
+  sk->own.insert(sk->own.begin(), next);
+  for (const auto& server : {w.server.public_key, next.public_key}) {
+    auto ck = w.client_keys();
+    ck->server = server;
+    end pub(session::role::pub, {}, {.client = ck, .server = nullptr});
+    end sub(session::role::sub, {}, {.client = nullptr, .server = sk});
+    pub.s.start(pub.out);
+    sub.s.start(sub.out);
+    while (!pub.out.empty() || !sub.out.empty()) {
+      const std::string a = std::exchange(pub.out, {}), b = std::exchange(sub.out, {});
+      feed_split(sub, a, rng);
+      feed_split(pub, b, rng);
+    }
+    EXPECT_TRUE(pub.s.ready() && sub.s.ready()) << sub.s.detail();
+  }
+}
+
+std::string z85(const zmtp::curve::key& k) { return zmtp::curve::z85_encode(k); }
+
+TEST(ZmtpCurve, PublishesToALibzmqCurveSub) {
+  // Our client (the proxy's accounting) to a libzmq SUB that is the CURVE server.
+  const curve_world w;
+  libzmq_peer peer(zmq::socket_type::sub, [&](zmq::socket_t& s) {
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.set(zmq::sockopt::curve_server, true);
+    s.set(zmq::sockopt::curve_secretkey, z85(w.server.secret_key));
+    s.set(zmq::sockopt::subscribe, "api\0"s);
+  });
+  ASSERT_GE(peer.fd, 0);
+  end pub(session::role::pub, {}, {.client = w.client_keys(), .server = nullptr});
+  pub.s.start(pub.out);
+  ASSERT_TRUE(converse(peer.fd, pub, [&] { return !pub.ev.subscriptions.empty(); })) << pub.s.detail();
+  EXPECT_EQ(pub.ev.subscriptions[0], std::pair(true, "api\0"s));
+  std::vector<std::string> ids;
+  for (int i = 0; i < 100; ++i) {
+    ids.push_back(std::string(static_cast<std::size_t>(i % 10 == 0 ? 3000 : 1 + i), static_cast<char>('a' + i % 26)));
+    pub.s.append_framed(pub.out, message({"api\0"s, "ACCEPTED", ids.back(), std::to_string(i), ""}));
+  }
+  ASSERT_TRUE(converse(peer.fd, pub, [&] { return pub.out.empty(); }));
+  for (int i = 0; i < 100; ++i) {
+    std::vector<zmq::message_t> parts;
+    for (bool more = true; more;) {
+      zmq::message_t m;
+      ASSERT_TRUE(peer.sock.recv(m)) << "message " << i;
+      more = m.more();
+      parts.push_back(std::move(m));
+    }
+    ASSERT_EQ(parts.size(), 5u);
+    EXPECT_EQ(parts[2].to_string(), ids[static_cast<std::size_t>(i)]);
+  }
+}
+
+TEST(ZmtpCurve, ReceivesFromALibzmqCurvePubAndPublishesToALibzmqCurveSub) {
+  // Our server (the master's accounting and control) to libzmq CURVE clients.
+  const curve_world w;
+  const auto client_opts = [&](zmq::socket_t& s) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::curve_serverkey, z85(w.server.public_key));
+    s.set(zmq::sockopt::curve_publickey, z85(w.client.public_key));
+    s.set(zmq::sockopt::curve_secretkey, z85(w.client.secret_key));
+  };
+  libzmq_peer pub_peer(zmq::socket_type::pub, client_opts);
+  ASSERT_GE(pub_peer.fd, 0);
+  end sub(session::role::sub, {}, {.client = nullptr, .server = w.server_keys()});
+  sub.s.start(sub.out);
+  ASSERT_TRUE(converse(pub_peer.fd, sub, [&] { return sub.s.ready(); })) << sub.s.detail();
+  sub.s.append(sub.out, 0, "\x01"s + "api\0"s);
+  ASSERT_TRUE(converse(pub_peer.fd, sub, [&] {
+    pub_peer.sock.send(zmq::buffer("api\0"s), zmq::send_flags::sndmore);
+    pub_peer.sock.send(zmq::buffer("probe"s));
+    return !sub.ev.messages.empty();
+  })) << sub.s.detail();
+  EXPECT_EQ(sub.ev.messages[0], (std::vector<std::string>{"api\0"s, "probe"}));
+
+  libzmq_peer sub_peer(zmq::socket_type::sub, [&](zmq::socket_t& s) {
+    client_opts(s);
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.set(zmq::sockopt::subscribe, "web\0"s);
+  });
+  ASSERT_GE(sub_peer.fd, 0);
+  end pub(session::role::pub, {}, {.client = nullptr, .server = w.server_keys()});
+  pub.s.start(pub.out);
+  ASSERT_TRUE(converse(sub_peer.fd, pub, [&] { return !pub.ev.subscriptions.empty(); })) << pub.s.detail();
+  pub.s.append_framed(pub.out, message({"web\0"s, "DELAY_UNTIL", "someone", "1700000000000"}));
+  ASSERT_TRUE(converse(sub_peer.fd, pub, [&] { return pub.out.empty(); }));
+  zmq::message_t m;
+  ASSERT_TRUE(sub_peer.sock.recv(m));
+  EXPECT_EQ(m.to_string(), "web\0"s);
+}
+
+TEST(ZmtpCurve, Z85AndKeyFiles) {
+  // rfc.zeromq.org/spec/32's example, in a key's length.
+  zmtp::curve::key k{};
+  const unsigned char hello[8] = {0x86, 0x4F, 0xD2, 0x6F, 0xB5, 0x59, 0xF7, 0x5B};
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = hello[i % 8];
+  EXPECT_EQ(z85(k).substr(0, 10), "HelloWorld");
+  EXPECT_EQ(zmtp::curve::z85_decode(z85(k)), k);
+  EXPECT_FALSE(zmtp::curve::z85_decode("HelloWorld"));
+  EXPECT_FALSE(zmtp::curve::z85_decode(std::string(40, '~')));
+  EXPECT_FALSE(zmtp::curve::z85_decode(std::string(40, '#')));  // in the alphabet, over 2^32 per block
+
+  const std::string dir = ::testing::TempDir();
+  const auto kp = zmtp::curve::generate();
+  // A key starting with '#' is a key, not a comment.
+  std::string secret = z85(kp.secret_key);
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const auto bare = write("bare.key", "# a comment line\n\n" + secret + "  trailing words\n");
+  EXPECT_EQ(zmtp::curve::read_secret_key(bare).public_key, kp.public_key);
+  const auto cert = write("cert.key", "#   ****  Generated by CZMQ  ****\nmetadata\ncurve\n    public-key = \"" +
+                                          z85(kp.public_key) + "\"\n    secret-key = \"" + secret + "\"\n");
+  EXPECT_EQ(zmtp::curve::read_secret_key(cert).secret_key, kp.secret_key);
+  EXPECT_EQ(zmtp::curve::read_public_key(cert), kp.public_key);
+  EXPECT_EQ(zmtp::curve::read_public_key(z85(kp.public_key)), kp.public_key) << "the key itself, not a file";
+  EXPECT_THROW(zmtp::curve::read_secret_key(write("bad.key", "not a key\n")), std::runtime_error);
+  EXPECT_THROW(zmtp::curve::read_secret_key(dir + "/missing.key"), std::runtime_error);
+  const auto other = zmtp::curve::generate();
+  const auto list =
+      write("allowed", "# gatekeepers\n" + z85(kp.public_key) + " gk-1\n\n" + z85(other.public_key) + "\n");
+  EXPECT_EQ(zmtp::curve::read_key_list(list), (std::set<zmtp::curve::key>{kp.public_key, other.public_key}));
+  try {
+    zmtp::curve::read_key_list(write("broken", z85(kp.public_key) + "\nshort\n"));
+    ADD_FAILURE() << "a line that is not a key";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("broken:2"), std::string::npos) << e.what();
   }
 }
 
