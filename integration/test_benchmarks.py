@@ -263,10 +263,13 @@ class BenchmarkSmokeTest(unittest.TestCase):
 
     def test_master_bench(self):
         """Bare ZeroMQ ceiling, the real master's ingest (counted by its /metrics), DELAY_UNTIL
-        received, and the control-loop probes answered."""
+        received, and the control-loop probes answered; again with CURVE on both links."""
         bench = self.bench_binary("smockron-master-bench")
         out = self.run_bench([bench, "--master", binary("smockron-master"), "--messages", "20000", "--identifiers",
-                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000"])
+                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000", "--curve"])
+        curve = self.assert_figures(out, r"^master ingest \(curve\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
+                                    r"^ratio curve/plaintext:\s+[\d.]+")[0]
+        self.assertEqual(int(curve.group(1)), 20000, "every batched message over CURVE was processed")
         ingest, loop = self.assert_figures(
             out, r"^master ingest \(memory\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
             r"^control-loop latency .*: p50 \d+ us, p99 \d+ us, max \d+ us \((\d+) of \d+ probes answered\)",

@@ -12,6 +12,11 @@
 // less work for each.
 // With --redis, phase 2 runs again against a master with store = "redis" (a
 // redis-server started and killed by this program) and prints the ratio.
+// With --curve, phases 2 and 3 run again with CURVE on both links (the
+// publisher and the control subscriber are libzmq CURVE clients, keys made
+// here; messages go in BATCHes of 64, as a gatekeeper on a CURVE link packs
+// them) and the ratios to plaintext are printed: rate, and the master's CPU
+// per message.
 // High-water marks are set deliberately (large) so nothing is dropped
 // silently; any shortfall is reported as drops.
 #include <arpa/inet.h>
@@ -40,6 +45,7 @@
 #include <zmq.hpp>
 
 #include "bench_util.hpp"
+#include "shared/protocol/wire_batch.hpp"
 
 using namespace std::chrono;
 using namespace std::string_literals;
@@ -55,6 +61,32 @@ struct options {
   int base_port = 0;
   bool pin = false;
   bool redis = false;  ///< also measure ingest with store = "redis" (starts its own redis-server)
+  bool curve = false;  ///< also measure with CURVE on both links
+};
+
+/// CURVE keys for one run: the master's and the publisher's (Z85), and the
+/// master's config lines naming them (files written under /tmp). Empty: plaintext.
+struct curve_setup {
+  char master_public[41] = {}, master_secret[41] = {}, client_public[41] = {}, client_secret[41] = {};
+  std::string config;
+  bool on() const { return !config.empty(); }
+  static curve_setup make() {
+    curve_setup c;
+    zmq_curve_keypair(c.master_public, c.master_secret);
+    zmq_curve_keypair(c.client_public, c.client_secret);
+    const std::string base = "/tmp/smockron-master-bench-" + std::to_string(::getpid());
+    std::ofstream(base + ".key") << c.master_secret << "\n";
+    std::ofstream(base + ".allowed") << c.client_public << "\n";
+    c.config = "curve_secret_key = \"" + base + ".key\"\ncurve_allowed_keys = \"" + base + ".allowed\"\n";
+    return c;
+  }
+  /// Makes `s` a CURVE client of the master (before it connects).
+  void client(zmq::socket_t& s) const {
+    if (!on()) return;
+    s.set(zmq::sockopt::curve_serverkey, std::string(master_public));
+    s.set(zmq::sockopt::curve_publickey, std::string(client_public));
+    s.set(zmq::sockopt::curve_secretkey, std::string(client_secret));
+  }
 };
 
 const int k_hwm = 10'000'000;
@@ -100,11 +132,26 @@ struct load_mix {
                                    received,
                                    delayed ? std::string_view(later) : std::string_view(),
                                    "bench-loadgen"};
-    send_frames(s, f, 6);
+    if (!batched) return send_frames(s, f, 6);
+    // As a gatekeeper on a CURVE link sends them: BATCHes of what leaves together.
+    smockron::wire::append_batch_record(records, std::span<const std::string_view>(f + 1, 5));
+    if (++in_batch == k_batch) flush(s);
   }
+  /// Sends what is batched (a gatekeeper's flush).
+  void flush(zmq::socket_t& s) {
+    if (records.empty()) return;
+    const std::string_view f[3] = {k_bench_domain, smockron::wire::batch_status, records};
+    send_frames(s, f, 3);
+    records.clear();
+    in_batch = 0;
+  }
+  static constexpr int k_batch = 64;  ///< a proxy's flush at ~30k requests/s per worker (2 ms)
   std::vector<std::string> ids;
   std::int64_t cached_ms = -1;
   std::string received, later;
+  bool batched = false;
+  std::string records;
+  int in_batch = 0;
 };
 
 // CPU time of this process (every thread), in seconds.
@@ -305,8 +352,9 @@ struct redis_process {
 
 // Counts control messages on its own thread; records receive times of latency probes.
 struct control_listener {
-  control_listener(zmq::context_t& ctx, const std::string& endpoint, std::size_t probes)
+  control_listener(zmq::context_t& ctx, const std::string& endpoint, std::size_t probes, const curve_setup& curve)
       : sub(ctx, zmq::socket_type::sub), received_at(probes) {
+    curve.client(sub);
     sub.set(zmq::sockopt::rcvhwm, k_hwm);
     sub.set(zmq::sockopt::subscribe, "");
     sub.set(zmq::sockopt::rcvtimeo, 100);
@@ -348,13 +396,15 @@ struct control_listener {
 };
 
 // Phases 2 (and 3 when `latency`) against one master; returns its ingest figures.
-receiver_figures measure_master(const options& o, const std::string& store_config, const char* label, bool latency) {
+receiver_figures measure_master(const options& o, const std::string& store_config, const char* label, bool latency,
+                                const curve_setup& curve = {}) {
   master_process master;
-  master.start(o, store_config);
+  master.start(o, store_config + curve.config);
   zmq::context_t ctx(1);
   const std::size_t probes = static_cast<std::size_t>(o.latency_seconds * 1000);
-  control_listener control(ctx, master.control, probes);
+  control_listener control(ctx, master.control, probes, curve);
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  curve.client(pub);
   pub.set(zmq::sockopt::sndhwm, k_hwm);
   pub.set(zmq::sockopt::sndbuf, 4 * 1024 * 1024);
   pub.connect(master.accounting);
@@ -377,6 +427,7 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
 
   // Phase 2: ingest as fast as the publisher can send.
   load_mix mix(o.identifiers);
+  mix.batched = curve.on();
   const auto start = steady_clock::now();
   // Timestamps follow the wall clock (read every 1024 messages) so that states
   // are still live when processed and the store has all of them to write.
@@ -385,6 +436,7 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
     if ((i & 1023) == 0) t = wall_ms();
     mix.send(pub, i, t);
   }
+  mix.flush(pub);
   double processed = 0, last_seen = -1;
   auto last_change = steady_clock::now(), done_at = last_change;
   while (steady_clock::now() - last_change < 2s) {
@@ -439,6 +491,7 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
       const std::int64_t now = wall_ms();
       const long n = slot == probe_slot ? per_slot - 1 : per_slot;
       for (long k = 0; k < n; ++k) mix.send(pub, i++, now);
+      mix.flush(pub);  // each 100 us slot leaves together
       if (slot != probe_slot) continue;
       const std::string id = "lat-" + std::to_string(ms), ts = std::to_string(now);
       const std::string_view f[5] = {k_lat_domain, "ACCEPTED", id, ts, ""};
@@ -479,10 +532,11 @@ int main(int argc, char** argv) {
     else if (a == "--latency-seconds") o.latency_seconds = std::stod(next());
     else if (a == "--pin") o.pin = true;
     else if (a == "--redis") o.redis = true;
+    else if (a == "--curve") o.curve = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
-                   "[--latency-seconds S] [--pin] [--redis]\n",
+                   "[--latency-seconds S] [--pin] [--redis] [--curve]\n",
                    argv[0]);
       return 2;
     }
@@ -503,6 +557,12 @@ int main(int argc, char** argv) {
   // Above 1: the master spends less CPU on a message than a bare libzmq SUB
   // does to receive it (each may have waited for the publisher).
   std::printf("CPU per message, zeromq/master: %.2f\n", mem.cpu_ns > 0 ? ceiling.cpu_ns / mem.cpu_ns : 0.0);
+  if (o.curve) {
+    const receiver_figures cur = measure_master(o, "", "curve", true, curve_setup::make());
+    std::printf("ratio curve/plaintext:  %10.2f  (goal >= 0.8)\n", cur.rate / memory);
+    std::printf("CPU per message, plaintext/curve: %.2f\n", cur.cpu_ns > 0 ? mem.cpu_ns / cur.cpu_ns : 0.0);
+    if (cur.rate <= 0) return 1;
+  }
   if (o.redis) {
     redis_process redis;
     if (!redis.start()) {

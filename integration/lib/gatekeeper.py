@@ -161,6 +161,21 @@ class Gatekeeper:
             self.ctx.term()
 
 
+def unpack_batch(topic: bytes, records: bytes) -> list[list[bytes]]:
+    """The messages of a BATCH (shared/protocol/wire_batch.hpp): per record a frame
+    count, then each frame as a 2-byte big-endian length and its bytes."""
+    out, at = [], 0
+    while at < len(records):
+        count, at = records[at], at + 1
+        frames = [topic]
+        for _ in range(count):
+            n = int.from_bytes(records[at:at + 2], "big")
+            frames.append(records[at + 2:at + 2 + n])
+            at += 2 + n
+        out.append(frames)
+    return out
+
+
 class FakeMaster:
     """Stand-in for smockron-master, for testing a real gatekeeper (proxy):
     SUB bound to the accounting endpoint (subscribed to everything) and PUB
@@ -187,6 +202,7 @@ class FakeMaster:
             self.pub.bind(f"tcp://{HOST}:{control_port}")
         self.accounting = f"tcp://{HOST}:{self.accounting_port}"
         self.control = f"tcp://{HOST}:{self.control_port}"
+        self.unpacked = collections.deque()
         self.closed = False
 
     def pump(self) -> None:
@@ -197,8 +213,15 @@ class FakeMaster:
         self.pub.getsockopt(zmq.EVENTS)
 
     def recv_raw(self, timeout: float = 5.0) -> list[bytes] | None:
+        """The next accounting message (a CURVE gatekeeper's BATCH is unpacked into its messages)."""
+        if self.unpacked:
+            return self.unpacked.popleft()
         if self.sub.poll(max(0, int(timeout * 1000))):
-            return self.sub.recv_multipart()
+            frames = self.sub.recv_multipart()
+            if len(frames) == 3 and frames[1] == b"BATCH":
+                self.unpacked.extend(unpack_batch(frames[0], frames[2]))
+                return self.unpacked.popleft()
+            return frames
         return None
 
     def recv(self, timeout: float = 5.0) -> Accounting | None:

@@ -12,6 +12,7 @@
 #include "master/io/udp_responder.hpp"
 #include "master/server/status.hpp"
 #include "master/store/redis_store.hpp"
+#include "shared/protocol/wire_batch.hpp"
 
 namespace smockron::master {
 namespace {
@@ -78,7 +79,13 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   // prefix match exact, so masters can split domains between them.
   for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
   accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
-    handle(frames, truncated, accounting_.current_peer());
+    const std::uint64_t peer = accounting_.current_peer();
+    // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
+    // a malformed one is handled as the one message it is (and counted as such).
+    if (!truncated && wire::is_batch(frames) &&
+        wire::for_each_batch_record(frames, [&](std::span<const std::string_view> f) { handle(f, false, peer); }))
+      return;
+    handle(frames, truncated, peer);
   });
   // A gatekeeper's reservations die with its connection.
   accounting_.on_peer_closed([this](std::uint64_t peer) { ingest_.peer_closed(peer, clock_.wall_us()); });
@@ -241,7 +248,13 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
     control_->after_turn();
   }
   accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
-    handle(frames, truncated, accounting_.current_peer());
+    const std::uint64_t peer = accounting_.current_peer();
+    // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
+    // a malformed one is handled as the one message it is (and counted as such).
+    if (!truncated && wire::is_batch(frames) &&
+        wire::for_each_batch_record(frames, [&](std::span<const std::string_view> f) { handle(f, false, peer); }))
+      return;
+    handle(frames, truncated, peer);
   });
   pump_store(clock_.steady_now(), false);
   log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",

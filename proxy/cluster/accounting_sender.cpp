@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "shared/base/net.hpp"
+#include "shared/protocol/wire_batch.hpp"
 #include "shared/protocol/zmtp.hpp"
 #include "shared/protocol/zmtp_session.hpp"
 
@@ -48,6 +49,8 @@ struct accounting_sender::link {
 
   std::string endpoint;
   std::shared_ptr<const zmtp::curve::client_keys> curve;  ///< CURVE with this master; null: plaintext
+  /// CURVE: the flush's messages of one domain, packed into one BATCH (wire_batch.hpp).
+  std::string batch_topic, batch_records;
   generic_stream::socket socket;
   asio::steady_timer retry;
   asio::ip::tcp::resolver resolver;
@@ -198,7 +201,8 @@ void accounting_sender::flush() {
         refused = true;
         return;
       }
-      l.session.append_framed(l.pending, message);  // sealed for this master under CURVE
+      if (l.curve) add_to_batch(l, topic, message);
+      else l.pending += message;
       ++l.pending_msgs;
       taken = true;
     };
@@ -214,8 +218,38 @@ void accounting_sender::flush() {
   bytes_.clear();
   batch_.clear();
   for (auto& l : links_) {
+    seal_batch(*l);
     if (l->st == link::state::ready) write(*l);
   }
+}
+
+// Under CURVE a box per frame would cost more than the message: the
+// messages of one domain that leave together go as one BATCH of three frames.
+void accounting_sender::add_to_batch(link& l, std::string_view topic, std::string_view message) {
+  if (l.batch_topic != topic || l.batch_records.size() + message.size() > wire::max_batch_bytes) {
+    seal_batch(l);
+    l.batch_topic.assign(topic);
+  }
+  std::array<std::string_view, wire::max_batch_record_frames + 1> frames;
+  std::size_t n = 0;
+  zmtp::frame f;
+  for (std::string_view rest = message; !rest.empty() && n < frames.size();) {
+    if (zmtp::next_frame(rest, rest.size(), f) != zmtp::frame_status::ok) break;
+    frames[n++] = f.body;
+    rest.remove_prefix(f.size);
+  }
+  if (n < 2 || !wire::append_batch_record(l.batch_records, std::span(frames).subspan(1, n - 1))) {
+    seal_batch(l);  // not one for a batch: on its own, after what came before it
+    l.session.append_framed(l.pending, message);
+  }
+}
+
+void accounting_sender::seal_batch(link& l) {
+  if (l.batch_records.empty()) return;
+  l.session.append(l.pending, zmtp::flag_more, l.batch_topic);
+  l.session.append(l.pending, zmtp::flag_more, wire::batch_status);
+  l.session.append(l.pending, 0, l.batch_records);
+  l.batch_records.clear();
 }
 
 bool accounting_sender::idle() const {
@@ -402,6 +436,7 @@ void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) 
   if (was_subscribed) counters_.subscribed.add(-1);
   l.pending.clear();
   l.writing.clear();
+  l.batch_records.clear();
   l.pending_msgs = l.writing_msgs = 0;
   // Warn when a working connection breaks, and when connecting keeps failing
   // (the first time, then every 10 minutes of retries); the rest is debug.

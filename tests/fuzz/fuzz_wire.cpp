@@ -1,9 +1,11 @@
 // The wire codec on arbitrary frames: decoding never crashes, and whatever
-// decodes re-encodes to frames that decode to the same message.
+// decodes re-encodes to frames that decode to the same message; a BATCH's
+// records unpack and re-pack to the same bytes.
 #include <cstdint>
 
 #include "fuzz_frames.hpp"
 #include "shared/protocol/wire.hpp"
+#include "shared/protocol/wire_batch.hpp"
 #include "shared/protocol/wire_lease.hpp"
 #include "shared/protocol/wire_tier.hpp"
 
@@ -99,6 +101,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < t->count; ++i) {
       FUZZ_CHECK(back->rules[i].interval_us == t->rules[i].interval_us && back->rules[i].burst == t->rules[i].burst);
     }
+  }
+  // A BATCH's records (as the master unpacks them) re-pack to the same bytes.
+  if (f.size() == 3) {
+    const std::string_view batch[3] = {f[0], wire::batch_status, f[2]};
+    std::string again;
+    std::size_t records = 0;
+    const bool ok = wire::for_each_batch_record(std::span<const std::string_view>(batch), [&](auto frames) {
+      FUZZ_CHECK(frames.size() >= 2 && frames[0] == f[0]);
+      FUZZ_CHECK(wire::append_batch_record(again, frames.subspan(1)));
+      ++records;
+    });
+    FUZZ_CHECK(ok == (records > 0));
+    FUZZ_CHECK(!ok || again == f[2]);
   }
   return 0;
 }
