@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lib.daemons import run_binary  # noqa: E402
 from lib.gatekeeper import FakeMaster, Gatekeeper  # noqa: E402
-from lib.http1 import fetch  # noqa: E402
+from lib.http1 import fetch, http_get  # noqa: E402
 from lib.ports import HOST  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
 from lib.timing import WaitTimeout, now_ms, wait_until  # noqa: E402
@@ -265,6 +265,26 @@ class RotationTest(CurveCase):
                                    curve_allowed_keys=self.allowed)
         self.curve_gatekeeper(master, server=self.master_keys.public)  # still on the previous key
         self.curve_gatekeeper(master, server=new.public)  # already on the next one
+
+
+class AdminTokenTest(CurveCase):
+    def test_what_names_identifiers_needs_the_token_and_scrapers_do_not(self):
+        token = "t0ken-of-the-operators-2026"
+        master = self.curve_master(admin_token_file=self.write_file("admin.token", token + "\n"))
+        gk = self.curve_gatekeeper(master)
+        for _ in range(3):
+            gk.accepted("api", "someone", now_ms())
+        gk.expect(5)
+        bearer = {"Authorization": f"Bearer {token}"}
+        for path in ("/status/api/someone", "/top"):
+            self.assertEqual(http_get(master.admin_port, path).status, 401, path)
+            self.assertEqual(http_get(master.admin_port, path, headers={"Authorization": "Bearer wrong"}).status, 401)
+            r = http_get(master.admin_port, path, headers=bearer)
+            self.assertEqual(r.status, 200, path)
+            self.assertIn("someone", r.body)
+        for path in ("/metrics", "/livez", "/readyz", "/status", "/"):
+            self.assertEqual(http_get(master.admin_port, path).status, 200, path)
+        self.assertNotIn("someone", http_get(master.admin_port, "/status").body)
 
 
 class Relay:

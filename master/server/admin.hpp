@@ -29,4 +29,9 @@ std::optional<std::string> decode_path_identifier(std::string_view text);
 /// it (404). Nothing for another path.
 std::optional<admin_server::response> overrides_api(service& svc, const admin_server::request_view& req);
 
+/// With admin_token_file set, what reveals identifiers (/status/DOMAIN/IDENTIFIER,
+/// /top) needs the same bearer token: 401 without it. Nothing otherwise
+/// (/metrics, /livez, /readyz, /status and the page stay open to scrapers).
+std::optional<admin_server::response> admin_guard(service& svc, const admin_server::request_view& req);
+
 }  // namespace smockron::master

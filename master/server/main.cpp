@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
         admin_server::access{cfg.admin_allow, &registry.add_counter("smockron_master_refused_connections_total",
                                                                     "Connections refused by an endpoint's allow list",
                                                                     metrics::labels({{"endpoint", "admin"}}))});
-    admin->set_filter([&](const admin_server::request_view& req) { return master::overrides_api(*svc, req); });
+    admin->set_filter([&](const admin_server::request_view& req) {
+      if (auto refused = master::admin_guard(*svc, req)) return refused;
+      return master::overrides_api(*svc, req);
+    });
   } catch (const std::exception& e) {
     log->critical("admin endpoint: {}", e.what());
     return 1;

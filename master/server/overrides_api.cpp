@@ -172,6 +172,20 @@ service::api_answer service::api_overrides(std::string domain, std::chrono::mill
 
 // ---- the admin thread's side ------------------------------------------------------
 
+std::optional<admin_server::response> admin_guard(service& svc, const admin_server::request_view& req) {
+  // What names identifiers: one identifier's state, and who is limited now.
+  if (!req.path.starts_with("/status/") && req.path != "/top") return std::nullopt;
+  const std::string token = svc.admin_token();
+  if (token.empty()) return std::nullopt;  // no token configured: the allow list alone decides
+  constexpr std::string_view bearer = "Bearer ";
+  if (req.authorization.starts_with(bearer) && same_secret(req.authorization.substr(bearer.size()), token)) {
+    return std::nullopt;
+  }
+  return admin_server::response{401, "application/json",
+                                error_json("a bearer token is required (Authorization: Bearer <admin_token_file's "
+                                           "token>)")};
+}
+
 std::optional<admin_server::response> overrides_api(service& svc, const admin_server::request_view& req) {
   if (req.path != "/overrides" && !req.path.starts_with("/overrides/")) return std::nullopt;
   const auto answer = [](unsigned status, std::string body) {
