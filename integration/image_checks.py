@@ -6,6 +6,7 @@ image build takes minutes, so the script runs it once, then these.
 
   image_checks.py image --container NAME     the image alone (smockron:latest)
   image_checks.py compose --project NAME     docker-compose.yml, up, used, down
+  image_checks.py compose --project NAME --links -curve   the same with CURVE keys (fewer checks)
 
 Every wait polls with a deadline; ports are free ones on 127.0.0.1.
 Exit status 0 when every check passed; a failed check prints what it saw.
@@ -82,12 +83,12 @@ def image_checks(container: str) -> None:
 
 
 class Stack:
-    def __init__(self, project: str):
+    def __init__(self, project: str, links: str = ""):
         self.project = project
         ports = free_ports(5)
         self.env = dict(os.environ, SMOCKRON_PROXY1_PORT=str(ports[0]), SMOCKRON_PROXY2_PORT=str(ports[1]),
                         SMOCKRON_MASTER_ADMIN_PORT=str(ports[2]), SMOCKRON_PROXY1_ADMIN_PORT=str(ports[3]),
-                        SMOCKRON_PROXY2_ADMIN_PORT=str(ports[4]))
+                        SMOCKRON_PROXY2_ADMIN_PORT=str(ports[4]), SMOCKRON_LINKS=links)
         self.proxy1, self.proxy2, self.master_admin, self.proxy1_admin, self.proxy2_admin = ports
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -121,8 +122,13 @@ def request(port: int, key: str):
     return http_get(port, "/", timeout=10, headers={"X-API-Key": key})
 
 
-def compose_checks(project: str) -> None:
-    s = Stack(project)
+def compose_checks(project: str, links: str = "") -> None:
+    """The stack up, used and down; with links="-curve" its links speak CURVE
+    (keys made by scripts/compose-keys.sh), and the checks stop after the
+    shared limit."""
+    s = Stack(project, links)
+    if links:
+        run("bash", "scripts/compose-keys.sh", timeout=60)
     try:
         s.compose("up", "-d")
         services = ["redis", "backend", "master", "proxy1", "proxy2"]
@@ -162,6 +168,11 @@ def compose_checks(project: str) -> None:
                             and len(json.loads(r.body)["uses_ms"]) >= 12 and json.loads(r.body), 20,
                             message="the master counted every use of the key")
         check(len(status["uses_ms"]) >= 12, f"the master holds the key's {len(status['uses_ms'])} uses")
+        if links:
+            refused = metric(http_get(s.master_admin, "/metrics").body, "smockron_master_accounting_disconnects_total",
+                             {"reason": "mechanism"})
+            check(refused == 0, f"both links spoke CURVE ({refused:g} plaintext peers refused)")
+            return
 
         # The master restarted keeps its state: read back from Redis (appendonly).
         before = status["uses_ms"]
@@ -196,12 +207,13 @@ def main() -> int:
     i.add_argument("--container", required=True)
     c = sub.add_parser("compose")
     c.add_argument("--project", required=True)
+    c.add_argument("--links", default="", help='"-curve": the configs with CURVE keys')
     args = ap.parse_args()
     try:
         if args.what == "image":
             image_checks(args.container)
         else:
-            compose_checks(args.project)
+            compose_checks(args.project, args.links)
     except WaitTimeout as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1

@@ -38,8 +38,24 @@ def read(path: str) -> str:
 
 
 def check_config(path: str) -> list[str]:
-    """Runs --check of every daemon whose table `path` has; returns the failures."""
+    """Runs --check of every daemon whose table `path` has; returns the failures.
+    A config naming the compose stack's keys (/etc/smockron/keys/) is checked with
+    keys made by scripts/compose-keys.sh in a directory of its own."""
     text = read(path)
+    if "/etc/smockron/keys/" in text:
+        keys = tempfile.mkdtemp(prefix="smockron-keys-")
+        try:
+            r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "compose-keys.sh"), keys], capture_output=True,
+                               text=True, timeout=30, env=dict(os.environ, SMOCKRON_QUERY=os.path.join(BIN,
+                                                                                                   "smockron-query")))
+            if r.returncode != 0:
+                return [f"compose-keys.sh: {r.stdout}{r.stderr}"]
+            copy = os.path.join(keys, os.path.basename(path))
+            with open(copy, "w", encoding="utf-8") as f:
+                f.write(text.replace("/etc/smockron/keys/", keys + "/"))
+            return [f.replace(copy, path) for f in check_config(copy)]
+        finally:
+            shutil.rmtree(keys, ignore_errors=True)
     daemons = [d for d in ("master", "proxy") if f"[{d}]" in text]
     if not daemons:
         return [f"{path} has neither [master] nor [proxy]"]
@@ -82,16 +98,28 @@ class PackagingTest(unittest.TestCase):
         failures = [f for path in configs for f in check_config(path)]
         self.assertEqual(failures, [])
 
-    def compose(self) -> dict:
-        """docker-compose.yml as docker-compose resolves it (anchors merged, defaults filled)."""
+    def compose(self, links: str = "") -> dict:
+        """docker-compose.yml as docker-compose resolves it (anchors merged, defaults filled),
+        with SMOCKRON_LINKS=`links` ("-curve": the configs with CURVE keys)."""
         exe = shutil.which("docker-compose")
         if exe is None:
             self.fail("docker-compose is missing: scripts/install-deps.sh --test installs it")
-        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        env = dict(os.environ, SMOCKRON_LINKS=links)
+        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config", "-q"], capture_output=True, text=True, timeout=60,
+                           cwd=ROOT, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
-        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        r = subprocess.run([exe, "-f", COMPOSE_FILE, "config"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                           env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
         return yaml.safe_load(r.stdout)
+
+    def test_compose_with_keys_names_the_curve_configs(self):
+        services = self.compose("-curve")["services"]
+        self.assertIn("/etc/smockron/compose-master-curve.toml", services["master"]["command"])
+        for name in ("proxy1", "proxy2"):
+            self.assertIn("/etc/smockron/compose-proxy-curve.toml", services[name]["command"])
+        for name in ("compose-master-curve.toml", "compose-proxy-curve.toml"):
+            self.assertEqual(check_config(os.path.join(ROOT, "config", name)), [], name)
 
     def test_compose_file_is_valid_and_mounts_checked_configs(self):
         services = self.compose()["services"]

@@ -45,4 +45,6 @@ podman build --pull=never --format docker -t python:3.11-slim-bookworm integrati
 
 echo "== compose: podman-compose up (docker-compose.yml)"
 python3 integration/image_checks.py compose --project "$project"
+echo "== compose: podman-compose up with CURVE keys (SMOCKRON_LINKS=-curve)"
+python3 integration/image_checks.py compose --project "$project" --links -curve
 echo "== image and compose stack: OK"
