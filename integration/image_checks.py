@@ -6,7 +6,7 @@ image build takes minutes, so the script runs it once, then these.
 
   image_checks.py image --container NAME     the image alone (smockron:latest)
   image_checks.py compose --project NAME     docker-compose.yml, up, used, down
-  image_checks.py compose --project NAME --links -curve   the same with CURVE keys (fewer checks)
+  image_checks.py compose --project NAME --links curve   the same with CURVE keys (fewer checks)
 
 Every wait polls with a deadline; ports are free ones on 127.0.0.1.
 Exit status 0 when every check passed; a failed check prints what it saw.
@@ -88,7 +88,9 @@ class Stack:
         ports = free_ports(5)
         self.env = dict(os.environ, SMOCKRON_PROXY1_PORT=str(ports[0]), SMOCKRON_PROXY2_PORT=str(ports[1]),
                         SMOCKRON_MASTER_ADMIN_PORT=str(ports[2]), SMOCKRON_PROXY1_ADMIN_PORT=str(ports[3]),
-                        SMOCKRON_PROXY2_ADMIN_PORT=str(ports[4]), SMOCKRON_LINKS=links)
+                        SMOCKRON_PROXY2_ADMIN_PORT=str(ports[4]))
+        if links:
+            self.env["SMOCKRON_LINKS"] = links
         self.proxy1, self.proxy2, self.master_admin, self.proxy1_admin, self.proxy2_admin = ports
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -123,7 +125,7 @@ def request(port: int, key: str):
 
 
 def compose_checks(project: str, links: str = "") -> None:
-    """The stack up, used and down; with links="-curve" its links speak CURVE
+    """The stack up, used and down; with links="curve" its links speak CURVE
     (keys made by scripts/compose-keys.sh), and the checks stop after the
     shared limit."""
     s = Stack(project, links)
@@ -207,7 +209,7 @@ def main() -> int:
     i.add_argument("--container", required=True)
     c = sub.add_parser("compose")
     c.add_argument("--project", required=True)
-    c.add_argument("--links", default="", help='"-curve": the configs with CURVE keys')
+    c.add_argument("--links", default="", help='"curve": the configs of config/curve/, with CURVE keys')
     args = ap.parse_args()
     try:
         if args.what == "image":

@@ -130,18 +130,20 @@ class BenchmarkSmokeTest(unittest.TestCase):
     # ------------------------------------------------------------------ Python benchmarks
 
     def test_proxy_bench(self):
-        """smockron-proxy vs nginx: both answered every request 2xx; the gate's accounting was
-        published and processed by the master."""
+        """smockron-proxy vs nginx (and the same proxy with CURVE links): all answered every
+        request 2xx; the gate's accounting was published and processed by the masters."""
         self.need("nginx", "wrk", "taskset")
         plot = os.path.join(tempfile.mkdtemp(prefix="smockron-plot-"), "proxy_vs_nginx.png")
         self.addCleanup(shutil.rmtree, os.path.dirname(plot), True)
-        out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke", "--plot", plot])
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke", "--plot", plot,
+                              "--curve"])
+        self.assert_figures(out, r"^\s*0\s+curve\s+\d+ ", r"^cpu us/req curve/smockron: [\d.]+ \(goal <= 1.05\)")
         with open(plot, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", "the plot is a PNG")
         self.assert_figures(out, r"^\s*0\s+smockron\s+\d+ ", r"^\s*0\s+nginx\s+\d+ ", r"^plot: .*proxy_vs_nginx\.png",
                             r"^ smockron: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
                             r"^\s+nginx: median \d+ req/s, p50 \d+ us, p99 \d+ us, cpu [\d.]+ us/req",
-                            r"^accounting: [1-9]\d* requests in smockron rounds, [1-9]\d* messages published, "
+                            r"^accounting: [1-9]\d* requests in smockron and curve rounds, [1-9]\d* messages published, "
                             r"\d+ dropped, \d+ unsent, [1-9]\d* processed by the master",
                             r"^smoke: OK")
 

@@ -93,18 +93,22 @@ def describe(findings: list[dict], path: str) -> str:
 
 class PackagingTest(unittest.TestCase):
     def test_every_shipped_config_passes_check(self):
-        configs = sorted(glob.glob(os.path.join(ROOT, "config", "*.toml")))
+        configs = sorted(glob.glob(os.path.join(ROOT, "config", "*.toml")) +
+                         glob.glob(os.path.join(ROOT, "config", "curve", "*.toml")))
         self.assertTrue(configs)
         failures = [f for path in configs for f in check_config(path)]
         self.assertEqual(failures, [])
 
     def compose(self, links: str = "") -> dict:
         """docker-compose.yml as docker-compose resolves it (anchors merged, defaults filled),
-        with SMOCKRON_LINKS=`links` ("-curve": the configs with CURVE keys)."""
+        with SMOCKRON_LINKS=`links` ("curve": the configs of config/curve/, with CURVE keys)."""
         exe = shutil.which("docker-compose")
         if exe is None:
             self.fail("docker-compose is missing: scripts/install-deps.sh --test installs it")
-        env = dict(os.environ, SMOCKRON_LINKS=links)
+        env = dict(os.environ)
+        env.pop("SMOCKRON_LINKS", None)
+        if links:
+            env["SMOCKRON_LINKS"] = links
         r = subprocess.run([exe, "-f", COMPOSE_FILE, "config", "-q"], capture_output=True, text=True, timeout=60,
                            cwd=ROOT, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -114,12 +118,12 @@ class PackagingTest(unittest.TestCase):
         return yaml.safe_load(r.stdout)
 
     def test_compose_with_keys_names_the_curve_configs(self):
-        services = self.compose("-curve")["services"]
-        self.assertIn("/etc/smockron/compose-master-curve.toml", services["master"]["command"])
+        services = self.compose("curve")["services"]
+        self.assertIn("/etc/smockron/curve/compose-master.toml", services["master"]["command"])
         for name in ("proxy1", "proxy2"):
-            self.assertIn("/etc/smockron/compose-proxy-curve.toml", services[name]["command"])
-        for name in ("compose-master-curve.toml", "compose-proxy-curve.toml"):
-            self.assertEqual(check_config(os.path.join(ROOT, "config", name)), [], name)
+            self.assertIn("/etc/smockron/curve/compose-proxy.toml", services[name]["command"])
+        for name in ("compose-master.toml", "compose-proxy.toml"):
+            self.assertEqual(check_config(os.path.join(ROOT, "config", "curve", name)), [], name)
 
     def test_compose_file_is_valid_and_mounts_checked_configs(self):
         services = self.compose()["services"]
@@ -132,7 +136,7 @@ class PackagingTest(unittest.TestCase):
             for arg in svc.get("command", []):
                 if arg.startswith("/etc/smockron/"):
                     self.assertIn(name, mounted, f"{name} reads {arg} but config/ is not mounted")
-                    path = os.path.join(ROOT, "config", arg[len("/etc/smockron/"):])
+                    path = os.path.normpath(os.path.join(ROOT, "config", arg[len("/etc/smockron/"):]))
                     self.assertTrue(os.path.exists(path), f"{name}: {path}")
                     self.assertEqual(check_config(path), [], name)
         for name in ("compose-master.toml", "compose-proxy.toml"):
@@ -159,7 +163,7 @@ class PackagingTest(unittest.TestCase):
         for name in ("proxy1", "proxy2"):
             self.assertNotIn("master", services[name].get("depends_on", {}), f"{name} must not wait for the master")
             self.assertNotIn("redis", services[name].get("depends_on", {}), name)
-            self.assertIn("/etc/smockron/compose-proxy.toml", services[name]["command"])
+            self.assertIn("/etc/smockron/compose-proxy.toml", [os.path.normpath(a) for a in services[name]["command"]])
         proxy_cfg = read(os.path.join(ROOT, "config", "compose-proxy.toml"))
         self.assertIn('"tcp://master:10004"', proxy_cfg)
         self.assertIn('"tcp://master:10005"', proxy_cfg)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Makes the CURVE keys of the compose stack (SMOCKRON_LINKS=-curve) in
+# Makes the CURVE keys of the compose stack (SMOCKRON_LINKS=curve) in
 # config/keys/ (or DIR): master.key/.pub, gatekeeper.key/.pub (both proxies
 # use it) and `gatekeepers`, the list the master admits. Keys already there
 # are kept. The secret keys are given to UID 10001, the image's user (as
@@ -21,4 +21,4 @@ else
   chmod 0644 "$dir"/*.key
   echo "compose-keys: $dir/*.key are readable by everyone (run as root to give them to UID 10001)" >&2
 fi
-echo "compose-keys: keys in $dir; start the stack with SMOCKRON_LINKS=-curve"
+echo "compose-keys: keys in $dir; start the stack with SMOCKRON_LINKS=curve"

@@ -10,7 +10,9 @@
 #      stand-ins for the images it names from Docker Hub (Redis, Python) are
 #      built from the same base (integration/images/); every health check
 #      passes, one client limited through proxy1 and proxy2 shares one limit,
-#      the master restarted keeps its Redis state, and `down` leaves nothing.
+#      the master restarted keeps its Redis state, and `down` leaves nothing;
+#      then again with CURVE on the links (SMOCKRON_LINKS=curve, keys made by
+#      scripts/compose-keys.sh), up to the shared limit.
 # The checks are integration/image_checks.py; ports are free ones on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +47,6 @@ podman build --pull=never --format docker -t python:3.11-slim-bookworm integrati
 
 echo "== compose: podman-compose up (docker-compose.yml)"
 python3 integration/image_checks.py compose --project "$project"
-echo "== compose: podman-compose up with CURVE keys (SMOCKRON_LINKS=-curve)"
-python3 integration/image_checks.py compose --project "$project" --links -curve
+echo "== compose: podman-compose up with CURVE keys (SMOCKRON_LINKS=curve)"
+python3 integration/image_checks.py compose --project "$project" --links curve
 echo "== image and compose stack: OK"

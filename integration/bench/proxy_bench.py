@@ -17,6 +17,9 @@ Method (see docs/benchmarks.md):
 - `--baseline DIR`: a third contender, the smockron-proxy of another build
   (e.g. the commit before a change), on its own port beside the first, same
   master and cpu: before and after measured in the same run.
+- `--curve`: a third contender, the same smockron-proxy whose links to a
+  master of its own (cpu 0 too) speak CURVE (keys made with `smockron-query
+  keygen`): CPU per request with and without CURVE in the same run.
 - `--smoke`: 1 round of 1 s per contender (1 s warm-up, 10 connections):
   exits 1 unless every contender answered every request with 2xx and no
   socket error, and the smockron proxies' accounting was published and
@@ -187,6 +190,7 @@ def main():
     ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
+    ap.add_argument("--curve", action="store_true", help="also run a smockron-proxy whose links speak CURVE ('curve')")
     ap.add_argument("--plot", metavar="PNG", help="also draw req/s and CPU per request by round and contender (plots.py)")
     ap.add_argument("--smoke", action="store_true",
                     help="1 round of 1 s, 1 s warm-up, 10 connections (unless given): exit 1 unless every request of "
@@ -217,13 +221,15 @@ def main():
     location / {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
         for d in ("backend", "peer"):
             os.makedirs(os.path.join(tmp, d, "tmp"), exist_ok=True)
-        def write_conf(name, port, admin):
+        def write_conf(name, port, admin, master_admin=madmin, accounting=acct, control=ctrl, master_extra="",
+                       proxy_extra=""):
             path = os.path.join(tmp, name)
             with open(path, "w") as f:
                 f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
                                      backend_port=backend_port, proxy_port=port, proxy_admin=admin,
-                                     master_admin=madmin, accounting=acct, control=ctrl,
-                                     identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128"))
+                                     master_admin=master_admin, accounting=accounting, control=control,
+                                     identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128",
+                                     master_extra=master_extra, proxy_extra=proxy_extra))
             return path
         smockron_conf = write_conf("smockron.toml", proxy_port, padmin)
         backend = Proc([nginx, "-c", backend_conf, "-p", os.path.join(tmp, "backend")], 0, log)
@@ -236,6 +242,26 @@ def main():
             baseline = Proc([os.path.join(args.baseline, "smockron-proxy"), "--config", base_conf, "--log-level", "warn"], 1, log)
             procs.insert(1, baseline)
             wait_port(base_port, proc=baseline.p)
+        masters = {"smockron": master, "baseline": master}
+        if args.curve:
+            keys = os.path.join(tmp, "keys")
+            os.makedirs(keys)
+            for name in ("master", "proxy"):
+                subprocess.run([os.path.join(args.bin, "smockron-query"), "keygen", os.path.join(keys, name)],
+                               check=True, stdout=subprocess.DEVNULL)
+            curve_port, curve_admin, curve_madmin = free_port(), free_port(), free_port()
+            curve_conf = write_conf(
+                "curve.toml", curve_port, curve_admin, curve_madmin, free_port(), free_port(),
+                master_extra=f'curve_secret_key = "{keys}/master.key"\ncurve_allowed_keys = "{keys}/proxy.pub"',
+                proxy_extra=f'curve_secret_key = "{keys}/proxy.key"\ncurve_master_key = "{keys}/master.pub"')
+            curve_master = Proc([os.path.join(args.bin, "smockron-master"), "--config", curve_conf, "--log-level", "warn"],
+                                0, log)
+            curve_proxy = Proc([os.path.join(args.bin, "smockron-proxy"), "--config", curve_conf, "--log-level", "warn"],
+                               1, log)
+            procs += [curve_proxy, curve_master]
+            masters["curve"] = curve_master
+            wait_port(curve_port, proc=curve_proxy.p)
+            wait_port(curve_madmin, proc=curve_master.p)
         for port, proc in ((backend_port, backend), (nginx_port, peer), (proxy_port, proxy), (madmin, master)):
             wait_port(port, proc=proc.p)
         time.sleep(0.5)
@@ -244,7 +270,9 @@ def main():
         contenders = {"smockron": (proxy_port, [proxy.p.pid]), "nginx": (nginx_port, peer_pids)}
         if args.baseline:
             contenders["baseline"] = (base_port, [baseline.p.pid])
-        others = backend_pids + [master.p.pid]
+        if args.curve:
+            contenders["curve"] = (curve_port, [curve_proxy.p.pid])
+        others = backend_pids + sorted({m.p.pid for m in masters.values()})
 
         warmup = 1 if args.smoke else max(2, args.seconds // 2)
         print(f"warm-up ({warmup}s each) ...", flush=True)
@@ -252,9 +280,10 @@ def main():
             run_wrk(port, warmup, args.connections)
 
         time.sleep(0.5)  # the warm-up's accounting settles
-        admins = [padmin] + ([base_admin] if args.baseline else [])
+        admins = [padmin] + ([base_admin] if args.baseline else []) + ([curve_admin] if args.curve else [])
+        master_admins = [madmin] + ([curve_madmin] if args.curve else [])
         published0 = sum(metric_total(a, "smockron_proxy_accounting_messages_total") for a in admins)
-        processed0 = metric_total(madmin, "smockron_master_accounting_messages_total")
+        processed0 = sum(metric_total(a, "smockron_master_accounting_messages_total") for a in master_admins)
         results = {name: [] for name in contenders}
         print(f"{'round':>5} {'who':>9} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/req':>10} {'busy':>5} {'load':>5} "
               f"{'master':>6} {'noise':>6}")
@@ -266,12 +295,13 @@ def main():
                 if args.perf and name == "smockron" and rnd == 0:
                     perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
                                             stdout=log, stderr=log)
-                m0 = cpu_seconds([master.p.pid])
+                its_master = masters.get(name, master)
+                m0 = cpu_seconds([its_master.p.pid])
                 r = measure(port, pids, others, args.seconds, args.connections)
                 if perf:
                     perf.send_signal(signal.SIGINT)
                     perf.wait()
-                r["master_us"] = (cpu_seconds([master.p.pid]) - m0) / r["requests"] * 1e6
+                r["master_us"] = (cpu_seconds([its_master.p.pid]) - m0) / r["requests"] * 1e6
                 r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
@@ -302,6 +332,11 @@ def main():
                           f"(min {min(rs):.2f}, max {max(rs):.2f}, {len(rs)} paired rounds)")
             cpu = {n: statistics.median(r["cpu_us"] for r in (kept[n] or results[n])) for n in ("smockron", "baseline")}
             print(f"cpu us/req smockron/baseline: {cpu['smockron'] / cpu['baseline']:.2f}")
+        if args.curve:
+            cpu = {n: statistics.median(r["cpu_us"] for r in (kept[n] or results[n])) for n in ("smockron", "curve")}
+            mcpu = {n: statistics.median(r["master_us"] for r in (kept[n] or results[n])) for n in ("smockron", "curve")}
+            print(f"cpu us/req curve/smockron: {cpu['curve'] / cpu['smockron']:.2f} (goal <= 1.05); "
+                  f"master cpu us/req curve/smockron: {mcpu['curve'] / max(mcpu['smockron'], 1e-9):.2f}")
         if args.plot:
             import plots  # beside this file
             print(f"plot: {plots.proxy_vs_nginx(results, args.plot)}")
@@ -311,8 +346,9 @@ def main():
         published = sum(metric_total(a, "smockron_proxy_accounting_messages_total") for a in admins) - published0
         dropped = sum(metric_total(a, "smockron_proxy_accounting_dropped_total") for a in admins)
         unsent = sum(metric_total(a, "smockron_proxy_accounting_unsent_total") for a in admins)
-        processed = metric_total(madmin, "smockron_master_accounting_messages_total") - processed0
-        print(f"accounting: {requests} requests in smockron{' and baseline' if args.baseline else ''} rounds, {published:.0f} messages "
+        processed = sum(metric_total(a, "smockron_master_accounting_messages_total") for a in master_admins) - processed0
+        print(f"accounting: {requests} requests in smockron{' and baseline' if args.baseline else ''}"
+              f"{' and curve' if args.curve else ''} rounds, {published:.0f} messages "
               f"published, {dropped:.0f} dropped, {unsent:.0f} unsent, {processed:.0f} processed by the master")
         if args.smoke:
             problems = [f"{name} round {i}: {r['errors']} non-2xx responses, {r['socket_errors']} socket errors "

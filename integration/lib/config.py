@@ -108,13 +108,14 @@ def proxy_toml(listen_port: int, admin_port: int, upstreams: dict, routes: list,
 
 def one_box_toml(*, domain: str, rule: str, backend_port: int, proxy_port: int, proxy_admin: int,
                  master_admin: int, accounting: int, control: int, identify: str = '"header:X-API-Key"',
-                 proxy_extra: str = "", upstream_extra: str = "") -> str:
+                 proxy_extra: str = "", upstream_extra: str = "", master_extra: str = "") -> str:
     """A single file driving one master (one domain, one rule) and one proxy
     (one worker, one route to one backend) on 127.0.0.1, as the benchmarks use."""
     return f"""[master]
 accounting = "tcp://127.0.0.1:{accounting}"
 control = "tcp://127.0.0.1:{control}"
 admin = "127.0.0.1:{master_admin}"
+{master_extra}
 [master.domains.{domain}]
 rules = [ {rule} ]
 

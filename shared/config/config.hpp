@@ -143,8 +143,9 @@ struct master_config {
   /// endpoint can get any client throttled, so list the gatekeepers' networks.
   std::vector<cidr> accounting_allow;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
-  /// A file holding the bearer token of the override API (PUT/GET/DELETE
-  /// /overrides/DOMAIN/IDENTIFIER on the admin endpoint); empty: the API is off.
+  /// A file holding the admin endpoint's bearer token: the override API
+  /// (PUT/GET/DELETE /overrides/DOMAIN/IDENTIFIER) exists only with it, and it
+  /// guards what names identifiers (/status/DOMAIN/IDENTIFIER, /top).
   std::string admin_token_file;
   std::string admin_token;  ///< its content, read when the configuration is loaded (whitespace trimmed)
   /// Who may subscribe to control (TCP; empty: anyone): DELAY_UNTIL names the identifiers being limited.
@@ -314,10 +315,6 @@ struct proxy_config {
   enum class real_ip_header_kind : std::uint8_t { x_forwarded_for, forwarded };
   real_ip_header_kind real_ip_header = real_ip_header_kind::x_forwarded_for;
   std::vector<cidr> admin_allow;  ///< who may connect to the admin endpoint (empty: anyone)
-  /// A file holding the bearer token of the override API (PUT/GET/DELETE
-  /// /overrides/DOMAIN/IDENTIFIER on the admin endpoint); empty: the API is off.
-  std::string admin_token_file;
-  std::string admin_token;  ///< its content, read when the configuration is loaded (whitespace trimmed)
   /// Every client connection starts with a PROXY protocol header (v1 or v2,
   /// as AWS NLB or HAProxy send it): the client it names is the peer.
   bool proxy_protocol = false;
