@@ -16,6 +16,9 @@ Method (see docs/benchmarks.md):
   accounting batches' timing moves a few hundred instructions between runs.
 - `--baseline DIR`: DIR/smockron-proxy (another build, e.g. the commit before
   a change) measured in the same run; the ratio current/baseline is printed.
+- `--curve`: the same proxy again as "curve", its links speaking CURVE to a
+  master of its own (keys made with `smockron-query keygen`); the ratio
+  curve/smockron is printed.
 - `--smoke`: N1 = 10, N2 = 30, each protocol once: exits 1 unless every
   request was answered 2xx and callgrind counted something.
 """
@@ -78,6 +81,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="runs of each build and protocol (alternating)")
     ap.add_argument("--protocols", default="h1,h2c", help="h1, h2c or both (comma-separated)")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files here (callgrind_annotate reads them)")
+    ap.add_argument("--curve", action="store_true", help="also count the proxy with CURVE links ('curve')")
     ap.add_argument("--smoke", action="store_true", help="N1 = 10, N2 = 30: checks the method, judges no figure")
     args = ap.parse_args()
     if args.smoke:
@@ -95,20 +99,43 @@ def main():
     tmp = tempfile.mkdtemp(prefix="smockron-instructions-")
     log = open(os.path.join(tmp, "bench.log"), "w")
     backend_port, proxy_port, padmin, madmin, acct, ctrl = free_ports(6)
-    conf = os.path.join(tmp, "smockron.toml")
-    with open(conf, "w") as f:
-        f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
-                             backend_port=backend_port, proxy_port=proxy_port, proxy_admin=padmin,
-                             master_admin=madmin, accounting=acct, control=ctrl, upstream_extra="keepalive = 128"))
+
+    def write_conf(name, madmin, acct, ctrl, master_extra="", proxy_extra=""):
+        path = os.path.join(tmp, name)
+        with open(path, "w") as f:
+            f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
+                                 backend_port=backend_port, proxy_port=proxy_port, proxy_admin=padmin,
+                                 master_admin=madmin, accounting=acct, control=ctrl, upstream_extra="keepalive = 128",
+                                 master_extra=master_extra, proxy_extra=proxy_extra))
+        return path
+
+    conf = write_conf("smockron.toml", madmin, acct, ctrl)
+    confs = {who: conf for who in builds}
+    masters = [conf]
+    if args.curve:
+        keys = os.path.join(tmp, "keys")
+        os.makedirs(keys)
+        for name in ("master", "proxy"):
+            subprocess.run([os.path.join(args.bin, "smockron-query"), "keygen", os.path.join(keys, name)], check=True,
+                           stdout=subprocess.DEVNULL)
+        cmadmin, cacct, cctrl = free_ports(3)
+        builds["curve"] = builds["smockron"]
+        confs["curve"] = write_conf(
+            "curve.toml", cmadmin, cacct, cctrl,
+            master_extra=f'curve_secret_key = "{keys}/master.key"\ncurve_allowed_keys = "{keys}/proxy.pub"',
+            proxy_extra=f'curve_secret_key = "{keys}/proxy.key"\ncurve_master_key = "{keys}/master.pub"')
+        masters.append(confs["curve"])
     backend_conf = nginx_conf(os.path.join(tmp, "backend"), f"""
   server {{ listen 127.0.0.1:{backend_port} backlog=4096; location / {{ return 200 "ok\\n"; }} }}""")
     backend = subprocess.Popen([nginx, "-c", backend_conf, "-p", os.path.join(tmp, "backend")], stdout=log, stderr=log)
-    master = subprocess.Popen([os.path.join(args.bin, "smockron-master"), "--config", conf, "--log-level", "warn"],
-                              stdout=log, stderr=log)
+    running = [subprocess.Popen([os.path.join(args.bin, "smockron-master"), "--config", c, "--log-level", "warn"],
+                                stdout=log, stderr=log) for c in masters]
     results = {}
     try:
         wait_port(backend_port, proc=backend)
-        wait_port(madmin, proc=master)
+        wait_port(madmin, proc=running[0])
+        if args.curve:
+            wait_port(cmadmin, proc=running[1])
         print(f"{'who':>9} {'protocol':>8} {'instructions/request':>21}", flush=True)
         for proto in args.protocols.split(","):
             for rep in range(args.repeat):
@@ -116,22 +143,27 @@ def main():
                     keep = os.path.join(args.keep, who, proto, str(rep)) if args.keep else None
                     if keep:
                         os.makedirs(keep, exist_ok=True)
-                    t1 = total_instructions(proxy_bin, conf, proxy_port, padmin, args.n1, proto == "h1", tmp, log, keep)
-                    t2 = total_instructions(proxy_bin, conf, proxy_port, padmin, args.n2, proto == "h1", tmp, log, keep)
+                    c = confs[who]
+                    t1 = total_instructions(proxy_bin, c, proxy_port, padmin, args.n1, proto == "h1", tmp, log, keep)
+                    t2 = total_instructions(proxy_bin, c, proxy_port, padmin, args.n2, proto == "h1", tmp, log, keep)
                     per = (t2 - t1) / (args.n2 - args.n1)
                     results.setdefault((who, proto), []).append(per)
                     print(f"{who:>9} {proto:>8} {per:>21,.0f}", flush=True)
             for who in builds:
                 runs = results[(who, proto)]
                 print(f"{who:>9} {proto:>8} {sum(runs) / len(runs):>21,.0f}  mean of {len(runs)}", flush=True)
+            mean = {w: sum(results[(w, proto)]) / len(results[(w, proto)]) for w in builds}
             if args.baseline:
-                mean = {w: sum(results[(w, proto)]) / len(results[(w, proto)]) for w in builds}
                 print(f"ratio smockron/baseline {proto}: {mean['smockron'] / mean['baseline']:.3f}", flush=True)
+            if args.curve:
+                print(f"ratio curve/smockron {proto}: {mean['curve'] / mean['smockron']:.3f} (goal <= 1.05)",
+                      flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:  # wait_port, h2load, callgrind
         print(f"FAILED: {e}\n(log: {log.name})", flush=True)
         return 1
     finally:
-        stop_process(master)
+        for m in running:
+            stop_process(m)
         stop_process(backend)
         log.close()
     if args.smoke:

@@ -108,6 +108,9 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
     links_.push_back(std::make_unique<link>(ioc_, e, it == curve.end() ? nullptr : it->second));
     connect(*links_.back());
   }
+  // The configuration never mixes plaintext and CURVE links; a sender given
+  // both frames every message (and seals what goes to the CURVE links).
+  curve_ = !links_.empty() && std::all_of(links_.begin(), links_.end(), [](const auto& l) { return l->curve; });
   for (const auto& sc : shards) {
     std::vector<std::string> names;
     std::vector<std::vector<link*>> shares;
@@ -169,13 +172,27 @@ bool accounting_sender::publish(const wire::encoded& e, std::string_view domain,
   if (batch_.size() >= batch) flush();
   const bool was_empty = batch_.empty();
   queued q{};
-  q.offset = static_cast<std::uint32_t>(bytes_.size());
-  for (std::size_t i = 0; i < enc->count; ++i) {
-    const std::string_view f = enc->frame[i];
-    zmtp::append_frame(bytes_, i + 1 < enc->count ? zmtp::flag_more : 0, f);
-    if (i == 0) {
-      q.topic_size = static_cast<std::uint32_t>(f.size());
-      q.topic_offset = static_cast<std::uint32_t>(bytes_.size() - f.size());
+  if (curve_) {
+    // Every link speaks CURVE: kept as a BATCH record (its frames after the
+    // topic), which flush() copies into each link's batch as it is.
+    q.topic_offset = static_cast<std::uint32_t>(bytes_.size());
+    q.topic_size = static_cast<std::uint32_t>(enc->frame[0].size());
+    bytes_ += enc->frame[0];
+    q.offset = static_cast<std::uint32_t>(bytes_.size());
+    if (enc->count < 2 || !wire::append_batch_record(bytes_, enc->view().subspan(1))) {
+      bytes_.resize(q.topic_offset);
+      counters_.dropped.inc();
+      return false;
+    }
+  } else {
+    q.offset = static_cast<std::uint32_t>(bytes_.size());
+    for (std::size_t i = 0; i < enc->count; ++i) {
+      const std::string_view f = enc->frame[i];
+      zmtp::append_frame(bytes_, i + 1 < enc->count ? zmtp::flag_more : 0, f);
+      if (i == 0) {
+        q.topic_size = static_cast<std::uint32_t>(f.size());
+        q.topic_offset = static_cast<std::uint32_t>(bytes_.size() - f.size());
+      }
     }
   }
   q.size = static_cast<std::uint32_t>(bytes_.size() - q.offset);
@@ -201,8 +218,8 @@ void accounting_sender::flush() {
         refused = true;
         return;
       }
-      if (l.curve) add_to_batch(l, topic, message);
-      else l.pending += message;
+      if (curve_) add_to_batch(l, topic, message);
+      else l.session.append_framed(l.pending, message);  // sealed for a CURVE link (a mixed sender)
       ++l.pending_msgs;
       taken = true;
     };
@@ -225,23 +242,12 @@ void accounting_sender::flush() {
 
 // Under CURVE a box per frame would cost more than the message: the
 // messages of one domain that leave together go as one BATCH of three frames.
-void accounting_sender::add_to_batch(link& l, std::string_view topic, std::string_view message) {
-  if (l.batch_topic != topic || l.batch_records.size() + message.size() > wire::max_batch_bytes) {
+void accounting_sender::add_to_batch(link& l, std::string_view topic, std::string_view record) {
+  if (l.batch_topic != topic || l.batch_records.size() + record.size() > wire::max_batch_bytes) {
     seal_batch(l);
     l.batch_topic.assign(topic);
   }
-  std::array<std::string_view, wire::max_batch_record_frames + 1> frames;
-  std::size_t n = 0;
-  zmtp::frame f;
-  for (std::string_view rest = message; !rest.empty() && n < frames.size();) {
-    if (zmtp::next_frame(rest, rest.size(), f) != zmtp::frame_status::ok) break;
-    frames[n++] = f.body;
-    rest.remove_prefix(f.size);
-  }
-  if (n < 2 || !wire::append_batch_record(l.batch_records, std::span(frames).subspan(1, n - 1))) {
-    seal_batch(l);  // not one for a batch: on its own, after what came before it
-    l.session.append_framed(l.pending, message);
-  }
+  l.batch_records += record;
 }
 
 void accounting_sender::seal_batch(link& l) {

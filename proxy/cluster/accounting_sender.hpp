@@ -126,9 +126,9 @@ private:
   void read(link& l);
   bool parse(link& l);
   void queue(link& l, std::string_view bytes, std::size_t messages);
-  /// CURVE: adds one framed message to the link's batch (sealing the batch first when its domain differs or
-  /// it is full); seal_batch() appends the batch, sealed, to what the link sends.
-  void add_to_batch(link& l, std::string_view topic, std::string_view message);
+  /// CURVE: adds one message's BATCH record to the link's batch (sealing the batch first when its domain
+  /// differs or it is full); seal_batch() appends the batch, sealed, to what the link sends.
+  void add_to_batch(link& l, std::string_view topic, std::string_view record);
   void seal_batch(link& l);
   void write(link& l);
   /// Closes the connection, counts `why`, and retries after k_retry. Late
@@ -153,7 +153,8 @@ private:
     std::uint32_t topic_offset, topic_size;  ///< its first frame's body (the domain topic)
     const std::vector<link*>* share;         ///< a sharded domain's message: only these links; else null (all)
   };
-  std::string bytes_;  ///< ZMTP frames of the batch, back to back
+  bool curve_ = false;  ///< every link speaks CURVE: bytes_ holds BATCH records, not frames
+  std::string bytes_;   ///< ZMTP frames of the batch, back to back (CURVE: each topic, then its record)
   std::vector<queued> batch_;
   std::shared_ptr<spdlog::logger> log_;
   log::rate_limiter fail_log_;

@@ -20,6 +20,8 @@
 #include "proxy/cluster/accounting_sender.hpp"
 #include "shared/base/clock.hpp"
 #include "shared/protocol/hash_ring.hpp"
+#include "shared/protocol/wire_batch.hpp"
+#include "shared/protocol/zmtp_curve.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;
@@ -129,6 +131,62 @@ TEST_F(AccountingSender, ALostMasterIsCountedByReasonAndUnsentAfter) {
   EXPECT_EQ(metric("smockron_proxy_accounting_links_subscribed"), 0);
   account(wire::status::delayed, "nobody");
   EXPECT_EQ(metric("smockron_proxy_accounting_unsent_total"), 1);
+}
+
+// Under CURVE the sender packs a flush's messages of one domain into BATCH
+// messages; the master's receiver (a CURVE server) takes them, and unpacked
+// they are every message, whole and in order, however the batches were cut.
+TEST(AccountingSenderCurve, BatchesOverCurveCarryEveryMessageInOrder) {
+  const auto server = zmtp::curve::generate(), client = zmtp::curve::generate();
+  auto sk = std::make_shared<zmtp::curve::server_keys>();
+  sk->own.push_back(server);
+  sk->allowed.insert(client.public_key);
+  auto ck = std::make_shared<zmtp::curve::client_keys>();
+  ck->own = client;
+  ck->server = server.public_key;
+  metrics::registry registry, master_registry;
+  master::event_loop loop;
+  master::zmtp_server master(loop, "tcp://127.0.0.1:*", {.curve = sk}, system_clock::instance(), master_registry);
+  master.subscribe("api\0"s);
+  boost::asio::io_context ioc;
+  proxy::accounting_sender::counters counters(registry);
+  proxy::accounting_sender sender(ioc, {master.endpoint()}, 100'000, counters, {}, {{master.endpoint(), ck}});
+  std::vector<std::vector<std::string>> got;
+  std::size_t batches = 0;
+  const auto until = [&](auto done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < end) {
+      ioc.run_for(std::chrono::milliseconds(1));
+      master.poll(std::chrono::milliseconds(0), [&](std::span<const std::string_view> f, bool) {
+        if (!wire::is_batch(f)) return got.emplace_back(f.begin(), f.end()), void();
+        ++batches;
+        ASSERT_TRUE(wire::for_each_batch_record(f, [&](auto r) { got.emplace_back(r.begin(), r.end()); }));
+      });
+    }
+    return done();
+  };
+  ASSERT_TRUE(until([&] { return master.peers() == 1 && sender.delivers("api"); }));
+  std::minstd_rand rng(3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2000; ++i) {
+    ids.push_back("id-" + std::to_string(i) + std::string(rng() % 300, 'x'));
+    wire::accounting m;
+    m.domain = "api";
+    m.state = i % 7 == 0 ? wire::status::delayed : wire::status::accepted;
+    m.identifier = ids.back();
+    m.received_ms = 1'700'000'000'000 + i;
+    m.delayed_ms = m.state == wire::status::delayed ? m.received_ms + 5 : 0;
+    sender.account(m, {std::chrono::milliseconds(2), 1.0});
+    if (i % 100 == 0) ioc.run_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(until([&] { return got.size() == ids.size(); })) << got.size();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_GE(got[i].size(), 5u);
+    EXPECT_EQ(got[i][0], "api\0"s);
+    EXPECT_EQ(got[i][2], ids[i]) << i;
+  }
+  EXPECT_GT(batches, 0u);
+  EXPECT_LT(batches, ids.size() / 2) << "most messages share a batch";
 }
 
 // A domain split across two masters by identifier: each message goes to the
