@@ -12,7 +12,7 @@ query=${SMOCKRON_QUERY:-$(command -v smockron-query || echo build/bin/smockron-q
 [ -x "$query" ] || { echo "compose-keys: no smockron-query (build it, or set SMOCKRON_QUERY)" >&2; exit 1; }
 mkdir -p "$dir"
 for name in master gatekeeper; do
-  [ -f "$dir/$name.key" ] || "$query" keygen "$dir/$name" >/dev/null
+  [ -f "$dir/$name.key" ] || "$query" "keygen" "$dir/$name" >/dev/null  # (quoted: an argument, not a program)
 done
 cp "$dir/gatekeeper.pub" "$dir/gatekeepers"
 if [ "$(id -u)" = 0 ]; then
