@@ -18,6 +18,7 @@
 namespace smockron::config {
 namespace {
 
+using detail::both_or_neither;
 using detail::check_domain_name;
 using detail::check_log_level;
 using detail::check_stream_endpoint;
@@ -293,15 +294,9 @@ void read_master_curve(reader& r, sink& s, master_config& m) {
   r.string_list("curve_secret_key", m.curve_secret_key,
                 [](std::string_view f) { return f.empty() ? std::string("expected a file path") : std::string(); });
   r.string("curve_allowed_keys", m.curve_allowed_keys);
+  if (!both_or_neither(r, "curve_secret_key", "curve_allowed_keys")) return;
   const toml::node* secret = r.get("curve_secret_key");
   const toml::node* allowed = r.get("curve_allowed_keys");
-  if (!secret && !allowed) return;
-  if (!secret || !allowed) {
-    const toml::node* set = secret ? secret : allowed;
-    s.add(*set, r.key(secret ? "curve_secret_key" : "curve_allowed_keys"),
-          std::string("needs ") + (secret ? "curve_allowed_keys" : "curve_secret_key") + " too");
-    return;
-  }
   if (m.curve_secret_key.size() > 2) {
     s.add(*secret, "master.curve_secret_key", "at most two keys (the current one and the previous one)");
     return;

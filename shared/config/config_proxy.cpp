@@ -17,6 +17,7 @@
 namespace smockron::config {
 namespace {
 
+using detail::both_or_neither;
 using detail::check_domain_name;
 using detail::check_log_level;
 using detail::check_pair;
@@ -184,15 +185,9 @@ namespace {
 // accounting and control endpoint.
 void read_proxy_curve(reader& r, sink& s, proxy_config& p) {
   r.string("curve_secret_key", p.curve_secret_key);
+  if (!both_or_neither(r, "curve_secret_key", "curve_master_key")) return;
   const toml::node* secret = r.get("curve_secret_key");
   const toml::node* master = r.get("curve_master_key");
-  if (!secret && !master) return;
-  if (!secret || !master) {
-    const toml::node* set = secret ? secret : master;
-    s.add(*set, r.key(secret ? "curve_secret_key" : "curve_master_key"),
-          std::string("needs ") + (secret ? "curve_master_key" : "curve_secret_key") + " too");
-    return;
-  }
   bool ok = true;
   if (const auto* one = master->as_string()) {
     p.curve_master_key[""] = one->get();

@@ -39,6 +39,14 @@ std::string check_domain_name(std::string_view name) {
   return {};
 }
 
+bool both_or_neither(reader& r, const char* a, const char* b) {
+  const toml::node* na = r.get(a);
+  const toml::node* nb = r.get(b);
+  if (na && nb) return true;
+  if (na || nb) r.errors().add(na ? *na : *nb, r.key(na ? a : b), std::string("needs ") + (na ? b : a) + " too");
+  return false;
+}
+
 // Two keys that go together (a certificate and its key): both or neither.
 void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value) {
   if (a_value.empty() == b_value.empty()) return;

@@ -237,6 +237,9 @@ std::string check_stream_endpoint(std::string_view e, std::string_view what);
 /// The same for a domain name.
 std::string check_domain_name(std::string_view name);
 /// Two keys that go together (a certificate and its key): both or neither.
+/// Two keys given together or not at all: true when both are there; with
+/// one alone, "needs B too" at it (and false).
+bool both_or_neither(reader& r, const char* a, const char* b);
 void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value);
 /// Files the keys name exist and can be read (whether they parse is checked
 /// where they are used: the proxy's --check loads them).

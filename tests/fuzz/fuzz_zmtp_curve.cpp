@@ -18,25 +18,14 @@
 #include "shared/protocol/zmtp.hpp"
 #include "shared/protocol/zmtp_curve.hpp"
 #include "shared/protocol/zmtp_session.hpp"
+#include "zmtp_log_events.hpp"
 
 using namespace smockron;
 using zmtp::session;
 
 namespace {
 
-struct log_events final : zmtp::session_events {
-  std::string log;
-  void on_ready() override { log += "R;"; }
-  void on_message(std::span<const std::string_view> frames, bool truncated) override {
-    log += "M" + std::to_string(frames.size()) + (truncated ? "t" : "") + ":";
-    for (auto f : frames) log.append(f).append(1, '|');
-    log += ';';
-  }
-  void on_subscription(bool sub, std::string_view topic) override {
-    log += (sub ? "S" : "C");
-    log.append(topic).append(";");
-  }
-};
+using fuzz::log_events;
 
 struct keys {
   zmtp::curve::keypair server = zmtp::curve::generate(), client = zmtp::curve::generate();

@@ -9,25 +9,13 @@
 
 #include "fuzz_frames.hpp"
 #include "shared/protocol/zmtp_session.hpp"
+#include "zmtp_log_events.hpp"
 
 using namespace smockron;
 
 namespace {
 
-struct log_events final : zmtp::session_events {
-  std::string log;
-  void on_ready() override { log += "R;"; }
-  void on_message(std::span<const std::string_view> frames, bool truncated) override {
-    log += "M" + std::to_string(frames.size()) + (truncated ? "t" : "") + ":";
-    for (auto f : frames) log.append(f).append(1, '|');
-    log += ';';
-  }
-  void on_oversized(std::uint64_t bytes) override { log += "O" + std::to_string(bytes) + ";"; }
-  void on_subscription(bool sub, std::string_view topic) override {
-    log += (sub ? "S" : "C");
-    log.append(topic).append(";");
-  }
-};
+using fuzz::log_events;
 
 // Feeds `bytes` in pieces of the given sizes (cycled); returns the events,
 // the replies and the fault.
