@@ -173,13 +173,7 @@ bool session::command(std::string_view body, session_events& ev, std::string& ou
   const auto [name, rest] = *cmd;
   if (name == "READY") {
     if (phase_ != phase::handshake) return fail(fault::handshake, "second READY");
-    const auto type = ready_socket_type(rest);
-    if (!type) return fail(fault::handshake, "malformed READY properties");
-    const bool fits = role_ == role::pub ? (*type == "SUB" || *type == "XSUB") : (*type == "PUB" || *type == "XPUB");
-    if (!fits) {
-      return fail(fault::handshake, "peer socket type \"" + printable(*type) + "\" cannot talk to a " +
-                                        (role_ == role::pub ? "PUB" : "SUB"));
-    }
+    if (!peer_type_fits(rest)) return false;
     phase_ = phase::messages;
     ev.on_ready();
     return true;
@@ -226,7 +220,7 @@ bool session::curve_fail(curve::error e, std::string_view during) {
 
 bool session::peer_type_fits(std::string_view metadata) {
   const auto type = ready_socket_type(metadata);
-  if (!type) return fail(fault::handshake, "malformed handshake properties");
+  if (!type) return fail(fault::handshake, "malformed READY properties");
   const bool fits = role_ == role::pub ? (*type == "SUB" || *type == "XSUB") : (*type == "PUB" || *type == "XPUB");
   if (!fits) {
     return fail(fault::handshake, "peer socket type \"" + printable(*type) + "\" cannot talk to a " +

@@ -142,7 +142,7 @@ private:
   std::size_t feed_curve(std::string_view in, std::size_t pos, session_events& ev, std::string& out);
   bool curve_handshake(std::string_view body, std::string& out, session_events& ev);
   bool curve_fail(curve::error e, std::string_view during);
-  /// Checks the Socket-Type in a CURVE handshake's metadata.
+  /// Checks the Socket-Type in READY's properties (or CURVE's INITIATE/READY metadata).
   bool peer_type_fits(std::string_view metadata);
 
   role role_;
