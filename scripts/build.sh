@@ -2,7 +2,8 @@
 # Configures and builds Smockron with Ninja + ccache, warnings as errors
 # (SMOCKRON_WERROR=OFF in the environment to build despite them).
 #   scripts/build.sh               release build in build/ (binaries in build/bin/)
-#   scripts/build.sh --sanitize    ASan + UBSan build of the unit tests and the daemons in build-asan/
+#   scripts/build.sh --sanitize    ASan + UBSan build of the unit tests, the daemons and smockron-query
+#                                  (the CURVE tests make their keys with it) in build-asan/
 #   scripts/build.sh --variants    the daemons as users and packagers build them, warnings as
 #                                  errors: Release with GCC (build-release/) and with clang (build-clang/)
 #   scripts/build.sh --ship        only what is shipped (the daemons and smockron-query), Release, in
@@ -25,7 +26,8 @@ elif [ "${1:-}" = "--ship" ]; then
 elif [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B build-asan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Debug -DSMOCKRON_SANITIZE=ON \
     -DSMOCKRON_BENCHMARKS=OFF >/dev/null
-  cmake --build build-asan -j "$jobs" --target smockron_tests smockron_identify_tests smockron-proxy smockron-master
+  cmake --build build-asan -j "$jobs" --target smockron_tests smockron_identify_tests smockron-proxy smockron-master \
+    smockron-query
 else
   cmake -S . -B build -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build -j "$jobs"

@@ -3,6 +3,8 @@
 // Exceptions stay inside: callers get a load_result.
 #include <toml++/toml.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -74,13 +76,22 @@ std::vector<std::string> warnings(const config& c) {
                   " is not loopback or IPC and the links have no CURVE keys: anyone who reaches it can read and "
                   "forge accounting and control (plaintext is for a private network only; see curve_secret_key)");
   };
+  // A secret key others can read is a key others may hold.
+  const auto private_file = [&](const std::string& key, const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+      out.push_back(key + " " + path + " is readable by its group or others (chmod 600 it)");
+    }
+  };
   if (c.master) {
     check("[master] accounting", c.master->accounting, c.master->curve != nullptr);
     check("[master] control", c.master->control, c.master->curve != nullptr);
+    for (const auto& f : c.master->curve_secret_key) private_file("[master] curve_secret_key", f);
   }
   if (c.proxy) {
     for (const auto& e : c.proxy->accounting) check("[proxy] accounting", e, !c.proxy->curve.empty());
     for (const auto& e : c.proxy->control) check("[proxy] control", e, !c.proxy->curve.empty());
+    if (!c.proxy->curve_secret_key.empty()) private_file("[proxy] curve_secret_key", c.proxy->curve_secret_key);
   }
   return out;
 }

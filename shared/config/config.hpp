@@ -421,7 +421,8 @@ load_result load_string(std::string_view text, const std::string& source_name);
 
 /// What is valid but unsafe: the links between daemons in plaintext on a
 /// network (an accounting or control endpoint that is not loopback or IPC,
-/// with no CURVE keys). One line each; --check and the start-up log print them.
+/// with no CURVE keys), a CURVE secret key file its group or others can read.
+/// One line each; --check and the start-up log print them.
 std::vector<std::string> warnings(const config& c);
 
 /// Settings a reload cannot change (sockets, threads, stores): both daemons

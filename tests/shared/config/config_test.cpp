@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <set>
 
@@ -1040,6 +1042,20 @@ TEST(Config, PlaintextLinksOffThisHostAreWarnedOf) {
   EXPECT_TRUE(w[0].starts_with("[master] accounting tcp://0.0.0.0:10004 is not loopback")) << w[0];
   EXPECT_TRUE(w[1].starts_with("[proxy] accounting tcp://10.1.2.3:10004")) << w[1];
   EXPECT_TRUE(config::warnings(*load("[master]\n").cfg).empty()) << "the loopback defaults";
+
+  // A secret key file others can read.
+  const std::string dir = ::testing::TempDir();
+  const auto kp = zmtp::curve::generate();
+  const std::string key = dir + "/open.key", list = dir + "/open.allowed";
+  std::ofstream(key) << zmtp::curve::z85_encode(kp.secret_key) << "\n";
+  std::ofstream(list) << zmtp::curve::z85_encode(kp.public_key) << "\n";
+  ::chmod(key.c_str(), 0644);
+  const std::string text = "[master]\ncurve_secret_key = \"" + key + "\"\ncurve_allowed_keys = \"" + list + "\"\n";
+  auto open = config::warnings(*load(text).cfg);
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_NE(open[0].find("readable by its group or others"), std::string::npos) << open[0];
+  ::chmod(key.c_str(), 0600);
+  EXPECT_TRUE(config::warnings(*load(text).cfg).empty());
 }
 
 TEST(Config, SharedConcurrency) {
