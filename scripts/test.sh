@@ -37,7 +37,7 @@ echo "== the container image and the compose stack (podman, podman-compose)"
 bash scripts/test-image.sh
 echo "== the daemons as users build them: Release with GCC and with clang, warnings as errors"
 bash scripts/build.sh --variants
-# 16 targets x 10 s: about 3 minutes of fuzzing in all.
+# 18 targets x 10 s: about 3 minutes of fuzzing in all.
 echo "== fuzz targets (build-fuzz/, clang libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-10}s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 echo "== all tests passed"
