@@ -99,6 +99,10 @@ class CurveLinksTest(CurveCase):
         wait_until(lambda: fetch(proxy.port, "/x", key="curve-client")[0].status in (429, 503), 5,
                    message="the master's DELAY_UNTIL over CURVE")
         self.assertEqual(self.disconnects(master, "mechanism"), 0)
+        # The operator's view says so.
+        self.assertEqual(json.loads(master.get("/status").body)["links"],
+                         {"mechanism": "CURVE", "master_keys": 1, "gatekeeper_keys": 1})
+        self.assertEqual(json.loads(proxy.get("/status").body)["masters"]["mechanism"], "CURVE")
 
     def test_a_libzmq_curve_gatekeeper_talks_to_the_master_both_ways(self):
         # pyzmq PUB -> our CURVE server (accounting); our CURVE server PUB -> pyzmq SUB (control).

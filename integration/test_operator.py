@@ -313,7 +313,7 @@ class IntrospectionTest(DaemonTestCase):
         status, body = self.get(proxy.admin_port, "/status")
         self.assertEqual(status, 200, body)
         doc = json.loads(body)
-        self.assertEqual(doc["masters"], {"connected": 1, "endpoints": 1})
+        self.assertEqual(doc["masters"], {"connected": 1, "endpoints": 1, "mechanism": "NULL"})
         self.assertEqual(doc["held_requests"], 0)
         api = next(d for d in doc["domains"] if d["name"] == "api")
         # How long ago the master published the domain's POLICY (it does every second).

@@ -43,6 +43,13 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
   doc["store"] = cfg.store == config::store_kind::memory ? "memory" : "redis";
   if (cfg.rls && rls_port != 0) doc["rls"] = host_port{cfg.rls->host, rls_port}.to_string();
   if (store) doc["redis"] = {{"connected", store->connected}, {"unwritten_states", store->unwritten_states}};
+  // The links' mechanism, and under CURVE how many keys of its own and of gatekeepers the master holds.
+  if (cfg.curve) {
+    doc["links"] = {
+        {"mechanism", "CURVE"}, {"master_keys", cfg.curve->own.size()}, {"gatekeeper_keys", cfg.curve->allowed.size()}};
+  } else {
+    doc["links"] = {{"mechanism", "NULL"}};
+  }
   doc["max_identifiers"] = cfg.max_identifiers;
   doc["domains"] = nlohmann::ordered_json::array();
   for (const auto& d : cfg.domains) {

@@ -31,7 +31,9 @@ std::string status_json(shared_state& shared, control_subscriber& control) {
   const auto rt = shared.current();
   const std::int64_t now = shared.clk.wall_us();
   nlohmann::ordered_json doc;
-  doc["masters"] = {{"connected", control.connected()}, {"endpoints", control.endpoints()}};
+  doc["masters"] = {{"connected", control.connected()},
+                    {"endpoints", control.endpoints()},
+                    {"mechanism", rt->cfg.curve.empty() ? "NULL" : "CURVE"}};  // the links: plaintext or CURVE
   doc["held_requests"] = shared.gate.held();
   doc["max_held"] = rt->cfg.max_held;
   doc["control_entries"] = shared.gate.entries();
