@@ -168,6 +168,12 @@ class PackagingTest(unittest.TestCase):
         self.assertIn('"tcp://master:10004"', proxy_cfg)
         self.assertIn('"tcp://master:10005"', proxy_cfg)
 
+    def test_curve_keys_stay_out_of_the_image(self):
+        # The runtime stage copies config/ whole: the compose stack's keys must not go with it.
+        ignored = [line.strip() for line in read(os.path.join(ROOT, ".dockerignore")).splitlines()]
+        self.assertIn("config/keys", ignored)
+        self.assertIn("COPY config/ /etc/smockron/", read(os.path.join(ROOT, "Dockerfile")))
+
     def test_dockerfile_passes_the_linter(self):
         path = os.path.join(ROOT, "Dockerfile")
         findings = lint(path)
