@@ -161,24 +161,28 @@ class RefusedPeersTest(CurveCase):
         sent = [0]
 
         def flood():
+            # Counted once the master closed the connection: it has then judged the HELLO.
             while not stop.is_set() and sent[0] < 300:
                 try:
-                    with socket.create_connection((HOST, master.accounting_port), timeout=2) as s:
+                    with socket.create_connection((HOST, master.accounting_port), timeout=10) as s:
                         s.sendall(greeting + hello)
-                        s.recv(1024)
+                        while s.recv(1024):
+                            pass
+                    sent[0] += 1
                 except OSError:
                     pass
-                sent[0] += 1
 
         t = threading.Thread(target=flood, daemon=True)
         t.start()
         try:
+            wait_until(lambda: sent[0] >= 5, 30, message="the flood under way")
             for i in range(3):  # decisions for the gatekeeper with a key go on meanwhile
                 gk.accepted("api", "during-flood", now_ms())
-            self.assertEqual(gk.expect(5).identifier, "during-flood")
+            self.assertEqual(gk.expect(10).identifier, "during-flood")
+            wait_until(lambda: sent[0] >= 20, 30, message="20 bogus HELLOs judged")
         finally:
             stop.set()
-            t.join(10)
+            t.join(15)
         master.wait_metric(DISCONNECTS, {"reason": "bad_box"}, predicate=lambda v: v >= before + min(sent[0], 50),
                            timeout=10)
 
@@ -289,6 +293,26 @@ class AdminTokenTest(CurveCase):
         for path in ("/metrics", "/livez", "/readyz", "/status", "/"):
             self.assertEqual(http_get(master.admin_port, path).status, 200, path)
         self.assertNotIn("someone", http_get(master.admin_port, "/status").body)
+
+
+class CheckWarnsTest(CurveCase):
+    def test_check_warns_of_plaintext_off_this_host_and_of_an_open_secret_key(self):
+        plain = self.write_file("plain.toml", '[master]\naccounting = "tcp://0.0.0.0:10004"\n'
+                                              '[master.domains.api]\nrules = []\n')
+        r = run_binary("smockron-master", "--check", "--config", plain)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: [master] accounting tcp://0.0.0.0:10004 is not loopback or IPC", r.stderr)
+        os.chmod(self.master_keys.key_file, 0o644)
+        keyed = self.write_file("keyed.toml", f'[master]\naccounting = "tcp://0.0.0.0:10004"\n'
+                                              f'curve_secret_key = "{self.master_keys.key_file}"\n'
+                                              f'curve_allowed_keys = "{self.allowed}"\n'
+                                              '[master.domains.api]\nrules = []\n')
+        r = run_binary("smockron-master", "--check", "--config", keyed)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("is not loopback", r.stderr, "keys given: no plaintext warning")
+        self.assertIn("is readable by its group or others", r.stderr)
+        os.chmod(self.master_keys.key_file, 0o600)
+        self.assertNotIn("warning", run_binary("smockron-master", "--check", "--config", keyed).stderr)
 
 
 class Relay:

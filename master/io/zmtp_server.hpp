@@ -1,5 +1,5 @@
 // The master's ZeroMQ endpoints, spoken on the wire (ZMTP 3.0 through
-// shared/protocol/zmtp_session.hpp) over TCP or IPC, on the master's own
+// shared/protocol/zmtp_session.hpp; CURVE server when given keys) over TCP or IPC, on the master's own
 // thread: the listener and its connections are sources of the master's
 // event_loop. One class, two roles:
 //

@@ -1,4 +1,4 @@
-// One end of a ZMTP 3.0 connection with the NULL mechanism, without I/O:
+// One end of a ZMTP 3.0 connection (NULL or CURVE mechanism), without I/O:
 // bytes in, bytes and events out. Both ends of the accounting stream use it,
 // the proxy's sender (role pub, proxy/cluster/accounting_sender.hpp) and the
 // master's receiver (role sub, master/io/zmtp_server.hpp), and the master's
@@ -94,7 +94,6 @@ public:
   struct security {
     std::shared_ptr<const curve::client_keys> client;
     std::shared_ptr<const curve::server_keys> server;
-    bool curve() const { return client || server; }
   };
 
   session(role r, limits l, security sec = {});
