@@ -197,16 +197,18 @@ class MasterProcess(Daemon):
 
     def query_port(self) -> int:
         """The UDP query endpoint's port as bound (the master logs it; "query = 127.0.0.1:0" picks one)."""
-        m = re.search(r"query=udp:[^ ]*:(\d+)", self.log())
-        if not m:
-            raise AssertionError(f"the master names no query endpoint in its log:\n{self.log()}")
-        return int(m.group(1))
+        return self._logged_port(r"query=udp:[^ ]*:(\d+)", "query")
 
     def rls_port(self) -> int:
         """The port of Envoy's rate limit services as bound ("rls = 127.0.0.1:0" picks one; the master logs it)."""
-        m = re.search(r" rls=[^ ]*:(\d+)", self.log())
-        if not m:
-            raise AssertionError(f"the master names no rls endpoint in its log:\n{self.log()}")
+        return self._logged_port(r" rls=[^ ]*:(\d+)", "rls")
+
+    def _logged_port(self, pattern: str, what: str, timeout: float = 10.0) -> int:
+        """The port in the master's start-up line (waited for: the line may land after the caller looked)."""
+        try:
+            m = wait_until(lambda: re.search(pattern, self.log()), timeout)
+        except WaitTimeout:
+            raise AssertionError(f"the master names no {what} endpoint in its log:\n{self.log()}") from None
         return int(m.group(1))
 
     def gatekeeper(self, domains, handshake: bool = True, timeout: float = 10.0) -> "Gatekeeper":

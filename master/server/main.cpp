@@ -75,12 +75,13 @@ int main(int argc, char** argv) {
       },
       // SIGUSR1 is what log rotation sends every daemon; the master writes only to stderr.
       [&] { log->info("SIGUSR1: no log file to reopen (the master logs to stderr)"); });
-  std::thread admin_thread([&] { ioc.run(); });
-
+  // Logged before the admin endpoint answers: whoever saw /readyz answer can read the bound ports here.
   log->info("smockron-master {} accounting={} control={} admin={} domains={}{}{}", version_string, cfg.accounting,
             cfg.control, cfg.admin.to_string(), cfg.domains.size(),
             cfg.query ? " query=udp:" + host_port{cfg.query->host, svc->query_port()}.to_string() : std::string(),
             cfg.rls ? " rls=" + host_port{cfg.rls->host, svc->rls_port()}.to_string() : std::string());
+  std::thread admin_thread([&] { ioc.run(); });
+
   svc->run(stop);
   svc->finish(std::chrono::seconds(2));
 
