@@ -15,7 +15,7 @@ RUN rm -rf build && SMOCKRON_WERROR=OFF bash scripts/build.sh --ship
 # (integration/test_packaging.py checks the list against ldd and dpkg -S).
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libzmq5 libsodium23 libspdlog1.10 libfmt9 libtomlplusplus3 libssl3 libhiredis0.14 libnghttp2-14 libgrpc++1.51 libprotobuf32 \
+ && apt-get install -y --no-install-recommends libzmq5 libsodium23 libc-ares2 libspdlog1.10 libfmt9 libtomlplusplus3 libssl3 libhiredis0.14 libnghttp2-14 libgrpc++1.51 libprotobuf32 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin smockron
 COPY --from=build /src/build/bin/smockron-proxy /src/build/bin/smockron-master /src/build/bin/smockron-query /usr/local/bin/

@@ -19,7 +19,7 @@ done
 packages=(
   build-essential cmake ninja-build ccache pkg-config git nlohmann-json3-dev
   libboost1.81-dev
-  libzmq3-dev cppzmq-dev libsodium-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libc-ares-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libssl-dev libhiredis-dev libnghttp2-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -32,8 +32,9 @@ constexpr std::size_t k_max_pong_backlog = 1024 * 1024;
 
 struct accounting_sender::link {
   enum class state : std::uint8_t { idle, connecting, handshake, ready };
-  link(asio::io_context& ioc, std::string ep, std::shared_ptr<const zmtp::curve::client_keys> keys)
-      : endpoint(std::move(ep)),
+  link(asio::io_context& ioc, std::string from, std::string ep, std::shared_ptr<const zmtp::curve::client_keys> keys)
+      : origin(std::move(from)),
+        endpoint(std::move(ep)),
         curve(std::move(keys)),
         socket(ioc),
         retry(ioc),
@@ -47,7 +48,9 @@ struct accounting_sender::link {
                          {.client = curve, .server = nullptr});
   }
 
-  std::string endpoint;
+  std::string origin;    ///< the configured endpoint (a DNS name's masters share it)
+  std::string endpoint;  ///< where this master is
+  bool parked = false;   ///< its master is gone (a DNS answer dropped it): closed, kept for reuse
   std::shared_ptr<const zmtp::curve::client_keys> curve;  ///< CURVE with this master; null: plaintext
   /// CURVE: the flush's messages of one domain, packed into one BATCH (wire_batch.hpp).
   std::string batch_topic, batch_records;
@@ -103,28 +106,77 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
       log_(log::get("proxy.accounting")) {
   bytes_.reserve(batch * 96);
   batch_.reserve(batch);
+  curve_keys_ = curve;
+  // A DNS name's masters come with set_masters(); the rest are connected now.
   for (const auto& e : endpoints) {
-    const auto it = curve.find(e);
-    links_.push_back(std::make_unique<link>(ioc_, e, it == curve.end() ? nullptr : it->second));
-    connect(*links_.back());
+    if (!parse_dns_endpoint(e)) connect(add_link(e, e));
   }
   // The configuration never mixes plaintext and CURVE links; a sender given
   // both frames every message (and seals what goes to the CURVE links).
-  curve_ = !links_.empty() && std::all_of(links_.begin(), links_.end(), [](const auto& l) { return l->curve; });
+  curve_ = !endpoints.empty() &&
+           std::all_of(endpoints.begin(), endpoints.end(), [&](const auto& e) { return curve.contains(e); });
   for (const auto& sc : shards) {
     std::vector<std::string> names;
-    std::vector<std::vector<link*>> shares;
-    for (const auto& share : sc.shares) {
-      names.push_back(share.front());  // a share's place on the ring: its first master's endpoint
-      auto& targets = shares.emplace_back();
-      for (const auto& ep : share) {
+    for (const auto& share : sc.shares) names.push_back(share.front());  // a share's place on the ring
+    sharded_.emplace(sc.domain,
+                     sharded{hash_ring(names), sc.shares, std::vector<std::vector<link*>>(sc.shares.size())});
+  }
+  rebuild_shares();
+}
+
+accounting_sender::link& accounting_sender::add_link(std::string_view origin, const std::string& endpoint) {
+  const auto it = curve_keys_.find(origin);
+  auto keys = it == curve_keys_.end() ? nullptr : it->second;
+  for (auto& l : links_) {
+    if (!l->parked) continue;
+    l->parked = false;
+    l->origin = std::string(origin);
+    l->endpoint = endpoint;
+    l->curve = std::move(keys);
+    l->failures = 0;
+    return *l;
+  }
+  links_.push_back(std::make_unique<link>(ioc_, std::string(origin), endpoint, std::move(keys)));
+  return *links_.back();
+}
+
+void accounting_sender::rebuild_shares() {
+  for (auto& [domain, sh] : sharded_) {
+    for (std::size_t i = 0; i < sh.origins.size(); ++i) {
+      // Cleared in place: a queued message points at its share's vector.
+      sh.shares[i].clear();
+      for (const auto& origin : sh.origins[i]) {
         for (auto& l : links_) {
-          if (l->endpoint == ep) targets.push_back(l.get());
+          if (!l->parked && l->origin == origin) sh.shares[i].push_back(l.get());
         }
       }
     }
-    sharded_.emplace(sc.domain, sharded{hash_ring(names), std::move(shares)});
   }
+}
+
+void accounting_sender::set_masters(std::string_view configured, const std::vector<std::string>& masters) {
+  bool changed = false, was_subscribed = false;
+  for (auto& l : links_) {
+    if (l->parked || l->origin != configured || std::find(masters.begin(), masters.end(), l->endpoint) != masters.end())
+      continue;
+    log_->info("accounting: {} is gone from {}", l->endpoint, configured);
+    was_subscribed |= l->subscribed;
+    close(*l);
+    l->parked = true;
+    changed = true;
+  }
+  for (const auto& m : masters) {
+    const bool known = std::any_of(links_.begin(), links_.end(), [&](const auto& l) {
+      return !l->parked && l->origin == configured && l->endpoint == m;
+    });
+    if (known) continue;
+    link& l = add_link(configured, m);
+    log_->info("accounting: connecting to {} (of {})", m, configured);
+    connect(l);
+    changed = true;
+  }
+  if (changed) rebuild_shares();
+  if (was_subscribed && on_link_change_) on_link_change_();
 }
 
 accounting_sender::~accounting_sender() {
@@ -424,12 +476,10 @@ void accounting_sender::write(link& l) {
                     });
 }
 
-void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) {
-  const bool was_ready = l.st == link::state::ready;
+void accounting_sender::close(link& l) {
   // Taken for this master and not (wholly) written: lost for it. They were
   // counted as sent (they may have reached the other masters).
   counters_.lost.inc(l.pending_msgs + l.writing_msgs);
-  if (auto* c = counters_.disconnects[static_cast<int>(why)]) c->inc();
   ++l.generation;
   boost::system::error_code ignored;
   l.socket.close(ignored);
@@ -438,12 +488,19 @@ void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) 
   l.write_busy = false;
   l.in.clear();
   l.subs.clear();
-  const bool was_subscribed = std::exchange(l.subscribed, false);
-  if (was_subscribed) counters_.subscribed.add(-1);
+  if (std::exchange(l.subscribed, false)) counters_.subscribed.add(-1);
   l.pending.clear();
   l.writing.clear();
   l.batch_records.clear();
   l.pending_msgs = l.writing_msgs = 0;
+  l.retry.cancel();
+}
+
+void accounting_sender::fail(link& l, zmtp::fault why, std::string_view detail) {
+  const bool was_ready = l.st == link::state::ready;
+  const bool was_subscribed = l.subscribed;
+  if (auto* c = counters_.disconnects[static_cast<int>(why)]) c->inc();
+  close(l);
   // Warn when a working connection breaks, and when connecting keeps failing
   // (the first time, then every 10 minutes of retries); the rest is debug.
   const std::uint64_t n = ++l.failures;

@@ -17,6 +17,12 @@
 // identifier on a consistent-hash ring; a share that is down is fail-open
 // for its identifiers only.
 //
+// An endpoint may be a DNS name for several masters (master_discovery.hpp):
+// set_masters() gives its masters as they change; a new one is connected, a
+// gone one is dropped (what was queued for it counted as lost), the others
+// are untouched. A share of a sharded domain is keyed by its configured
+// endpoint, so a master that comes back at a new address keeps its share.
+//
 // Per master: connect (TCP, host names resolved asynchronously, or IPC),
 // handshake as a PUB; the master's subscriptions select what it receives. A
 // failed or closed connection is counted by reason and retried every 100 ms;
@@ -95,6 +101,9 @@ public:
   /// Sends a LEASE (concurrency slots wanted or given back) at once, with
   /// what is batched: a request may be waiting for it.
   void lease(const wire::lease& m);
+  /// The masters a DNS endpoint (one of `endpoints`) stands for now: new ones
+  /// are connected, gone ones closed. On the worker's thread.
+  void set_masters(std::string_view configured, const std::vector<std::string>& masters);
   /// Hands the batch to every master and starts writing.
   void flush();
   /// True when a connected master is subscribed to `domain` (what is sent for it is delivered).
@@ -134,17 +143,27 @@ private:
   /// Closes the connection, counts `why`, and retries after k_retry. Late
   /// completions check the link's generation.
   void fail(link& l, zmtp::fault why, std::string_view detail);
+  /// Closes the connection (what was queued for it is lost); late completions check the generation.
+  void close(link& l);
+  /// A link for `endpoint` of the configured `origin`: a parked one reused, or a new one.
+  link& add_link(std::string_view origin, const std::string& endpoint);
+  /// Each share's links, from the configured endpoints of the share.
+  void rebuild_shares();
 
   boost::asio::io_context& ioc_;
   std::size_t queue_limit_;
   counters& counters_;
   boost::asio::steady_timer flush_timer_;
   std::minstd_rand sample_rng_;
+  /// Links are never freed while the sender lives (completions may still
+  /// name them): a gone master's link is parked and reused for the next new one.
   std::vector<std::unique_ptr<link>> links_;
+  curve_keys curve_keys_;
   wire::scratch scratch_;
-  /// A domain split by identifier: the ring, and each share's links.
+  /// A domain split by identifier: the ring, and each share's configured endpoints and links.
   struct sharded {
     hash_ring ring;
+    std::vector<std::vector<std::string>> origins;
     std::vector<std::vector<link*>> shares;
   };
   string_map<sharded> sharded_;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "shared/base/log.hpp"
+#include "shared/base/net.hpp"
 #include "shared/daemon/zmq_util.hpp"
 #include "shared/protocol/wire_tier.hpp"
 
@@ -84,19 +85,14 @@ void control_subscriber::run() {
   zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
   monitor.set(zmq::sockopt::linger, 0);
   monitor.connect(monitor_endpoint);
+  sub.set(zmq::sockopt::ipv6, 1);  // a master found by DNS may have an IPv6 address
+  // A DNS name's masters come with set_masters(); the rest are connected now.
   for (const auto& e : endpoints_) {
-    // libzmq takes the mechanism's options at connect: each endpoint its master's key.
-    if (const auto it = curve_.find(e); it != curve_.end()) {
-      const auto& k = *it->second;
-      const auto bytes = [](const zmtp::curve::key& key) {
-        return std::string_view(reinterpret_cast<const char*>(key.data()), key.size());
-      };
-      sub.set(zmq::sockopt::curve_secretkey, bytes(k.own.secret_key));
-      sub.set(zmq::sockopt::curve_publickey, bytes(k.own.public_key));
-      sub.set(zmq::sockopt::curve_serverkey, bytes(k.server));
-    }
-    sub.connect(e);
+    if (parse_dns_endpoint(e)) continue;
+    masters_[e] = {e};
+    connect(sub, e, e);
   }
+  endpoints_now_ = static_cast<int>(masters_.size());
   std::set<std::string, std::less<>> handshaken;  // endpoints whose connection finished its handshake
 
   std::set<std::string> subscribed;
@@ -104,6 +100,7 @@ void control_subscriber::run() {
   auto last_sweep = clock_.steady_now();
   while (!stop_.load()) {
     sync_subscriptions(sub, subscribed);
+    sync_masters(sub, handshaken);
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
     try {
       // Short: new subscriptions (start-up, reload) are applied at the next wake-up.
@@ -136,6 +133,61 @@ void control_subscriber::run() {
       log_->error("control loop: {}", e.what());
     }
   }
+}
+
+void control_subscriber::connect(zmq::socket_t& sub, const std::string& configured, const std::string& endpoint) {
+  // libzmq takes the mechanism's options at connect: each endpoint its master's key.
+  if (const auto it = curve_.find(configured); it != curve_.end()) {
+    const auto& k = *it->second;
+    const auto bytes = [](const zmtp::curve::key& key) {
+      return std::string_view(reinterpret_cast<const char*>(key.data()), key.size());
+    };
+    sub.set(zmq::sockopt::curve_secretkey, bytes(k.own.secret_key));
+    sub.set(zmq::sockopt::curve_publickey, bytes(k.own.public_key));
+    sub.set(zmq::sockopt::curve_serverkey, bytes(k.server));
+  }
+  sub.connect(endpoint);
+}
+
+void control_subscriber::set_masters(const std::string& configured, const std::vector<std::string>& masters) {
+  std::lock_guard lock(pending_mutex_);
+  pending_masters_[configured] = masters;
+}
+
+void control_subscriber::sync_masters(zmq::socket_t& sub, std::set<std::string, std::less<>>& handshaken) {
+  std::map<std::string, std::vector<std::string>> pending;
+  {
+    std::lock_guard lock(pending_mutex_);
+    pending.swap(pending_masters_);
+  }
+  for (auto& [configured, next] : pending) {
+    auto& now = masters_[configured];
+    for (const auto& m : now) {
+      if (std::find(next.begin(), next.end(), m) != next.end()) continue;
+      log_->info("control: {} is gone from {}", m, configured);
+      try {
+        sub.disconnect(m);
+      } catch (const zmq::error_t& e) {
+        log_->warn("control: disconnecting {}: {}", m, e.what());
+      }
+      // libzmq may not report the end of a connection it was told to end.
+      if (handshaken.erase(m) > 0) --connected_;
+    }
+    for (const auto& m : next) {
+      if (std::find(now.begin(), now.end(), m) != now.end()) continue;
+      log_->info("control: connecting to {} (of {})", m, configured);
+      try {
+        connect(sub, configured, m);
+      } catch (const zmq::error_t& e) {
+        log_->warn("control: connecting to {}: {}", m, e.what());
+      }
+    }
+    now = std::move(next);
+  }
+  if (pending.empty()) return;
+  int n = 0;
+  for (const auto& [configured, list] : masters_) n += static_cast<int>(list.size());
+  endpoints_now_ = n;
 }
 
 void control_subscriber::sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed) {

@@ -48,14 +48,22 @@ public:
 
   /// Subscribes to exactly these domains (called at start and on reload; thread-safe).
   void set_domains(const std::vector<std::string>& domains);
+  /// The masters a DNS endpoint (one of `endpoints`) stands for now: the
+  /// socket connects to the new ones and disconnects the gone ones (thread-safe).
+  void set_masters(const std::string& configured, const std::vector<std::string>& masters);
   /// Number of masters currently connected.
   int connected() const { return connected_.load(); }
-  int endpoints() const { return static_cast<int>(endpoints_.size()); }
+  /// Masters the socket is to be connected to (a DNS name's: those of its last good answer).
+  int endpoints() const { return endpoints_now_.load(); }
 
 private:
   void run();
   /// Applies the domains set_domains() asked for, if it did.
   void sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed);
+  /// Connects `endpoint` (with the CURVE keys of `configured`, if it has some).
+  void connect(zmq::socket_t& sub, const std::string& configured, const std::string& endpoint);
+  /// Applies the masters set_masters() gave, if it did; `handshaken` loses the gone ones.
+  void sync_masters(zmq::socket_t& sub, std::set<std::string, std::less<>>& handshaken);
   /// Applies one control message (DELAY_UNTIL or POLICY) to the gate, or counts why not.
   void apply(const zmq_util::multipart& in);
   /// CONCURRENCY and GRANT (true: it was one of them, applied or counted).
@@ -81,6 +89,10 @@ private:
   std::atomic<bool> stop_{false};
   std::mutex pending_mutex_;
   std::optional<std::vector<std::string>> pending_domains_;
+  std::map<std::string, std::vector<std::string>> pending_masters_;  ///< configured -> masters, not yet applied
+  /// On the thread: the masters each configured endpoint stands for now (a static one: itself).
+  std::map<std::string, std::vector<std::string>> masters_;
+  std::atomic<int> endpoints_now_{0};
   std::thread thread_;
 };
 

@@ -13,9 +13,11 @@
 
 #include <condition_variable>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "proxy/cluster/control_subscriber.hpp"
+#include "proxy/cluster/master_discovery.hpp"
 #include "proxy/http1/session.hpp"
 #include "proxy/request/worker.hpp"
 #include "proxy/server/admin.hpp"
@@ -67,6 +69,10 @@ std::string keep_restart_only(const config::proxy_config& running, config::proxy
       .keep(&c::threads, "threads")
       .keep(&c::accounting, "accounting")
       .keep(&c::control, "control")
+      .keep(&c::dns_servers, "dns_servers")
+      .keep(&c::dns_min_ttl, "dns_min_ttl")
+      .keep(&c::dns_max_ttl, "dns_max_ttl")
+      .keep(&c::dns_max_masters, "dns_max_masters")
       .keep(&c::shards, "shards")
       .keep(&c::curve_secret_key, "curve_secret_key")
       .keep(&c::curve_master_key, "curve_master_key")
@@ -121,6 +127,7 @@ struct server::impl {
                                               [this](const wire::grant& g) { return hand_grant(g); }},
         cfg.curve);
     control_->set_domains(first->routes.domains());
+    if (cfg.discovers_masters()) start_discovery(cfg);
     admin_ = std::make_unique<admin_server>(
         admin_ioc_, cfg.admin,
         [this](std::string_view path, std::string_view) { return admin_response(shared_, *control_, path); },
@@ -128,6 +135,30 @@ struct server::impl {
                              &shared_.registry.add_counter("smockron_proxy_refused_connections_total",
                                                            "Connections refused by an endpoint's allow list",
                                                            metrics::labels({{"endpoint", "admin"}}))});
+  }
+
+  // Masters named by DNS: each new list goes to every worker's accounting
+  // sender (on its thread) and to the control subscriber.
+  void start_discovery(const config::proxy_config& cfg) {
+    std::vector<std::string> names = cfg.accounting;
+    names.insert(names.end(), cfg.control.begin(), cfg.control.end());
+    const std::set<std::string> accounting(cfg.accounting.begin(), cfg.accounting.end());
+    const std::set<std::string> control(cfg.control.begin(), cfg.control.end());
+    master_discovery::options o{.servers = cfg.dns_servers,
+                                .bounds = {.min_ttl = cfg.dns_min_ttl,
+                                           .max_ttl = cfg.dns_max_ttl,
+                                           .max_masters = static_cast<std::size_t>(cfg.dns_max_masters)}};
+    discovery_ = std::make_unique<master_discovery>(
+        names, std::move(o),
+        [this, accounting, control](const std::string& configured, const std::vector<std::string>& masters) {
+          if (accounting.contains(configured)) {
+            for (auto& w : workers_) {
+              asio::post(w->ioc, [&w = *w, configured, masters] { w.accounting.set_masters(configured, masters); });
+            }
+          }
+          if (control.contains(configured)) control_->set_masters(configured, masters);
+        },
+        shared_.registry);
   }
 
   // A GRANT naming one of this proxy's workers goes to that worker's thread.
@@ -216,6 +247,7 @@ struct server::impl {
       }
     }
     drain_connections();
+    discovery_.reset();  // no new masters for workers that are stopping
     drain_accounting();
     for (auto& w : workers_) w->ioc.stop();
     for (auto& w : workers_) w->thread.join();
@@ -338,6 +370,7 @@ struct server::impl {
   std::uint64_t holder_prefix_ = 0;
   zmq::context_t control_ctx_{1};
   std::unique_ptr<control_subscriber> control_;
+  std::unique_ptr<master_discovery> discovery_;  ///< after control_ and workers_: stopped before them
   asio::io_context admin_ioc_{1};
   std::unique_ptr<admin_server> admin_;
   std::uint16_t port_ = 0;

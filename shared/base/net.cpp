@@ -54,6 +54,50 @@ std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text) {
   return e;
 }
 
+namespace {
+// RFC 1035's limits: labels of 1 to 63 bytes, 253 bytes in all (as written, without the root's dot).
+bool valid_dns_name(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  std::size_t label = 0;
+  for (const char c : name) {
+    if (c == '.') {
+      if (label == 0) return false;
+      label = 0;
+      continue;
+    }
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+    if (!ok || ++label > 63) return false;
+  }
+  return label > 0;
+}
+}  // namespace
+
+std::optional<dns_endpoint> parse_dns_endpoint(std::string_view text) {
+  dns_endpoint e;
+  if (text.starts_with("dns+tcp://")) {
+    auto hp = parse_host_port(text.substr(10));
+    if (!hp || hp->port == 0) return std::nullopt;
+    if (hp->host.ends_with('.')) hp->host.pop_back();
+    if (!valid_dns_name(hp->host)) return std::nullopt;
+    e.name = std::move(hp->host);
+    e.port = hp->port;
+    return e;
+  }
+  if (text.starts_with("srv+tcp://")) {
+    std::string_view name = text.substr(10);
+    if (name.ends_with('.')) name.remove_suffix(1);
+    if (!valid_dns_name(name)) return std::nullopt;
+    e.type = dns_endpoint::kind::srv;
+    e.name = std::string(name);
+    return e;
+  }
+  return std::nullopt;
+}
+
+std::string tcp_endpoint(std::string_view address, std::uint16_t port) {
+  return "tcp://" + host_port{std::string(address), port}.to_string();
+}
+
 std::optional<ip_address> parse_ip(std::string_view text) {
   // inet_pton reads up to a NUL: one inside would make "1.2.3.4\0junk" an address.
   if (text.empty() || text.size() > 45 || text.find('\0') != std::string_view::npos) return std::nullopt;

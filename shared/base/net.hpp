@@ -34,6 +34,20 @@ struct stream_endpoint {
 };
 std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text);
 
+/// Masters found by DNS (the proxy's accounting and control lists):
+/// "dns+tcp://name:port" (every A and AAAA address of the name, at that
+/// port; a Kubernetes headless Service) or "srv+tcp://name" (every target of
+/// the name's SRV records, at the record's port).
+struct dns_endpoint {
+  enum class kind : std::uint8_t { address, srv };
+  kind type = kind::address;
+  std::string name;        ///< without a trailing dot
+  std::uint16_t port = 0;  ///< address: the masters' port; srv: unused
+};
+std::optional<dns_endpoint> parse_dns_endpoint(std::string_view text);
+/// "tcp://1.2.3.4:5" or "tcp://[::1]:5": a discovered master's endpoint.
+std::string tcp_endpoint(std::string_view address, std::uint16_t port);
+
 /// An IPv4 or IPv6 address as 16 bytes (IPv4 mapped into ::ffff:0:0/96).
 struct ip_address {
   std::array<std::uint8_t, 16> bytes{};

@@ -61,6 +61,7 @@ load_result load_string(std::string_view text, const std::string& source_name) {
 
 namespace {
 bool on_this_host(const std::string& endpoint) {
+  if (const auto d = parse_dns_endpoint(endpoint)) return d->name == "localhost";
   const auto e = parse_stream_endpoint(endpoint);
   if (!e || e->type == stream_endpoint::kind::ipc) return true;
   const std::string& h = e->address.host;

@@ -294,6 +294,17 @@ struct proxy_config {
   std::int64_t threads = 0;  ///< 0 = one per core
   std::vector<std::string> accounting{"tcp://127.0.0.1:10004"};
   std::vector<std::string> control{"tcp://127.0.0.1:10005"};
+  /// Masters named by DNS (dns+tcp:// or srv+tcp:// endpoints above): the
+  /// servers asked ("ip" or "ip:port"; empty: /etc/resolv.conf's), the bounds
+  /// on how long an answer is used before it is asked again (its TTL, within
+  /// [min, max]; a failed lookup is retried after min), and how many masters
+  /// one name may stand for at most.
+  std::vector<std::string> dns_servers;
+  microseconds dns_min_ttl = std::chrono::seconds(1);
+  microseconds dns_max_ttl = std::chrono::seconds(60);
+  std::int64_t dns_max_masters = 64;
+  /// Whether an accounting or control endpoint is a DNS name for masters.
+  bool discovers_masters() const;
   /// CURVE on the links to the masters: the file of the gatekeeper's secret
   /// key, and each endpoint's master key (a file or the Z85 key; one for all,
   /// or one per endpoint). None: plaintext (NULL).

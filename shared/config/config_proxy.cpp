@@ -245,6 +245,35 @@ void read_proxy_curve(reader& r, sink& s, proxy_config& p) {
     p.curve[endpoint] = shared;
   }
 }
+
+// A master's endpoint in the proxy: as the master binds it, or a DNS name
+// standing for several masters (proxy/cluster/master_discovery.hpp).
+std::string check_master_endpoint(std::string_view e, std::string_view what) {
+  if (!e.starts_with("dns+tcp://") && !e.starts_with("srv+tcp://")) return check_stream_endpoint(e, what);
+  if (parse_dns_endpoint(e)) return {};
+  return "invalid endpoint \"" + std::string(e) + "\" (expected dns+tcp://name:port or srv+tcp://name)";
+}
+
+// How names of masters are looked up; only with a dns+tcp:// or srv+tcp:// endpoint.
+void read_dns(reader& r, sink& s, proxy_config& p) {
+  r.string_list("dns_servers", p.dns_servers, [](std::string_view e) -> std::string {
+    if (parse_ip(e) || parse_host_port(e)) return {};
+    return "invalid DNS server \"" + std::string(e) + "\" (expected an IP address, or address:port)";
+  });
+  r.duration("dns_min_ttl", p.dns_min_ttl, std::chrono::milliseconds(100), std::chrono::hours(24));
+  r.duration("dns_max_ttl", p.dns_max_ttl, std::chrono::milliseconds(100), std::chrono::hours(24));
+  r.integer("dns_max_masters", p.dns_max_masters, 1, 1024);
+  if (p.dns_min_ttl > p.dns_max_ttl) {
+    s.add(*r.table().get(r.table().contains("dns_max_ttl") ? "dns_max_ttl" : "dns_min_ttl"), "proxy.dns_max_ttl",
+          "dns_max_ttl is below dns_min_ttl");
+  }
+  if (p.discovers_masters()) return;
+  for (const char* k : {"dns_servers", "dns_min_ttl", "dns_max_ttl", "dns_max_masters"}) {
+    if (const toml::node* n = r.table().get(k))
+      s.add(*n, std::string("proxy.") + k,
+            "has no effect without a dns+tcp:// or srv+tcp:// accounting or control endpoint");
+  }
+}
 }  // namespace
 
 proxy_config detail::read_proxy(const toml::table& t, sink& s) {
@@ -253,8 +282,9 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.bind_address("listen", p.listen);
   r.bind_address("admin", p.admin);
   r.integer("threads", p.threads, 0, 1024);
-  r.string_list("accounting", p.accounting, [](std::string_view e) { return check_stream_endpoint(e, "accounting"); });
-  r.string_list("control", p.control, [](std::string_view e) { return check_stream_endpoint(e, "control"); });
+  r.string_list("accounting", p.accounting, [](std::string_view e) { return check_master_endpoint(e, "accounting"); });
+  r.string_list("control", p.control, [](std::string_view e) { return check_master_endpoint(e, "control"); });
+  read_dns(r, s, p);
   read_proxy_curve(r, s, p);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);
@@ -305,6 +335,11 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   read_routes(r, p);
   read_shards(r, p);
   return p;
+}
+
+bool proxy_config::discovers_masters() const {
+  const auto dns = [](const std::string& e) { return parse_dns_endpoint(e).has_value(); };
+  return std::any_of(accounting.begin(), accounting.end(), dns) || std::any_of(control.begin(), control.end(), dns);
 }
 
 const upstream_config* proxy_config::find_upstream(std::string_view name) const {

@@ -404,3 +404,83 @@ TEST(AccountingSenderAgainstLibzmq, EveryMessageArrivesIntactInOrderAndTheCounte
 }
 
 }  // namespace
+
+// Masters found by DNS: set_masters() connects the masters a name stands
+// for and drops the gone ones; a sharded domain's shares are keyed by the
+// configured names, so a share whose master moved to a new address keeps
+// its identifiers.
+TEST(AccountingSenderDiscovery, MastersComeAndGoAndAShareFollowsItsNameToANewAddress) {
+  metrics::registry reg, mreg;
+  master::event_loop loops[3];
+  std::vector<std::unique_ptr<master::zmtp_server>> masters;
+  for (auto& loop : loops) {
+    masters.push_back(std::make_unique<master::zmtp_server>(loop, "tcp://127.0.0.1:*", master::zmtp_server::options{},
+                                                            system_clock::instance(), mreg));
+    masters.back()->subscribe("api\0"s);
+  }
+  const std::vector<std::string> names = {"srv+tcp://_acc._tcp.s0.test", "srv+tcp://_acc._tcp.s1.test"};
+  boost::asio::io_context ioc;
+  proxy::accounting_sender::counters counters(reg);
+  proxy::accounting_sender sender(ioc, names, 1000, counters, {{"api", {{names[0]}, {names[1]}}}});
+  EXPECT_EQ(sender.connected(), 0u) << "a name's masters come with its first answer";
+
+  std::vector<std::vector<std::string>> got[3];
+  const auto pump = [&] {
+    ioc.run_for(std::chrono::milliseconds(1));
+    for (std::size_t i = 0; i < 3; ++i) {
+      masters[i]->poll(std::chrono::milliseconds(0),
+                       [&](std::span<const std::string_view> f, bool) { got[i].emplace_back(f.begin(), f.end()); });
+    }
+  };
+  const auto send = [&](const std::string& id) {
+    wire::accounting m;
+    m.domain = "api";
+    m.state = wire::status::delayed;
+    m.identifier = id;
+    m.received_ms = 1'700'000'000'000;
+    m.delayed_ms = m.received_ms + 100;
+    sender.account(m, {});
+  };
+  const auto subscribed = [&] { return reg.render().find("smockron_proxy_accounting_links_subscribed 2\n"); };
+  const auto settle = [&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (subscribed() == std::string::npos && std::chrono::steady_clock::now() < end) pump();
+    ASSERT_NE(subscribed(), std::string::npos) << reg.render();
+    for (auto& g : got) g.clear();
+  };
+  const hash_ring ring(names);
+  // Sends 100 identifiers; each must reach exactly the master serving its share.
+  const auto round = [&](std::size_t share0, std::size_t share1) {
+    for (int i = 0; i < 100; ++i) send("user-" + std::to_string(i));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (got[share0].size() + got[share1].size() < 100 && std::chrono::steady_clock::now() < end) pump();
+    const std::size_t serving[2] = {share0, share1};
+    for (std::size_t s = 0; s < 2; ++s) {
+      for (const auto& m : got[serving[s]]) EXPECT_EQ(ring.owner(m[2]), s) << m[2];
+    }
+    EXPECT_EQ(got[share0].size() + got[share1].size(), 100u);
+    EXPECT_GT(got[share0].size(), 20u);
+    EXPECT_GT(got[share1].size(), 20u);
+    for (auto& g : got) g.clear();
+  };
+
+  sender.set_masters(names[0], {masters[0]->endpoint()});
+  sender.set_masters(names[1], {masters[1]->endpoint()});
+  settle();
+  round(0, 1);
+
+  // Share 0's master moved: its name now answers master 2. Master 1's link is untouched.
+  sender.set_masters(names[0], {masters[2]->endpoint()});
+  settle();
+  round(2, 1);
+  EXPECT_TRUE(got[0].empty()) << "the gone master receives nothing more";
+  EXPECT_EQ(sender.connected(), 2u);
+  EXPECT_EQ(reg.render().find("smockron_proxy_accounting_disconnects_total{reason=\"closed\"} 1"), std::string::npos)
+      << "dropping a master is not a failure";
+
+  // The same answer again changes nothing; an empty list drops the name's masters.
+  sender.set_masters(names[1], {masters[1]->endpoint()});
+  EXPECT_EQ(sender.connected(), 2u);
+  sender.set_masters(names[0], {});
+  EXPECT_EQ(sender.connected(), 1u);
+}

@@ -93,3 +93,24 @@ TEST(Net, RedisSentinelUrl) {
     EXPECT_FALSE(parse_redis_url(bad)) << bad;
   }
 }
+
+TEST(DnsEndpoint, NamesOfMastersParseAndEverythingElseIsRefused) {
+  const auto a = parse_dns_endpoint("dns+tcp://smockron-master.default.svc.cluster.local.:10004");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->type, dns_endpoint::kind::address);
+  EXPECT_EQ(a->name, "smockron-master.default.svc.cluster.local");
+  EXPECT_EQ(a->port, 10004);
+  const auto s = parse_dns_endpoint("srv+tcp://_accounting._tcp.smockron-master");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->type, dns_endpoint::kind::srv);
+  EXPECT_EQ(s->name, "_accounting._tcp.smockron-master");
+  for (const char* bad :
+       {"dns+tcp://name", "dns+tcp://name:0", "dns+tcp://:10004", "dns+tcp://a..b:1", "dns+tcp://a b:1", "srv+tcp://",
+        "srv+tcp://x:1", "srv+udp://x", "tcp://x:1", "dns+tcp://[::1]:1", "srv+tcp://."}) {
+    EXPECT_FALSE(parse_dns_endpoint(bad)) << bad;
+  }
+  EXPECT_FALSE(parse_dns_endpoint("srv+tcp://" + std::string(64, 'a') + ".test")) << "a label of 64 bytes";
+  EXPECT_FALSE(parse_dns_endpoint("srv+tcp://" + std::string(254, 'a'))) << "a name of 254 bytes";
+  EXPECT_EQ(tcp_endpoint("10.0.0.7", 10004), "tcp://10.0.0.7:10004");
+  EXPECT_EQ(tcp_endpoint("fd00::7", 10004), "tcp://[fd00::7]:10004");
+}

@@ -1226,3 +1226,38 @@ weight = 3
   ASSERT_TRUE(std::holds_alternative<config::override_config>(api));
   EXPECT_EQ(std::get<config::override_config>(api).weight, 5);
 }
+
+TEST(Config, MastersFoundByDns) {
+  auto r = load(
+      "[proxy]\naccounting = [\"srv+tcp://_acc._tcp.masters\", \"tcp://127.0.0.1:10004\"]\n"
+      "control = [\"dns+tcp://masters.default.svc:10005\"]\n"
+      "dns_servers = [\"10.96.0.10\", \"127.0.0.1:5353\", \"[::1]:53\"]\ndns_min_ttl = \"2s\"\ndns_max_ttl = \"30s\"\n"
+      "dns_max_masters = 8\n"
+      "[[proxy.shards]]\ndomain = \"api\"\nmasters = [\"srv+tcp://_acc._tcp.masters\", \"tcp://127.0.0.1:10004\"]\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  const auto& p = *r.cfg->proxy;
+  EXPECT_TRUE(p.discovers_masters());
+  EXPECT_EQ(p.dns_servers.size(), 3u);
+  EXPECT_EQ(p.dns_min_ttl, std::chrono::seconds(2));
+  EXPECT_EQ(p.dns_max_ttl, std::chrono::seconds(30));
+  EXPECT_EQ(p.dns_max_masters, 8);
+  const auto w = config::warnings(*r.cfg);
+  ASSERT_EQ(w.size(), 2u) << "names are not loopback: plaintext to them is warned of";
+  EXPECT_TRUE(w[0].starts_with("[proxy] accounting srv+tcp://_acc._tcp.masters is not loopback")) << w[0];
+  EXPECT_FALSE(load("[proxy]\naccounting = [\"tcp://127.0.0.1:1\"]\n").cfg->proxy->discovers_masters());
+
+  EXPECT_NE(one_error("[proxy]\naccounting = [\"dns+tcp://masters\"]\n")
+                .find("invalid endpoint \"dns+tcp://masters\" (expected dns+tcp://name:port or srv+tcp://name)"),
+            std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ncontrol = [\"srv+tcp://a..b\"]\n").find("invalid endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ndns_max_ttl = \"10s\"\n")
+                .find("has no effect without a dns+tcp:// or srv+tcp:// accounting or control endpoint"),
+            std::string::npos);
+  const std::string named = "[proxy]\naccounting = [\"srv+tcp://m\"]\n";
+  EXPECT_NE(one_error(named + "dns_min_ttl = \"10s\"\ndns_max_ttl = \"5s\"\n").find("dns_max_ttl is below dns_min_ttl"),
+            std::string::npos);
+  EXPECT_NE(one_error(named + "dns_min_ttl = \"10ms\"\n").find("must be at least"), std::string::npos);
+  EXPECT_NE(one_error(named + "dns_servers = [\"dns.example\"]\n").find("invalid DNS server \"dns.example\""),
+            std::string::npos);
+  EXPECT_NE(one_error(named + "dns_max_masters = 0\n").find("must be between 1"), std::string::npos);
+}
