@@ -84,6 +84,7 @@ READERS = {
     ("read_cost", "rr"): "[[proxy.routes]]",
     ("read_cost_estimate", "rr"): "[[proxy.routes]]",
     ("read_identify", "tr"): "identify source tables",
+    ("read_dns", "r"): "[proxy]",
     ("read_shards", "r"): "[proxy]",  # r.get("shards")
     ("read_shards", "hr"): "[[proxy.shards]]",
 }
