@@ -176,6 +176,8 @@ class AddressNameTest(DiscoveryCase):
                            dns_min_ttl="200ms", dns_max_ttl="500ms")
         self.links(proxy, 1)
         self.assertEqual(proxy.metric("smockron_proxy_dns_masters"), 2)
+        status = json.loads(proxy.get("/status").body)["masters"]
+        self.assertEqual(status["discovered"], {f"dns+tcp://ctl.test:{m.control_port}": [m.control]}, status)
 
         # A TTL of an hour is used for dns_max_ttl at most: the name is asked again and again.
         asked = self.dns.queries("acc.test")

@@ -93,6 +93,10 @@ void control_subscriber::run() {
     connect(sub, e, e);
   }
   endpoints_now_ = static_cast<int>(masters_.size());
+  {
+    std::lock_guard lock(view_mutex_);
+    masters_view_ = masters_;
+  }
   std::set<std::string, std::less<>> handshaken;  // endpoints whose connection finished its handshake
 
   std::set<std::string> subscribed;
@@ -188,6 +192,13 @@ void control_subscriber::sync_masters(zmq::socket_t& sub, std::set<std::string, 
   int n = 0;
   for (const auto& [configured, list] : masters_) n += static_cast<int>(list.size());
   endpoints_now_ = n;
+  std::lock_guard lock(view_mutex_);
+  masters_view_ = masters_;
+}
+
+std::map<std::string, std::vector<std::string>> control_subscriber::masters() const {
+  std::lock_guard lock(view_mutex_);
+  return masters_view_;
 }
 
 void control_subscriber::sync_subscriptions(zmq::socket_t& sub, std::set<std::string>& subscribed) {

@@ -55,6 +55,8 @@ public:
   int connected() const { return connected_.load(); }
   /// Masters the socket is to be connected to (a DNS name's: those of its last good answer).
   int endpoints() const { return endpoints_now_.load(); }
+  /// The masters each configured endpoint stands for now (a static one: itself), for /status.
+  std::map<std::string, std::vector<std::string>> masters() const;
 
 private:
   void run();
@@ -93,6 +95,8 @@ private:
   /// On the thread: the masters each configured endpoint stands for now (a static one: itself).
   std::map<std::string, std::vector<std::string>> masters_;
   std::atomic<int> endpoints_now_{0};
+  mutable std::mutex view_mutex_;
+  std::map<std::string, std::vector<std::string>> masters_view_;  ///< masters_, copied for other threads
   std::thread thread_;
 };
 

@@ -34,6 +34,14 @@ std::string status_json(shared_state& shared, control_subscriber& control) {
   doc["masters"] = {{"connected", control.connected()},
                     {"endpoints", control.endpoints()},
                     {"mechanism", rt->cfg.curve.empty() ? "NULL" : "CURVE"}};  // the links: plaintext or CURVE
+  if (rt->cfg.discovers_masters()) {
+    // What each DNS name of the control endpoints stands for now (its last good answer).
+    nlohmann::ordered_json found = nlohmann::ordered_json::object();
+    for (const auto& [configured, list] : control.masters()) {
+      if (parse_dns_endpoint(configured)) found[configured] = list;
+    }
+    doc["masters"]["discovered"] = std::move(found);
+  }
   doc["held_requests"] = shared.gate.held();
   doc["max_held"] = rt->cfg.max_held;
   doc["control_entries"] = shared.gate.entries();
