@@ -59,6 +59,13 @@ redis_store::redis_store(options o, metrics::registry& reg)
                                        "Time to write one pipelined batch to Redis",
                                        metrics::exponential_buckets(1e-5, 2, 18))) {
   down_since_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (!opt_.url.cluster.empty()) {
+    cluster_ = std::make_unique<redis_cluster>(
+        redis_cluster::options{.seeds = opt_.url.cluster, .password = opt_.url.password, .timeout = opt_.timeout});
+    reg.add_counter_callback("smockron_master_redis_cluster_redirects_total",
+                             "MOVED and ASK replies the Redis Cluster client followed",
+                             [this] { return static_cast<double>(redirects_.load(std::memory_order_relaxed)); });
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -113,6 +120,7 @@ host_port redis_store::current() const {
 std::string redis_store::describe() const {
   std::string where = "redis " + current().to_string() + "/" + std::to_string(opt_.url.db);
   if (!opt_.url.sentinels.empty()) where += " (primary \"" + opt_.url.primary_name + "\" from Sentinel)";
+  if (cluster_) where = "redis cluster (" + std::to_string(cluster_primaries_.load()) + " primaries)";
   if (up()) return where + ": connected";
   const auto since = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(down_since_ns_.load()));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -128,7 +136,12 @@ void redis_store::wait_stop(std::chrono::milliseconds d) {
 
 void redis_store::disconnect(const char* what) {
   auto log = log::get("master");
-  log->warn("redis {}: {}: {}", current().to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
+  if (cluster_) {
+    log->warn("redis cluster: {}: {}", what, cluster_->error());
+    cluster_->reset();
+  } else {
+    log->warn("redis {}: {}: {}", current().to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
+  }
   ctx_.reset();
   connection_errors_.inc();
   if (up_.exchange(false)) down_since_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -167,6 +180,21 @@ std::optional<host_port> redis_store::discover() {
 }
 
 bool redis_store::connect() {
+  if (cluster_) {
+    // Up once the slot map is known and every primary answers.
+    if (!cluster_->refresh() || !cluster_->ping()) {
+      log::get("master")->debug("redis cluster: {}", cluster_->error());
+      cluster_->reset();
+      connection_errors_.inc();
+      return false;
+    }
+    cluster_primaries_ = cluster_->primaries();
+    connects_.inc();
+    up_ = true;
+    up_gauge_.set(1);
+    log::get("master")->info("redis cluster connected ({} primaries)", cluster_->primaries());
+    return true;
+  }
   host_port target = opt_.url.address;
   if (!sentinels_.empty()) {
     auto primary = discover();
@@ -230,6 +258,17 @@ bool redis_store::scan(std::string_view prefix, const std::function<bool(std::st
     match += c;
   }
   match += '*';
+  if (cluster_) {
+    // Node by node; the keys come back as the store's records spell them.
+    if (!cluster_->scan(match,
+                        [&](std::string_view key, std::string_view value) { return f(plain_key(key), value); })) {
+      redirects_ = cluster_->redirects();
+      disconnect("SCAN failed");
+      return false;
+    }
+    redirects_ = cluster_->redirects();
+    return true;
+  }
   std::string cursor = "0";
   bool more = true;
   do {
@@ -315,7 +354,35 @@ bool redis_store::load() {
   return true;
 }
 
+bool redis_store::write_cluster(const std::vector<write>& batch) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::string> keys, ttls;
+  keys.reserve(batch.size());
+  ttls.reserve(batch.size());
+  std::vector<std::vector<std::string_view>> commands;
+  commands.reserve(batch.size());
+  for (const write& w : batch) {
+    keys.push_back(cluster_key(w.key));
+    ttls.push_back(std::to_string(std::max<std::int64_t>(1, w.ttl_ms)));
+    if (w.erase) commands.push_back({"DEL", keys.back()});
+    else if (w.keep) commands.push_back({"SET", keys.back(), w.value});
+    else commands.push_back({"SET", keys.back(), w.value, "PX", ttls.back()});
+  }
+  const auto done = cluster_->run(commands);
+  redirects_ = cluster_->redirects();
+  writes_.inc(done.ok);
+  write_errors_.inc(done.refused);
+  if (!done.complete) {
+    // Written again whole once the cluster answers (a SET or DEL twice is the same).
+    disconnect("writing states failed");
+    return false;
+  }
+  flush_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return true;
+}
+
 bool redis_store::write_batch(const std::vector<write>& batch) {
+  if (cluster_) return write_cluster(batch);
   const auto started = std::chrono::steady_clock::now();
   std::string ttl;
   for (const write& w : batch) {
@@ -363,6 +430,15 @@ bool redis_store::is_primary() {
 }
 
 bool redis_store::ping() {
+  if (cluster_) {
+    // A primary that died while this master was idle: its slots are asked again until a replica took them.
+    if (!cluster_->refresh() || !cluster_->ping()) {
+      disconnect("a primary does not answer");
+      return false;
+    }
+    cluster_primaries_ = cluster_->primaries();
+    return true;
+  }
   // Through Sentinel, the idle check is ROLE: a primary demoted to a replica
   // (a failover while this master was idle) is left at once.
   if (!sentinels_.empty()) {

@@ -1,7 +1,9 @@
 // Write-behind persistence of the limiter state in Redis (store = "redis").
-// Redis is one node (redis://) or the current primary that Sentinel names
+// Redis is one node (redis://), the current primary that Sentinel names
 // (redis-sentinel://): asked again at each reconnect, checked with ROLE, and
-// left as soon as a write answers READONLY (a failover demoted it).
+// left as soon as a write answers READONLY (a failover demoted it), or a
+// Redis Cluster (redis-cluster://, redis_cluster.hpp): each key on the
+// primary of its slot, the read-back done node by node.
 //
 // The accounting loop never talks to Redis: it hands batches of serialized
 // states to this store, whose own thread pipelines them to Redis, and takes
@@ -20,6 +22,8 @@
 //           window start, units used)
 //   TTL   = until the state can no longer affect a decision (SET ... PX)
 // and the reservations held open, one key each (reservation_record.hpp).
+// In a cluster, the keys of one (domain, identifier) carry the hash tag
+// "{domain\0identifier}" (cluster_key()): one slot, one node.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -39,6 +43,7 @@
 #include <vector>
 
 #include "master/core/rules.hpp"
+#include "master/store/redis_cluster.hpp"
 #include "master/store/reservation_record.hpp"
 #include "master/store/state_record.hpp"
 #include "shared/base/metrics.hpp"
@@ -117,6 +122,7 @@ private:
   /// returns false (a cap); false when Redis failed (disconnected).
   bool scan(std::string_view prefix, const std::function<bool(std::string_view, std::string_view)>& f);
   bool write_batch(const std::vector<write>& batch);
+  bool write_cluster(const std::vector<write>& batch);
   bool ping();
   void disconnect(const char* what);
   void wait_stop(std::chrono::milliseconds d);
@@ -125,6 +131,7 @@ private:
   std::vector<host_port> sentinels_;  ///< store thread only: the one that answered last comes first
   host_port current_;                 ///< the node connected or tried last (guarded by mutex_)
   context ctx_;
+  std::unique_ptr<redis_cluster> cluster_;  ///< redis-cluster://: used instead of ctx_
   bool loaded_ = false;
 
   mutable std::mutex mutex_;
@@ -142,6 +149,8 @@ private:
   std::atomic<bool> up_{false};
   std::atomic<std::size_t> queued_{0};
   std::atomic<std::int64_t> down_since_ns_{0};
+  std::atomic<std::size_t> cluster_primaries_{0};  ///< for describe()
+  std::atomic<std::uint64_t> redirects_{0};        ///< the cluster client's, for the metric
 
   metrics::gauge& up_gauge_;
   metrics::counter& writes_;

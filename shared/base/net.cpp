@@ -177,9 +177,10 @@ bool parse_db(std::string_view db, int& out) {
 std::optional<redis_url> parse_redis_url(std::string_view text) {
   constexpr std::string_view plain = "redis://";
   constexpr std::string_view sentinel = "redis-sentinel://";
-  const bool via_sentinel = text.starts_with(sentinel);
-  if (!via_sentinel && !text.starts_with(plain)) return std::nullopt;
-  text.remove_prefix(via_sentinel ? sentinel.size() : plain.size());
+  constexpr std::string_view cluster = "redis-cluster://";
+  const bool via_sentinel = text.starts_with(sentinel), in_cluster = text.starts_with(cluster);
+  if (!via_sentinel && !in_cluster && !text.starts_with(plain)) return std::nullopt;
+  text.remove_prefix(via_sentinel ? sentinel.size() : in_cluster ? cluster.size() : plain.size());
   redis_url u;
   if (const auto at = text.rfind('@'); at != std::string_view::npos) {
     std::string_view auth = text.substr(0, at);
@@ -188,9 +189,23 @@ std::optional<redis_url> parse_redis_url(std::string_view text) {
     text.remove_prefix(at + 1);
   }
   std::string_view path;
+  const bool has_path = text.find('/') != std::string_view::npos;
   if (const auto slash = text.find('/'); slash != std::string_view::npos) {
     path = text.substr(slash + 1);
     text = text.substr(0, slash);
+  }
+  if (in_cluster) {
+    // host:port,host:port: no path (a cluster has db 0 only).
+    if (has_path || text.empty()) return std::nullopt;
+    while (true) {
+      const auto comma = text.find(',');
+      auto node = parse_redis_host(text.substr(0, comma), 6379);
+      if (!node) return std::nullopt;
+      u.cluster.push_back(std::move(*node));
+      if (comma == std::string_view::npos) break;
+      text.remove_prefix(comma + 1);
+    }
+    return u;
   }
   if (!via_sentinel) {
     auto address = parse_redis_host(text, 6379);

@@ -79,11 +79,14 @@ struct redis_url {
   /// `primary_name` (then `address` is unused).
   std::vector<host_port> sentinels;
   std::string primary_name;
+  /// redis-cluster://: nodes of a Redis Cluster to learn the slots from (then `address` is unused).
+  std::vector<host_port> cluster;
   friend bool operator==(const redis_url&, const redis_url&) = default;
 };
-/// redis://[:password@]host[:port][/db], or
+/// redis://[:password@]host[:port][/db],
 /// redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db]
-/// (Sentinel port 26379 when left out).
+/// (Sentinel port 26379 when left out), or
+/// redis-cluster://[:password@]host[:port][,host[:port]...] (a cluster has db 0 only).
 std::optional<redis_url> parse_redis_url(std::string_view text);
 
 }  // namespace smockron

@@ -400,7 +400,8 @@ master_config detail::read_master(const toml::table& t, sink& s) {
     } else {
       s.add(*rd, "master.redis",
             "expected redis://[:password@]host[:port][/db] or "
-            "redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db], got \"" +
+            "redis-sentinel://[:password@]host[:port][,host[:port]...]/primary_name[/db] or "
+            "redis-cluster://[:password@]host[:port][,host[:port]...], got \"" +
                 rd->get() + "\"");
     }
   }

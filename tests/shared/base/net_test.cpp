@@ -114,3 +114,16 @@ TEST(DnsEndpoint, NamesOfMastersParseAndEverythingElseIsRefused) {
   EXPECT_EQ(tcp_endpoint("10.0.0.7", 10004), "tcp://10.0.0.7:10004");
   EXPECT_EQ(tcp_endpoint("fd00::7", 10004), "tcp://[fd00::7]:10004");
 }
+
+TEST(Net, RedisClusterUrl) {
+  auto u = parse_redis_url("redis-cluster://:pw@10.0.0.1:7000,10.0.0.2,[::1]:7002");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->cluster, (std::vector<host_port>{{"10.0.0.1", 7000}, {"10.0.0.2", 6379}, {"::1", 7002}}));
+  EXPECT_EQ(u->password, "pw");
+  EXPECT_TRUE(u->sentinels.empty());
+  EXPECT_TRUE(parse_redis_url("redis://127.0.0.1:6379")->cluster.empty());
+  for (const char* bad : {"redis-cluster://", "redis-cluster://h:7000/1", "redis-cluster://h:7000/",
+                          "redis-cluster://h:x", "redis-cluster://h:7000,"}) {
+    EXPECT_FALSE(parse_redis_url(bad)) << bad;
+  }
+}
