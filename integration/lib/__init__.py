@@ -16,6 +16,8 @@
 - grpc_echo.py    EchoServer (grpcio) and its service's method names
 - h2frames.py     RFC 9113 constants and frame builders; h2client.py: H2Client, Stream
 - tls_ca.py       TestCA; redis_server.py: RedisServer, RedisSentinel
+- redis_cluster.py RedisCluster (3 primaries + 3 replicas, failovers), RespClient, key_slot
+- dns_server.py   DnsServer: A/AAAA/SRV records on loopback, failures, query counts
 
 Importing the package makes Debian's python3 packages (zmq, h2, hpack, grpc) importable
 from another Python of the same minor version too.
