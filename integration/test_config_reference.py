@@ -59,6 +59,8 @@ READERS = {
     ("read_rls", "r"): "[master]",
     ("read_master_curve", "r"): "[master]",
     ("read_proxy_curve", "r"): "[proxy]",
+    ("read_master_trace", "r"): "[master]",
+    ("read_proxy_trace", "r"): "[proxy]",
     ("parse_override_rules", "r"): "overrides entries",  # the override API's document: an entry's rules
     ("read_domain", "r"): "[master.domains.NAME]",
     ("read_shared", "r"): "[master.domains.NAME]",  # r.get("shared")

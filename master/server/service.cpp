@@ -49,6 +49,7 @@ std::string keep_restart_only(const config::master_config& running, config::mast
                             .keep(&c::redis_target, "redis")
                             .keep(&c::redis_timeout, "redis_timeout")
                             .keep(&c::log_level, "log_level")
+                            .keep(&c::trace, "trace_*")
                             .changed();
   if (!mechanism.empty()) changed += (changed.empty() ? "" : ", ") + mechanism;
   return changed;
@@ -116,11 +117,12 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   }
   if (cfg.rls) {
     envoy_ = std::make_unique<envoy_decider>(cfg_, ingest_, clk, reg,
-                                             [this](const wire::delay_until& d) { control_->delay_until(d); });
+                                             [this](const wire::delay_until& d) { throttled(d, "rls"); });
     envoy_server_ = std::make_unique<envoy_server>(*cfg.rls, cfg.rls_allow, reg, *envoy_, engine_mutex_);
     if (!loop_.add(envoy_server_->wake_fd(), EPOLLIN, envoy_ready_))
       throw std::system_error(errno, std::generic_category(), "epoll_ctl (rls endpoint)");
   }
+  tracer_ = tracing::exporter::from_config(cfg.trace, "smockron-master", reg, "smockron_master");
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
   // A master that answers its admin endpoint but whose loop has stopped is
@@ -152,7 +154,7 @@ void service::serve_queries() {
       return false;
     }
     const auto result = ingest_.answer(*parsed.req, now_us, out);
-    if (result.publish) control_->delay_until(*result.publish);
+    if (result.publish) throttled(*result.publish, "query");
     return result.answered;
   });
   const auto& seen = query_->seen();
@@ -165,7 +167,24 @@ void service::serve_queries() {
 }
 
 void service::handle(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer) {
-  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us(), peer)) control_->delay_until(*d);
+  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us(), peer)) throttled(*d, "accounting");
+}
+
+void service::throttled(const wire::delay_until& d, std::string_view source) {
+  control_->delay_until(d);
+  if (!tracer_ || !tracer_->sampled(std::nullopt)) return;
+  // A point in time: the decision that a client must wait (the request it was about is in the gatekeeper's trace).
+  const std::int64_t now_us = clock_.wall_us();
+  tracing::span s;
+  s.trace = tracing::exporter::new_trace_id();
+  s.id = tracing::exporter::new_span_id();
+  s.name = "smockron.throttle";
+  s.start_ns = s.end_ns = tracing::unix_ns(now_us);
+  s.attributes = {{"smockron.domain", std::string(d.domain)},
+                  {"smockron.identifier_hash", tracing::identifier_hash(d.identifier)},
+                  {"smockron.delay_ms", std::max<std::int64_t>(0, d.next_ms - now_us / 1000)},
+                  {"smockron.source", std::string(source)}};
+  tracer_->submit(std::move(s));
 }
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {

@@ -27,6 +27,7 @@
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
 #include "shared/config/config.hpp"
+#include "shared/daemon/tracing.hpp"
 
 namespace smockron::master {
 
@@ -140,10 +141,14 @@ private:
   zmtp_server accounting_;
   ingest ingest_;
   std::unique_ptr<control_publisher> control_;
+  std::unique_ptr<tracing::exporter> tracer_;  ///< trace_endpoint: a span per decision that throttled
   std::unique_ptr<redis_store> store_;
   std::unique_ptr<reservation_writes> reservation_writes_;  ///< with store_: the open reservations' copy
   // The UDP query endpoint (cfg.query), a source of the same loop as accounting.
   void serve_queries();
+  /// Publishes a DELAY_UNTIL the rules decided (from `source`: accounting,
+  /// query or rls), and records its span when traces are on.
+  void throttled(const wire::delay_until& d, std::string_view source);
   struct queries_ready final : event_loop::source {
     service& self;
     explicit queries_ready(service& s) : self(s) {}

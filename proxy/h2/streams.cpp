@@ -62,7 +62,7 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
     if (st->timer) st->timer->cancel();
   }
   const std::int64_t now_us = s_.clk.wall_us();
-  admission_env env{s_.gate, s_.metrics, w_.accounting, &s_.concurrency};
+  admission_env env = admission_env_of(s_, w_);
   // A gRPC call is not held past its deadline: refused at once instead (as a hold beyond max_delay is).
   const auto deadline = st->grpc ? h2::grpc::parse_timeout(st->fields.grpc_timeout()) : std::nullopt;
   const steps_decision plan = plan_request(env, rt, st->req, st->target, peer_, deadline ? deadline->count() : -1,
@@ -141,7 +141,7 @@ void h2_connection::slot_wait_ended(const std::shared_ptr<h2_stream>& st) {
 
 void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
   st->held = false;
-  admission_env env{s_.gate, s_.metrics, w_.accounting};
+  admission_env env = admission_env_of(s_, w_);
   end_hold(env, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
   if (st->entry)
     st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
@@ -153,13 +153,13 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   if (st.adm.charge_when_done && (st.forwarding || st.outcome.cost_cut)) {
     // A cost known only now (a response field, the body's size) is charged
     // now, once; a body cut off past what fits is charged that, forwarded or not.
-    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    admission_env env = admission_env_of(s_, w_);
     charge_done(env, *st.rt, *st.r, st.adm, cost_when_done(*st.r, st.outcome), s_.clk.wall_us());
     st.adm.charge_when_done = false;
   }
   if (st.held) {
     st.held = false;
-    admission_env env{s_.gate, s_.metrics, w_.accounting};
+    admission_env env = admission_env_of(s_, w_);
     end_hold(env, *st.rt, *st.r, st.adm, hold_end::client_left, s_.clk.wall_us());
     if (st.entry)
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();

@@ -190,7 +190,7 @@ private:
       if (!c_.early.empty()) body_prefix = joined.assign(body_prefix).append(c_.early).substr(0, want);
     }
     const std::int64_t now_us = s_.clk.wall_us();
-    admission_env env{s_.gate, s_.metrics, w_.accounting, &s_.concurrency};
+    admission_env env = admission_env_of(s_, w_);
     admission a;
     const steps_decision plan =
         plan_request(env, rt, req, c_.target, peer_, -1, a, c_.response_fields, entry_.get(), now_us, body_prefix);

@@ -16,6 +16,7 @@
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/routes.hpp"
 #include "proxy/request/runtime.hpp"
+#include "shared/daemon/tracing.hpp"
 
 namespace smockron::proxy {
 
@@ -45,6 +46,14 @@ struct admission {
   /// length: the bytes that fit when the request goes (the gate's
   /// fit_units); a body growing past them is cut off. -1: no bound.
   std::int64_t body_limit = -1;
+  /// A held request whose span is recorded (trace_endpoint, sampled): its
+  /// trace (the request's traceparent, if it had one) and when the hold began.
+  struct traced_hold {
+    tracing::trace_id trace{};
+    std::optional<tracing::span_id> parent;
+    std::int64_t since_us = 0;
+  };
+  std::optional<traced_hold> trace;
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -59,6 +68,8 @@ struct admission_env {
   accounting_sender& accounting;
   /// The concurrency limits masters publish (the rate-limit fields describe a client's); nullptr: none.
   const concurrency_policies* concurrency = nullptr;
+  /// trace_endpoint: where the spans of held and refused requests go; nullptr: off.
+  tracing::exporter* tracer = nullptr;
 };
 
 /// Decides request `req` on route `r` from `peer` at wall time `now_us`. A

@@ -72,6 +72,15 @@ const route* route_request(const runtime& rt, http1::request_head& req, std::str
   return rt.routes.match(req.host, route_path.empty() ? t.substr(0, t.find('?')) : std::string_view(route_path));
 }
 
+std::string_view refusal_reason(const admission& a) {
+  return a.no_master                                       ? "no_master"
+         : a.ambiguous                                     ? "ambiguous_identifier"
+         : a.unidentified                                  ? "unidentified"
+         : a.gate.reason == reject_reason::held_full       ? "held_full"
+         : a.gate.reason == reject_reason::cost_over_limit ? "cost_over_limit"
+                                                           : "delay_too_long";
+}
+
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
                          std::int64_t now_us, std::int64_t concurrency) {
   // A cost no wait lets through is not a client's standing: no rate-limit fields for it.
@@ -86,13 +95,7 @@ void append_limit_fields(std::string& out, gate& g, const runtime& rt, const rou
   // A concurrency limit is described on every response of a route that asks for the fields.
   if (a.who && concurrency > 0 && r.ratelimit_headers) append_concurrency_fields(out, r.domain, concurrency, false);
   if (r.explain) {
-    const std::string_view reason = a.no_master                                       ? "no_master"
-                                    : a.ambiguous                                     ? "ambiguous_identifier"
-                                    : a.unidentified                                  ? "unidentified"
-                                    : a.gate.reason == reject_reason::held_full       ? "held_full"
-                                    : a.gate.reason == reject_reason::cost_over_limit ? "cost_over_limit"
-                                                                                      : "delay_too_long";
-    append_decision_field(out, a.outcome, a.shadow, reason,
+    append_decision_field(out, a.outcome, a.shadow, refusal_reason(a),
                           a.outcome == decision::delayed ? (a.gate.release_us - now_us + 999) / 1000 : 0);
   }
 }
@@ -112,6 +115,51 @@ refusal refusal_for(const route& r, const admission& a) {
   if (a.gate.reason == reject_reason::cost_over_limit) return refusal_for_cost_cut(r);
   return {r.status, "rate limit exceeded, retry later\n", a.gate.retry_after_s};
 }
+
+namespace {
+
+// ---- traces (trace_endpoint): a span per held or refused request ----------------
+
+/// The request's place in its caller's trace (W3C traceparent), if it names one.
+std::optional<tracing::context> parent_of(const http1::request_head& req) {
+  const auto v = req.headers.first("traceparent");
+  return v ? tracing::parse_traceparent(*v) : std::nullopt;
+}
+
+/// A span about the limit of route `r` on the admitted request: its domain,
+/// whom (a hash of the identifier) and where it was going.
+tracing::span limit_span(const runtime& rt, const route& r, const admission& a, std::string_view name,
+                         const tracing::trace_id& trace, std::optional<tracing::span_id> parent, std::int64_t start_us,
+                         std::int64_t end_us) {
+  tracing::span s;
+  s.trace = trace;
+  s.id = tracing::exporter::new_span_id();
+  s.parent = parent;
+  s.name = std::string(name);
+  s.start_ns = tracing::unix_ns(start_us);
+  s.end_ns = tracing::unix_ns(end_us);
+  s.attributes.reserve(8);  // one allocation: the keys are literals, the values short (inline) strings
+  s.attributes.push_back({"smockron.domain", r.domain});
+  if (a.who) s.attributes.push_back({"smockron.identifier_hash", tracing::identifier_hash(a.who->value)});
+  s.attributes.push_back({"smockron.upstream", rt.cfg.upstreams[r.upstream_index].name});
+  return s;
+}
+
+void trace_refusal(tracing::exporter& tracer, const runtime& rt, const route& r, const http1::request_head& req,
+                   const admission& a, const refusal& no, std::int64_t now_us) {
+  const auto parent = parent_of(req);
+  if (!tracer.sampled(parent)) return;
+  tracing::span s = limit_span(rt, r, a, "smockron.refuse", parent ? parent->trace : tracing::exporter::new_trace_id(),
+                               parent ? std::optional(parent->parent) : std::nullopt, now_us, now_us);
+  s.attributes.push_back({"smockron.decision", std::string("refused")});
+  s.attributes.push_back({"smockron.reason", std::string(refusal_reason(a))});
+  s.attributes.push_back({"http.response.status_code", static_cast<std::int64_t>(no.status)});
+  s.attributes.push_back({"smockron.retry_after_s", no.retry_after_s});
+  s.error = true;
+  tracer.submit(std::move(s));
+}
+
+}  // namespace
 
 steps_decision plan_request(admission_env& env, const runtime& rt, http1::request_head& req, std::string& target,
                             const ip_address& peer, std::int64_t deadline_us, admission& adm,
@@ -150,9 +198,19 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
       p.text = no.text;
       p.retry_after_s = no.retry_after_s;
       p.by_limit = adm.gate.v == verdict::reject && !adm.ambiguous && !adm.no_master && !adm.unidentified;
+      if (p.by_limit && env.tracer) trace_refusal(*env.tracer, rt, r, req, adm, no, now_us);
       return p;
     }
-    case decision::delayed: p.next = next_step::hold; return p;
+    case decision::delayed:
+      p.next = next_step::hold;
+      if (env.tracer) {
+        const auto parent = parent_of(req);
+        if (env.tracer->sampled(parent)) {
+          adm.trace = admission::traced_hold{parent ? parent->trace : tracing::exporter::new_trace_id(),
+                                             parent ? std::optional(parent->parent) : std::nullopt, now_us};
+        }
+      }
+      return p;
     default: p.next = next_step::forward; return p;
   }
 }
@@ -160,6 +218,12 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
 void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
               std::int64_t now_us) {
   env.g.release_held(rt.route_limits[r.index]);
+  if (env.tracer && a.trace) {
+    tracing::span s = limit_span(rt, r, a, "smockron.hold", a.trace->trace, a.trace->parent, a.trace->since_us, now_us);
+    s.attributes.push_back({"smockron.decision", std::string(end == hold_end::released ? "held" : "held_client_left")});
+    s.attributes.push_back({"smockron.held_ms", (now_us - a.trace->since_us) / 1000});
+    env.tracer->submit(std::move(s));
+  }
   if (end == hold_end::released) return;
   env.metrics.client_gone_held.inc();
   env.g.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);

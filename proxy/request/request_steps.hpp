@@ -40,6 +40,9 @@ std::size_t body_prefix_wanted(const runtime& rt, const http1::request_head& req
 void append_limit_fields(std::string& out, gate& g, const runtime& rt, const route& r, const admission& a,
                          std::int64_t now_us, std::int64_t concurrency = 0);
 
+/// Why a refused admission was refused, as the explain field and a trace name it.
+std::string_view refusal_reason(const admission& a);
+
 /// What a refused admission answers: the status, a short text, Retry-After.
 struct refusal {
   unsigned status = 503;

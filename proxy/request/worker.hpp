@@ -20,6 +20,7 @@
 #include "proxy/io/asio_types.hpp"
 #include "proxy/io/conn_io.hpp"
 #include "proxy/request/access_log.hpp"
+#include "proxy/request/admission.hpp"
 #include "proxy/request/proxy_metrics.hpp"
 #include "proxy/request/runtime.hpp"
 #include "proxy/upstream/h2_upstream.hpp"
@@ -27,6 +28,7 @@
 #include "shared/base/clock.hpp"
 #include "shared/base/log.hpp"
 #include "shared/base/metrics.hpp"
+#include "shared/daemon/tracing.hpp"
 
 namespace smockron::proxy {
 
@@ -42,7 +44,8 @@ struct shared_state {
         metrics(registry),
         accounting_counters(registry),
         gate(static_cast<std::size_t>(cfg.max_control_entries), spread),
-        access(std::make_unique<access_log>(cfg.access_log_path, log_format(cfg))) {}
+        access(std::make_unique<access_log>(cfg.access_log_path, log_format(cfg))),
+        tracer(tracing::exporter::from_config(cfg.trace, "smockron-proxy", registry, "smockron_proxy")) {}
 
   /// The configuration generation in force.
   std::shared_ptr<const runtime> current() const {
@@ -71,6 +74,7 @@ struct shared_state {
   std::atomic<bool> draining{false};
   std::atomic<bool> resolve_soon{false};  ///< an upstream connect failed: resolve the names again now
   std::atomic<int> connections{0};
+  std::unique_ptr<tracing::exporter> tracer;  ///< trace_endpoint: spans of held and refused requests; null: off
 
 private:
   mutable std::mutex runtime_mutex_;
@@ -108,5 +112,10 @@ struct worker {
   h2_upstream_pool h2_pool;  ///< HTTP/2 upstreams (h2c, h2)
   std::thread thread;
 };
+
+/// What a request's steps use of the proxy's shared state and of its worker.
+inline admission_env admission_env_of(shared_state& s, worker& w) {
+  return {s.gate, s.metrics, w.accounting, &s.concurrency, s.tracer.get()};
+}
 
 }  // namespace smockron::proxy

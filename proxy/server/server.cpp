@@ -73,6 +73,7 @@ std::string keep_restart_only(const config::proxy_config& running, config::proxy
       .keep(&c::dns_min_ttl, "dns_min_ttl")
       .keep(&c::dns_max_ttl, "dns_max_ttl")
       .keep(&c::dns_max_masters, "dns_max_masters")
+      .keep(&c::trace, "trace_*")
       .keep(&c::shards, "shards")
       .keep(&c::curve_secret_key, "curve_secret_key")
       .keep(&c::curve_master_key, "curve_master_key")

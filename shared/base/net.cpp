@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 
@@ -229,6 +230,47 @@ std::optional<redis_url> parse_redis_url(std::string_view text) {
     return std::nullopt;
   }
   return u;
+}
+
+std::optional<http_url> parse_http_url(std::string_view url, std::string_view default_path) {
+  if (!url.starts_with("http://")) return std::nullopt;
+  url.remove_prefix(7);
+  http_url e;
+  const auto slash = url.find('/');
+  std::string_view authority = url.substr(0, slash);
+  e.path = slash == std::string_view::npos ? std::string(default_path) : std::string(url.substr(slash));
+  const auto control = [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; };
+  if (authority.empty() || std::any_of(e.path.begin(), e.path.end(), control)) return std::nullopt;
+  std::string_view port_text;
+  bool has_port = false;
+  if (authority.front() == '[') {
+    const auto close = authority.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    e.host = std::string(authority.substr(1, close - 1));
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':') return std::nullopt;
+      port_text = authority.substr(close + 2);
+      has_port = true;
+    }
+  } else {
+    const auto colon = authority.rfind(':');
+    e.host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos) {
+      port_text = authority.substr(colon + 1);
+      has_port = true;
+    }
+  }
+  if (e.host.empty() || std::any_of(e.host.begin(), e.host.end(), control) ||
+      e.host.find_first_of("@/[]") != std::string::npos)
+    return std::nullopt;
+  if (has_port) {
+    unsigned port = 0;
+    const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 || port > 65535)
+      return std::nullopt;
+    e.port = static_cast<std::uint16_t>(port);
+  }
+  return e;
 }
 
 bool allowed(const std::vector<cidr>& allow, const ip_address& a) {

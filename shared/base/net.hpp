@@ -89,4 +89,14 @@ struct redis_url {
 /// redis-cluster://[:password@]host[:port][,host[:port]...] (a cluster has db 0 only).
 std::optional<redis_url> parse_redis_url(std::string_view text);
 
+/// "http://host[:port][/path]": port 80 when left out, `default_path` when
+/// there is no path. Nothing when it is not such a URL (https is not taken).
+struct http_url {
+  std::string host;
+  std::uint16_t port = 80;
+  std::string path;
+  friend bool operator==(const http_url&, const http_url&) = default;
+};
+std::optional<http_url> parse_http_url(std::string_view url, std::string_view default_path);
+
 }  // namespace smockron

@@ -116,6 +116,20 @@ inline constexpr std::size_t max_overrides = 10'000;
 
 enum class store_kind : std::uint8_t { memory, redis };
 
+/// OpenTelemetry traces (both daemons; shared/daemon/tracing.hpp): the
+/// collector's OTLP/HTTP URL (empty: off), the share of traces started here
+/// that are recorded (a request's traceparent decides for its own), the
+/// spans queued at most, and how often a batch leaves.
+struct trace_config {
+  std::string endpoint;
+  http_url to;  ///< endpoint, parsed
+  double sample = 1.0;
+  std::int64_t max_queued = 10'000;
+  microseconds interval = std::chrono::seconds(1);
+  bool on() const { return !endpoint.empty(); }
+  bool operator==(const trace_config&) const = default;
+};
+
 struct master_config {
   std::string accounting = "tcp://127.0.0.1:10004";  ///< SUB bind
   std::string control = "tcp://127.0.0.1:10005";     ///< PUB bind
@@ -173,6 +187,7 @@ struct master_config {
   std::int64_t control_hwm = 1'000'000;  ///< messages queued per control subscriber at most (0: no limit)
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default
+  trace_config trace;
   std::vector<domain_config> domains;                           ///< sorted by name
 
   const domain_config* find_domain(std::string_view name) const;
@@ -398,6 +413,7 @@ struct proxy_config {
   std::int64_t http2_max_continuations = 8;  ///< CONTINUATION frames in one header block at most
   bool tls() const { return !tls_cert.empty(); }
   std::string log_level;
+  trace_config trace;
   std::vector<upstream_config> upstreams;
   std::vector<route_config> routes;
   /// A domain split across masters by identifier: each accounting message of

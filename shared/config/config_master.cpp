@@ -22,6 +22,7 @@ using detail::both_or_neither;
 using detail::check_domain_name;
 using detail::check_log_level;
 using detail::check_stream_endpoint;
+using detail::check_trace;
 using detail::each_table;
 using detail::reader;
 using detail::sink;
@@ -271,6 +272,15 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
 }
 
 // admin_token_file: the override API's bearer token, read now (a reload reads it again).
+// OpenTelemetry: a span per decision that throttled (master/server/service.cpp).
+void read_master_trace(reader& r, master_config& m) {
+  r.string("trace_endpoint", m.trace.endpoint);
+  r.real("trace_sample", m.trace.sample, 0.0, 1.0);
+  r.integer("trace_max_queued", m.trace.max_queued, 1, 10'000'000);
+  r.duration("trace_interval", m.trace.interval, std::chrono::milliseconds(10), std::chrono::minutes(1));
+  check_trace(r, m.trace);
+}
+
 void read_admin_token(reader& r, sink& s, master_config& m) {
   auto* f = r.typed<toml::value<std::string>>("admin_token_file", "a file path");
   if (!f) return;
@@ -390,6 +400,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.cidr_list("accounting_allow", m.accounting_allow);
   r.cidr_list("admin_allow", m.admin_allow);
   read_admin_token(r, s, m);
+  read_master_trace(r, m);
   r.cidr_list("control_allow", m.control_allow);
   read_master_curve(r, s, m);
   r.choice("store", std::array<std::string_view, 2>{"memory", "redis"}, "store", m.store);

@@ -23,6 +23,7 @@ using detail::check_log_level;
 using detail::check_pair;
 using detail::check_readable;
 using detail::check_stream_endpoint;
+using detail::check_trace;
 using detail::each_table;
 using detail::reader;
 using detail::sink;
@@ -246,6 +247,15 @@ void read_proxy_curve(reader& r, sink& s, proxy_config& p) {
   }
 }
 
+// OpenTelemetry: a span per held or refused request (proxy/request/request_steps.cpp).
+void read_proxy_trace(reader& r, proxy_config& p) {
+  r.string("trace_endpoint", p.trace.endpoint);
+  r.real("trace_sample", p.trace.sample, 0.0, 1.0);
+  r.integer("trace_max_queued", p.trace.max_queued, 1, 10'000'000);
+  r.duration("trace_interval", p.trace.interval, std::chrono::milliseconds(10), std::chrono::minutes(1));
+  check_trace(r, p.trace);
+}
+
 // A master's endpoint in the proxy: as the master binds it, or a DNS name
 // standing for several masters (proxy/cluster/master_discovery.hpp).
 std::string check_master_endpoint(std::string_view e, std::string_view what) {
@@ -285,6 +295,7 @@ proxy_config detail::read_proxy(const toml::table& t, sink& s) {
   r.string_list("accounting", p.accounting, [](std::string_view e) { return check_master_endpoint(e, "accounting"); });
   r.string_list("control", p.control, [](std::string_view e) { return check_master_endpoint(e, "control"); });
   read_dns(r, s, p);
+  read_proxy_trace(r, p);
   read_proxy_curve(r, s, p);
   r.duration("max_delay", p.max_delay);
   r.integer("max_held", p.max_held, 0, 10'000'000);

@@ -32,6 +32,21 @@ std::string check_stream_endpoint(std::string_view e, std::string_view what) {
   return "invalid endpoint \"" + std::string(e) + "\" (expected tcp://host:port or ipc://path)";
 }
 
+void check_trace(reader& r, trace_config& t) {
+  if (!t.endpoint.empty()) {
+    if (auto to = parse_http_url(t.endpoint, "/v1/traces")) {
+      t.to = std::move(*to);
+    } else {
+      r.errors().add(*r.table().get("trace_endpoint"), r.key("trace_endpoint"),
+                     "expected an OTLP/HTTP URL http://host[:port][/path], got \"" + t.endpoint + "\"");
+    }
+    return;
+  }
+  for (const char* k : {"trace_sample", "trace_max_queued", "trace_interval"}) {
+    if (const toml::node* n = r.table().get(k)) r.errors().add(*n, r.key(k), "has no effect without trace_endpoint");
+  }
+}
+
 std::string check_domain_name(std::string_view name) {
   if (name.empty()) return "domain name must not be empty";
   if (name.size() > 255) return "domain name longer than 255 bytes";

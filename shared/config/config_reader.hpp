@@ -241,6 +241,9 @@ std::string check_domain_name(std::string_view name);
 /// one alone, "needs B too" at it (and false).
 bool both_or_neither(reader& r, const char* a, const char* b);
 void check_pair(reader& r, const char* a, const std::string& a_value, const char* b, const std::string& b_value);
+/// trace_endpoint parses (into `t.to`), and the other trace_* keys are not
+/// given without it (they would do nothing).
+void check_trace(reader& r, trace_config& t);
 /// Files the keys name exist and can be read (whether they parse is checked
 /// where they are used: the proxy's --check loads them).
 void check_readable(reader& r, std::initializer_list<const char*> keys);

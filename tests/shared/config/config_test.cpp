@@ -1261,3 +1261,20 @@ TEST(Config, MastersFoundByDns) {
             std::string::npos);
   EXPECT_NE(one_error(named + "dns_max_masters = 0\n").find("must be between 1"), std::string::npos);
 }
+
+TEST(Config, Traces) {
+  auto r = load(
+      "[master]\ntrace_endpoint = \"http://otel-collector:4318\"\ntrace_sample = 0.25\n"
+      "[proxy]\ntrace_endpoint = \"http://127.0.0.1:4318/v1/traces\"\ntrace_max_queued = 500\n"
+      "trace_interval = \"200ms\"\n");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : format(r.errors[0]));
+  EXPECT_EQ(r.cfg->master->trace.to, (http_url{"otel-collector", 4318, "/v1/traces"}));
+  EXPECT_EQ(r.cfg->master->trace.sample, 0.25);
+  EXPECT_EQ(r.cfg->proxy->trace.max_queued, 500);
+  EXPECT_EQ(r.cfg->proxy->trace.interval, std::chrono::milliseconds(200));
+  EXPECT_FALSE(load("[proxy]\n").cfg->proxy->trace.on()) << "off unless asked for";
+  EXPECT_NE(one_error("[proxy]\ntrace_endpoint = \"https://c:4318\"\n").find("expected an OTLP/HTTP URL"),
+            std::string::npos);
+  EXPECT_NE(one_error("[master]\ntrace_sample = 0.5\n").find("has no effect without trace_endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[proxy]\ntrace_endpoint = \"http://c\"\ntrace_sample = 2\n").find("between"), std::string::npos);
+}

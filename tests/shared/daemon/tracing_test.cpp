@@ -1,0 +1,239 @@
+// OpenTelemetry spans: W3C traceparent parsing, the OTLP/JSON encoding, and
+// the exporter against a collector on loopback (a batch POSTed, a refusal
+// counted, a full queue dropping and counting). The daemons' spans against a
+// collector that checks the OTLP schema: integration/test_traces.py.
+#include "shared/daemon/tracing.hpp"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace smockron;
+
+TEST(Tracing, TraceparentAsW3CSpecifiesIt) {
+  const auto c = tracing::parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->trace[0], 0x4b);
+  EXPECT_EQ(c->trace[15], 0x36);
+  EXPECT_EQ(c->parent[7], 0xb7);
+  EXPECT_TRUE(c->sampled);
+  EXPECT_FALSE(tracing::parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")->sampled);
+  // A later version: its first four fields are read, what follows a '-' ignored.
+  EXPECT_TRUE(tracing::parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-what-ever"));
+  for (const char* bad : {
+           "", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",                 // no flags
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",                 // version 00 has no more
+           "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",                  // version ff is invalid
+           "00-00000000000000000000000000000000-00f067aa0ba902b7-01",                  // all-zero trace id
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",                  // all-zero parent id
+           "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",                  // upper case
+           "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",                  // separator
+           "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09x",                 // no '-' after flags
+       }) {
+    EXPECT_FALSE(tracing::parse_traceparent(bad)) << bad;
+  }
+}
+
+TEST(Tracing, OtlpJsonHasHexIdsStringIntegersAndNumericEnums) {
+  tracing::span s;
+  s.trace = tracing::parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")->trace;
+  s.id = {1, 2, 3, 4, 5, 6, 7, 8};
+  s.parent = tracing::span_id{0, 0, 0, 0, 0, 0, 0, 9};
+  s.name = "smockron.hold";
+  s.start_ns = 1'700'000'000'000'000'000;
+  s.end_ns = 1'700'000'000'250'000'000;
+  s.attributes = {{"smockron.domain", std::string("api")}, {"smockron.held_ms", std::int64_t{250}}};
+  s.error = true;
+  const auto doc = nlohmann::json::parse(tracing::encode_json({s}, "smockron-proxy", "1.2.3"));
+  const auto& rs = doc["resourceSpans"][0];
+  EXPECT_EQ(rs["resource"]["attributes"][0]["key"], "service.name");
+  EXPECT_EQ(rs["resource"]["attributes"][0]["value"]["stringValue"], "smockron-proxy");
+  EXPECT_EQ(rs["scopeSpans"][0]["scope"]["name"], "smockron");
+  const auto& j = rs["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(j["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(j["spanId"], "0102030405060708");
+  EXPECT_EQ(j["parentSpanId"], "0000000000000009");
+  EXPECT_EQ(j["kind"], 1);
+  EXPECT_EQ(j["startTimeUnixNano"], "1700000000000000000");
+  EXPECT_EQ(j["endTimeUnixNano"], "1700000000250000000");
+  EXPECT_EQ(j["attributes"][0]["value"]["stringValue"], "api");
+  EXPECT_EQ(j["attributes"][1]["value"]["intValue"], "250");
+  EXPECT_EQ(j["status"]["code"], 2);
+  s.parent.reset();
+  s.error = false;
+  const auto root = nlohmann::json::parse(tracing::encode_json({s}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_FALSE(root.contains("parentSpanId"));
+  EXPECT_TRUE(root["status"].empty());
+  EXPECT_EQ(tracing::identifier_hash("alice").size(), 16u);
+  EXPECT_NE(tracing::identifier_hash("alice"), tracing::identifier_hash("bob"));
+}
+
+namespace {
+
+/// A collector on loopback answering every POST with `status`; counts what it took.
+class fake_collector {
+public:
+  explicit fake_collector(int status) : status_(status) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 8) != 0) std::abort();
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 20) != 1) continue;
+        const int c = ::accept(fd_, nullptr, nullptr);
+        std::string in;
+        char chunk[4096];
+        // Head, then Content-Length bytes of body.
+        for (;;) {
+          const ssize_t n = ::read(c, chunk, sizeof chunk);
+          if (n <= 0) break;
+          in.append(chunk, static_cast<std::size_t>(n));
+          const auto end = in.find("\r\n\r\n");
+          if (end == std::string::npos) continue;
+          const auto cl = in.find("Content-Length: ");
+          const std::size_t len = cl == std::string::npos ? 0 : std::stoul(in.substr(cl + 16));
+          if (in.size() >= end + 4 + len) {
+            bodies_.push_back(in.substr(end + 4, len));
+            break;
+          }
+        }
+        const std::string answer =
+            "HTTP/1.1 " + std::to_string(status_) + " X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        [[maybe_unused]] const ssize_t sent = ::write(c, answer.data(), answer.size());
+        ::close(c);
+        ++posts_;
+      }
+    });
+  }
+  ~fake_collector() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::uint16_t port() const { return port_; }
+  int posts() const { return posts_; }
+  std::vector<std::string> bodies_;  // read after posts() says they are there
+
+private:
+  int fd_ = -1, status_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> posts_{0};
+  std::thread thread_;
+};
+
+double value(const metrics::registry& reg, const std::string& line) {
+  const std::string text = reg.render();
+  const auto at = text.find(line + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size() + 1));
+}
+
+tracing::span some_span(const std::string& name) {
+  tracing::span s;
+  s.trace = tracing::exporter::new_trace_id();
+  s.id = tracing::exporter::new_span_id();
+  s.name = name;
+  return s;
+}
+
+bool until(const std::function<bool()>& f) {
+  for (int i = 0; i < 500 && !f(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return f();
+}
+
+}  // namespace
+
+TEST(Tracing, TheExporterPostsBatchesAndCountsWhatBecameOfEverySpan) {
+  fake_collector collector(200);
+  metrics::registry reg;
+  {
+    tracing::exporter e({.to = {"127.0.0.1", collector.port(), "/v1/traces"},
+                         .service = "smockron-test",
+                         .sample = 1.0,
+                         .max_queued = 100,
+                         .interval = std::chrono::milliseconds(20),
+                         .max_batch = 512,
+                         .timeout = std::chrono::milliseconds(2000)},
+                        reg, "smockron_test");
+    e.submit(some_span("a"));
+    e.submit(some_span("b"));
+    ASSERT_TRUE(until([&] { return value(reg, "smockron_test_trace_spans_total{result=\"exported\"}") == 2; }))
+        << reg.render();
+  }
+  ASSERT_GE(collector.posts(), 1);
+  const auto doc = nlohmann::json::parse(collector.bodies_.at(0));
+  EXPECT_EQ(doc["resourceSpans"][0]["scopeSpans"][0]["spans"].size(), 2u);
+}
+
+TEST(Tracing, ARefusingCollectorAndAFullQueueCostSpansOnly) {
+  fake_collector refusing(503);
+  metrics::registry reg;
+  tracing::exporter e({.to = {"127.0.0.1", refusing.port(), "/v1/traces"},
+                       .service = "smockron-test",
+                       .sample = 1.0,
+                       .max_queued = 3,
+                       .interval = std::chrono::milliseconds(60'000),  // nothing leaves before the queue is full
+                       .max_batch = 512,
+                       .timeout = std::chrono::milliseconds(2000)},
+                      reg, "smockron_test");
+  for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
+  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"dropped\"}"), 2);
+  EXPECT_FALSE(e.sampled(tracing::context{{1}, {1}, false})) << "the caller's flag decides";
+  EXPECT_TRUE(e.sampled(tracing::context{{1}, {1}, true}));
+  EXPECT_TRUE(e.sampled(std::nullopt)) << "sample 1.0";
+}
+
+TEST(Tracing, StoppingSendsWhatIsQueuedAndAnUnreachableCollectorCountsItFailed) {
+  metrics::registry reg;
+  {
+    // A port nothing listens on (bound, never listened to: connects are refused).
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), len), 0);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    tracing::exporter e({.to = {"127.0.0.1", ntohs(a.sin_port), "/v1/traces"},
+                         .service = "smockron-test",
+                         .sample = 0.0,
+                         .max_queued = 100,
+                         .interval = std::chrono::milliseconds(60'000),
+                         .max_batch = 512,
+                         .timeout = std::chrono::milliseconds(500)},
+                        reg, "smockron_test");
+    EXPECT_FALSE(e.sampled(std::nullopt)) << "sample 0";
+    e.submit(some_span("late"));
+    ::close(fd);
+  }  // the destructor tries it once
+  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"failed\"}"), 1);
+}
+
+TEST(Tracing, StringsAreEscapedIntoValidJson) {
+  tracing::span s;
+  s.trace = tracing::exporter::new_trace_id();
+  s.id = tracing::exporter::new_span_id();
+  s.name = "a \"quoted\" \\ name\n\x01";
+  s.attributes = {{"k", std::string("caf\xc3\xa9\t")}};
+  const auto doc = nlohmann::json::parse(tracing::encode_json({s}, "svc\"", "1"));
+  const auto& j = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(j["name"], s.name);
+  EXPECT_EQ(j["attributes"][0]["key"], "k");
+  EXPECT_EQ(j["attributes"][0]["value"]["stringValue"], "caf\xc3\xa9\t");
+  EXPECT_EQ(doc["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], "svc\"");
+}
