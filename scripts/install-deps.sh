@@ -79,4 +79,12 @@ if [ "$test_deps" = 1 ]; then
     npm ci --prefix "$tools" --no-audit --no-fund --loglevel=error
   fi
   "$tools/node_modules/.bin/dockerfile-utils" --version
+  # The Kubernetes object schemas (pinned by their lock file) that integration/test_kubernetes.py validates with.
+  k8s="$tools/kubernetes"
+  if ! cmp -s "$root/deploy/kubernetes/validate/package-lock.json" "$k8s/package-lock.json" ||
+     [ ! -d "$k8s/node_modules/kubernetes-models" ]; then
+    mkdir -p "$k8s"
+    cp "$root/deploy/kubernetes/validate/package.json" "$root/deploy/kubernetes/validate/package-lock.json" "$k8s/"
+    npm ci --prefix "$k8s" --no-audit --no-fund --loglevel=error
+  fi
 fi
