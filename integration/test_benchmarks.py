@@ -180,9 +180,11 @@ class BenchmarkSmokeTest(unittest.TestCase):
         """Instructions per request under callgrind, HTTP/1.1 and h2c: every request answered 2xx
         and a count for each (the figure itself is not judged)."""
         self.need("nginx", "h2load", "valgrind")
-        out = self.run_bench([sys.executable, os.path.join(BENCH, "instructions.py"), "--smoke", "--curve"])
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "instructions.py"), "--smoke", "--curve",
+                              "--traces"])
         self.assert_figures(out, r"^ smockron\s+h1\s+[\d,]+  mean of 1$", r"^ smockron\s+h2c\s+[\d,]+  mean of 1$",
                             r"^    curve\s+h1\s+[\d,]+  mean of 1$", r"^ratio curve/smockron h1: [\d.]+",
+                            r"^   traced\s+h1\s+[\d,]+  mean of 1$", r"^ratio traced/refused h2c: [\d.]+",
                             r"^smoke: OK")
 
     def test_held_memory(self):

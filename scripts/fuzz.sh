@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
-targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_zmtp_curve fuzz_dns_answer fuzz_http1_request fuzz_http1_response fuzz_http1_chunked fuzz_path
+targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_zmtp_curve fuzz_dns_answer fuzz_traceparent fuzz_http1_request fuzz_http1_response fuzz_http1_chunked fuzz_path
   fuzz_proxy_protocol fuzz_forwarded fuzz_identify fuzz_query fuzz_h2_fields fuzz_cost fuzz_h2_session fuzz_envoy)
 [ $# -gt 0 ] && targets=("$@")
 launcher=()

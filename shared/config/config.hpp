@@ -188,7 +188,7 @@ struct master_config {
   microseconds sweep_interval = std::chrono::milliseconds(10);  ///< expiry sweep tick
   std::string log_level;                                        ///< empty = CLI / default
   trace_config trace;
-  std::vector<domain_config> domains;                           ///< sorted by name
+  std::vector<domain_config> domains;  ///< sorted by name
 
   const domain_config* find_domain(std::string_view name) const;
 };

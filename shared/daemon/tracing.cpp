@@ -12,8 +12,8 @@
 #include <random>
 
 #include "shared/base/log.hpp"
-#include "smockron/version.hpp"
 #include "shared/protocol/hash_ring.hpp"
+#include "smockron/version.hpp"
 
 namespace smockron::tracing {
 
@@ -107,9 +107,8 @@ struct writer {
   void str(std::string_view v) {
     *p++ = '"';
     // Most strings need no escaping: checked first, then copied at once.
-    const bool plain = std::all_of(v.begin(), v.end(), [](char c) {
-      return static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\';
-    });
+    const bool plain = std::all_of(
+        v.begin(), v.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\'; });
     if (plain) {
       raw(v);
       *p++ = '"';
@@ -238,8 +237,10 @@ exporter::exporter(options o, metrics::registry& reg, std::string_view prefix)
                                 "Trace spans, by what became of them (exported: the collector took them; dropped: "
                                 "the queue was full; failed: the collector refused or did not answer)",
                                 metrics::labels({{"result", "exported"}}))),
-      dropped_(reg.add_counter(std::string(prefix) + "_trace_spans_total", "", metrics::labels({{"result", "dropped"}}))),
-      failed_(reg.add_counter(std::string(prefix) + "_trace_spans_total", "", metrics::labels({{"result", "failed"}}))) {
+      dropped_(
+          reg.add_counter(std::string(prefix) + "_trace_spans_total", "", metrics::labels({{"result", "dropped"}}))),
+      failed_(
+          reg.add_counter(std::string(prefix) + "_trace_spans_total", "", metrics::labels({{"result", "failed"}}))) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -299,7 +300,8 @@ void exporter::run() {
         return;
       }
       const std::size_t n = std::min(queue_.size(), opt_.max_batch);
-      batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(n)));
+      batch.assign(std::make_move_iterator(queue_.begin()),
+                   std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(n)));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
     }
     if (batch.empty()) continue;

@@ -61,7 +61,7 @@ struct span {
   span_id id{};
   std::optional<span_id> parent;
   std::string name;
-  int kind = 1;  ///< OTLP SpanKind: 1 internal, 2 server
+  int kind = 1;                           ///< OTLP SpanKind: 1 internal, 2 server
   std::int64_t start_ns = 0, end_ns = 0;  ///< Unix time
   std::vector<attribute> attributes;
   bool error = false;  ///< status code 2 (ERROR); else unset
@@ -74,7 +74,7 @@ std::string encode_json(const std::vector<span>& spans, std::string_view service
 class exporter {
 public:
   struct options {
-    http_url to;  ///< the collector's OTLP/HTTP traces URL
+    http_url to;          ///< the collector's OTLP/HTTP traces URL
     std::string service;  ///< service.name: "smockron-proxy", "smockron-master"
     double sample = 1.0;  ///< a trace started here is recorded with this probability
     std::size_t max_queued = 10'000;

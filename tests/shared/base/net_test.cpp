@@ -132,9 +132,9 @@ TEST(Net, HttpUrl) {
   EXPECT_EQ(parse_http_url("http://collector:4318/v1/traces", "/x"), (http_url{"collector", 4318, "/v1/traces"}));
   EXPECT_EQ(parse_http_url("http://127.0.0.1", "/v1/traces"), (http_url{"127.0.0.1", 80, "/v1/traces"}));
   EXPECT_EQ(parse_http_url("http://[::1]:4318", "/v1/traces"), (http_url{"::1", 4318, "/v1/traces"}));
-  for (const char* bad : {"https://c:4318", "http://", "http://:4318", "http://c:", "http://c:0", "http://c:70000",
-                          "http://c:43x", "http://u@c:1", "http://[::1:1", "http://[::1]x", "http://c/a b",
-                          "http://c/a\r\nX: y"}) {
+  for (const char* bad :
+       {"https://c:4318", "http://", "http://:4318", "http://c:", "http://c:0", "http://c:70000", "http://c:43x",
+        "http://u@c:1", "http://[::1:1", "http://[::1]x", "http://c/a b", "http://c/a\r\nX: y"}) {
     EXPECT_FALSE(parse_http_url(bad, "/")) << bad;
   }
 }

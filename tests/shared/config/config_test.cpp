@@ -1275,6 +1275,7 @@ TEST(Config, Traces) {
   EXPECT_FALSE(load("[proxy]\n").cfg->proxy->trace.on()) << "off unless asked for";
   EXPECT_NE(one_error("[proxy]\ntrace_endpoint = \"https://c:4318\"\n").find("expected an OTLP/HTTP URL"),
             std::string::npos);
-  EXPECT_NE(one_error("[master]\ntrace_sample = 0.5\n").find("has no effect without trace_endpoint"), std::string::npos);
+  EXPECT_NE(one_error("[master]\ntrace_sample = 0.5\n").find("has no effect without trace_endpoint"),
+            std::string::npos);
   EXPECT_NE(one_error("[proxy]\ntrace_endpoint = \"http://c\"\ntrace_sample = 2\n").find("between"), std::string::npos);
 }

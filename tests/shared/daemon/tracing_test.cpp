@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <nlohmann/json.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,14 +30,14 @@ TEST(Tracing, TraceparentAsW3CSpecifiesIt) {
   // A later version: its first four fields are read, what follows a '-' ignored.
   EXPECT_TRUE(tracing::parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-what-ever"));
   for (const char* bad : {
-           "", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",                 // no flags
-           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",                 // version 00 has no more
-           "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",                  // version ff is invalid
-           "00-00000000000000000000000000000000-00f067aa0ba902b7-01",                  // all-zero trace id
-           "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",                  // all-zero parent id
-           "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",                  // upper case
-           "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",                  // separator
-           "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09x",                 // no '-' after flags
+           "", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  // no flags
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",  // version 00 has no more
+           "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",   // version ff is invalid
+           "00-00000000000000000000000000000000-00f067aa0ba902b7-01",   // all-zero trace id
+           "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",   // all-zero parent id
+           "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",   // upper case
+           "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",   // separator
+           "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09x",  // no '-' after flags
        }) {
     EXPECT_FALSE(tracing::parse_traceparent(bad)) << bad;
   }
@@ -70,7 +70,8 @@ TEST(Tracing, OtlpJsonHasHexIdsStringIntegersAndNumericEnums) {
   EXPECT_EQ(j["status"]["code"], 2);
   s.parent.reset();
   s.error = false;
-  const auto root = nlohmann::json::parse(tracing::encode_json({s}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  const auto root =
+      nlohmann::json::parse(tracing::encode_json({s}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
   EXPECT_FALSE(root.contains("parentSpanId"));
   EXPECT_TRUE(root["status"].empty());
   EXPECT_EQ(tracing::identifier_hash("alice").size(), 16u);
