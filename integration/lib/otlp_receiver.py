@@ -13,41 +13,22 @@ and kept in `invalid`; a valid one is answered 200 and its spans kept.
 """
 from __future__ import annotations
 
-import atexit
 import base64
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-_DIST = "/usr/lib/python3/dist-packages"
-if _DIST not in sys.path:
-    sys.path.append(_DIST)
+from lib.envoy_stubs import compile_protos  # also puts Debian's python3-protobuf on sys.path
 
 PROTO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "otlp_proto")
-_out: str | None = None
 _HEX = re.compile(r"^[0-9a-f]*$")
 
 
 def _messages():
     """The generated ExportTraceServiceRequest (compiled once per process)."""
-    global _out
-    if _out is None:
-        _out = tempfile.mkdtemp(prefix="smockron-otlp-stubs-")
-        atexit.register(shutil.rmtree, _out, True)
-        protos = []
-        for root, _, files in os.walk(os.path.join(PROTO_DIR, "opentelemetry")):
-            protos += [os.path.relpath(os.path.join(root, f), PROTO_DIR) for f in files if f.endswith(".proto")]
-        subprocess.run(["protoc", f"-I{PROTO_DIR}", f"--python_out={_out}", *sorted(protos)], check=True,
-                       timeout=60)
-        for root, _, _ in os.walk(os.path.join(_out, "opentelemetry")):
-            open(os.path.join(root, "__init__.py"), "a").close()
-        sys.path.insert(0, _out)
+    compile_protos(PROTO_DIR, "opentelemetry", grpc=False)
     from google.protobuf import json_format  # noqa: E402
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
     return json_format, trace_service_pb2

@@ -23,37 +23,16 @@ Redis's message, so MOVED / ASK / CLUSTERDOWN reach the test as they are.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time
 
 from lib.daemons import stop_process
 from lib.ports import HOST, OwnsSocket, free_ports
-from lib.redis_server import RedisServer
+from lib.redis_server import RedisError, RedisServer, encode_command, read_reply  # noqa: F401 (RedisError: for importers)
 from lib.timing import TRANSIENT_ERRORS, WaitTimeout, wait_until
 
 SLOTS = 16384
-
-
-class RedisError(RuntimeError):
-    """An error reply. `message` is Redis's text as sent, e.g.
-    "MOVED 3999 127.0.0.1:30001"; `kind` its first word ("MOVED", "ERR", ...).
-    A RuntimeError like RedisServer.command()'s error replies."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-    @property
-    def kind(self) -> str:
-        return self.message.split(" ", 1)[0]
-
-    @property
-    def redirect(self) -> tuple[int, str, int] | None:
-        """(slot, host, port) of a MOVED or ASK reply, else None."""
-        m = re.fullmatch(r"(?:MOVED|ASK) (\d+) (\S*):(\d+)", self.message)
-        return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
 
 
 class RespClient(OwnsSocket):
@@ -70,7 +49,7 @@ class RespClient(OwnsSocket):
 
     def command(self, *args):
         self.sock.sendall(encode_command(*args))
-        reply = _read_reply(self._reader)
+        reply = read_reply(self._reader)
         if isinstance(reply, RedisError):
             raise reply
         return reply
@@ -78,37 +57,6 @@ class RespClient(OwnsSocket):
     def close(self) -> None:
         self._reader.close()
         super().close()
-
-
-def encode_command(*args) -> bytes:
-    """A RESP array of bulk strings: bytes as they are, anything else as str() in UTF-8."""
-    parts = [bytes(a) if isinstance(a, (bytes, bytearray, memoryview)) else str(a).encode() for a in args]
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
-def _read_reply(f):
-    line = f.readline()
-    if not line.endswith(b"\r\n"):
-        raise OSError(f"connection closed in a reply (read {line!r})")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        return RedisError(rest.decode("utf-8", "replace"))
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        data = f.read(n + 2)
-        if len(data) != n + 2:
-            raise OSError("connection closed in a bulk reply")
-        return data[:-2]
-    if kind == b"*":
-        n = int(rest)
-        return None if n < 0 else [_read_reply(f) for _ in range(n)]
-    raise OSError(f"bad RESP line {line!r}")
 
 
 def _crc16_table() -> list[int]:

@@ -110,10 +110,11 @@ class RedisServer:
     # binary-safe (the store's keys contain \0).
     def command(self, *args, timeout: float = 5.0):
         with socket.create_connection((HOST, self.port), timeout=timeout) as s:
-            parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-            s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
-            f = s.makefile("rb")
-            return _read_reply(f)
+            s.sendall(encode_command(*args))
+            reply = read_reply(s.makefile("rb"))
+            if isinstance(reply, RedisError):
+                raise reply
+            return reply
 
 
 class RedisSentinel(RedisServer):
@@ -149,15 +150,43 @@ class RedisSentinel(RedisServer):
         return (addr[0].decode(), int(addr[1])) if addr else None
 
 
-def _read_reply(f):
+class RedisError(RuntimeError):
+    """An error reply. `message` is Redis's text as sent, e.g.
+    "MOVED 3999 127.0.0.1:30001"; `kind` its first word ("MOVED", "ERR", ...)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def kind(self) -> str:
+        return self.message.split(" ", 1)[0]
+
+    @property
+    def redirect(self) -> tuple[int, str, int] | None:
+        """(slot, host, port) of a MOVED or ASK reply, else None."""
+        m = re.fullmatch(r"(?:MOVED|ASK) (\d+) (\S*):(\d+)", self.message)
+        return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
+
+
+def encode_command(*args) -> bytes:
+    """A RESP array of bulk strings: bytes as they are, anything else as str() in UTF-8."""
+    parts = [bytes(a) if isinstance(a, (bytes, bytearray, memoryview)) else str(a).encode() for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def read_reply(f):
+    """One RESP2 reply from the binary file `f`: simple string -> str, bulk ->
+    bytes (None for nil), integer -> int, array -> list (None for a nil array),
+    error -> a RedisError returned (not raised: inside an array it is an element)."""
     line = f.readline()
-    if not line:
-        raise OSError("connection closed")
+    if not line.endswith(b"\r\n"):
+        raise OSError(f"connection closed in a reply (read {line!r})")
     kind, rest = line[:1], line[1:-2]
     if kind == b"+":
         return rest.decode()
     if kind == b"-":
-        raise RuntimeError(rest.decode())
+        return RedisError(rest.decode("utf-8", "replace"))
     if kind == b":":
         return int(rest)
     if kind == b"$":
@@ -165,8 +194,10 @@ def _read_reply(f):
         if n < 0:
             return None
         data = f.read(n + 2)
+        if len(data) != n + 2:
+            raise OSError("connection closed in a bulk reply")
         return data[:-2]
     if kind == b"*":
         n = int(rest)
-        return None if n < 0 else [_read_reply(f) for _ in range(n)]
+        return None if n < 0 else [read_reply(f) for _ in range(n)]
     raise OSError(f"bad RESP line {line!r}")

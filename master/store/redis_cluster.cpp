@@ -5,6 +5,7 @@
 #include <charconv>
 #include <map>
 
+#include "master/store/hiredis_util.hpp"
 #include "master/store/reservation_record.hpp"
 #include "master/store/state_record.hpp"
 
@@ -15,40 +16,12 @@ namespace {
 /// Rounds of sending again what a redirection or a failing node left undone.
 constexpr int k_rounds = 5;
 
-struct reply_deleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
-
-std::string_view str(const redisReply* r) { return {r->str, r->len}; }
-
-timeval to_timeval(std::chrono::milliseconds d) {
-  timeval tv{};
-  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(d.count() / 1000);
-  tv.tv_usec = static_cast<decltype(tv.tv_usec)>((d.count() % 1000) * 1000);
-  return tv;
-}
-
-bool append(redisContext* c, const std::vector<std::string_view>& args) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  for (auto a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  return redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) == REDIS_OK;
-}
-
-reply_ptr next_reply(redisContext* c) {
-  void* raw = nullptr;
-  if (redisGetReply(c, &raw) != REDIS_OK) return nullptr;
-  return reply_ptr(static_cast<redisReply*>(raw));
-}
-
-reply_ptr command(redisContext* c, const std::vector<std::string_view>& args) {
-  if (!append(c, args)) return nullptr;
-  return next_reply(c);
-}
+using hiredis::append;
+using hiredis::command;
+using hiredis::next_reply;
+using hiredis::reply_ptr;
+using hiredis::str;
+using hiredis::to_timeval;
 
 /// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381": the node named.
 std::optional<std::pair<std::uint16_t, host_port>> redirection(std::string_view error) {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "master/store/hiredis_util.hpp"
 #include "shared/base/log.hpp"
 
 namespace smockron::master {
@@ -13,32 +14,10 @@ namespace {
 
 constexpr std::size_t k_load_chunk = 1024;
 
-struct reply_deleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
-
-timeval to_timeval(std::chrono::milliseconds d) {
-  timeval tv{};
-  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(d.count() / 1000);
-  tv.tv_usec = static_cast<decltype(tv.tv_usec)>((d.count() % 1000) * 1000);
-  return tv;
-}
-
-reply_ptr command(redisContext* c, const std::vector<std::string_view>& args) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (auto a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  return reply_ptr(
-      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
-}
-
-std::string_view str(const redisReply* r) { return {r->str, r->len}; }
+using hiredis::command;
+using hiredis::reply_ptr;
+using hiredis::str;
+using hiredis::to_timeval;
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 
 #include "master/store/reservation_record.hpp"
 #include "master/store/state_record.hpp"
+#include "tests/support/loopback.hpp"
 
 using namespace smockron;
 using namespace smockron::master;
@@ -60,14 +61,8 @@ class fake_node {
 public:
   using handler = std::function<std::string(const std::vector<std::string>&)>;
   explicit fake_node(handler h) : answer_(std::move(h)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 8) != 0) std::abort();
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    fd_ = test_support::bind_loopback(port_);
+    if (fd_ < 0) std::abort();
     thread_ = std::thread([this] { serve(); });
   }
   ~fake_node() {

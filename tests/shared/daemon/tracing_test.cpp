@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/loopback.hpp"
+
 using namespace smockron;
 
 TEST(Tracing, TraceparentAsW3CSpecifiesIt) {
@@ -84,14 +86,8 @@ namespace {
 class fake_collector {
 public:
   explicit fake_collector(int status) : status_(status) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 8) != 0) std::abort();
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    fd_ = test_support::bind_loopback(port_);
+    if (fd_ < 0) std::abort();
     thread_ = std::thread([this] {
       while (!stop_) {
         pollfd p{fd_, POLLIN, 0};
@@ -203,14 +199,10 @@ TEST(Tracing, StoppingSendsWhatIsQueuedAndAnUnreachableCollectorCountsItFailed) 
   metrics::registry reg;
   {
     // A port nothing listens on (bound, never listened to: connects are refused).
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), len), 0);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    tracing::exporter e({.to = {"127.0.0.1", ntohs(a.sin_port), "/v1/traces"},
+    std::uint16_t port = 0;
+    const int fd = test_support::bind_loopback(port, false);
+    ASSERT_GE(fd, 0);
+    tracing::exporter e({.to = {"127.0.0.1", port, "/v1/traces"},
                          .service = "smockron-test",
                          .sample = 0.0,
                          .max_queued = 100,

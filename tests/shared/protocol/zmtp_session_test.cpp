@@ -22,6 +22,7 @@
 #include "shared/protocol/zmtp.hpp"
 #include "shared/protocol/zmtp_curve.hpp"
 #include "shared/protocol/zmtp_session.hpp"
+#include "tests/support/loopback.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;
@@ -231,14 +232,9 @@ TEST(ZmtpSubscriptionSet, CountsLikeZeroMqAndMatchesByPrefix) {
 // ---- against libzmq --------------------------------------------------------
 
 int listen_loopback(int& port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 1) != 0) return -1;
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  port = ntohs(a.sin_port);
+  std::uint16_t p = 0;
+  const int fd = test_support::bind_loopback(p);
+  port = p;
   return fd;
 }
 
