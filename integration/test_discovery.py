@@ -161,6 +161,9 @@ class SrvMastersTest(DiscoveryCase):
         m0.stop()
         m0b = self.master("m0b")
         self.publish("s0.test", [m0b])
+        # The name now stands for m0b (the control endpoint, as /status shows it), and its links are up.
+        wait_until(lambda: json.loads(proxy.get("/status").body)["masters"]["discovered"].get(
+            "srv+tcp://_ctl._tcp.s0.test") == [m0b.control], 15, message="s0's name answered with m0b")
         self.links(proxy, 2)
         again = round_of("user", [m0b, m1])
         self.assertEqual(first, again)
@@ -170,7 +173,7 @@ class SrvMastersTest(DiscoveryCase):
 class AddressNameTest(DiscoveryCase):
     def test_a_name_is_asked_again_at_its_ttl_and_failures_or_empty_answers_keep_the_masters(self):
         m = self.master("m")
-        self.dns.set_a("acc.test", ["127.0.0.1"], ttl=3600)
+        self.dns.set_a("acc.test", ["127.0.0.1", "::1"], ttl=3600)  # dual-stack: one master (its IPv4 address)
         self.dns.set_a("ctl.test", ["127.0.0.1"], ttl=3600)
         proxy = self.proxy([f"dns+tcp://acc.test:{m.accounting_port}"], [f"dns+tcp://ctl.test:{m.control_port}"],
                            dns_min_ttl="200ms", dns_max_ttl="500ms")

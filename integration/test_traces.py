@@ -91,8 +91,8 @@ class TracesTest(DaemonTestCase):
         self.assertIn(a["smockron.domain"], ("paced", "api"))
         self.assertEqual(a["smockron.source"], "accounting")
         self.assertGreaterEqual(a["smockron.delay_ms"], 0)
-        self.assertEqual(otlp.spans(service="smockron-proxy"), otlp.spans(name="smockron.hold")
-                         + otlp.spans(name="smockron.refuse"), "a forwarded request records nothing")
+        # pia's and rex's first requests, and the priming ones, were forwarded: only the hold and the refusal are spans.
+        self.assertEqual(len(otlp.spans(service="smockron-proxy")), 2, "a forwarded request records nothing")
 
         # A caller that does not sample its trace: no span (its decision is the trace's). A sampled
         # request after it is exported after it would have been (one queue, in order).

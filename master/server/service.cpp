@@ -115,6 +115,8 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
     if (!loop_.add(query_->fd(), EPOLLIN, queries_ready_))  // level-triggered: what one call leaves is seen again
       throw std::system_error(errno, std::generic_category(), "epoll_ctl (query endpoint)");
   }
+  // Before the RLS server starts: its calls may throttle (and so trace) at once, on gRPC's threads.
+  tracer_ = tracing::exporter::from_config(cfg.trace, "smockron-master", reg, "smockron_master");
   if (cfg.rls) {
     envoy_ = std::make_unique<envoy_decider>(cfg_, ingest_, clk, reg,
                                              [this](const wire::delay_until& d) { throttled(d, "rls"); });
@@ -122,7 +124,6 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
     if (!loop_.add(envoy_server_->wake_fd(), EPOLLIN, envoy_ready_))
       throw std::system_error(errno, std::generic_category(), "epoll_ctl (rls endpoint)");
   }
-  tracer_ = tracing::exporter::from_config(cfg.trace, "smockron-master", reg, "smockron_master");
   metrics::add_build_info(reg, "master");
   heartbeat_ns_ = clock_.steady_now().time_since_epoch().count();
   // A master that answers its admin endpoint but whose loop has stopped is

@@ -32,9 +32,18 @@ std::optional<std::pair<std::uint16_t, host_port>> redirection(std::string_view 
   unsigned slot = 0;
   const auto [end, ec] = std::from_chars(slot_text.data(), slot_text.data() + slot_text.size(), slot);
   if (ec != std::errc() || end != slot_text.data() + slot_text.size() || slot >= 16384) return std::nullopt;
-  auto at = parse_host_port(error.substr(b + 1));
-  if (!at) return std::nullopt;
-  return std::pair{static_cast<std::uint16_t>(slot), std::move(*at)};
+  // "host:port"; an IPv6 address comes without brackets ("2001:db8::1:6379"): the port follows the last ':'.
+  const std::string_view where = error.substr(b + 1);
+  const auto colon = where.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  std::string_view host = where.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string_view port_text = where.substr(colon + 1);
+  unsigned port = 0;
+  const auto [pend, pec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (pec != std::errc() || pend != port_text.data() + port_text.size() || port == 0 || port > 65535)
+    return std::nullopt;
+  return std::pair{static_cast<std::uint16_t>(slot), host_port{std::string(host), static_cast<std::uint16_t>(port)}};
 }
 
 bool starts_with_word(std::string_view error, std::string_view word) {
@@ -171,7 +180,9 @@ bool redis_cluster::refresh_from(std::size_t n) {
     const redisReply* range = r->element[i];
     if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
         range->element[1]->type != REDIS_REPLY_INTEGER || range->element[2]->type != REDIS_REPLY_ARRAY ||
-        range->element[2]->elements < 2 || range->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+        range->element[2]->elements < 2 ||
+        (range->element[2]->element[0]->type != REDIS_REPLY_STRING &&
+         range->element[2]->element[0]->type != REDIS_REPLY_NIL) ||
         range->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
       error_ = nodes_[n]->at.to_string() + ": CLUSTER SLOTS: unexpected reply";
       return false;
@@ -182,17 +193,53 @@ bool redis_cluster::refresh_from(std::size_t n) {
       error_ = nodes_[n]->at.to_string() + ": CLUSTER SLOTS: a range out of bounds";
       return false;
     }
-    // An empty host: the node that answered (Redis 7 when it does not know its own address).
-    std::string host(str(range->element[2]->element[0]));
-    if (host.empty() || host == "?") host = nodes_[n]->at.host;
-    const auto primary = static_cast<std::uint16_t>(node_index({std::move(host), static_cast<std::uint16_t>(port)}));
-    std::fill(next.begin() + start, next.begin() + end + 1, primary);
+    // Redis 7 (cluster-preferred-endpoint-type): an empty or NULL endpoint is
+    // the node that answered, at this port; "?" a node whose address is not
+    // known: its slots stay uncovered until the map is asked again.
+    const redisReply* endpoint = range->element[2]->element[0];
+    std::string host = endpoint->type == REDIS_REPLY_NIL ? std::string() : std::string(str(endpoint));
+    if (host == "?") continue;
+    if (host.empty()) host = nodes_[n]->at.host;
+    const std::size_t primary = node_index({std::move(host), static_cast<std::uint16_t>(port)});
+    if (primary >= k_none) {
+      error_ = "more cluster nodes than this client keeps";
+      return false;
+    }
+    std::fill(next.begin() + start, next.begin() + end + 1, static_cast<std::uint16_t>(primary));
   }
   slots_ = next;
   return true;
 }
 
+// Nodes named once (by a map, a MOVED, an ASK) and in no map since are
+// forgotten, so that pods that changed addresses do not pile up and each
+// cost a connect timeout at the next refresh(). The seeds stay.
+void redis_cluster::forget_unused() {
+  constexpr std::size_t k_keep = 64;
+  if (nodes_.size() <= k_keep) return;
+  std::vector<std::uint16_t> remap(nodes_.size(), k_none);
+  std::vector<std::unique_ptr<node>> kept;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const bool seed = std::find(opt_.seeds.begin(), opt_.seeds.end(), nodes_[i]->at) != opt_.seeds.end();
+    const bool mapped = std::find(slots_.begin(), slots_.end(), static_cast<std::uint16_t>(i)) != slots_.end();
+    if (!seed && !mapped) continue;
+    remap[i] = static_cast<std::uint16_t>(kept.size());
+    kept.push_back(std::move(nodes_[i]));
+  }
+  for (auto& s : slots_) {
+    if (s != k_none) s = remap[s];
+  }
+  nodes_ = std::move(kept);
+}
+
 bool redis_cluster::refresh() {
+  // Indices into nodes_ change here only: run() and scan(), which hold some, ask the map with refresh_map().
+  if (!refresh_map()) return false;
+  forget_unused();
+  return true;
+}
+
+bool redis_cluster::refresh_map() {
   // The primaries known first (they are the cluster now), then every node ever named.
   std::vector<std::size_t> order;
   for (const auto s : slots_) {
@@ -301,6 +348,10 @@ redis_cluster::outcome redis_cluster::run(const std::vector<std::vector<std::str
           }
           ++redirects_;
           const std::size_t target = node_index(to->second);
+          if (target >= k_none) {
+            ++out.refused;
+            continue;
+          }
           if (starts_with_word(e, "ASK")) {
             asking[i] = target;
           } else {
@@ -322,7 +373,7 @@ redis_cluster::outcome redis_cluster::run(const std::vector<std::vector<std::str
       }
     }
     todo = std::move(again);
-    if (ask_again && !todo.empty()) refresh();
+    if (ask_again && !todo.empty()) refresh_map();
   }
   out.complete = todo.empty();
   return out;

@@ -93,6 +93,9 @@ private:
   redisContext* connected(std::size_t n);
   void close(std::size_t n, std::string why);
   bool refresh_from(std::size_t n);
+  /// refresh() without forgetting nodes (indices into nodes_ stay valid).
+  bool refresh_map();
+  void forget_unused();
 
   options opt_;
   std::vector<std::unique_ptr<node>> nodes_;

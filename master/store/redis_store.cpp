@@ -118,6 +118,7 @@ void redis_store::disconnect(const char* what) {
   if (cluster_) {
     log->warn("redis cluster: {}: {}", what, cluster_->error());
     cluster_->reset();
+    cluster_up_ = false;
   } else {
     log->warn("redis {}: {}: {}", current().to_string(), what, ctx_ && ctx_->err ? ctx_->errstr : "bad reply");
   }
@@ -168,6 +169,7 @@ bool redis_store::connect() {
       return false;
     }
     cluster_primaries_ = cluster_->primaries();
+    cluster_up_ = true;
     connects_.inc();
     up_ = true;
     up_gauge_.set(1);
@@ -349,13 +351,14 @@ bool redis_store::write_cluster(const std::vector<write>& batch) {
   }
   const auto done = cluster_->run(commands);
   redirects_ = cluster_->redirects();
-  writes_.inc(done.ok);
-  write_errors_.inc(done.refused);
   if (!done.complete) {
-    // Written again whole once the cluster answers (a SET or DEL twice is the same).
+    // Written again whole once the cluster answers (a SET or DEL twice is the
+    // same); counted then, so that a key is counted once.
     disconnect("writing states failed");
     return false;
   }
+  writes_.inc(done.ok);
+  write_errors_.inc(done.refused);
   flush_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return true;
 }
@@ -447,7 +450,7 @@ void redis_store::run() {
         break;
       }
     }
-    if (!ctx_) {
+    if (cluster_ ? !cluster_up_ : !ctx_) {
       if (!connect()) {
         settled_.store(true, std::memory_order_release);
         if (stopping) break;

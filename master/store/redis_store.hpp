@@ -132,6 +132,7 @@ private:
   host_port current_;                 ///< the node connected or tried last (guarded by mutex_)
   context ctx_;
   std::unique_ptr<redis_cluster> cluster_;  ///< redis-cluster://: used instead of ctx_
+  bool cluster_up_ = false;                 ///< the cluster's slot map is known and every primary answered
   bool loaded_ = false;
 
   mutable std::mutex mutex_;

@@ -85,7 +85,6 @@ void control_subscriber::run() {
   zmq::socket_t monitor(ctx_, zmq::socket_type::pair);
   monitor.set(zmq::sockopt::linger, 0);
   monitor.connect(monitor_endpoint);
-  sub.set(zmq::sockopt::ipv6, 1);  // a master found by DNS may have an IPv6 address
   // A DNS name's masters come with set_masters(); the rest are connected now.
   for (const auto& e : endpoints_) {
     if (parse_dns_endpoint(e)) continue;
@@ -150,6 +149,8 @@ void control_subscriber::connect(zmq::socket_t& sub, const std::string& configur
     sub.set(zmq::sockopt::curve_publickey, bytes(k.own.public_key));
     sub.set(zmq::sockopt::curve_serverkey, bytes(k.server));
   }
+  // libzmq resolves a name as IPv6 (v4-mapped) when this is on: only an IPv6 literal gets it.
+  sub.set(zmq::sockopt::ipv6, endpoint.starts_with("tcp://[") ? 1 : 0);
   sub.connect(endpoint);
 }
 

@@ -58,7 +58,9 @@ struct master_discovery::state {
   metrics::counter* changes = nullptr;
 
   void start(std::size_t i);
-  void finish(std::size_t i, const lookup_result& r);
+  /// `srv_truncated`: SRV targets an answer named beyond max_masters.
+  void finish(std::size_t i, const lookup_result& r, std::size_t srv_truncated);
+  std::size_t count() const;
 };
 
 namespace {
@@ -70,7 +72,7 @@ struct lookup {
   std::size_t index;
   lookup_result result{.ok = true, .endpoints = {}, .ttl = std::chrono::seconds::max(), .error = {}};
   std::size_t outstanding = 0;
-  bool any_answer = false;
+  std::size_t srv_truncated = 0;  ///< SRV targets beyond max_masters (not looked up)
 };
 
 void fail_part(lookup& l, const std::string& why) {
@@ -81,12 +83,14 @@ void fail_part(lookup& l, const std::string& why) {
 void part_done(lookup* l) {
   if (--l->outstanding > 0) return;
   if (l->result.ttl == std::chrono::seconds::max()) l->result.ttl = std::chrono::seconds(0);
-  if (!l->st->stop.load()) l->st->finish(l->index, l->result);
+  if (!l->st->stop.load()) l->st->finish(l->index, l->result, l->srv_truncated);
   delete l;
 }
 
-/// An address lookup's answer: every address (`port` = 0: all of them; else
-/// only the first, a SRV target being one master).
+/// An address lookup's answer. One family per name: its IPv4 addresses, or
+/// its IPv6 ones when it has none (a dual-stack host is one master, not two,
+/// and "localhost" is 127.0.0.1 whatever /etc/hosts also says). `first_only`:
+/// only the first of them (an SRV target is one master).
 struct address_part {
   lookup* l;
   std::uint16_t port;
@@ -97,17 +101,19 @@ void on_addresses(void* arg, int status, int /*timeouts*/, ares_addrinfo* res) {
   auto* part = static_cast<address_part*>(arg);
   lookup* l = part->l;
   if (status == ARES_SUCCESS && res) {
+    std::vector<std::string> v4, v6;
     for (const ares_addrinfo_node* n = res->nodes; n; n = n->ai_next) {
       char text[INET6_ADDRSTRLEN] = {};
       const void* addr = nullptr;
       if (n->ai_family == AF_INET) addr = &reinterpret_cast<const sockaddr_in*>(n->ai_addr)->sin_addr;
       else if (n->ai_family == AF_INET6) addr = &reinterpret_cast<const sockaddr_in6*>(n->ai_addr)->sin6_addr;
       if (!addr || !inet_ntop(n->ai_family, addr, text, sizeof text)) continue;
-      l->result.endpoints.push_back(tcp_endpoint(text, part->port));
+      (n->ai_family == AF_INET ? v4 : v6).push_back(tcp_endpoint(text, part->port));
       l->result.ttl = std::min(l->result.ttl, ttl_of(n->ai_ttl));
-      l->any_answer = true;
-      if (part->first_only) break;
     }
+    auto& chosen = v4.empty() ? v6 : v4;
+    if (part->first_only && chosen.size() > 1) chosen.resize(1);
+    l->result.endpoints.insert(l->result.endpoints.end(), chosen.begin(), chosen.end());
   } else if (status != ARES_SUCCESS) {
     // The name is gone, or has no addresses: an empty answer. A SRV target
     // that does not resolve, though, fails the lookup (the last good answer
@@ -147,12 +153,20 @@ void on_srv(void* arg, int status, int /*timeouts*/, unsigned char* abuf, int al
   } else if (!l->st->stop.load()) {
     const auto ttl = dns::answer_ttl({abuf, static_cast<std::size_t>(alen)});
     l->result.ttl = std::min(l->result.ttl, std::chrono::seconds(ttl.value_or(0)));
-    std::set<std::pair<std::string, std::uint16_t>> targets;  // a target listed twice is one master
-    for (const ares_srv_reply* r = reply; r && targets.size() < part->max_targets; r = r->next) {
+    // Sorted, a target listed twice once; beyond max_targets, the first in
+    // order are used, so that every proxy picks the same ones whatever order
+    // the server answers in.
+    std::set<std::pair<std::string, std::uint16_t>> targets;
+    for (const ares_srv_reply* r = reply; r; r = r->next) {
       // "." as the target: the service is decidedly not available here (RFC 2782).
       if (r->host && r->host[0] != '\0' && std::string_view(r->host) != ".") targets.emplace(r->host, r->port);
     }
-    for (const auto& [host, port] : targets) resolve_addresses(part->ch, l, host, port, true);
+    l->srv_truncated = targets.size() > part->max_targets ? targets.size() - part->max_targets : 0;
+    std::size_t n = 0;
+    for (const auto& [host, port] : targets) {
+      if (n++ == part->max_targets) break;
+      resolve_addresses(part->ch, l, host, port, true);
+    }
   }
   if (reply) ares_free_data(reply);
   delete part;
@@ -176,7 +190,7 @@ void master_discovery::state::start(std::size_t i) {
   part_done(l);  // a lookup answered from /etc/hosts has already finished here
 }
 
-void master_discovery::state::finish(std::size_t i, const lookup_result& r) {
+void master_discovery::state::finish(std::size_t i, const lookup_result& r, std::size_t srv_truncated) {
   in_flight[i] = false;
   discovered_name& n = names[i];
   const bool empty = r.ok && r.endpoints.empty();
@@ -194,9 +208,12 @@ void master_discovery::state::finish(std::size_t i, const lookup_result& r) {
     }
     return;
   }
-  if (n.truncated() > 0) {
-    log->warn("{}: {} masters beyond dns_max_masters ({}) are not used", n.configured(), n.truncated(),
-              opts.bounds.max_masters);
+  if (const std::size_t beyond = n.truncated() + srv_truncated; beyond > 0) {
+    std::uint64_t suppressed = 0;
+    if (fail_log.allow(std::chrono::steady_clock::now(), suppressed)) {
+      log->warn("{}: {} masters beyond dns_max_masters ({}) are not used ({} similar suppressed)", n.configured(),
+                beyond, opts.bounds.max_masters, suppressed);
+    }
   }
   if (!changed_now) return;
   changes->inc();
@@ -208,7 +225,7 @@ void master_discovery::state::finish(std::size_t i, const lookup_result& r) {
 
 master_discovery::master_discovery(const std::vector<std::string>& configured, options o, on_change f,
                                    metrics::registry& reg)
-    : state_(std::make_unique<state>()) {
+    : state_(std::make_shared<state>()) {
   state& st = *state_;
   st.opts = std::move(o);
   st.changed = std::move(f);
@@ -229,13 +246,11 @@ master_discovery::master_discovery(const std::vector<std::string>& configured, o
   st.lookups_empty = lookups("empty");
   st.changes = &reg.add_counter("smockron_proxy_dns_master_changes_total",
                                 "Answers that changed the masters a name stands for (masters added, gone or moved)");
-  reg.add_callback("smockron_proxy_dns_masters", "Masters found by DNS, over every name", "",
-                   [this] { return static_cast<double>(count()); });
 
   if (const int rc = ares_library_init(ARES_LIB_INIT_ALL); rc != ARES_SUCCESS)
     throw std::runtime_error(std::string("c-ares: ") + ares_strerror(rc));
   ares_options ao{};
-  // A lookup that is not answered fails within ~2 s (not c-ares' 4 × 5 s),
+  // A lookup that is not answered fails within ~3 s per server (1 s, then 2 s; not c-ares' 4 tries from 5 s),
   // so that the next one starts soon; the last good answer is used meanwhile.
   ao.timeout = 1000;
   ao.tries = 2;
@@ -255,6 +270,9 @@ master_discovery::master_discovery(const std::vector<std::string>& configured, o
       throw std::runtime_error("dns_servers \"" + csv + "\": " + ares_strerror(rc));
     }
   }
+  // Registered once nothing above can throw; it holds the state, not this object.
+  reg.add_callback("smockron_proxy_dns_masters", "Masters found by DNS, over every name", "",
+                   [st = state_] { return static_cast<double>(st->count()); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -273,10 +291,12 @@ std::vector<std::string> master_discovery::masters(std::string_view configured) 
   return {};
 }
 
-std::size_t master_discovery::count() const {
-  std::lock_guard lock(state_->mutex);
+std::size_t master_discovery::count() const { return state_->count(); }
+
+std::size_t master_discovery::state::count() const {
+  std::lock_guard lock(mutex);
   std::size_t n = 0;
-  for (const auto& d : state_->names) n += d.masters().size();
+  for (const auto& d : names) n += d.masters().size();
   return n;
 }
 

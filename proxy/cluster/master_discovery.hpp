@@ -1,7 +1,9 @@
 // Masters found by DNS. An accounting or control endpoint may be a name
-// that stands for several masters: "dns+tcp://name:port" (every A and AAAA
-// address; a Kubernetes headless Service) or "srv+tcp://name" (every SRV
-// target, at its port). One thread asks c-ares, again when the answer's TTL
+// that stands for several masters: "dns+tcp://name:port" (every IPv4 address,
+// or every IPv6 one when the name has no IPv4 address: one family, so that a
+// dual-stack master is one master; a Kubernetes headless Service) or
+// "srv+tcp://name" (every SRV target, at its port). One thread asks c-ares,
+// again when the answer's TTL
 // has run out (bounded by dns_min_ttl and dns_max_ttl), and hands each new
 // list of masters to the accounting senders and the control subscriber,
 // which connect to the new masters and drop the gone ones. A lookup that
@@ -98,7 +100,8 @@ public:
 private:
   void run();
 
-  std::unique_ptr<state> state_;
+  /// Shared with the metrics callback, which may run (a scrape) after this object is gone.
+  std::shared_ptr<state> state_;
   std::thread thread_;
 };
 

@@ -35,7 +35,8 @@ struct stream_endpoint {
 std::optional<stream_endpoint> parse_stream_endpoint(std::string_view text);
 
 /// Masters found by DNS (the proxy's accounting and control lists):
-/// "dns+tcp://name:port" (every A and AAAA address of the name, at that
+/// "dns+tcp://name:port" (every IPv4 address of the name, or its IPv6 ones
+/// when it has none, at that
 /// port; a Kubernetes headless Service) or "srv+tcp://name" (every target of
 /// the name's SRV records, at the record's port).
 struct dns_endpoint {

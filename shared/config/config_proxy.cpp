@@ -267,15 +267,19 @@ std::string check_master_endpoint(std::string_view e, std::string_view what) {
 // How names of masters are looked up; only with a dns+tcp:// or srv+tcp:// endpoint.
 void read_dns(reader& r, sink& s, proxy_config& p) {
   r.string_list("dns_servers", p.dns_servers, [](std::string_view e) -> std::string {
-    if (parse_ip(e) || parse_host_port(e)) return {};
+    // c-ares takes addresses only: a name here would need a DNS server to find the DNS server.
+    if (const auto hp = parse_host_port(e); parse_ip(e) || (hp && parse_ip(hp->host))) return {};
     return "invalid DNS server \"" + std::string(e) + "\" (expected an IP address, or address:port)";
   });
   r.duration("dns_min_ttl", p.dns_min_ttl, std::chrono::milliseconds(100), std::chrono::hours(24));
   r.duration("dns_max_ttl", p.dns_max_ttl, std::chrono::milliseconds(100), std::chrono::hours(24));
   r.integer("dns_max_masters", p.dns_max_masters, 1, 1024);
   if (p.dns_min_ttl > p.dns_max_ttl) {
-    s.add(*r.table().get(r.table().contains("dns_max_ttl") ? "dns_max_ttl" : "dns_min_ttl"), "proxy.dns_max_ttl",
-          "dns_max_ttl is below dns_min_ttl");
+    const bool max_given = r.table().contains("dns_max_ttl");
+    s.add(*r.table().get(max_given ? "dns_max_ttl" : "dns_min_ttl"),
+          max_given ? "proxy.dns_max_ttl" : "proxy.dns_min_ttl",
+          max_given ? "dns_max_ttl is below dns_min_ttl"
+                    : "dns_min_ttl is above dns_max_ttl (60s unless given): set dns_max_ttl too");
   }
   if (p.discovers_masters()) return;
   for (const char* k : {"dns_servers", "dns_min_ttl", "dns_max_ttl", "dns_max_masters"}) {

@@ -326,7 +326,23 @@ bool exporter::post(const std::string& body) {
     return false;
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
-  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  // Each address in turn ("localhost" may be ::1 first and the collector on 127.0.0.1 only).
+  int fd = -1;
+  for (const addrinfo* a = found; a && fd < 0 && left_ms() > 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!ok && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::poll(&p, 1, left_ms()) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    if (!ok) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
   if (fd < 0) return false;
   struct closer {
     int fd;
@@ -336,12 +352,6 @@ bool exporter::post(const std::string& body) {
     pollfd p{fd, events, 0};
     return ::poll(&p, 1, left_ms()) == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
   };
-  if (::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
-    if (errno != EINPROGRESS || !wait(POLLOUT)) return false;
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return false;
-  }
   const std::string host = opt_.to.host.find(':') != std::string::npos ? "[" + opt_.to.host + "]" : opt_.to.host;
   const std::string out = "POST " + opt_.to.path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(opt_.to.port) +
                           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +

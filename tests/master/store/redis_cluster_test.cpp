@@ -203,7 +203,7 @@ TEST(RedisCluster, MovedUpdatesTheMapAndAskIsFollowedOnceWithAsking) {
   redis_cluster c({.seeds = {n.a->at()}, .password = {}, .timeout = std::chrono::milliseconds(2000)});
   ASSERT_TRUE(c.refresh());
   const auto slot = std::to_string(key_slot(k_low));
-  // The slot moved to B: A says MOVED (and its CLUSTER SLOTS still says A: the client trusts the MOVED for it).
+  // The slot moved to B: A says MOVED, and its CLUSTER SLOTS (asked again after a MOVED) now says B.
   n.a->set([&](const std::vector<std::string>& cmd) -> std::string {
     if (cmd[0] == "CLUSTER") return slots_reply({{0, 16383, n.b->port()}});
     return "-MOVED " + slot + " 127.0.0.1:" + std::to_string(n.b->port()) + "\r\n";

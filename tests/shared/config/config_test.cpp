@@ -1256,7 +1256,11 @@ TEST(Config, MastersFoundByDns) {
   const std::string named = "[proxy]\naccounting = [\"srv+tcp://m\"]\n";
   EXPECT_NE(one_error(named + "dns_min_ttl = \"10s\"\ndns_max_ttl = \"5s\"\n").find("dns_max_ttl is below dns_min_ttl"),
             std::string::npos);
+  EXPECT_NE(one_error(named + "dns_min_ttl = \"2m\"\n").find("dns_min_ttl is above dns_max_ttl (60s unless given)"),
+            std::string::npos);
   EXPECT_NE(one_error(named + "dns_min_ttl = \"10ms\"\n").find("must be at least"), std::string::npos);
+  EXPECT_NE(one_error(named + "dns_servers = [\"kube-dns.kube-system:53\"]\n").find("invalid DNS server"),
+            std::string::npos);
   EXPECT_NE(one_error(named + "dns_servers = [\"dns.example\"]\n").find("invalid DNS server \"dns.example\""),
             std::string::npos);
   EXPECT_NE(one_error(named + "dns_max_masters = 0\n").find("must be between 1"), std::string::npos);

@@ -180,19 +180,23 @@ TEST(Tracing, TheExporterPostsBatchesAndCountsWhatBecameOfEverySpan) {
 TEST(Tracing, ARefusingCollectorAndAFullQueueCostSpansOnly) {
   fake_collector refusing(503);
   metrics::registry reg;
-  tracing::exporter e({.to = {"127.0.0.1", refusing.port(), "/v1/traces"},
-                       .service = "smockron-test",
-                       .sample = 1.0,
-                       .max_queued = 3,
-                       .interval = std::chrono::milliseconds(60'000),  // nothing leaves before the queue is full
-                       .max_batch = 512,
-                       .timeout = std::chrono::milliseconds(2000)},
-                      reg, "smockron_test");
-  for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
-  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"dropped\"}"), 2);
-  EXPECT_FALSE(e.sampled(tracing::context{{1}, {1}, false})) << "the caller's flag decides";
-  EXPECT_TRUE(e.sampled(tracing::context{{1}, {1}, true}));
-  EXPECT_TRUE(e.sampled(std::nullopt)) << "sample 1.0";
+  {
+    tracing::exporter e({.to = {"127.0.0.1", refusing.port(), "/v1/traces"},
+                         .service = "smockron-test",
+                         .sample = 1.0,
+                         .max_queued = 3,
+                         .interval = std::chrono::milliseconds(60'000),  // nothing leaves before the queue is full
+                         .max_batch = 512,
+                         .timeout = std::chrono::milliseconds(2000)},
+                        reg, "smockron_test");
+    for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
+    EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"dropped\"}"), 2);
+    EXPECT_FALSE(e.sampled(tracing::context{{1}, {1}, false})) << "the caller's flag decides";
+    EXPECT_TRUE(e.sampled(tracing::context{{1}, {1}, true}));
+    EXPECT_TRUE(e.sampled(std::nullopt)) << "sample 1.0";
+  }  // stopping sends the 3 queued: refused
+  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"failed\"}"), 3);
+  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"exported\"}"), 0);
 }
 
 TEST(Tracing, StoppingSendsWhatIsQueuedAndAnUnreachableCollectorCountsItFailed) {
