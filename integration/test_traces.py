@@ -4,18 +4,21 @@ schema: the proxy records a span per held and per refused request, in the
 trace the request's W3C traceparent names (its span the parent, its sampled
 flag obeyed), the master a span per decision that throttled; a forwarded
 request records nothing; trace_sample applies to traces started here; a
-collector that fails costs spans (counted), never requests.
+collector that fails costs spans (counted), never requests. HTTP/2 streams
+(nghttp) are traced as HTTP/1.1 requests are: the steps are the same.
 
 Run: cd integration && python3 -m unittest -v test_traces
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from lib.daemons import run  # noqa: E402
 from lib.http1 import fetch  # noqa: E402
 from lib.otlp_receiver import OtlpReceiver, attributes  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
@@ -102,6 +105,34 @@ class TracesTest(DaemonTestCase):
                                    headers=[("traceparent", f"00-{trace}-{PARENT}-{flags}")])[0].status, 429)
         wait_until(lambda: [s for s in otlp.spans() if s.trace_id.hex() == marker], 10, message="the marker's span")
         self.assertEqual([s for s in otlp.spans() if s.trace_id.hex() == unsampled], [])
+        self.assertEqual(otlp.invalid, [])
+
+    def test_http2_streams_are_traced_as_http1_requests_are(self):
+        """The hold and the refusal of HTTP/2 streams (nghttp, h2c): the same spans, in the caller's trace."""
+        otlp = self.receiver()
+        _, _, proxy = self.stack(otlp)
+
+        def h2(path: str, key: str, trace: str) -> str:
+            p = run(["nghttp", "-nv", "-t", "20", "-H", f"x-api-key: {key}",
+                     "-H", f"traceparent: 00-{trace}-{PARENT}-01", f"http://127.0.0.1:{proxy.port}{path}"])
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr)
+            return re.findall(r":status: (\d+)", p.stdout)[-1]
+
+        held_trace, refused_trace = "3" * 32, "4" * 32
+        self.known(proxy, "/paced/1", "hana")
+        self.assertEqual(h2("/paced/2", "hana", held_trace), "200")  # held, then sent
+        self.known(proxy, "/api/1", "ivo")
+        self.assertEqual(h2("/api/2", "ivo", refused_trace), "429")
+        spans = wait_until(lambda: (lambda got: got if len(got) == 2 else None)(
+            [s for s in otlp.spans(service="smockron-proxy") if s.trace_id.hex() in (held_trace, refused_trace)]),
+            10, message="the streams' spans")
+        by_trace = {s.trace_id.hex(): s for s in spans}
+        self.assertEqual(by_trace[held_trace].name, "smockron.hold")
+        self.assertEqual(attributes(by_trace[held_trace])["smockron.decision"], "held")
+        self.assertEqual(by_trace[refused_trace].name, "smockron.refuse")
+        self.assertEqual(attributes(by_trace[refused_trace])["http.response.status_code"], 429)
+        for s in spans:
+            self.assertEqual(s.parent_span_id.hex(), PARENT)
         self.assertEqual(otlp.invalid, [])
 
     def test_sampling_and_a_failing_collector_cost_spans_never_requests(self):

@@ -283,16 +283,6 @@ master_discovery::~master_discovery() {
   ares_library_cleanup();
 }
 
-std::vector<std::string> master_discovery::masters(std::string_view configured) const {
-  std::lock_guard lock(state_->mutex);
-  for (const auto& n : state_->names) {
-    if (n.configured() == configured) return n.masters();
-  }
-  return {};
-}
-
-std::size_t master_discovery::count() const { return state_->count(); }
-
 std::size_t master_discovery::state::count() const {
   std::lock_guard lock(mutex);
   std::size_t n = 0;

@@ -90,11 +90,6 @@ public:
   master_discovery(const master_discovery&) = delete;
   master_discovery& operator=(const master_discovery&) = delete;
 
-  /// The masters `configured` stands for now (empty until its first good answer).
-  std::vector<std::string> masters(std::string_view configured) const;
-  /// Every discovered master now, over all names.
-  std::size_t count() const;
-
   struct state;  ///< the thread's: the names, the c-ares channel (master_discovery.cpp)
 
 private:
