@@ -58,13 +58,8 @@ import tempfile
 import tomllib
 import unittest
 
-try:
-    import yaml
-except ImportError:  # pragma: no cover - Debian's python3-yaml (a docker-compose dependency) for a pyenv/venv Python
-    _dist = "/usr/lib/python3/dist-packages"
-    if os.path.isdir(os.path.join(_dist, "yaml")) and _dist not in sys.path:
-        sys.path.append(_dist)
-    import yaml  # noqa: E402
+import lib  # noqa: E402,F401  (Debian's python3-yaml, a docker-compose dependency, for any Python)
+import yaml  # noqa: E402
 
 from lib.daemons import Daemon, DaemonExited
 from lib.dns_server import DnsServer

@@ -14,17 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import unittest
 
-try:
-    import yaml
-except ImportError:  # pragma: no cover - Debian's python3-yaml (a docker-compose dependency) for a pyenv/venv Python
-    _dist = "/usr/lib/python3/dist-packages"
-    if os.path.isdir(os.path.join(_dist, "yaml")) and _dist not in sys.path:
-        sys.path.append(_dist)
-    import yaml  # noqa: E402
+import lib  # noqa: E402,F401  (Debian's python3-yaml, a docker-compose dependency, for any Python)
+import yaml  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin"))

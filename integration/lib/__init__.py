@@ -19,21 +19,23 @@
 - redis_cluster.py RedisCluster (3 primaries + 3 replicas, failovers), RespClient, key_slot
 - dns_server.py   DnsServer: A/AAAA/SRV records on loopback, failures, query counts
 
-Importing the package makes Debian's python3 packages (zmq, h2, hpack, grpc) importable
-from another Python of the same minor version too.
+Importing the package makes Debian's python3 packages (zmq, yaml, h2, hpack, grpc)
+importable from another Python of the same minor version too.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-try:
-    import zmq  # noqa: F401
-except ImportError:  # pragma: no cover - depends on the machine's Python
-    # Debian's python3-zmq lives in dist-packages, which a pyenv/venv Python of
-    # the same minor version does not search by default. Appending (not
-    # prepending) keeps the interpreter's own packages first.
-    _dist = "/usr/lib/python3/dist-packages"
-    if os.path.isdir(os.path.join(_dist, "zmq")) and _dist not in sys.path:
-        sys.path.append(_dist)
-    import zmq  # noqa: E402,F401  (raises a clear ImportError if still missing)
+# Debian's python3 packages live in dist-packages, which a pyenv/venv Python of
+# the same minor version does not search by default. Appended when one of
+# those the tests import is missing (not prepended: the interpreter's own
+# packages stay first).
+_DIST = "/usr/lib/python3/dist-packages"
+for _module in ("zmq", "yaml"):
+    try:
+        __import__(_module)
+    except ImportError:  # pragma: no cover - depends on the machine's Python
+        if os.path.isdir(os.path.join(_DIST, _module)) and _DIST not in sys.path:
+            sys.path.append(_DIST)
+        __import__(_module)  # raises a clear ImportError if still missing
