@@ -181,11 +181,11 @@ void service::throttled(const wire::delay_until& d, std::string_view source) {
   s.id = tracing::exporter::new_span_id();
   s.name = "smockron.throttle";
   s.start_ns = s.end_ns = tracing::unix_ns(now_us);
-  s.attributes = {{"smockron.domain", std::string(d.domain)},
-                  {"smockron.identifier_hash", tracing::identifier_hash(d.identifier)},
-                  {"smockron.delay_ms", std::max<std::int64_t>(0, d.next_ms - now_us / 1000)},
-                  {"smockron.source", std::string(source)}};
-  tracer_->submit(std::move(s));
+  s.add("smockron.domain", d.domain);
+  s.add_hash("smockron.identifier_hash", tracing::identifier_hash(d.identifier));
+  s.add("smockron.delay_ms", std::max<std::int64_t>(0, d.next_ms - now_us / 1000));
+  s.add_literal("smockron.source", source);
+  tracer_->submit(s);
 }
 
 std::size_t service::poll_once(std::chrono::milliseconds timeout) {

@@ -135,13 +135,12 @@ tracing::span limit_span(const runtime& rt, const route& r, const admission& a, 
   s.trace = trace;
   s.id = tracing::exporter::new_span_id();
   s.parent = parent;
-  s.name = std::string(name);
+  s.name = name;
   s.start_ns = tracing::unix_ns(start_us);
   s.end_ns = tracing::unix_ns(end_us);
-  s.attributes.reserve(8);  // one allocation: the keys are literals, the values short (inline) strings
-  s.attributes.push_back({"smockron.domain", r.domain});
-  if (a.who) s.attributes.push_back({"smockron.identifier_hash", tracing::identifier_hash(a.who->value)});
-  s.attributes.push_back({"smockron.upstream", rt.cfg.upstreams[r.upstream_index].name});
+  s.add("smockron.domain", r.domain);
+  if (a.who) s.add_hash("smockron.identifier_hash", tracing::identifier_hash(a.who->value));
+  s.add("smockron.upstream", rt.cfg.upstreams[r.upstream_index].name);
   return s;
 }
 
@@ -151,12 +150,12 @@ void trace_refusal(tracing::exporter& tracer, const runtime& rt, const route& r,
   if (!tracer.sampled(parent)) return;
   tracing::span s = limit_span(rt, r, a, "smockron.refuse", parent ? parent->trace : tracing::exporter::new_trace_id(),
                                parent ? std::optional(parent->parent) : std::nullopt, now_us, now_us);
-  s.attributes.push_back({"smockron.decision", std::string("refused")});
-  s.attributes.push_back({"smockron.reason", std::string(refusal_reason(a))});
-  s.attributes.push_back({"http.response.status_code", static_cast<std::int64_t>(no.status)});
-  s.attributes.push_back({"smockron.retry_after_s", no.retry_after_s});
+  s.add_literal("smockron.decision", "refused");
+  s.add_literal("smockron.reason", refusal_reason(a));
+  s.add("http.response.status_code", no.status);
+  s.add("smockron.retry_after_s", no.retry_after_s);
   s.error = true;
-  tracer.submit(std::move(s));
+  tracer.submit(s);
 }
 
 }  // namespace
@@ -220,9 +219,9 @@ void end_hold(admission_env& env, const runtime& rt, const route& r, const admis
   env.g.release_held(rt.route_limits[r.index]);
   if (env.tracer && a.trace) {
     tracing::span s = limit_span(rt, r, a, "smockron.hold", a.trace->trace, a.trace->parent, a.trace->since_us, now_us);
-    s.attributes.push_back({"smockron.decision", std::string(end == hold_end::released ? "held" : "held_client_left")});
-    s.attributes.push_back({"smockron.held_ms", (now_us - a.trace->since_us) / 1000});
-    env.tracer->submit(std::move(s));
+    s.add_literal("smockron.decision", end == hold_end::released ? "held" : "held_client_left");
+    s.add("smockron.held_ms", (now_us - a.trace->since_us) / 1000);
+    env.tracer->submit(s);
   }
   if (end == hold_end::released) return;
   env.metrics.client_gone_held.inc();

@@ -4,12 +4,16 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <random>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "shared/base/log.hpp"
 #include "shared/protocol/hash_ring.hpp"
@@ -20,16 +24,6 @@ namespace smockron::tracing {
 namespace {
 
 constexpr char k_hex[] = "0123456789abcdef";
-
-template <std::size_t N>
-std::string hex(const std::array<std::uint8_t, N>& bytes) {
-  std::string out(2 * N, '0');
-  for (std::size_t i = 0; i < N; ++i) {
-    out[2 * i] = k_hex[bytes[i] >> 4];
-    out[2 * i + 1] = k_hex[bytes[i] & 15];
-  }
-  return out;
-}
 
 int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -50,20 +44,37 @@ bool unhex(std::string_view text, std::array<std::uint8_t, N>& out) {
   return !zero;  // an all-zero id is invalid
 }
 
-std::mt19937_64& rng() {
-  thread_local std::mt19937_64 r{std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)};
-  return r;
+/// This thread's generator of ids: SplitMix64 (Steele, Lea, Flood 2014), seeded
+/// from the system's entropy. W3C Trace Context asks for random ids, not
+/// unpredictable ones; this costs a few instructions per 64 bits.
+thread_local std::uint64_t random_state = 0;  // constant-initialized: no guard on each use; 0: not seeded
+
+[[gnu::noinline]] void seed_random() {
+  do random_state = std::uint64_t{std::random_device{}()} << 32 ^ std::random_device{}();
+  while (random_state == 0);
+}
+
+inline std::uint64_t next_random() {
+  if (random_state == 0) [[unlikely]]
+    seed_random();
+  std::uint64_t z = (random_state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 template <std::size_t N>
 std::array<std::uint8_t, N> random_id() {
-  std::array<std::uint8_t, N> id{};
+  static_assert(N % 8 == 0);
+  std::array<std::uint8_t, N> id;
+  std::uint64_t any = 0;
   do {
     for (std::size_t i = 0; i < N; i += 8) {
-      const std::uint64_t v = rng()();
-      std::memcpy(id.data() + i, &v, std::min<std::size_t>(8, N - i));
+      const std::uint64_t v = next_random();
+      std::memcpy(id.data() + i, &v, 8);
+      any |= v;
     }
-  } while (std::all_of(id.begin(), id.end(), [](std::uint8_t b) { return b == 0; }));
+  } while (any == 0);  // all zeros is not an id
   return id;
 }
 
@@ -91,35 +102,137 @@ std::optional<context> parse_traceparent(std::string_view v) {
 
 namespace {
 
+/// Copies `n` bytes: a short run (most of what a span holds) by two
+/// overlapping moves of a size known when compiled, no call.
+[[gnu::always_inline]] inline void copy_bytes(char* to, const char* from, std::size_t n) {
+  if (n > 32) {
+    std::memcpy(to, from, n);
+  } else if (n >= 16) {
+    std::memcpy(to, from, 16);
+    std::memcpy(to + n - 16, from + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(to, from, 8);
+    std::memcpy(to + n - 8, from + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(to, from, 4);
+    std::memcpy(to + n - 4, from + n - 4, 4);
+  } else if (n > 0) {
+    to[0] = from[0];
+    to[n / 2] = from[n / 2];
+    to[n - 1] = from[n - 1];
+  }
+}
+
+}  // namespace
+
+void span::add(std::string_view key, std::string_view value) {
+  std::size_t n = std::min(value.size(), text_capacity - text_used_);
+  // Cut before a UTF-8 continuation byte (10xxxxxx): a character whole or not at all.
+  if (n < value.size())
+    while (n > 0 && (static_cast<unsigned char>(value[n]) & 0xc0) == 0x80) --n;
+  copy_bytes(text_.data() + text_used_, value.data(), n);
+  push(key, attribute::type::text, text_used_, static_cast<std::uint16_t>(n));
+  text_used_ = static_cast<std::uint16_t>(text_used_ + n);
+}
+
+namespace {
+
 // JSON by hand: a span is a dozen short fields, and a general JSON library
 // spent about 100,000 instructions on each (callgrind), more than a refused
 // request costs the proxy. Each span is written through a raw pointer into
-// room reserved for its worst case (every string byte escaped as \u00XX),
-// then the string is cut to what was written. Strings are escaped as RFC 8259
-// requires (quote, backslash, control characters); what the daemons put in
-// them is UTF-8.
+// room made for its worst case (every text byte escaped as \u00XX); the
+// buffer is reused from batch to batch, so it is neither allocated nor
+// cleared per span. Strings are escaped as RFC 8259 requires (quote,
+// backslash, control characters); what the daemons put in them is UTF-8.
+
+/// Bytes written through a pointer into room made first (grown, never shrunk or cleared).
+class json_buffer {
+public:
+  /// Room for `n` more bytes: where to write them.
+  char* room(std::size_t n) {
+    if (bytes_.size() < size_ + n) bytes_.resize(std::max(size_ + n, 2 * bytes_.size()));
+    return bytes_.data() + size_;
+  }
+  /// What was written ends at `end` (in the room last made).
+  void wrote(const char* end) { size_ = static_cast<std::size_t>(end - bytes_.data()); }
+  std::string_view view() const { return {bytes_.data(), size_}; }
+  void clear() { size_ = 0; }
+
+private:
+  std::string bytes_;
+  std::size_t size_ = 0;
+};
+
+/// "00" .. "99": two decimal digits at once.
+constexpr std::array<std::array<char, 2>, 100> k_digit_pairs = [] {
+  std::array<std::array<char, 2>, 100> t{};
+  for (std::size_t i = 0; i < 100; ++i) t[i] = {static_cast<char>('0' + i / 10), static_cast<char>('0' + i % 10)};
+  return t;
+}();
+
+/// Whether `v` has nothing JSON must escape (a quote, a backslash, a control
+/// character): eight bytes at a time ("Bit Twiddling Hacks": a byte below
+/// 0x20, a byte equal to '"' or '\\' sets its top bit in the test).
+bool plain(std::string_view v) {
+  constexpr std::uint64_t ones = 0x0101010101010101ULL, tops = 0x8080808080808080ULL;
+  const auto flagged = [&](std::uint64_t x) {
+    const std::uint64_t quote = x ^ (ones * '"'), backslash = x ^ (ones * '\\');
+    return (((x - ones * 0x20) & ~x) | ((quote - ones) & ~quote) | ((backslash - ones) & ~backslash)) & tops;
+  };
+  const std::size_t n = v.size();
+  if (n < 8) {
+    for (const char c : v)
+      if (static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\') return false;
+    return true;
+  }
+  std::uint64_t x = 0;
+  for (std::size_t i = 0; i + 8 < n; i += 8) {
+    std::memcpy(&x, v.data() + i, 8);
+    if (flagged(x) != 0) return false;
+  }
+  std::memcpy(&x, v.data() + n - 8, 8);  // the last 8 (overlapping what was checked)
+  return flagged(x) == 0;
+}
+
+/// The digits of the last timestamp's top part (its value / 10^8, a tenth of a
+/// second): the spans of a batch mostly share it, so most timestamps cost
+/// their last 8 digits only.
+struct timestamp_digits {
+  std::uint64_t high = ~std::uint64_t{0};
+  std::array<char, 12> digits{};  // at most 11: 2^63 / 10^8 < 10^11
+  std::size_t size = 0;
+};
+
 struct writer {
   char* p;
+  timestamp_digits* last = nullptr;  ///< timestamp(): what the last one began with
+  /// A literal: its size known when compiled (a few moves, no call).
+  template <std::size_t N>
+  void lit(const char (&v)[N]) {
+    std::memcpy(p, v, N - 1);
+    p += N - 1;
+  }
   void raw(std::string_view v) {
-    std::memcpy(p, v.data(), v.size());
+    copy_bytes(p, v.data(), v.size());
     p += v.size();
   }
   void str(std::string_view v) {
-    *p++ = '"';
-    // Most strings need no escaping: checked first, then copied at once.
-    const bool plain = std::all_of(
-        v.begin(), v.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x20 && c != '"' && c != '\\'; });
-    if (plain) {
+    if (plain(v)) {
+      *p++ = '"';
       raw(v);
       *p++ = '"';
       return;
     }
+    escaped(v);
+  }
+  void escaped(std::string_view v) {
+    *p++ = '"';
     for (const char c : v) {
       const auto u = static_cast<unsigned char>(c);
       if (u >= 0x20 && c != '"' && c != '\\') {
         *p++ = c;
       } else if (u < 0x20) {
-        raw("\\u00");
+        lit("\\u00");
         *p++ = k_hex[u >> 4];
         *p++ = k_hex[u & 15];
       } else {
@@ -129,104 +242,199 @@ struct writer {
     }
     *p++ = '"';
   }
-  void integer(std::int64_t v) { p = std::to_chars(p, p + 20, v).ptr; }
+  void integer(std::int64_t v) {
+    if (v < 0) {
+      *p++ = '-';
+      digits(0 - static_cast<std::uint64_t>(v));
+    } else {
+      digits(static_cast<std::uint64_t>(v));
+    }
+  }
+  /// `v` in decimal: 8 digits at a time in 32-bit arithmetic, two at a time from a table.
+  void digits(std::uint64_t v) {
+    if (v < 100'000'000) return lead(static_cast<std::uint32_t>(v));
+    const std::uint64_t high = v / 100'000'000;
+    if (high < 100'000'000) {
+      lead(static_cast<std::uint32_t>(high));
+    } else {
+      lead(static_cast<std::uint32_t>(high / 100'000'000));
+      eight(static_cast<std::uint32_t>(high % 100'000'000));
+    }
+    eight(static_cast<std::uint32_t>(v % 100'000'000));
+  }
+  /// A Unix time in nanoseconds (not negative), its top digits from `last` when they are the same.
+  void timestamp(std::int64_t ns) {
+    const auto v = static_cast<std::uint64_t>(std::max<std::int64_t>(ns, 0));
+    const std::uint64_t high = v / 100'000'000;
+    if (high == 0) return digits(v);
+    if (high != last->high) {
+      char* at = p;
+      digits(high);
+      last->high = high;
+      last->size = static_cast<std::size_t>(p - at);
+      std::memcpy(last->digits.data(), at, last->size);
+    } else {
+      copy_bytes(p, last->digits.data(), last->size);
+      p += last->size;
+    }
+    eight(static_cast<std::uint32_t>(v % 100'000'000));
+  }
+  /// Up to 8 digits (v < 10^8), without leading zeros: written from the last.
+  void lead(std::uint32_t v) {
+    const int n = v < 10'000      ? (v < 100 ? (v < 10 ? 1 : 2) : (v < 1'000 ? 3 : 4))
+                  : v < 1'000'000 ? (v < 100'000 ? 5 : 6)
+                                  : (v < 10'000'000 ? 7 : 8);
+    p += n;
+    char* q = p;
+    while (v >= 100) {
+      q -= 2;
+      std::memcpy(q, k_digit_pairs[v % 100].data(), 2);
+      v /= 100;
+    }
+    if (v >= 10) std::memcpy(q - 2, k_digit_pairs[v].data(), 2);
+    else q[-1] = static_cast<char>('0' + v);
+  }
+  /// Exactly 8 digits (v < 10^8).
+  void eight(std::uint32_t v) {
+    const std::uint32_t high = v / 10'000, low = v % 10'000;
+    std::memcpy(p, k_digit_pairs[high / 100].data(), 2);
+    std::memcpy(p + 2, k_digit_pairs[high % 100].data(), 2);
+    std::memcpy(p + 4, k_digit_pairs[low / 100].data(), 2);
+    std::memcpy(p + 6, k_digit_pairs[low % 100].data(), 2);
+    p += 8;
+  }
+  /// An id as a quoted string of lowercase hex digits.
   template <std::size_t N>
   void hex(const std::array<std::uint8_t, N>& bytes) {
+    static_assert(N % 8 == 0);
     *p++ = '"';
-    for (const std::uint8_t b : bytes) {
-      *p++ = k_hex[b >> 4];
-      *p++ = k_hex[b & 15];
-    }
+    for (std::size_t i = 0; i < N; i += 8) hex_eight(bytes.data() + i);
     *p++ = '"';
   }
+  void hex64(std::uint64_t v) {
+    std::array<std::uint8_t, 8> bytes{};
+    for (std::size_t i = 0; i < 8; ++i) bytes[i] = static_cast<std::uint8_t>(v >> (56 - 8 * i));
+    hex(bytes);
+  }
+  /// 8 bytes as 16 hex digits.
+  void hex_eight(const std::uint8_t* bytes) {
+#if defined(__SSE2__)
+    // All 16 nibbles at once (SSE2 is part of x86-64): high and low nibbles
+    // interleaved in output order, then '0' + n, plus 39 more where n > 9 ('a' + n - 10).
+    const __m128i in = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(in, 4), nibble), _mm_and_si128(in, nibble));
+    const __m128i letters = _mm_and_si128(_mm_cmpgt_epi8(n, _mm_set1_epi8(9)), _mm_set1_epi8('a' - '0' - 10));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_add_epi8(_mm_add_epi8(n, _mm_set1_epi8('0')), letters));
+    p += 16;
+#else
+    static constexpr auto pairs = [] {  // "00" .. "ff"
+      std::array<std::array<char, 2>, 256> t{};
+      for (std::size_t i = 0; i < 256; ++i) t[i] = {k_hex[i >> 4], k_hex[i & 15]};
+      return t;
+    }();
+    for (std::size_t i = 0; i < 8; ++i, p += 2) std::memcpy(p, pairs[bytes[i]].data(), 2);
+#endif
+  }
   /// A key is one of the code's literals (dotted names: nothing to escape).
-  void attribute(std::string_view key, const attribute_value& value) {
-    raw("{\"key\":\"");
-    raw(key);
-    *p++ = '"';
-    if (const auto* text = std::get_if<std::string>(&value)) {
-      raw(",\"value\":{\"stringValue\":");
-      str(*text);
-    } else {
-      raw(",\"value\":{\"intValue\":\"");  // OTLP/JSON: 64-bit integers as decimal strings
-      integer(std::get<std::int64_t>(value));
-      *p++ = '"';
+  void key(std::string_view k) {
+    lit("{\"key\":\"");
+    raw(k);
+  }
+  void attribute(const span& s, const span::attribute& a) {
+    key(a.key);
+    switch (a.kind) {
+      case span::attribute::type::text:
+        lit("\",\"value\":{\"stringValue\":");
+        str(s.text(a));
+        break;
+      case span::attribute::type::literal:
+        lit("\",\"value\":{\"stringValue\":\"");
+        raw(s.text(a));
+        *p++ = '"';
+        break;
+      case span::attribute::type::hash:
+        lit("\",\"value\":{\"stringValue\":");
+        hex64(static_cast<std::uint64_t>(a.number));
+        break;
+      case span::attribute::type::integer:
+        lit("\",\"value\":{\"intValue\":\"");  // OTLP/JSON: 64-bit integers as decimal strings
+        integer(a.number);
+        *p++ = '"';
+        break;
     }
-    raw("}}");
+    lit("}}");
   }
 };
 
-/// The most bytes `s` can take as JSON: its strings fully escaped, and the fixed text.
+/// The most bytes `s` can take as JSON: its texts fully escaped, and the fixed text.
 std::size_t worst_case(const span& s) {
-  std::size_t n = 320 + 6 * s.name.size();
-  for (const auto& a : s.attributes) {
-    n += 64 + 6 * a.key.size();
-    if (const auto* text = std::get_if<std::string>(&a.value)) n += 6 * text->size();
-  }
-  return n;
+  return 320 + s.name.size() + span::max_attributes * 96 + 6 * span::text_capacity;
 }
 
-/// Appends `s` as OTLP/JSON to `out`.
-void append_span(std::string& out, const span& s) {
-  const std::size_t at = out.size();
-  out.resize(at + worst_case(s));
-  writer w{out.data() + at};
-  w.raw("{\"traceId\":");
+/// Appends `s` as OTLP/JSON (after a comma: not the batch's first).
+void append_span(json_buffer& out, const span& s, bool comma, timestamp_digits& last) {
+  writer w{out.room(worst_case(s)), &last};
+  if (comma) *w.p++ = ',';
+  w.lit("{\"traceId\":");
   w.hex(s.trace);
-  w.raw(",\"spanId\":");
+  w.lit(",\"spanId\":");
   w.hex(s.id);
   if (s.parent) {
-    w.raw(",\"parentSpanId\":");
+    w.lit(",\"parentSpanId\":");
     w.hex(*s.parent);
   }
-  w.raw(",\"name\":");
-  w.str(s.name);
-  w.raw(",\"kind\":");
+  w.lit(",\"name\":\"");
+  w.raw(s.name);
+  w.lit("\",\"kind\":");
   w.integer(s.kind);
-  w.raw(",\"startTimeUnixNano\":\"");
-  w.integer(s.start_ns);
-  w.raw("\",\"endTimeUnixNano\":\"");
-  w.integer(s.end_ns);
-  w.raw("\",\"attributes\":[");
-  for (std::size_t k = 0; k < s.attributes.size(); ++k) {
-    if (k > 0) *w.p++ = ',';
-    w.attribute(s.attributes[k].key, s.attributes[k].value);
+  w.lit(",\"startTimeUnixNano\":\"");
+  w.timestamp(s.start_ns);
+  w.lit("\",\"endTimeUnixNano\":\"");
+  w.timestamp(s.end_ns);
+  w.lit("\",\"attributes\":[");
+  bool first = true;
+  for (const auto& a : s.attributes()) {
+    if (!first) *w.p++ = ',';
+    first = false;
+    w.attribute(s, a);
   }
-  w.raw(s.error ? "],\"status\":{\"code\":2}}" : "],\"status\":{}}");
-  out.resize(static_cast<std::size_t>(w.p - out.data()));
+  if (s.error) w.lit("],\"status\":{\"code\":2}}");
+  else w.lit("]}");  // status unset: left out (its default)
+  out.wrote(w.p);
+}
+
+/// Appends an ExportTraceServiceRequest of `spans`.
+void append_request(json_buffer& out, std::span<const span> spans, std::string_view service, std::string_view version) {
+  writer w{out.room(256 + 6 * (service.size() + 2 * version.size()))};
+  w.lit("{\"resourceSpans\":[{\"resource\":{\"attributes\":[");
+  w.key("service.name");
+  w.lit("\",\"value\":{\"stringValue\":");
+  w.str(service);
+  w.lit("}},");
+  w.key("service.version");
+  w.lit("\",\"value\":{\"stringValue\":");
+  w.str(version);
+  w.lit("}}]},\"scopeSpans\":[{\"scope\":{\"name\":\"smockron\",\"version\":");
+  w.str(version);
+  w.lit("},\"spans\":[");
+  out.wrote(w.p);
+  timestamp_digits last;
+  for (std::size_t i = 0; i < spans.size(); ++i) append_span(out, spans[i], i > 0, last);
+  w.p = out.room(8);
+  w.lit("]}]}]}");
+  out.wrote(w.p);
 }
 
 }  // namespace
 
-std::string encode_json(const std::vector<span>& spans, std::string_view service, std::string_view version) {
-  span resource;  // the resource's attributes, written as a span's are
-  resource.attributes = {{"service.name", std::string(service)}, {"service.version", std::string(version)}};
-  std::string out;
-  out.reserve(512 + spans.size() * 640);
-  out.resize(worst_case(resource) + 6 * version.size());
-  writer w{out.data()};
-  w.raw("{\"resourceSpans\":[{\"resource\":{\"attributes\":[");
-  w.attribute(resource.attributes[0].key, resource.attributes[0].value);
-  *w.p++ = ',';
-  w.attribute(resource.attributes[1].key, resource.attributes[1].value);
-  w.raw("]},\"scopeSpans\":[{\"scope\":{\"name\":\"smockron\",\"version\":");
-  w.str(version);
-  w.raw("},\"spans\":[");
-  out.resize(static_cast<std::size_t>(w.p - out.data()));
-  for (std::size_t i = 0; i < spans.size(); ++i) {
-    if (i > 0) out += ',';
-    append_span(out, spans[i]);
-  }
-  out += "]}]}]}";
-  return out;
+std::string encode_json(std::span<const span> spans, std::string_view service, std::string_view version) {
+  json_buffer out;
+  append_request(out, spans, service, version);
+  return std::string(out.view());
 }
 
-std::string identifier_hash(std::string_view identifier) {
-  const std::uint64_t h = stable_hash(identifier);
-  std::array<std::uint8_t, 8> bytes{};
-  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(h >> (56 - 8 * i));
-  return hex(bytes);
-}
+std::uint64_t identifier_hash(std::string_view identifier) { return stable_hash(identifier); }
 
 trace_id exporter::new_trace_id() { return random_id<16>(); }
 span_id exporter::new_span_id() { return random_id<8>(); }
@@ -268,10 +476,11 @@ exporter::~exporter() {
 bool exporter::sampled(const std::optional<context>& parent) {
   if (parent) return parent->sampled;  // the caller decided for its whole trace
   if (opt_.sample >= 1.0) return true;
-  return std::uniform_real_distribution<double>(0.0, 1.0)(rng()) < opt_.sample;
+  // The top 53 bits as a double in [0, 1).
+  return static_cast<double>(next_random() >> 11) * 0x1.0p-53 < opt_.sample;
 }
 
-void exporter::submit(span s) {
+void exporter::submit(const span& s) {
   bool wake = false;
   {
     std::lock_guard lock(mutex_);
@@ -279,41 +488,48 @@ void exporter::submit(span s) {
       dropped_.inc();
       return;
     }
-    queue_.push_back(std::move(s));
+    queue_.push_back(s);
     wake = queue_.size() == opt_.max_batch;
   }
   if (wake) cv_.notify_one();
 }
 
 void exporter::run() {
-  std::vector<span> batch;
+  std::vector<span> taken;
+  json_buffer body;
   std::optional<std::chrono::steady_clock::time_point> stopped;
+  // Stopping: what is left goes in batches for one timeout at most, the rest is counted as failed.
+  const auto out_of_time = [&] { return stopped && std::chrono::steady_clock::now() - *stopped > opt_.timeout; };
   for (;;) {
     {
       std::unique_lock lock(mutex_);
       if (!stop_) cv_.wait_for(lock, opt_.interval, [&] { return stop_ || queue_.size() >= opt_.max_batch; });
       if (stop_ && !stopped) stopped = std::chrono::steady_clock::now();
-      // Stopping: what is left goes in batches for one timeout at most, the rest is counted as failed.
-      if (stopped && (queue_.empty() || std::chrono::steady_clock::now() - *stopped > opt_.timeout)) {
+      if (stopped && (queue_.empty() || out_of_time())) {
         failed_.inc(queue_.size());
         queue_.clear();
         return;
       }
-      const std::size_t n = std::min(queue_.size(), opt_.max_batch);
-      batch.assign(std::make_move_iterator(queue_.begin()),
-                   std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(n)));
-      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      taken.swap(queue_);  // queue_ gets taken's room back, empty
     }
-    if (batch.empty()) continue;
-    if (post(encode_json(batch, opt_.service, version_string))) exported_.inc(batch.size());
-    else failed_.inc(batch.size());
-    batch.clear();
+    for (std::size_t i = 0; i < taken.size(); i += opt_.max_batch) {
+      const std::size_t n = std::min(opt_.max_batch, taken.size() - i);
+      if (out_of_time()) {
+        failed_.inc(taken.size() - i);
+        break;
+      }
+      body.clear();
+      append_request(body, std::span(taken).subspan(i, n), opt_.service, version_string);
+      if (post(body.view())) exported_.inc(n);
+      else failed_.inc(n);
+    }
+    taken.clear();
   }
 }
 
 // One POST on a connection of its own, bounded by opt_.timeout from the
 // connect to the status line; true for a 2xx answer.
-bool exporter::post(const std::string& body) {
+bool exporter::post(std::string_view body) {
   const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
   const auto left_ms = [&] {
     return static_cast<int>(std::max<std::int64_t>(
@@ -353,14 +569,31 @@ bool exporter::post(const std::string& body) {
     return ::poll(&p, 1, left_ms()) == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
   };
   const std::string host = opt_.to.host.find(':') != std::string::npos ? "[" + opt_.to.host + "]" : opt_.to.host;
-  const std::string out = "POST " + opt_.to.path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(opt_.to.port) +
-                          "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                          "\r\nConnection: close\r\n\r\n" + body;
-  for (std::size_t sent = 0; sent < out.size();) {
-    const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) sent += static_cast<std::size_t>(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
-    else if (!wait(POLLOUT)) return false;
+  const std::string head = "POST " + opt_.to.path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(opt_.to.port) +
+                           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                           "\r\nConnection: close\r\n\r\n";
+  // The head and the body from where they are (the body is not copied behind the head).
+  std::array<iovec, 2> parts{iovec{const_cast<char*>(head.data()), head.size()},
+                             iovec{const_cast<char*>(body.data()), body.size()}};
+  for (std::size_t first = 0;;) {
+    while (first < parts.size() && parts[first].iov_len == 0) ++first;
+    if (first == parts.size()) break;
+    msghdr m{};
+    m.msg_iov = parts.data() + first;
+    m.msg_iovlen = parts.size() - first;
+    const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n <= 0) {
+      if (!wait(POLLOUT)) return false;
+      continue;
+    }
+    for (auto left = static_cast<std::size_t>(n); left > 0; ++first) {
+      const std::size_t used = std::min(left, parts[first].iov_len);
+      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + used;
+      parts[first].iov_len -= used;
+      left -= used;
+      if (parts[first].iov_len > 0) break;
+    }
   }
   // The status line is all that is read: "HTTP/1.1 200 ...".
   std::string in;

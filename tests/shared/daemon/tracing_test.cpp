@@ -53,9 +53,11 @@ TEST(Tracing, OtlpJsonHasHexIdsStringIntegersAndNumericEnums) {
   s.name = "smockron.hold";
   s.start_ns = 1'700'000'000'000'000'000;
   s.end_ns = 1'700'000'000'250'000'000;
-  s.attributes = {{"smockron.domain", std::string("api")}, {"smockron.held_ms", std::int64_t{250}}};
+  s.add("smockron.domain", "api");
+  s.add("smockron.held_ms", 250);
+  s.add_hash("smockron.identifier_hash", 0x0123456789abcdefULL);
   s.error = true;
-  const auto doc = nlohmann::json::parse(tracing::encode_json({s}, "smockron-proxy", "1.2.3"));
+  const auto doc = nlohmann::json::parse(tracing::encode_json({&s, 1}, "smockron-proxy", "1.2.3"));
   const auto& rs = doc["resourceSpans"][0];
   EXPECT_EQ(rs["resource"]["attributes"][0]["key"], "service.name");
   EXPECT_EQ(rs["resource"]["attributes"][0]["value"]["stringValue"], "smockron-proxy");
@@ -69,15 +71,38 @@ TEST(Tracing, OtlpJsonHasHexIdsStringIntegersAndNumericEnums) {
   EXPECT_EQ(j["endTimeUnixNano"], "1700000000250000000");
   EXPECT_EQ(j["attributes"][0]["value"]["stringValue"], "api");
   EXPECT_EQ(j["attributes"][1]["value"]["intValue"], "250");
+  EXPECT_EQ(j["attributes"][2]["value"]["stringValue"], "0123456789abcdef");
   EXPECT_EQ(j["status"]["code"], 2);
   s.parent.reset();
   s.error = false;
   const auto root =
-      nlohmann::json::parse(tracing::encode_json({s}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+      nlohmann::json::parse(tracing::encode_json({&s, 1}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
   EXPECT_FALSE(root.contains("parentSpanId"));
-  EXPECT_TRUE(root["status"].empty());
-  EXPECT_EQ(tracing::identifier_hash("alice").size(), 16u);
+  EXPECT_FALSE(root.contains("status")) << "unset: its default";
   EXPECT_NE(tracing::identifier_hash("alice"), tracing::identifier_hash("bob"));
+  // A point in time: its end is its start.
+  s.end_ns = s.start_ns;
+  EXPECT_EQ(nlohmann::json::parse(tracing::encode_json(
+                {&s, 1}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["endTimeUnixNano"],
+            "1700000000000000000");
+}
+
+TEST(Tracing, ASpanKeepsWhatFitsOfItsTextsAndCutsBetweenCharacters) {
+  tracing::span s;
+  s.add("a", std::string(tracing::span::text_capacity - 3, 'x'));
+  s.add("b", "\xc3\xa9\xc3\xa9");  // two 2-byte characters; room for 3 bytes: the first only
+  s.add("c", "late");              // 1 byte left: "l"
+  s.add("d", "later");             // none left: empty
+  for (int i = 0; i < 10; ++i) s.add("n", i);
+  ASSERT_EQ(s.attributes().size(), tracing::span::max_attributes) << "more are ignored";
+  EXPECT_EQ(s.text(s.attributes()[0]).size(), tracing::span::text_capacity - 3);
+  EXPECT_EQ(s.text(s.attributes()[1]), "\xc3\xa9");
+  EXPECT_EQ(s.text(s.attributes()[2]), "l");
+  EXPECT_EQ(s.text(s.attributes()[3]), "");
+  const tracing::span copy = s;  // a copy's texts are its own
+  EXPECT_EQ(copy.text(copy.attributes()[1]), "\xc3\xa9");
+  const auto doc = nlohmann::json::parse(tracing::encode_json({&copy, 1}, "m", "v"));
+  EXPECT_EQ(doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].size(), tracing::span::max_attributes);
 }
 
 namespace {
@@ -140,7 +165,7 @@ double value(const metrics::registry& reg, const std::string& line) {
   return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size() + 1));
 }
 
-tracing::span some_span(const std::string& name) {
+tracing::span some_span(std::string_view name) {
   tracing::span s;
   s.trace = tracing::exporter::new_trace_id();
   s.id = tracing::exporter::new_span_id();
@@ -175,6 +200,31 @@ TEST(Tracing, TheExporterPostsBatchesAndCountsWhatBecameOfEverySpan) {
   ASSERT_GE(collector.posts(), 1);
   const auto doc = nlohmann::json::parse(collector.bodies_.at(0));
   EXPECT_EQ(doc["resourceSpans"][0]["scopeSpans"][0]["spans"].size(), 2u);
+}
+
+TEST(Tracing, MoreSpansThanABatchLeaveInSeveralPosts) {
+  fake_collector collector(200);
+  metrics::registry reg;
+  {
+    tracing::exporter e({.to = {"127.0.0.1", collector.port(), "/v1/traces"},
+                         .service = "smockron-test",
+                         .sample = 1.0,
+                         .max_queued = 100,
+                         .interval = std::chrono::milliseconds(60'000),  // nothing leaves before stopping
+                         .max_batch = 2,
+                         .timeout = std::chrono::milliseconds(2000)},
+                        reg, "smockron_test");
+    for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
+  }  // stopping sends the 5 queued, 2 a batch (the exporter may have taken the first 2 already)
+  EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"exported\"}"), 5);
+  ASSERT_EQ(collector.posts(), 3);
+  std::size_t spans = 0;
+  for (const auto& body : collector.bodies_) {
+    const auto n = nlohmann::json::parse(body)["resourceSpans"][0]["scopeSpans"][0]["spans"].size();
+    EXPECT_LE(n, 2u);
+    spans += n;
+  }
+  EXPECT_EQ(spans, 5u);
 }
 
 TEST(Tracing, ARefusingCollectorAndAFullQueueCostSpansOnly) {
@@ -225,12 +275,36 @@ TEST(Tracing, StringsAreEscapedIntoValidJson) {
   tracing::span s;
   s.trace = tracing::exporter::new_trace_id();
   s.id = tracing::exporter::new_span_id();
-  s.name = "a \"quoted\" \\ name\n\x01";
-  s.attributes = {{"k", std::string("caf\xc3\xa9\t")}};
-  const auto doc = nlohmann::json::parse(tracing::encode_json({s}, "svc\"", "1"));
+  s.name = "smockron.test";
+  s.add("k", "caf\xc3\xa9\t");
+  s.add("q", "a \"quoted\" \\ text\n\x01");
+  const auto doc = nlohmann::json::parse(tracing::encode_json({&s, 1}, "svc\"", "1"));
   const auto& j = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
-  EXPECT_EQ(j["name"], s.name);
+  EXPECT_EQ(j["name"], "smockron.test");
   EXPECT_EQ(j["attributes"][0]["key"], "k");
   EXPECT_EQ(j["attributes"][0]["value"]["stringValue"], "caf\xc3\xa9\t");
+  EXPECT_EQ(j["attributes"][1]["value"]["stringValue"], "a \"quoted\" \\ text\n\x01");
   EXPECT_EQ(doc["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], "svc\"");
+}
+
+TEST(Tracing, EveryTextWithACharacterToEscapeAtAnyPlaceIsEscaped) {
+  // The check for what needs escaping reads eight bytes at a time: every
+  // length and place, against nlohmann::json reading what was written.
+  for (std::size_t n = 1; n <= 40; ++n) {
+    for (std::size_t at = 0; at < n; ++at) {
+      for (const char c : {'"', '\\', '\x00', '\x1f', '\x7f', '\x80', ' ', '\xff'}) {
+        std::string text(n, 'a');
+        text[at] = c;
+        if (static_cast<unsigned char>(c) >= 0x80) text = text.substr(0, at) + "\xc3\xa9" + text.substr(at + 1);
+        tracing::span s;
+        s.name = "smockron.test";
+        s.add("k", text);
+        s.add_literal("l", "literal");
+        const auto j = nlohmann::json::parse(
+            tracing::encode_json({&s, 1}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        ASSERT_EQ(j["attributes"][0]["value"]["stringValue"], text) << n << " " << at << " " << int(c);
+        ASSERT_EQ(j["attributes"][1]["value"]["stringValue"], "literal");
+      }
+    }
+  }
 }
