@@ -130,14 +130,17 @@ class BenchmarkSmokeTest(unittest.TestCase):
     # ------------------------------------------------------------------ Python benchmarks
 
     def test_proxy_bench(self):
-        """smockron-proxy vs nginx (and the same proxy with CURVE links): all answered every
-        request 2xx; the gate's accounting was published and processed by the masters."""
+        """smockron-proxy vs nginx (and the same proxy with CURVE links, and refusing every
+        request without and with traces): all answered every request (2xx; the refusing ones
+        5xx); the gate's accounting was published and processed by the masters; spans exported."""
         self.need("nginx", "wrk", "taskset")
         plot = os.path.join(tempfile.mkdtemp(prefix="smockron-plot-"), "proxy_vs_nginx.png")
         self.addCleanup(shutil.rmtree, os.path.dirname(plot), True)
         out = self.run_bench([sys.executable, os.path.join(BENCH, "proxy_bench.py"), "--smoke", "--plot", plot,
-                              "--curve"])
-        self.assert_figures(out, r"^\s*0\s+curve\s+\d+ ", r"^cpu us/req curve/smockron: [\d.]+ \(goal <= 1.05\)")
+                              "--curve", "--traces"])
+        self.assert_figures(out, r"^\s*0\s+curve\s+\d+ ", r"^cpu us/req curve/smockron: [\d.]+ \(goal <= 1.05\)",
+                            r"^\s*0\s+traced\s+\d+ ", r"^cpu us/req traced/refused: [\d.]+ \(goal <= 1.05\)",
+                            r"^traced: [1-9]\d* spans exported")
         with open(plot, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", "the plot is a PNG")
         self.assert_figures(out, r"^\s*0\s+smockron\s+\d+ ", r"^\s*0\s+nginx\s+\d+ ", r"^plot: .*proxy_vs_nginx\.png",

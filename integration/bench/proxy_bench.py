@@ -20,10 +20,17 @@ Method (see docs/benchmarks.md):
 - `--curve`: a third contender, the same smockron-proxy whose links to a
   master of its own (cpu 0 too) speak CURVE (keys made with `smockron-query
   keygen`): CPU per request with and without CURVE in the same run.
+- `--traces`: two more contenders, the same smockron-proxy against a master
+  of their own (cpu 0) whose limit refuses every request but the first
+  (1/h): "refused" without traces and "traced" with trace_endpoint at 100%
+  sampling (a span per refused request, exported to the backend nginx,
+  which answers 200). CPU per request traced/refused is what tracing costs
+  the proxy, its exporter thread and its syscalls included (goal <= 1.05).
 - `--smoke`: 1 round of 1 s per contender (1 s warm-up, 10 connections):
   exits 1 unless every contender answered every request with 2xx and no
-  socket error, and the smockron proxies' accounting was published and
-  processed by the master. No throughput figure is judged.
+  socket error (refused and traced: every request answered, 5xx allowed, and
+  traced exported spans), and the smockron proxies' accounting was published
+  and processed by the master. No throughput figure is judged.
 """
 import argparse
 import os
@@ -191,6 +198,8 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
     ap.add_argument("--curve", action="store_true", help="also run a smockron-proxy whose links speak CURVE ('curve')")
+    ap.add_argument("--traces", action="store_true",
+                    help="also run 'refused' and 'traced': every request refused, without and with traces")
     ap.add_argument("--plot", metavar="PNG", help="also draw req/s and CPU per request by round and contender (plots.py)")
     ap.add_argument("--smoke", action="store_true",
                     help="1 round of 1 s, 1 s warm-up, 10 connections (unless given): exit 1 unless every request of "
@@ -214,7 +223,8 @@ def main():
         backend_port, nginx_port, proxy_port, base_port = free_port(), free_port(), free_port(), free_port()
         acct, ctrl, madmin, padmin, base_admin = free_port(), free_port(), free_port(), free_port(), free_port()
         backend_conf = nginx_conf(os.path.join(tmp, "backend"), f"""
-  server {{ listen 127.0.0.1:{backend_port} backlog=4096; location / {{ return 200 "ok\\n"; }} }}""")
+  server {{ listen 127.0.0.1:{backend_port} backlog=4096; location / {{ return 200 "ok\\n"; }}
+           location = /v1/traces {{ return 200 "{{}}"; }} }}""")
         peer_conf = nginx_conf(os.path.join(tmp, "peer"), f"""
   upstream app {{ server 127.0.0.1:{backend_port}; keepalive 128; }}
   server {{ listen 127.0.0.1:{nginx_port} backlog=4096;
@@ -222,10 +232,10 @@ def main():
         for d in ("backend", "peer"):
             os.makedirs(os.path.join(tmp, d, "tmp"), exist_ok=True)
         def write_conf(name, port, admin, master_admin=madmin, accounting=acct, control=ctrl, master_extra="",
-                       proxy_extra=""):
+                       proxy_extra="", rule='{ rate = "10000000/s", burst = 1000000 }'):
             path = os.path.join(tmp, name)
             with open(path, "w") as f:
-                f.write(one_box_toml(domain="bench", rule='{ rate = "10000000/s", burst = 1000000 }',
+                f.write(one_box_toml(domain="bench", rule=rule,
                                      backend_port=backend_port, proxy_port=port, proxy_admin=admin,
                                      master_admin=master_admin, accounting=accounting, control=control,
                                      identify='"header:X-API-Key", "ip"', upstream_extra="keepalive = 128",
@@ -262,6 +272,27 @@ def main():
             masters["curve"] = curve_master
             wait_port(curve_port, proc=curve_proxy.p)
             wait_port(curve_madmin, proc=curve_master.p)
+        if args.traces:
+            # One master whose limit refuses all but the first request; the two proxies share it.
+            refused_port, refused_admin, traced_port, traced_admin, refusing_madmin, racct, rctrl = (
+                free_port(), free_port(), free_port(), free_port(), free_port(), free_port(), free_port())
+            refusing = '{ rate = "1/h", burst = 1 }'
+            refused_conf = write_conf("refused.toml", refused_port, refused_admin, refusing_madmin, racct, rctrl,
+                                      rule=refusing)
+            traced_conf = write_conf(
+                "traced.toml", traced_port, traced_admin, refusing_madmin, racct, rctrl, rule=refusing,
+                proxy_extra=f'trace_endpoint = "http://127.0.0.1:{backend_port}/v1/traces"')
+            refusing_master = Proc([os.path.join(args.bin, "smockron-master"), "--config", refused_conf,
+                                    "--log-level", "warn"], 0, log)
+            refused_proxy = Proc([os.path.join(args.bin, "smockron-proxy"), "--config", refused_conf,
+                                  "--log-level", "warn"], 1, log)
+            traced_proxy = Proc([os.path.join(args.bin, "smockron-proxy"), "--config", traced_conf,
+                                 "--log-level", "warn"], 1, log)
+            procs += [refused_proxy, traced_proxy, refusing_master]
+            masters["refused"] = masters["traced"] = refusing_master
+            for port, proc in ((refusing_madmin, refusing_master), (refused_port, refused_proxy),
+                               (traced_port, traced_proxy)):
+                wait_port(port, proc=proc.p)
         for port, proc in ((backend_port, backend), (nginx_port, peer), (proxy_port, proxy), (madmin, master)):
             wait_port(port, proc=proc.p)
         time.sleep(0.5)
@@ -272,6 +303,11 @@ def main():
             contenders["baseline"] = (base_port, [baseline.p.pid])
         if args.curve:
             contenders["curve"] = (curve_port, [curve_proxy.p.pid])
+        refusing_contenders = set()
+        if args.traces:
+            contenders["refused"] = (refused_port, [refused_proxy.p.pid])
+            contenders["traced"] = (traced_port, [traced_proxy.p.pid])
+            refusing_contenders = {"refused", "traced"}
         others = backend_pids + sorted({m.p.pid for m in masters.values()})
 
         warmup = 1 if args.smoke else max(2, args.seconds // 2)
@@ -302,7 +338,8 @@ def main():
                     perf.send_signal(signal.SIGINT)
                     perf.wait()
                 r["master_us"] = (cpu_seconds([its_master.p.pid]) - m0) / r["requests"] * 1e6
-                r["kept"] = r["noise"] < 0.10 and r["errors"] == 0
+                # Refusals are what the refusing contenders answer (wrk counts them as errors).
+                r["kept"] = r["noise"] < 0.10 and (r["errors"] == 0 or name in refusing_contenders)
                 results[name].append(r)
                 print(f"{rnd:>5} {name:>9} {r['rps']:>9.0f} {r['p50']:>8.0f} {r['p99']:>8.0f} {r['cpu_us']:>10.1f} "
                       f"{r['busy']*100:>4.0f}% {r['load']*100:>4.0f}% "
@@ -337,11 +374,24 @@ def main():
             mcpu = {n: statistics.median(r["master_us"] for r in (kept[n] or results[n])) for n in ("smockron", "curve")}
             print(f"cpu us/req curve/smockron: {cpu['curve'] / cpu['smockron']:.2f} (goal <= 1.05); "
                   f"master cpu us/req curve/smockron: {mcpu['curve'] / max(mcpu['smockron'], 1e-9):.2f}")
+        spans = 0
+        if args.traces:
+            cpu = {n: statistics.median(r["cpu_us"] for r in (kept[n] or results[n])) for n in ("refused", "traced")}
+            pairs = [t["cpu_us"] / r["cpu_us"] for r, t in zip(results["refused"], results["traced"])
+                     if r["kept"] and t["kept"]]
+            print(f"cpu us/req traced/refused: {cpu['traced'] / cpu['refused']:.3f} (goal <= 1.05)"
+                  + (f"; paired rounds: min {min(pairs):.3f}, median {statistics.median(pairs):.3f}, "
+                     f"max {max(pairs):.3f}" if pairs else ""))
+            with urllib.request.urlopen(f"http://127.0.0.1:{traced_admin}/metrics", timeout=5) as m:
+                text = m.read().decode()
+            spans = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith('smockron_proxy_trace_spans_total{result="exported"}'))
+            print(f"traced: {spans:.0f} spans exported")
         if args.plot:
             import plots  # beside this file
             print(f"plot: {plots.proxy_vs_nginx(results, args.plot)}")
         # The master catches up on what is queued before it is asked.
-        requests = sum(r["requests"] for n in names if n != "nginx" for r in results[n])
+        requests = sum(r["requests"] for n in names if n != "nginx" and n not in refusing_contenders for r in results[n])
         time.sleep(1.0)
         published = sum(metric_total(a, "smockron_proxy_accounting_messages_total") for a in admins) - published0
         dropped = sum(metric_total(a, "smockron_proxy_accounting_dropped_total") for a in admins)
@@ -354,7 +404,9 @@ def main():
             problems = [f"{name} round {i}: {r['errors']} non-2xx responses, {r['socket_errors']} socket errors "
                         f"(of {r['requests']} requests)"
                         for name in names for i, r in enumerate(results[name])
-                        if r["errors"] or r["socket_errors"]]
+                        if (r["errors"] and name not in refusing_contenders) or r["socket_errors"]]
+            if args.traces and spans <= 0:
+                problems.append("traced: no span was exported")
             if published <= 0 or processed <= 0:
                 problems.append(f"the gate's accounting was not seen: {published:.0f} messages published by the "
                                 f"proxy, {processed:.0f} processed by the master (both must be > 0)")
