@@ -194,7 +194,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=None, help="rounds per contender (alternating; default 10, smoke 1)")
     ap.add_argument("--seconds", type=int, default=None, help="length of one round (default 5, smoke 1)")
     ap.add_argument("--connections", type=int, default=None, help="wrk connections (default 50, smoke 10)")
-    ap.add_argument("--perf", metavar="FILE", help="also record a perf profile (call graphs) of smockron-proxy's first round")
+    ap.add_argument("--perf", metavar="FILE",
+                    help="also record a perf profile (call graphs) of smockron-proxy's first round (with --traces: "
+                         "the traced proxy's)")
     ap.add_argument("--bin", default=os.environ.get("SMOCKRON_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--baseline", metavar="DIR", help="also run DIR/smockron-proxy (another build) as contender 'baseline'")
     ap.add_argument("--curve", action="store_true", help="also run a smockron-proxy whose links speak CURVE ('curve')")
@@ -328,7 +330,7 @@ def main():
             for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # each goes first in turn
                 port, pids = contenders[name]
                 perf = None
-                if args.perf and name == "smockron" and rnd == 0:
+                if args.perf and name == ("traced" if args.traces else "smockron") and rnd == 0:
                     perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(pids[0])],
                                             stdout=log, stderr=log)
                 its_master = masters.get(name, master)
