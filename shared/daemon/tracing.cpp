@@ -369,7 +369,12 @@ struct writer {
 
 /// The most bytes `s` can take as JSON: its texts fully escaped, and the fixed text.
 std::size_t worst_case(const span& s) {
-  return 320 + s.name.size() + span::max_attributes * 96 + 6 * span::text_capacity;
+  std::size_t n = 256 + s.name.size() + 6 * span::text_capacity;  // ids, times, status; every text byte escaped
+  for (const auto& a : s.attributes()) {
+    n += 64 + a.key.size();  // the attribute's own text, a number or a hash
+    if (a.kind == span::attribute::type::literal) n += a.size;
+  }
+  return n;
 }
 
 /// Appends `s` as OTLP/JSON (after a comma: not the batch's first).

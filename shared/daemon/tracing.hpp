@@ -113,9 +113,10 @@ private:
   }
   std::uint8_t count_ = 0;
   std::uint16_t text_used_ = 0;
-  std::array<attribute, max_attributes> attributes_;  // the first count_ are set
-  std::array<char, text_capacity> text_;              // the first text_used_ are set
-  attribute ignored_;                                 // where an attribute past max_attributes goes
+  // All set (zeros beyond what was added), so that copying a span copies no indeterminate value.
+  std::array<attribute, max_attributes> attributes_{};
+  std::array<char, text_capacity> text_{};
+  attribute ignored_{};  // where an attribute past max_attributes goes
 };
 
 /// One ExportTraceServiceRequest (OTLP/JSON: ids as lowercase hex, 64-bit

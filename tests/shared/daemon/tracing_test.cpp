@@ -308,3 +308,16 @@ TEST(Tracing, EveryTextWithACharacterToEscapeAtAnyPlaceIsEscaped) {
     }
   }
 }
+
+TEST(Tracing, LongKeysAndLiteralsFitTheirSpan) {
+  // Room for a span's JSON is made from its keys and literals: long ones included.
+  static const std::string long_key(300, 'k'), long_literal(5000, 'v');
+  tracing::span s;
+  s.name = "smockron.test";
+  for (std::size_t i = 0; i < tracing::span::max_attributes; ++i) s.add_literal(long_key, long_literal);
+  const auto j =
+      nlohmann::json::parse(tracing::encode_json({&s, 1}, "m", "v"))["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  ASSERT_EQ(j["attributes"].size(), tracing::span::max_attributes);
+  EXPECT_EQ(j["attributes"][7]["key"], long_key);
+  EXPECT_EQ(j["attributes"][7]["value"]["stringValue"], long_literal);
+}
