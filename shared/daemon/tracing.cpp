@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <random>
@@ -476,6 +477,7 @@ exporter::~exporter() {
   }
   cv_.notify_all();
   thread_.join();
+  if (connection_ >= 0) ::close(connection_);
 }
 
 bool exporter::sampled(const std::optional<context>& parent) {
@@ -532,64 +534,57 @@ void exporter::run() {
   }
 }
 
-// One POST on a connection of its own, bounded by opt_.timeout from the
-// connect to the status line; true for a 2xx answer.
-bool exporter::post(std::string_view body) {
-  const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-  const auto left_ms = [&] {
-    return static_cast<int>(std::max<std::int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count()));
-  };
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+/// Milliseconds left before `deadline` (0 when past it), for poll().
+int left_ms(steady::time_point deadline) {
+  return static_cast<int>(std::max<std::int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now()).count()));
+}
+
+/// Waits for `events` on `fd` until `deadline`; true when they (or a hang-up or error) came.
+bool wait_for(int fd, short events, steady::time_point deadline) {
+  pollfd p{fd, events, 0};
+  return ::poll(&p, 1, left_ms(deadline)) == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
+}
+
+/// A connection to `to` (each of its addresses in turn: "localhost" may be ::1
+/// first and the collector on 127.0.0.1 only), non-blocking; -1 when none.
+int connect_to(const http_url& to, steady::time_point deadline) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(opt_.to.host.c_str(), std::to_string(opt_.to.port).c_str(), &hints, &found) != 0 || !found) {
-    return false;
-  }
+  if (::getaddrinfo(to.host.c_str(), std::to_string(to.port).c_str(), &hints, &found) != 0 || !found) return -1;
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
-  // Each address in turn ("localhost" may be ::1 first and the collector on 127.0.0.1 only).
-  int fd = -1;
-  for (const addrinfo* a = found; a && fd < 0 && left_ms() > 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  for (const addrinfo* a = found; a && left_ms(deadline) > 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
     if (!ok && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
       int err = 0;
       socklen_t len = sizeof err;
-      ok = ::poll(&p, 1, left_ms()) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      ok = wait_for(fd, POLLOUT, deadline) && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
     }
-    if (!ok) {
-      ::close(fd);
-      fd = -1;
-    }
+    if (ok) return fd;
+    ::close(fd);
   }
-  if (fd < 0) return false;
-  struct closer {
-    int fd;
-    ~closer() { ::close(fd); }
-  } guard{fd};
-  const auto wait = [&](short events) {
-    pollfd p{fd, events, 0};
-    return ::poll(&p, 1, left_ms()) == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
-  };
-  const std::string host = opt_.to.host.find(':') != std::string::npos ? "[" + opt_.to.host + "]" : opt_.to.host;
-  const std::string head = "POST " + opt_.to.path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(opt_.to.port) +
-                           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                           "\r\nConnection: close\r\n\r\n";
-  // The head and the body from where they are (the body is not copied behind the head).
-  std::array<iovec, 2> parts{iovec{const_cast<char*>(head.data()), head.size()},
-                             iovec{const_cast<char*>(body.data()), body.size()}};
+  return -1;
+}
+
+/// Writes `parts` whole (partial writes resumed where they stopped).
+bool send_all(int fd, std::array<iovec, 2> parts, steady::time_point deadline) {
   for (std::size_t first = 0;;) {
     while (first < parts.size() && parts[first].iov_len == 0) ++first;
-    if (first == parts.size()) break;
+    if (first == parts.size()) return true;
     msghdr m{};
     m.msg_iov = parts.data() + first;
     m.msg_iovlen = parts.size() - first;
     const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
     if (n <= 0) {
-      if (!wait(POLLOUT)) return false;
+      if (!wait_for(fd, POLLOUT, deadline)) return false;
       continue;
     }
     for (auto left = static_cast<std::size_t>(n); left > 0; ++first) {
@@ -600,20 +595,111 @@ bool exporter::post(std::string_view body) {
       if (parts[first].iov_len > 0) break;
     }
   }
-  // The status line is all that is read: "HTTP/1.1 200 ...".
+}
+
+/// What a collector answered a POST.
+struct answer {
+  bool came = false;  ///< some of an answer came (so the POST reached the collector)
+  bool ok = false;    ///< a 2xx status
+  bool keep = false;  ///< the connection may carry the next POST: the answer read whole, no "Connection: close"
+};
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+/// Reads the answer to a POST: its status line and fields (16 KiB at most), then
+/// its body when Content-Length frames it (64 KiB at most), so that the
+/// connection can be used again; any other framing is read no further.
+answer read_answer(int fd, steady::time_point deadline) {
+  constexpr std::size_t max_head = 16 * 1024, max_body = 64 * 1024;
+  answer got;
   std::string in;
-  char chunk[512];
-  while (in.find("\r\n") == std::string::npos && in.size() < 4096) {
-    if (!wait(POLLIN)) return false;
-    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return false;
+  std::size_t head_end = std::string::npos;
+  char chunk[4096];
+  const auto read_more = [&] {
+    for (;;) {
+      const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+      if (n > 0) {
+        in.append(chunk, static_cast<std::size_t>(n));
+        got.came = true;
+        return true;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EINTR)) return false;
+      if (!wait_for(fd, POLLIN, deadline)) return false;
     }
-    in.append(chunk, static_cast<std::size_t>(n));
+  };
+  while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
+    if (in.size() > max_head || !read_more()) {
+      got.ok = in.size() >= 12 && in.starts_with("HTTP/1.") && in[9] == '2';  // the status line may be all there is
+      return got;
+    }
   }
-  return in.size() >= 12 && in.starts_with("HTTP/1.") && in[9] == '2';
+  got.ok = in.size() >= 12 && in.starts_with("HTTP/1.") && in[9] == '2';
+  // The fields: Content-Length frames the body; "Connection: close" or any other framing ends the connection.
+  std::optional<std::size_t> length;
+  bool close = !in.starts_with("HTTP/1.1");
+  for (std::size_t at = in.find("\r\n") + 2; at < head_end;) {
+    const std::size_t end = in.find("\r\n", at);
+    const std::string_view line(in.data() + at, end - at);
+    at = end + 2;
+    const auto colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, colon);
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (iequals(name, "content-length")) {
+      std::size_t n = 0;
+      const auto r = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (r.ec == std::errc{} && r.ptr == value.data() + value.size() && !length) length = n;
+      else close = true;  // malformed or repeated
+    } else if (iequals(name, "transfer-encoding") || (iequals(name, "connection") && iequals(value, "close"))) {
+      close = true;
+    }
+  }
+  if (close || !length || *length > max_body) return got;
+  while (in.size() - (head_end + 4) < *length)
+    if (!read_more()) return got;
+  got.keep = in.size() - (head_end + 4) == *length;  // nothing more than the body came
+  return got;
+}
+
+}  // namespace
+
+// A POST on the connection kept from the last one, or on a new one; bounded
+// by opt_.timeout from the connect to the answer; true for a 2xx answer.
+// A kept connection the collector closed while it was idle (or as the POST
+// went out, before any answer) costs one more try on a new connection.
+bool exporter::post(std::string_view body) {
+  const auto deadline = steady::now() + opt_.timeout;
+  const auto drop = [this] {
+    ::close(connection_);
+    connection_ = -1;
+  };
+  if (connection_ >= 0) {
+    // Idle, a kept connection has nothing to read: something (an end, a reset) means it is done.
+    pollfd p{connection_, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) != 0) drop();
+  }
+  const std::string host = opt_.to.host.find(':') != std::string::npos ? "[" + opt_.to.host + "]" : opt_.to.host;
+  const std::string head = "POST " + opt_.to.path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(opt_.to.port) +
+                           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                           "\r\n\r\n";
+  for (;;) {
+    const bool kept = connection_ >= 0;
+    if (!kept && (connection_ = connect_to(opt_.to, deadline)) < 0) return false;
+    // The head and the body from where they are (the body is not copied behind the head).
+    const bool sent = send_all(
+        connection_,
+        {iovec{const_cast<char*>(head.data()), head.size()}, iovec{const_cast<char*>(body.data()), body.size()}},
+        deadline);
+    const answer got = sent ? read_answer(connection_, deadline) : answer{};
+    if (!got.keep) drop();
+    if (got.came || !kept) return got.ok;
+  }
 }
 
 }  // namespace smockron::tracing

@@ -166,6 +166,7 @@ private:
   metrics::counter& exported_;
   metrics::counter& dropped_;
   metrics::counter& failed_;
+  int connection_ = -1;  ///< to the collector, kept from one POST to the next (the exporter's thread); -1: none
   std::thread thread_;
 };
 

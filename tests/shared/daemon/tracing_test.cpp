@@ -107,10 +107,15 @@ TEST(Tracing, ASpanKeepsWhatFitsOfItsTextsAndCutsBetweenCharacters) {
 
 namespace {
 
-/// A collector on loopback answering every POST with `status`; counts what it took.
+/// A collector on loopback answering every POST with `status`; counts what it
+/// took and on how many connections. `close_each`: it answers "Connection:
+/// close" and closes; `keep_alive`: it reads the next POST on the same
+/// connection; `close_silently`: it answers as if it kept the connection,
+/// then closes it (a collector whose idle timeout has passed).
 class fake_collector {
 public:
-  explicit fake_collector(int status) : status_(status) {
+  enum class mode { close_each, keep_alive, close_silently };
+  explicit fake_collector(int status, mode m = mode::close_each) : status_(status), mode_(m) {
     fd_ = test_support::bind_loopback(port_);
     if (fd_ < 0) std::abort();
     thread_ = std::thread([this] {
@@ -118,27 +123,9 @@ public:
         pollfd p{fd_, POLLIN, 0};
         if (::poll(&p, 1, 20) != 1) continue;
         const int c = ::accept(fd_, nullptr, nullptr);
-        std::string in;
-        char chunk[4096];
-        // Head, then Content-Length bytes of body.
-        for (;;) {
-          const ssize_t n = ::read(c, chunk, sizeof chunk);
-          if (n <= 0) break;
-          in.append(chunk, static_cast<std::size_t>(n));
-          const auto end = in.find("\r\n\r\n");
-          if (end == std::string::npos) continue;
-          const auto cl = in.find("Content-Length: ");
-          const std::size_t len = cl == std::string::npos ? 0 : std::stoul(in.substr(cl + 16));
-          if (in.size() >= end + 4 + len) {
-            bodies_.push_back(in.substr(end + 4, len));
-            break;
-          }
-        }
-        const std::string answer =
-            "HTTP/1.1 " + std::to_string(status_) + " X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
-        [[maybe_unused]] const ssize_t sent = ::write(c, answer.data(), answer.size());
+        ++connections_;
+        while (serve_one(c) && mode_ == mode::keep_alive) {}
         ::close(c);
-        ++posts_;
       }
     });
   }
@@ -149,13 +136,38 @@ public:
   }
   std::uint16_t port() const { return port_; }
   int posts() const { return posts_; }
+  int connections() const { return connections_; }
   std::vector<std::string> bodies_;  // read after posts() says they are there
 
 private:
+  /// Reads one POST (its head, then Content-Length bytes of body) and answers it; false at the connection's end.
+  bool serve_one(int c) {
+    std::string in;
+    char chunk[4096];
+    for (;;) {
+      const ssize_t n = ::read(c, chunk, sizeof chunk);
+      if (n <= 0) return false;
+      in.append(chunk, static_cast<std::size_t>(n));
+      const auto end = in.find("\r\n\r\n");
+      if (end == std::string::npos) continue;
+      const auto cl = in.find("Content-Length: ");
+      const std::size_t len = cl == std::string::npos ? 0 : std::stoul(in.substr(cl + 16));
+      if (in.size() >= end + 4 + len) {
+        bodies_.push_back(in.substr(end + 4, len));
+        break;
+      }
+    }
+    ++posts_;  // before the answer: a POST the exporter saw answered is counted
+    const std::string answer = "HTTP/1.1 " + std::to_string(status_) + " X\r\nContent-Length: 2\r\n" +
+                               (mode_ == mode::close_each ? "Connection: close\r\n" : "") + "\r\n{}";
+    return ::write(c, answer.data(), answer.size()) == static_cast<ssize_t>(answer.size());
+  }
+
   int fd_ = -1, status_;
+  mode mode_;
   std::uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
-  std::atomic<int> posts_{0};
+  std::atomic<int> posts_{0}, connections_{0};
   std::thread thread_;
 };
 
@@ -173,6 +185,18 @@ tracing::span some_span(std::string_view name) {
   return s;
 }
 
+/// An exporter's options for a collector on loopback `port`: nothing leaves
+/// before the queue holds a batch or the exporter stops (tests change the rest).
+tracing::exporter::options to_collector(std::uint16_t port) {
+  return {.to = {"127.0.0.1", port, "/v1/traces"},
+          .service = "smockron-test",
+          .sample = 1.0,
+          .max_queued = 100,
+          .interval = std::chrono::milliseconds(60'000),
+          .max_batch = 512,
+          .timeout = std::chrono::milliseconds(2000)};
+}
+
 bool until(const std::function<bool()>& f) {
   for (int i = 0; i < 500 && !f(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return f();
@@ -184,14 +208,9 @@ TEST(Tracing, TheExporterPostsBatchesAndCountsWhatBecameOfEverySpan) {
   fake_collector collector(200);
   metrics::registry reg;
   {
-    tracing::exporter e({.to = {"127.0.0.1", collector.port(), "/v1/traces"},
-                         .service = "smockron-test",
-                         .sample = 1.0,
-                         .max_queued = 100,
-                         .interval = std::chrono::milliseconds(20),
-                         .max_batch = 512,
-                         .timeout = std::chrono::milliseconds(2000)},
-                        reg, "smockron_test");
+    auto o = to_collector(collector.port());
+    o.interval = std::chrono::milliseconds(20);
+    tracing::exporter e(o, reg, "smockron_test");
     e.submit(some_span("a"));
     e.submit(some_span("b"));
     ASSERT_TRUE(until([&] { return value(reg, "smockron_test_trace_spans_total{result=\"exported\"}") == 2; }))
@@ -206,14 +225,9 @@ TEST(Tracing, MoreSpansThanABatchLeaveInSeveralPosts) {
   fake_collector collector(200);
   metrics::registry reg;
   {
-    tracing::exporter e({.to = {"127.0.0.1", collector.port(), "/v1/traces"},
-                         .service = "smockron-test",
-                         .sample = 1.0,
-                         .max_queued = 100,
-                         .interval = std::chrono::milliseconds(60'000),  // nothing leaves before stopping
-                         .max_batch = 2,
-                         .timeout = std::chrono::milliseconds(2000)},
-                        reg, "smockron_test");
+    auto o = to_collector(collector.port());
+    o.max_batch = 2;
+    tracing::exporter e(o, reg, "smockron_test");
     for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
   }  // stopping sends the 5 queued, 2 a batch (the exporter may have taken the first 2 already)
   EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"exported\"}"), 5);
@@ -227,18 +241,36 @@ TEST(Tracing, MoreSpansThanABatchLeaveInSeveralPosts) {
   EXPECT_EQ(spans, 5u);
 }
 
+TEST(Tracing, OneConnectionCarriesTheBatchesWhileTheCollectorKeepsIt) {
+  for (const auto m : {fake_collector::mode::keep_alive, fake_collector::mode::close_silently}) {
+    fake_collector collector(200, m);
+    metrics::registry reg;
+    {
+      auto o = to_collector(collector.port());
+      o.max_queued = 512;
+      tracing::exporter e(o, reg, "smockron_test");
+      // One batch at a time: the next is submitted once the last was answered.
+      for (int i = 1; i <= 3; ++i) {
+        for (int k = 0; k < 512; ++k) e.submit(some_span("x"));
+        ASSERT_TRUE(until([&] {
+          return value(reg, "smockron_test_trace_spans_total{result=\"exported\"}") == 512 * i;
+        })) << reg.render();
+      }
+    }
+    EXPECT_EQ(collector.posts(), 3);
+    if (m == fake_collector::mode::keep_alive) EXPECT_EQ(collector.connections(), 1);
+    else EXPECT_EQ(collector.connections(), 3) << "a connection the collector closed is not used again";
+    EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"failed\"}"), 0);
+  }
+}
+
 TEST(Tracing, ARefusingCollectorAndAFullQueueCostSpansOnly) {
   fake_collector refusing(503);
   metrics::registry reg;
   {
-    tracing::exporter e({.to = {"127.0.0.1", refusing.port(), "/v1/traces"},
-                         .service = "smockron-test",
-                         .sample = 1.0,
-                         .max_queued = 3,
-                         .interval = std::chrono::milliseconds(60'000),  // nothing leaves before the queue is full
-                         .max_batch = 512,
-                         .timeout = std::chrono::milliseconds(2000)},
-                        reg, "smockron_test");
+    auto o = to_collector(refusing.port());
+    o.max_queued = 3;  // nothing leaves before stopping: 2 of 5 dropped
+    tracing::exporter e(o, reg, "smockron_test");
     for (int i = 0; i < 5; ++i) e.submit(some_span("x"));
     EXPECT_EQ(value(reg, "smockron_test_trace_spans_total{result=\"dropped\"}"), 2);
     EXPECT_FALSE(e.sampled(tracing::context{{1}, {1}, false})) << "the caller's flag decides";
@@ -256,14 +288,10 @@ TEST(Tracing, StoppingSendsWhatIsQueuedAndAnUnreachableCollectorCountsItFailed) 
     std::uint16_t port = 0;
     const int fd = test_support::bind_loopback(port, false);
     ASSERT_GE(fd, 0);
-    tracing::exporter e({.to = {"127.0.0.1", port, "/v1/traces"},
-                         .service = "smockron-test",
-                         .sample = 0.0,
-                         .max_queued = 100,
-                         .interval = std::chrono::milliseconds(60'000),
-                         .max_batch = 512,
-                         .timeout = std::chrono::milliseconds(500)},
-                        reg, "smockron_test");
+    auto o = to_collector(port);
+    o.sample = 0.0;
+    o.timeout = std::chrono::milliseconds(500);
+    tracing::exporter e(o, reg, "smockron_test");
     EXPECT_FALSE(e.sampled(std::nullopt)) << "sample 0";
     e.submit(some_span("late"));
     ::close(fd);
