@@ -1,7 +1,8 @@
 // W3C traceparent (a request header: anyone's bytes) and OTLP/JSON strings:
 // parsing never crashes, a parsed traceparent has non-zero ids and formats
-// back to the text it came from (version 00), and any string a span carries
-// encodes to JSON that keeps it (checked by decoding the escapes back).
+// back to the text it came from (version 00), and any text a span carries
+// (what fits of it) encodes to JSON that keeps it (checked by decoding the
+// escapes back).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -55,12 +56,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   tracing::span s;
   s.trace = tracing::exporter::new_trace_id();
   s.id = tracing::exporter::new_span_id();
-  s.name = std::string(text);
-  const std::string json = tracing::encode_json({s}, "svc", "1");
-  const std::size_t name = json.find("\"name\":\"", json.find("\"spans\""));
-  FUZZ_CHECK(name != std::string::npos);
-  std::size_t at = name + 7;
-  FUZZ_CHECK(unescape(json, at) == s.name);
+  s.name = "smockron.fuzz";
+  s.add("smockron.text", text);  // what fits of it (text_capacity), cut between characters
+  const std::string_view kept = s.text(s.attributes()[0]);
+  FUZZ_CHECK(text.starts_with(kept));
+  const std::string json = tracing::encode_json({&s, 1}, "svc", "1");
+  const std::size_t value = json.find("\"stringValue\":", json.find("\"spans\""));
+  FUZZ_CHECK(value != std::string::npos);
+  std::size_t at = value + 14;
+  FUZZ_CHECK(unescape(json, at) == kept);
   for (const char c : json) FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20);
   return 0;
 }
