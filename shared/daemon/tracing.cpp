@@ -633,17 +633,31 @@ answer read_answer(int fd, steady::time_point deadline) {
   };
   while ((head_end = in.find("\r\n\r\n")) == std::string::npos) {
     if (in.size() > max_head || !read_more()) {
-      got.ok = in.size() >= 12 && in.starts_with("HTTP/1.") && in[9] == '2';  // the status line may be all there is
+      got.ok = read_answer_head(in).ok;  // the status line may be all there is
       return got;
     }
   }
-  got.ok = in.size() >= 12 && in.starts_with("HTTP/1.") && in[9] == '2';
-  // The fields: Content-Length frames the body; "Connection: close" or any other framing ends the connection.
+  const answer_head h = read_answer_head(std::string_view(in).substr(0, head_end + 4));
+  got.ok = h.ok;
+  if (!h.length || *h.length > max_body) return got;
+  while (in.size() - (head_end + 4) < *h.length)
+    if (!read_more()) return got;
+  got.keep = in.size() - (head_end + 4) == *h.length;  // nothing more than the body came
+  return got;
+}
+
+}  // namespace
+
+answer_head read_answer_head(std::string_view head) {
+  answer_head h;
+  h.ok = head.size() >= 12 && head.starts_with("HTTP/1.") && head[9] == '2';
+  bool close = !head.starts_with("HTTP/1.1");
   std::optional<std::size_t> length;
-  bool close = !in.starts_with("HTTP/1.1");
-  for (std::size_t at = in.find("\r\n") + 2; at < head_end;) {
-    const std::size_t end = in.find("\r\n", at);
-    const std::string_view line(in.data() + at, end - at);
+  const std::size_t first = head.find("\r\n");
+  for (std::size_t at = first == std::string_view::npos ? head.size() : first + 2; at < head.size();) {
+    std::size_t end = head.find("\r\n", at);
+    if (end == std::string_view::npos) end = head.size();
+    const std::string_view line = head.substr(at, end - at);
     at = end + 2;
     const auto colon = line.find(':');
     if (colon == std::string_view::npos) continue;
@@ -660,14 +674,9 @@ answer read_answer(int fd, steady::time_point deadline) {
       close = true;
     }
   }
-  if (close || !length || *length > max_body) return got;
-  while (in.size() - (head_end + 4) < *length)
-    if (!read_more()) return got;
-  got.keep = in.size() - (head_end + 4) == *length;  // nothing more than the body came
-  return got;
+  if (!close) h.length = length;
+  return h;
 }
-
-}  // namespace
 
 // A POST on the connection kept from the last one, or on a new one; bounded
 // by opt_.timeout from the connect to the answer; true for a 2xx answer.

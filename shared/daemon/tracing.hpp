@@ -170,6 +170,17 @@ private:
   std::thread thread_;
 };
 
+/// What the head of a collector's answer (its status line and fields, up to
+/// the blank line) says: a 2xx status, and the body's length when
+/// Content-Length alone frames it on a connection that may carry the next
+/// POST (HTTP/1.1, no "Connection: close", no Transfer-Encoding, one valid
+/// Content-Length); nothing otherwise: the connection ends with the answer.
+struct answer_head {
+  bool ok = false;
+  std::optional<std::size_t> length;
+};
+answer_head read_answer_head(std::string_view head);
+
 /// Unix time in nanoseconds from the wall clock in microseconds.
 inline std::int64_t unix_ns(std::int64_t wall_us) { return wall_us * 1000; }
 /// A stable 64-bit hash of `identifier` (span::add_hash): a span names whom

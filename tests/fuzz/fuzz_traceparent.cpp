@@ -2,7 +2,7 @@
 // parsing never crashes, a parsed traceparent has non-zero ids and formats
 // back to the text it came from (version 00), and any text a span carries
 // (what fits of it) encodes to JSON that keeps it (checked by decoding the
-// escapes back).
+// escapes back); a collector's answer head is read without crashing.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -65,6 +65,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(value != std::string::npos);
   std::size_t at = value + 14;
   FUZZ_CHECK(unescape(json, at) == kept);
+  // The same bytes as a collector's answer: its head read within its bounds, a length only with a 2xx or not.
+  const tracing::answer_head answer = tracing::read_answer_head(text);
+  FUZZ_CHECK(!answer.ok || text.starts_with("HTTP/1."));
+  FUZZ_CHECK(!answer.length || text.starts_with("HTTP/1.1"));
   for (const char c : json) FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20);
   return 0;
 }

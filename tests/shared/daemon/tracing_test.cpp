@@ -349,3 +349,22 @@ TEST(Tracing, LongKeysAndLiteralsFitTheirSpan) {
   EXPECT_EQ(j["attributes"][7]["key"], long_key);
   EXPECT_EQ(j["attributes"][7]["value"]["stringValue"], long_literal);
 }
+
+TEST(Tracing, AnAnswerKeepsTheConnectionOnlyWhenContentLengthAloneFramesIt) {
+  const auto head = [](const std::string& fields) {
+    return tracing::read_answer_head("HTTP/1.1 200 OK\r\n" + fields + "\r\n");
+  };
+  EXPECT_TRUE(head("Content-Length: 2\r\n").ok);
+  EXPECT_EQ(head("Content-Length: 2\r\n").length, 2u);
+  EXPECT_EQ(head("content-length:\t0 \r\n").length, 0u) << "any case, blanks around the value";
+  EXPECT_FALSE(head("Content-Length: 2\r\nConnection: Close\r\n").length);
+  EXPECT_FALSE(head("Transfer-Encoding: chunked\r\n").length);
+  EXPECT_FALSE(head("").length) << "no length: the body ends with the connection";
+  EXPECT_FALSE(head("Content-Length: 2\r\nContent-Length: 2\r\n").length) << "repeated";
+  EXPECT_FALSE(head("Content-Length: 2x\r\n").length);
+  EXPECT_FALSE(head("Content-Length: -1\r\n").length);
+  EXPECT_FALSE(tracing::read_answer_head("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n").length);
+  EXPECT_FALSE(tracing::read_answer_head("HTTP/1.1 503 X\r\nContent-Length: 2\r\n\r\n").ok);
+  EXPECT_FALSE(tracing::read_answer_head("HTTP/1.1").ok);
+  EXPECT_FALSE(tracing::read_answer_head("").ok);
+}
