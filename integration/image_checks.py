@@ -173,7 +173,13 @@ def compose_checks(project: str, links: str = "") -> None:
         if links:
             refused = metric(http_get(s.master_admin, "/metrics").body, "smockron_master_accounting_disconnects_total",
                              {"reason": "mechanism"})
-            check(refused == 0, f"both links spoke CURVE ({refused:g} plaintext peers refused)")
+            check(refused == 0, f"no plaintext peer refused ({refused:g})")
+            master_links = json.loads(http_get(s.master_admin, "/status").body)["links"]
+            check(master_links["mechanism"] == "CURVE" and master_links["gatekeeper_keys"] >= 1,
+                  f"the master's links are CURVE: {master_links}")
+            for p in (s.proxy1_admin, s.proxy2_admin):
+                mechanism = json.loads(http_get(p, "/status").body)["masters"]["mechanism"]
+                check(mechanism == "CURVE", f"proxy admin {p}: its links to the master are {mechanism}")
             return
 
         # The master restarted keeps its state: read back from Redis (appendonly).

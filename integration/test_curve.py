@@ -18,6 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from lib.config import master_toml  # noqa: E402
 from lib.daemons import run_binary  # noqa: E402
 from lib.gatekeeper import FakeMaster, Gatekeeper  # noqa: E402
 from lib.http1 import fetch, http_get  # noqa: E402
@@ -26,6 +27,7 @@ from lib.testcase import DaemonTestCase  # noqa: E402
 from lib.timing import WaitTimeout, now_ms, wait_until  # noqa: E402
 
 DISCONNECTS = "smockron_master_accounting_disconnects_total"
+CONTROL_DISCONNECTS = "smockron_master_control_disconnects_total"
 ACCOUNTED = "smockron_master_accounting_messages_total"
 
 
@@ -76,11 +78,11 @@ class CurveCase(DaemonTestCase):
 
     def assert_refused(self, master, reason: str, gk: Gatekeeper, before: float) -> None:
         """The master closed the gatekeeper's connections for `reason`, and what it sent charged nothing."""
-        accounted = master.metric(ACCOUNTED, {"status": "ACCEPTED"}) or 0
+        accounted = master.metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}) or 0
         for i in range(3):
             gk.accepted("api", f"intruder-{i}", now_ms())
         master.wait_metric(DISCONNECTS, {"reason": reason}, predicate=lambda v: v > before, timeout=10)
-        self.assertEqual(master.metric(ACCOUNTED, {"status": "ACCEPTED"}) or 0, accounted, "nothing reached the rules")
+        self.assertEqual(master.metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}) or 0, accounted, "nothing reached the rules")
         self.assertFalse(tracked(master, "intruder-0"), "no state for what it sent")
 
 
@@ -132,7 +134,7 @@ class CurveLinksTest(CurveCase):
 class RefusedPeersTest(CurveCase):
     def test_a_plaintext_peer_is_refused(self):
         master = self.curve_master()
-        accounted = master.metric(ACCOUNTED, {"status": "ACCEPTED"}) or 0
+        accounted = master.metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}) or 0
         # libzmq reads our greeting as soon as its connection is up and, when
         # it comes before libzmq's own greeting has left, closes having sent
         # nothing (and does not connect again after a mechanism mismatch): the
@@ -150,7 +152,7 @@ class RefusedPeersTest(CurveCase):
                 gk.close()
         else:
             self.fail("no plaintext peer was refused for its mechanism in 10 tries")
-        self.assertEqual(master.metric(ACCOUNTED, {"status": "ACCEPTED"}) or 0, accounted, "nothing reached the rules")
+        self.assertEqual(master.metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}) or 0, accounted, "nothing reached the rules")
         self.assertFalse(tracked(master, "intruder-0"), "no state for what it sent")
 
     def test_an_unlisted_key_is_refused(self):
@@ -159,6 +161,8 @@ class RefusedPeersTest(CurveCase):
         stranger = Keys(self.tmp, "stranger")
         gk = self.curve_gatekeeper(master, keys=stranger, handshake=False)
         self.assert_refused(master, "unknown_key", gk, before)
+        # Its control SUB too: refused by the control endpoint, for the same reason.
+        master.wait_metric(CONTROL_DISCONNECTS, {"reason": "unknown_key"}, predicate=lambda v: v > 0, timeout=10)
         self.assertIsNone(gk.recv(0.3), "no control either")
 
     def test_a_gatekeeper_with_the_wrong_master_key_is_refused(self):
@@ -167,6 +171,7 @@ class RefusedPeersTest(CurveCase):
         other = Keys(self.tmp, "not-the-master")
         gk = self.curve_gatekeeper(master, server=other.public, handshake=False)
         self.assert_refused(master, "bad_box", gk, before)
+        master.wait_metric(CONTROL_DISCONNECTS, {"reason": "bad_box"}, predicate=lambda v: v > 0, timeout=10)
 
     def test_a_hello_flood_leaves_the_master_deciding(self):
         master = self.curve_master()
@@ -208,28 +213,38 @@ class RelayedTest(CurveCase):
     """A relay between the proxy and the master sees every byte: it can read
     nothing, and a box it changes, replays or reorders is refused."""
 
-    def relayed_stack(self, mangle=None):
-        master = self.curve_master({"api": {"rules": [("1/h", 1000)]}})
+    def relayed_stack(self, mangle=None, burst: int = 1000, relay_control: bool = False):
+        master = self.curve_master({"api": {"rules": [("1/h", burst)]}})
         relay = self.closing(Relay(master.accounting_port, mangle))
+        control = master.control
+        if relay_control:
+            self.control_relay = self.closing(Relay(master.control_port))
+            control = f"tcp://{HOST}:{self.control_relay.port}"
         backend = self.start_backend()
         proxy = self.start_proxy({"app": {"servers": [f"{HOST}:{backend.port}"]}},
                                  [{"path": "/", "domain": "api", "upstream": "app", "identify": ["header:X-API-Key"]}],
-                                 accounting=[f"tcp://{HOST}:{relay.port}"], control=[master.control],
+                                 accounting=[f"tcp://{HOST}:{relay.port}"], control=[control],
                                  curve_secret_key=self.gk_keys.key_file, curve_master_key=self.master_keys.pub_file,
-                                 threads=1)
+                                 threads=1, max_delay="0s")
         self.wait_accounting(proxy)
         return master, relay, proxy
 
     def test_identifiers_never_cross_the_wire_in_clear(self):
-        master, relay, proxy = self.relayed_stack()
+        # Both links through relays that record both directions: the accounting
+        # (ACCEPTED, and the master's subscriptions) and the control (the
+        # DELAY_UNTIL naming the identifier, POLICY).
+        master, relay, proxy = self.relayed_stack(burst=3, relay_control=True)
         secret_id = "tenant-7f3a9c-unique-identifier"
-        for _ in range(5):
+        for _ in range(3):
             self.assertEqual(fetch(proxy.port, "/x", key=secret_id)[0].status, 200)
         wait_until(lambda: tracked(master, secret_id), 5, message="the accounting arrived")
-        wire = relay.captured()
-        self.assertGreater(len(wire), 500)
-        for needle in (secret_id.encode(), b"ACCEPTED", b"api\0"):
-            self.assertNotIn(needle, wire, f"{needle!r} visible on the wire")
+        wait_until(lambda: fetch(proxy.port, "/x", key=secret_id)[0].status in (429, 503), 10,
+                   message="the master's DELAY_UNTIL for it came back through the control relay")
+        for name, wire, least in (("accounting", relay.captured(), 500), ("control", self.control_relay.captured(), 200)):
+            self.assertGreater(len(wire), least, name)
+            for needle in (secret_id.encode(), b"ACCEPTED", b"DELAY_UNTIL", b"POLICY", b"api\0"):
+                self.assertNotIn(needle, wire, f"{needle!r} visible on the {name} link")
+        self.assertGreater(len(self.control_relay.captured(from_client=False)), 0, "the master's side was recorded")
 
     def mangled(self, mangle, reason: str):
         master, relay, proxy = self.relayed_stack(mangle)
@@ -283,6 +298,50 @@ class RotationTest(CurveCase):
         with self.assertRaises(WaitTimeout):
             gk.handshake(1.5)
 
+    def test_a_master_key_rotated_by_two_reloads_loses_nothing(self):
+        domains = {"api": {"rules": [("1/h", 3)]}}
+        nxt = Keys(self.tmp, "master-next")
+        master = self.curve_master(domains)
+        old_gk = self.curve_gatekeeper(master)  # on the current key, soon the previous one
+        connections = master.metric("smockron_master_accounting_connections_total")
+        accepted = master.metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}) or 0
+
+        def reload(*secret_keys):
+            n = master.metric("smockron_master_reloads_total") or 0
+            self.write_file("master.toml", master_toml(master.accounting_port, master.control_port, master.admin_port,
+                                                       domains, curve_secret_key=list(secret_keys),
+                                                       curve_allowed_keys=self.allowed))
+            master.signal(signal.SIGHUP)
+            master.wait_metric("smockron_master_reloads_total", predicate=lambda v: v > n)
+
+        def throttled(gk, identifier: str) -> None:
+            """`identifier`'s DELAY_UNTIL comes back to `gk` (what others caused is skipped)."""
+            wait_until(lambda: (m := gk.recv(0.5)) is not None and m.identifier == identifier, 10,
+                       message=f"{identifier}'s DELAY_UNTIL")
+
+        # The next key added: the connection made with the previous one goes on through the reload.
+        for _ in range(2):
+            old_gk.accepted("api", "across-the-reload", now_ms())
+        reload(nxt.key_file, self.master_keys.key_file)
+        for _ in range(2):
+            old_gk.accepted("api", "across-the-reload", now_ms())
+        throttled(old_gk, "across-the-reload")  # the 4th over a burst of 3: all four charged
+        master.wait_metric(ACCOUNTED, {"domain": "api", "status": "ACCEPTED"}, predicate=lambda v: v >= accepted + 4)
+        self.assertEqual(master.metric("smockron_master_accounting_connections_total"), connections,
+                         "the reload kept the connection")
+        new_gk = self.curve_gatekeeper(master, server=nxt.public)
+
+        # The previous key retired: its connections closed, and a gatekeeper holding only that
+        # key is refused when it connects again; the one on the next key goes on.
+        bad_box = self.disconnects(master, "bad_box")
+        reload(nxt.key_file)
+        master.wait_metric(DISCONNECTS, {"reason": "bad_box"}, predicate=lambda v: v > bad_box, timeout=10)
+        self.assertEqual(self.disconnects(master, "unknown_key"), 0, "a retired master key is not an unknown key")
+        for _ in range(4):
+            new_gk.accepted("api", "after-the-rotation", now_ms())
+        throttled(new_gk, "after-the-rotation")
+        self.assertEqual(json.loads(master.get("/status").body)["links"]["master_keys"], 1)
+
     def test_two_master_keys_overlap_during_a_rotation(self):
         new = Keys(self.tmp, "master-next")
         master = self.start_master({"api": {"rules": [("2/s", 2)]}},
@@ -333,9 +392,10 @@ class CheckWarnsTest(CurveCase):
 
 
 class Relay:
-    """A TCP relay from a port of its own to `port`: records what the client
-    sends, and after the CURVE handshake passes each MESSAGE frame through
-    `mangle(frame_bytes, index)`, which returns the frames to send instead."""
+    """A TCP relay from a port of its own to `port`: records what each side
+    sends, and after the CURVE handshake passes each MESSAGE frame the client
+    sends through `mangle(frame_bytes, index)`, which returns the frames to
+    send instead."""
 
     def __init__(self, port: int, mangle=None):
         self.target = port
@@ -345,14 +405,17 @@ class Relay:
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]
         self.lock = threading.Lock()
-        self.bytes = bytearray()
+        self.sent = {True: bytearray(), False: bytearray()}  # by from_client
         self.closed = False
         self.socks = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def captured(self) -> bytes:
+    def captured(self, from_client: bool | None = None) -> bytes:
+        """What the client sent (True), the server (False), or both (None)."""
         with self.lock:
-            return bytes(self.bytes)
+            if from_client is None:
+                return bytes(self.sent[True] + self.sent[False])
+            return bytes(self.sent[from_client])
 
     def _accept(self):
         while not self.closed:
@@ -375,9 +438,8 @@ class Relay:
                 if not data:
                     break
                 if not from_client or self.mangle is None:
-                    if from_client:
-                        with self.lock:
-                            self.bytes += data
+                    with self.lock:
+                        self.sent[from_client] += data
                     dst.sendall(data)
                     continue
                 buf += data
@@ -404,7 +466,7 @@ class Relay:
                     else:
                         out += frame
                 with self.lock:
-                    self.bytes += out
+                    self.sent[True] += out
                 dst.sendall(out)
         except OSError:
             pass

@@ -160,13 +160,36 @@ void zmtp_server::send_subscription(bool subscribe, std::string_view topic) {
 void zmtp_server::set_curve(std::shared_ptr<const zmtp::curve::server_keys> keys) {
   if (!keys || !opt_.curve) return;
   opt_.curve = std::move(keys);
+  // A handshake under way is judged by the keys in force at its READY (parse()).
   for (auto& p : peers_) {
-    if (p->closed || !p->session.ready()) continue;
-    if (const auto* k = p->session.peer_key(); k && !opt_.curve->allowed.contains(*k)) {
-      drop(*p, zmtp::fault::unknown_key,
-           "the gatekeeper's key " + zmtp::curve::z85_encode(*k) + " is no longer listed");
-    }
+    if (!p->closed && p->session.ready()) refuse_if_unwelcome(*p);
   }
+}
+
+std::optional<zmtp::fault> zmtp_server::unwelcome(const peer& p) const {
+  if (!opt_.curve) return std::nullopt;
+  if (const auto* k = p.session.peer_key(); k && !opt_.curve->allowed.contains(*k)) return zmtp::fault::unknown_key;
+  if (const auto* own = p.session.own_key();
+      own && std::none_of(opt_.curve->own.begin(), opt_.curve->own.end(),
+                          [&](const zmtp::curve::keypair& kp) { return kp.public_key == *own; })) {
+    return zmtp::fault::closed;  // made with a master key a reload retired
+  }
+  return std::nullopt;
+}
+
+bool zmtp_server::refuse_if_unwelcome(peer& p) {
+  const auto why = unwelcome(p);
+  if (!why) return false;
+  if (*why == zmtp::fault::unknown_key) {
+    drop(p, *why, "the gatekeeper's key " + zmtp::curve::z85_encode(*p.session.peer_key()) + " is no longer listed");
+  } else {
+    // Not a refusal: the gatekeeper connects again and meets the current key
+    // (one that still has only the retired key is then refused, as bad_box).
+    log_->info("{} connection closed: its handshake used the master key {}, no longer configured", opt_.name,
+               zmtp::curve::z85_encode(*p.session.own_key()));
+    close(p);
+  }
+  return true;
 }
 
 std::size_t zmtp_server::peers() const { return ready_peers_.load(std::memory_order_relaxed); }
@@ -298,13 +321,19 @@ void zmtp_server::parse(peer& p) {
     zmtp_server& self;
     peer& p;
     std::string& replies;
-    bool over = false;  ///< role pub: more subscriptions than max_subscriptions
+    bool over = false;       ///< role pub: more subscriptions than max_subscriptions
+    bool unwelcome = false;  ///< READY came, but under keys a reload has since withdrawn
     events(zmtp_server& s, peer& q, std::string& r) : self(s), p(q), replies(r) {}
     void on_ready() override {
       self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
+      // Keys a reload changed since the handshake began (its HELLO was judged
+      // by the keys then): nothing the peer sent is delivered.
+      unwelcome = self.unwelcome(p).has_value();
+      if (unwelcome) return;
       for (const auto& t : self.topics_) p.session.append(replies, 0, "\x01" + t);
     }
     void on_message(std::span<const std::string_view> frames, bool truncated) override {
+      if (unwelcome) return;
       if (self.on_message_) self.on_message_(frames, truncated);
       ++self.delivered_;
     }
@@ -317,6 +346,7 @@ void zmtp_server::parse(peer& p) {
       }
     }
     void on_subscription(bool subscribe, std::string_view topic) override {
+      if (unwelcome) return;
       if (!p.subs.apply(subscribe, topic)) over = true;
       else if (subscribe && self.on_subscription_) self.on_subscription_(topic);
     }
@@ -327,6 +357,7 @@ void zmtp_server::parse(peer& p) {
   // A publisher's PONGs go behind the messages queued for the peer: the
   // session answers no PING while that output is over k_max_output.
   const std::size_t used = p.session.feed({p.in.get(), p.len}, ev, pub ? p.out : replies);
+  if (ev.unwelcome && refuse_if_unwelcome(p)) return;
   if (!replies.empty()) send(p, replies);
   else if (pub && !p.out.empty()) flush(p);
   if (const auto f = p.session.failed()) return drop(p, *f, p.session.detail());

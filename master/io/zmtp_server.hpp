@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -150,7 +151,10 @@ public:
   std::size_t peers() const;
 
   /// New CURVE keys (a reload): new connections use them; a connected
-  /// gatekeeper whose key is no longer listed is disconnected. Null and
+  /// gatekeeper whose key is no longer listed is disconnected (unknown_key),
+  /// and so is one whose handshake used a master key no longer configured
+  /// (not counted: it connects again under the current key). A handshake
+  /// under way is judged by the keys in force when it completes. Null and
   /// non-null cannot be swapped (a restart changes the mechanism).
   void set_curve(std::shared_ptr<const zmtp::curve::server_keys> keys);
 
@@ -170,6 +174,12 @@ private:
   void send(peer& p, std::string_view bytes);
   void flush(peer& p);
   void drop(peer& p, zmtp::fault why, std::string_view detail);
+  /// CURVE: why the current keys no longer admit a peer that finished its
+  /// handshake (unknown_key: its key is not listed; closed: it used a
+  /// retired master key), if they do not.
+  std::optional<zmtp::fault> unwelcome(const peer& p) const;
+  /// Closes the peer when unwelcome(); true if it did.
+  bool refuse_if_unwelcome(peer& p);
   void close(peer& p);
   void expire_handshakes();
   void update_interest(peer& p);

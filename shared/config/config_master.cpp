@@ -307,8 +307,13 @@ void read_master_curve(reader& r, sink& s, master_config& m) {
   if (!both_or_neither(r, "curve_secret_key", "curve_allowed_keys")) return;
   const toml::node* secret = r.get("curve_secret_key");
   const toml::node* allowed = r.get("curve_allowed_keys");
-  if (m.curve_secret_key.size() > 2) {
-    s.add(*secret, "master.curve_secret_key", "at most two keys (the current one and the previous one)");
+  // Keys given but empty would leave the links plaintext without a word.
+  if (m.curve_secret_key.empty() || m.curve_secret_key.size() > 2) {
+    s.add(*secret, "master.curve_secret_key", "one or two keys (the current one and the previous one)");
+    return;
+  }
+  if (m.curve_allowed_keys.empty()) {
+    s.add(*allowed, "master.curve_allowed_keys", "expected the path of the gatekeepers' key list");
     return;
   }
   auto keys = std::make_shared<zmtp::curve::server_keys>();
@@ -318,14 +323,13 @@ void read_master_curve(reader& r, sink& s, master_config& m) {
     s.add(*secret, "master.curve_secret_key", e.what());
     return;
   }
-  if (m.curve_allowed_keys.empty()) return;
   try {
     keys->allowed = zmtp::curve::read_key_list(m.curve_allowed_keys);
   } catch (const std::runtime_error& e) {
     s.add(*allowed, "master.curve_allowed_keys", e.what());
     return;
   }
-  if (!keys->own.empty()) m.curve = std::move(keys);
+  m.curve = std::move(keys);
 }
 
 // `rls`: the gRPC endpoint of Envoy's rate limit services, and what goes with it.

@@ -113,6 +113,8 @@ public:
 
   /// The peer's long-term public key (the client's, on a server, once INITIATE was accepted).
   const key& peer_key() const { return peer_long_; }
+  /// Server: the public key of ours the client boxed its HELLO to (during a rotation, either).
+  const key& own_key() const { return server_->own[own_index_].public_key; }
 
 private:
   std::shared_ptr<const client_keys> client_;

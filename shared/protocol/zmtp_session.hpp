@@ -115,6 +115,8 @@ public:
   bool secure() const { return mechanism_ != nullptr; }
   /// CURVE: the peer's long-term public key (a server knows it once ready()).
   const curve::key* peer_key() const { return mechanism_ ? &mechanism_->peer_key() : nullptr; }
+  /// CURVE server: which of its own public keys the peer's handshake used (once past HELLO).
+  const curve::key* own_key() const { return mechanism_ && mechanism_->is_server() ? &mechanism_->own_key() : nullptr; }
 
   /// Parses the bytes received so far (`in`, from the first not yet
   /// consumed). Returns how many bytes are consumed; the rest (an unfinished

@@ -676,3 +676,127 @@ TEST_F(ZmtpPublisher, APubPeerIsAHandshakeFault) {
   EXPECT_TRUE(closed_by_peer(fd));
   EXPECT_EQ(metric("smockron_master_control_disconnects_total{reason=\"handshake\"}"), 1);
 }
+
+// ---- CURVE keys changed by a reload ------------------------------------------
+
+namespace {
+
+// The master's two keys (a rotation's previous and next) and two gatekeepers'.
+struct rotation_keys {
+  zmtp::curve::keypair previous = zmtp::curve::generate(), next = zmtp::curve::generate();
+  zmtp::curve::keypair kept = zmtp::curve::generate(), removed = zmtp::curve::generate();
+  std::shared_ptr<const zmtp::curve::server_keys> server(std::vector<zmtp::curve::keypair> own,
+                                                         std::vector<zmtp::curve::key> allowed) const {
+    auto k = std::make_shared<zmtp::curve::server_keys>();
+    k->own = std::move(own);
+    k->allowed.insert(allowed.begin(), allowed.end());
+    return k;
+  }
+  std::shared_ptr<const zmtp::curve::client_keys> client(const zmtp::curve::keypair& own,
+                                                         const zmtp::curve::keypair& master) const {
+    auto k = std::make_shared<zmtp::curve::client_keys>();
+    k->own = own;
+    k->server = master.public_key;
+    return k;
+  }
+};
+const rotation_keys& rk() {
+  static const rotation_keys k;
+  return k;
+}
+
+// A gatekeeper's accounting connection: our CURVE client session over a socket.
+struct curve_peer {
+  struct events final : zmtp::session_events {
+    bool ready = false;
+    void on_ready() override { ready = true; }
+  } ev;
+  zmtp::session s;
+  std::string in, out;
+  int fd;
+  curve_peer(int socket, std::shared_ptr<const zmtp::curve::client_keys> keys)
+      : s(zmtp::session::role::pub, {}, {.client = std::move(keys), .server = nullptr}), fd(socket) {
+    s.start(out);
+  }
+};
+
+class ZmtpCurveReload : public Zmtp {
+protected:
+  ZmtpCurveReload()
+      : Zmtp({.curve = rk().server({rk().next, rk().previous}, {rk().kept.public_key, rk().removed.public_key})}) {}
+
+  // Moves bytes both ways, polling the server in between, until `done`, the
+  // server closes, or 500 reads in a row find nothing.
+  template <class F>
+  bool converse(curve_peer& p, F done) {
+    for (int quiet = 0; quiet < 500 && !done();) {
+      if (!p.out.empty()) write_all(p.fd, std::exchange(p.out, {}));
+      poll_once();
+      char buf[4096];
+      const ssize_t r = ::recv(p.fd, buf, sizeof buf, 0);
+      if (r == 0) break;
+      if (r < 0) {
+        ++quiet;
+        continue;
+      }
+      quiet = 0;
+      p.in.append(buf, static_cast<std::size_t>(r));
+      p.in.erase(0, p.s.feed(p.in, p.ev, p.out));
+    }
+    return done();
+  }
+  curve_peer connected(const zmtp::curve::keypair& own, const zmtp::curve::keypair& master) {
+    curve_peer p(raw_connect(), rk().client(own, master));
+    EXPECT_TRUE(converse(p, [&] { return p.ev.ready; })) << p.s.detail();
+    return p;
+  }
+  void send_message(curve_peer& p, std::string_view text) {
+    p.s.append(p.out, 0, text);
+    write_all(p.fd, std::exchange(p.out, {}));
+  }
+};
+
+}  // namespace
+
+// A reload that retires the previous master key closes the connections made
+// with it (they connect again under the next one); those made with the next
+// key go on with nothing lost; a gatekeeper still holding only the previous
+// key is then refused.
+TEST_F(ZmtpCurveReload, RetiringAMasterKeyClosesOnlyTheConnectionsThatUsedIt) {
+  curve_peer old_key = connected(rk().kept, rk().previous);
+  curve_peer new_key = connected(rk().kept, rk().next);
+  send_message(old_key, "before, previous key");
+  send_message(new_key, "before, next key");
+  ASSERT_TRUE(pump([&] { return got_.size() == 2; }));
+
+  sub_.set_curve(rk().server({rk().next}, {rk().kept.public_key, rk().removed.public_key}));
+  EXPECT_TRUE(closed_by_peer(old_key.fd));
+  send_message(new_key, "after, next key");
+  ASSERT_TRUE(pump([&] { return got_.size() == 3; }));
+  EXPECT_EQ(got_[2].frames[0], "after, next key");
+  EXPECT_EQ(sub_.peers(), 1u);
+  EXPECT_EQ(faults("unknown_key"), 0) << "a retired master key is not a refusal";
+
+  curve_peer stale(raw_connect(), rk().client(rk().kept, rk().previous));
+  EXPECT_FALSE(converse(stale, [&] { return stale.ev.ready; }));
+  EXPECT_EQ(faults("bad_box"), 1);
+}
+
+// A gatekeeper whose handshake began before a reload removed its key (HELLO
+// judged under the old list) is refused at INITIATE's READY by the list in
+// force then, and nothing it sent is delivered.
+TEST_F(ZmtpCurveReload, AHandshakeUnderWayIsJudgedByTheKeysInForceWhenItCompletes) {
+  curve_peer p(raw_connect(), rk().client(rk().removed, rk().next));
+  write_all(p.fd, std::exchange(p.out, {}));  // greeting and HELLO
+  // Until the WELCOME made the client's INITIATE (kept back for now).
+  ASSERT_TRUE(converse(p, [&] { return !p.out.empty(); })) << p.s.detail();
+  sub_.set_curve(rk().server({rk().next, rk().previous}, {rk().kept.public_key}));
+  EXPECT_TRUE(converse(p, [&] { return p.ev.ready; }) == false);
+  EXPECT_EQ(faults("unknown_key"), 1);
+  EXPECT_TRUE(got_.empty());
+  EXPECT_EQ(sub_.peers(), 0u);
+  // The one still listed gets in.
+  curve_peer kept = connected(rk().kept, rk().next);
+  send_message(kept, "listed");
+  EXPECT_TRUE(pump([&] { return got_.size() == 1; }));
+}

@@ -1015,7 +1015,12 @@ TEST(Config, CurveKeys) {
   err("[master]\ncurve_allowed_keys = \"" + allowed + "\"\n", "needs curve_secret_key too");
   err("[master]\ncurve_secret_key = [\"" + m_key + "\", \"" + m_key + "\", \"" + m_key +
           "\"]\ncurve_allowed_keys = \"" + allowed + "\"\n",
-      "at most two keys");
+      "one or two keys");
+  // Keys named but empty: an error, not plaintext links without a word.
+  err("[master]\ncurve_secret_key = []\ncurve_allowed_keys = \"" + allowed + "\"\n", "one or two keys");
+  err("[master]\ncurve_secret_key = \"" + m_key + "\"\ncurve_allowed_keys = \"\"\n",
+      "expected the path of the gatekeepers' key list");
+  err("[proxy]\ncurve_secret_key = \"\"\ncurve_master_key = \"" + m_pub + "\"\n", "cannot read key file");
   err("[master]\ncurve_secret_key = \"/nonexistent\"\ncurve_allowed_keys = \"" + allowed + "\"\n",
       "cannot read key file");
   err("[master]\ncurve_secret_key = \"" + m_key + "\"\ncurve_allowed_keys = \"" + write("bad", "nope\n") + "\"\n",
