@@ -5,9 +5,14 @@
 // events a NULL session of its role reports for the same frames in the
 // clear. With a byte of the sealed stream flipped (the input chooses), the
 // receiver must never deliver what it did not deliver in the clear and must
-// fail rather than accept a box that was changed. And arbitrary bytes after a
-// CURVE greeting (the handshake commands of an unauthenticated peer) never
-// crash it. The first input byte chooses the receiving end, the flip and the cuts.
+// fail rather than accept a box that was changed; with one of its boxes sent
+// twice (a replay), it must fail on the nonce, having delivered only what
+// came before. A handshake with one byte of the client's side changed
+// (greeting, HELLO or INITIATE) either fails or authenticates the client's
+// own key, never another. And arbitrary bytes after a CURVE greeting (the
+// handshake commands of an unauthenticated peer) never crash it. The first
+// input byte chooses the receiving end, the flip or replay and the cuts; the
+// second, where.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -106,13 +111,52 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string sealed;
   for (const auto& f : frames) sender.s.append(sealed, f.flags & (zmtp::flag_more | zmtp::flag_command), f.body);
   const bool flip = (mode & 0x04) && !sealed.empty();
+  const bool replay = !flip && (data[1] & 0x80) && !sealed.empty();
   if (flip) sealed[static_cast<unsigned char>(data[1]) * 257 % sealed.size()] ^= 0x20;
+  if (replay) {  // box number data[1] % 128 (of those there are) sent a second time, right after itself
+    std::vector<std::string_view> boxes;
+    for (std::string_view rest = sealed; !rest.empty();) {
+      zmtp::frame f;
+      FUZZ_CHECK(zmtp::next_frame(rest, 1 << 20, f) == zmtp::frame_status::ok);
+      boxes.push_back(rest.substr(0, f.size));
+      rest.remove_prefix(f.size);
+    }
+    const std::size_t again = (data[1] & 0x7f) % boxes.size();
+    std::string replayed;
+    for (std::size_t i = 0; i < boxes.size(); ++i) {
+      replayed.append(boxes[i]);
+      if (i == again) replayed.append(boxes[i]);
+    }
+    sealed = std::move(replayed);
+  }
   receiver.receive(sealed, cut);
-  if (!flip) {
+  if (!flip && !replay) {
     if (!plain.s.failed() && !receiver.s.failed()) FUZZ_CHECK(receiver.ev.log == plain.ev.log);
   } else {
     // Whatever it delivered, the NULL session delivered too, from the start.
     FUZZ_CHECK(plain.ev.log.starts_with(receiver.ev.log) || plain.s.failed());
+  }
+  // A replayed box is refused for its nonce (unless the receiver had already
+  // stopped on something the NULL session stops on too).
+  if (replay && !plain.s.failed()) FUZZ_CHECK(receiver.s.failed() == zmtp::fault::nonce);
+
+  // A handshake with one byte changed on the client's side, on its way.
+  {
+    end client(role == session::role::pub ? session::role::sub : session::role::pub, k.client_side());
+    end server(role, k.server_side());
+    client.s.start(client.out);
+    server.s.start(server.out);
+    const std::size_t at = static_cast<unsigned char>(data[1]) * 2 + (mode & 1);  // 0..511: greeting to INITIATE
+    std::size_t sent = 0;
+    for (int i = 0; i < 4 && (!client.out.empty() || !server.out.empty()); ++i) {
+      std::string a = std::exchange(client.out, {});
+      const std::string b = std::exchange(server.out, {});
+      if (at >= sent && at < sent + a.size()) a[at - sent] ^= static_cast<char>(1 + (mode >> 5));
+      sent += a.size();
+      server.receive(a, cut);
+      client.receive(b, cut);
+    }
+    if (server.s.ready()) FUZZ_CHECK(server.s.peer_key() && *server.s.peer_key() == k.client.public_key);
   }
 
   // An unauthenticated peer's bytes after a CURVE greeting.
