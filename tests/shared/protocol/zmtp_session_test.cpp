@@ -580,6 +580,97 @@ TEST(ZmtpCurve, ReceivesFromALibzmqCurvePubAndPublishesToALibzmqCurveSub) {
   EXPECT_EQ(m.to_string(), "web\0"s);
 }
 
+// A libzmq CURVE PUB with heartbeats on: 1,000 messages of 1 to 4 frames and
+// random sizes arrive whole and in order at our CURVE server, and libzmq's
+// PINGs (commands, flagged inside their boxes) are answered and never
+// delivered as data. Conversed until more boxes came than data frames were
+// sent, so at least one PING was read, however long libzmq takes to send one.
+TEST(ZmtpCurve, ALibzmqCurvePublisherWithHeartbeatsUnderRandomContents) {
+  const curve_world w;
+  libzmq_peer pub_peer(zmq::socket_type::pub, [&](zmq::socket_t& s) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::sndhwm, 0);
+    s.set(zmq::sockopt::heartbeat_ivl, 5);
+    s.set(zmq::sockopt::heartbeat_timeout, 60'000);
+    s.set(zmq::sockopt::curve_serverkey, z85(w.server.public_key));
+    s.set(zmq::sockopt::curve_publickey, z85(w.client.public_key));
+    s.set(zmq::sockopt::curve_secretkey, z85(w.client.secret_key));
+  });
+  ASSERT_GE(pub_peer.fd, 0);
+  end sub(session::role::sub, {.max_message = 1 << 20, .max_frames = 8},
+          {.client = nullptr, .server = w.server_keys()});
+  sub.s.start(sub.out);
+  // Every box libzmq sends after the greeting, counted on the raw bytes.
+  std::string tap;
+  std::size_t tapped = 64, boxes = 0;
+  const auto count_boxes = [&](std::string_view bytes) {
+    tap.append(bytes);
+    while (tap.size() > tapped) {
+      zmtp::frame f;
+      if (zmtp::next_frame(std::string_view(tap).substr(tapped), 1 << 21, f) != zmtp::frame_status::ok) break;
+      if (f.body.starts_with("\x07MESSAGE")) ++boxes;
+      tapped += f.size;
+    }
+  };
+  const auto converse_tapped = [&](const auto& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    char buf[65536];
+    while (!done() && !sub.s.failed() && std::chrono::steady_clock::now() < until) {
+      if (!sub.out.empty()) {
+        const auto n = ::send(pub_peer.fd, sub.out.data(), sub.out.size(), MSG_NOSIGNAL);
+        if (n <= 0) return false;
+        sub.out.erase(0, static_cast<std::size_t>(n));
+      }
+      pollfd p{pub_peer.fd, POLLIN, 0};
+      if (::poll(&p, 1, 10) > 0) {
+        const auto n = ::recv(pub_peer.fd, buf, sizeof buf, 0);
+        if (n <= 0) return false;
+        count_boxes(std::string_view(buf, static_cast<std::size_t>(n)));
+        sub.receive(std::string_view(buf, static_cast<std::size_t>(n)));
+      }
+    }
+    return done();
+  };
+  ASSERT_TRUE(converse_tapped([&] { return sub.s.ready(); })) << sub.s.detail();
+  sub.s.append(sub.out, 0, "\x01"s + "api\0"s);
+  // The subscription reached libzmq once a probe comes back.
+  ASSERT_TRUE(converse_tapped([&] {
+    pub_peer.sock.send(zmq::buffer("api\0"s), zmq::send_flags::sndmore);
+    pub_peer.sock.send(zmq::buffer("probe"s));
+    return !sub.ev.messages.empty();
+  })) << sub.s.detail();
+  const std::size_t probes = sub.ev.messages.size();
+  std::minstd_rand rng(2026);
+  std::vector<std::vector<std::string>> sent;
+  std::size_t frames = 0;
+  for (int i = 0; i < 1000; ++i) {
+    std::vector<std::string> m{"api\0"s};
+    const std::size_t extra = 1 + rng() % 3;
+    for (std::size_t j = 0; j < extra; ++j) {
+      std::string body(rng() % (j == 0 && i % 50 == 0 ? 70'000 : 300), '\0');
+      for (auto& c : body) c = static_cast<char>(rng());
+      m.push_back(std::move(body));
+    }
+    for (std::size_t j = 0; j < m.size(); ++j)
+      pub_peer.sock.send(zmq::buffer(m[j]), j + 1 < m.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    frames += m.size();
+    sent.push_back(std::move(m));
+  }
+  // Probes may still come after the first; then exactly what was sent, in order.
+  ASSERT_TRUE(converse_tapped([&] {
+    return sub.ev.messages.size() >= probes && sub.ev.messages.back() == sent.back();
+  })) << sub.s.detail();
+  std::size_t at = probes;
+  while (at < sub.ev.messages.size() && sub.ev.messages[at].size() == 2 && sub.ev.messages[at][1] == "probe") ++at;
+  ASSERT_EQ(sub.ev.messages.size() - at, sent.size());
+  for (std::size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(sub.ev.messages[at + i], sent[i]) << "message " << i;
+  // Boxes beyond the data frames are libzmq's PINGs: wait for one, answered without a fault.
+  const std::size_t data_boxes = frames + 2 * sub.ev.messages.size() - 2 * sent.size();  // probes: 2 frames each
+  ASSERT_TRUE(converse_tapped([&] { return boxes > data_boxes + 2; })) << sub.s.detail();
+  EXPECT_FALSE(sub.s.failed());
+  EXPECT_EQ(sub.ev.messages.size() - at, sent.size()) << "no PING delivered as data";
+}
+
 TEST(ZmtpCurve, Z85AndKeyFiles) {
   // rfc.zeromq.org/spec/32's example, in a key's length.
   zmtp::curve::key k{};
