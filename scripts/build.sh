@@ -10,6 +10,10 @@
 #                                  build/ (the container image's build stage: no tests, fuzzers, benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache hashes the paths under the checkout relative to it, and not the
+# build directory, so a clone elsewhere (CI's clean clone) reuses what another
+# clone compiled (debug info and __FILE__ may then name that clone's path).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 jobs="${SMOCKRON_JOBS:-2}"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

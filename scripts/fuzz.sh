@@ -9,6 +9,10 @@
 #   scripts/fuzz.sh 600 fuzz_wire        one target for 10 minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache hashes the paths under the checkout relative to it, and not the
+# build directory, so a clone elsewhere (CI's clean clone) reuses what another
+# clone compiled (debug info and __FILE__ may then name that clone's path).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 seconds="${1:-60}"
 shift || true
 targets=(fuzz_wire fuzz_units fuzz_config fuzz_zmtp fuzz_zmtp_session fuzz_zmtp_curve fuzz_dns_answer fuzz_traceparent fuzz_http1_request fuzz_http1_response fuzz_http1_chunked fuzz_path
