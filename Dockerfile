@@ -8,8 +8,10 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh
 COPY . .
-# A user's build: warnings are reported, not errors (CI builds with -Werror).
-RUN rm -rf build && SMOCKRON_WERROR=OFF bash scripts/build.sh --ship
+# A user's build: warnings are reported, not errors. CI builds it with
+# --build-arg SMOCKRON_WERROR=ON: this is its GCC Release build.
+ARG SMOCKRON_WERROR=OFF
+RUN rm -rf build && SMOCKRON_WERROR=$SMOCKRON_WERROR bash scripts/build.sh --ship
 
 # The runtime stage: the daemons and exactly the libraries they load
 # (integration/test_packaging.py checks the list against ldd and dpkg -S).

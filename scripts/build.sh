@@ -4,8 +4,8 @@
 #   scripts/build.sh               release build in build/ (binaries in build/bin/)
 #   scripts/build.sh --sanitize    ASan + UBSan build of the unit tests, the daemons and smockron-query
 #                                  (the CURVE tests make their keys with it) in build-asan/
-#   scripts/build.sh --variants    the daemons as users and packagers build them, warnings as
-#                                  errors: Release with GCC (build-release/) and with clang (build-clang/)
+#   scripts/build.sh --clang       the daemons as packagers build them with clang: Release, warnings
+#                                  as errors (build-clang/; the GCC Release build is the image's)
 #   scripts/build.sh --ship        only what is shipped (the daemons and smockron-query), Release, in
 #                                  build/ (the container image's build stage: no tests, fuzzers, benchmarks)
 set -euo pipefail
@@ -13,14 +13,13 @@ cd "$(dirname "$0")/.."
 # ccache hashes the paths under the checkout relative to it, and not the
 # build directory, so a clone elsewhere (CI's clean clone) reuses what another
 # clone compiled (debug info and __FILE__ may then name that clone's path).
-export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+# The physical path: CMake names files by it, whatever symbolic links $PWD has.
+export CCACHE_BASEDIR="$(pwd -P)" CCACHE_NOHASHDIR=1
 jobs="${SMOCKRON_JOBS:-2}"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 launcher+=(-DSMOCKRON_WERROR="${SMOCKRON_WERROR:-ON}")
-if [ "${1:-}" = "--variants" ]; then
-  cmake -S . -B build-release -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF >/dev/null
-  cmake --build build-release -j "$jobs" --target smockron-proxy smockron-master
+if [ "${1:-}" = "--clang" ]; then
   cmake -S . -B build-clang -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOCKRON_BENCHMARKS=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
   cmake --build build-clang -j "$jobs" --target smockron-proxy smockron-master
