@@ -17,7 +17,8 @@ request shapes Envoy sends:
   identifier is throttled (its TTL the time until it is free); a bucket of
   another domain, or naming no identifier, abandoned; a BucketId's key order
   does not matter; time_elapsed 0 accepted; a closed and reopened stream;
-  two streams on one identifier share its rate.
+  two streams on one identifier share its rate, split by what each stream's
+  Envoy is asked for (an idle one gives its share up).
 
 Rates are a few per minute or slower, so that what passes depends on
 counts, not on how fast the calls come (a sanitizer build is slow).
@@ -273,6 +274,34 @@ class TestRlqs(EnvoyCase):
         s2(self.report(DOMAIN, [(k, 0, 0)]))
         # Half each: 5 tokens, one every 2 s.
         self.assertEqual(self.actions(r2())[(("api_key", "shared"),)][:4], ("token_bucket", 5, 1, 2))
+
+    def test_the_rate_goes_to_the_stream_whose_envoy_gets_the_requests(self):
+        # Envoy reports every bucket it made, used or not: a stream that saw a
+        # key once keeps reporting it. The split follows what each is asked for
+        # (allowed and denied a second), not the count of streams.
+        self.start({DOMAIN: {"rules": [("600/min", 100)], "descriptor_keys": ["api_key"]}})
+        s1, r1, _, _ = self.stream()
+        s2, r2, _, _ = self.stream()
+        k = {"api_key": "moving"}
+        key = (("api_key", "moving"),)
+        s1(self.report(DOMAIN, [(k, 0, 0)], elapsed_s=0))
+        r1()
+        s2(self.report(DOMAIN, [(k, 0, 0)], elapsed_s=0))
+        self.assertEqual(self.actions(r2())[key][:4], ("token_bucket", 50, 5, 1), "nothing known yet: half each")
+        # Only the first Envoy gets the key's requests: 30 a second, 5 let through (25 units in all,
+        # within the burst, so no refill decides anything).
+        for _ in range(2):
+            s1(self.report(DOMAIN, [(k, 5, 25)]))
+            hot = self.actions(r1())[key]
+            s2(self.report(DOMAIN, [(k, 0, 0)]))
+            idle = self.actions(r2())[key]
+        self.assertEqual(hot[:4], ("token_bucket", 100, 10, 1), "the whole rule where the requests are")
+        self.assertEqual(idle[:3], ("token_bucket", 1, 1), "the idle stream gives its share up")
+        # The requests spread to the second Envoy too: half each.
+        s2(self.report(DOMAIN, [(k, 5, 25)]))
+        self.assertEqual(self.actions(r2())[key][:4], ("token_bucket", 50, 5, 1))
+        s1(self.report(DOMAIN, [(k, 5, 25)]))
+        self.assertEqual(self.actions(r1())[key][:4], ("token_bucket", 50, 5, 1))
 
 
 if __name__ == "__main__":

@@ -90,12 +90,14 @@ rls_limit rls_limit_of(std::int64_t interval_us) {
   return l;
 }
 
-token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::int64_t shares) {
-  shares = std::max<std::int64_t>(1, shares);
+token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, double share) {
+  // Not nothing: an idle stream's bucket still fills, if only once an hour.
+  share = std::clamp(share, 1e-9, 1.0);
   token_bucket tb;
-  tb.max_tokens = static_cast<std::uint32_t>(std::clamp<std::int64_t>(burst / shares, 1, UINT32_MAX));
+  tb.max_tokens = static_cast<std::uint32_t>(
+      std::clamp<double>(std::floor(static_cast<double>(burst) * share + 1e-9), 1, UINT32_MAX));
   // Units per second of this share.
-  const double rate = 1e6 / static_cast<double>(std::max<std::int64_t>(1, interval_us)) / static_cast<double>(shares);
+  const double rate = 1e6 / static_cast<double>(std::max<std::int64_t>(1, interval_us)) * share;
   double best_error = std::numeric_limits<double>::infinity();
   for (std::int64_t s = 1; s <= 3'600; ++s) {
     const double exact = rate * static_cast<double>(s);
@@ -115,6 +117,32 @@ token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::
     if (error <= 0.005) break;
   }
   return tb;
+}
+
+std::vector<double> max_min_split(std::span<const double> demands, double capacity) {
+  std::vector<double> out(demands.size(), 0.0);
+  if (demands.empty()) return out;
+  // What each wants (unknown: all of it), lightest first.
+  std::vector<std::pair<double, std::size_t>> wants;
+  wants.reserve(demands.size());
+  for (std::size_t i = 0; i < demands.size(); ++i) {
+    wants.emplace_back(demands[i] < 0 ? capacity : demands[i] * k_share_headroom, i);
+  }
+  std::sort(wants.begin(), wants.end());
+  double remaining = capacity;
+  for (std::size_t k = 0; k < wants.size(); ++k) {
+    const double level = remaining / static_cast<double>(wants.size() - k);
+    if (wants[k].first >= level) {
+      // This one and every heavier one get the level.
+      for (std::size_t j = k; j < wants.size(); ++j) out[wants[j].second] = level;
+      return out;
+    }
+    out[wants[k].second] = wants[k].first;
+    remaining -= wants[k].first;
+  }
+  // Every want met: what is left goes to all alike.
+  for (double& share : out) share += remaining / static_cast<double>(out.size());
+  return out;
 }
 
 envoy_decider::envoy_decider(const config::master_config& cfg, ingest& engine, const clock& clk, metrics::registry& reg,
@@ -262,17 +290,23 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
   return {};
 }
 
-std::int64_t envoy_decider::sharers(std::size_t domain, std::string_view identifier, std::uint64_t stream,
-                                    std::int64_t now_us) {
+double envoy_decider::share_of(std::size_t domain, std::string_view identifier, std::uint64_t stream,
+                               double demand_per_s, double rate_per_s, std::int64_t now_us) {
   std::string key = std::to_string(domain);
   key.push_back('\0');
   key.append(identifier);
   auto& v = sharing_[key];
-  std::erase_if(v, [&](const auto& s) { return s.first != stream && now_us - s.second > k_share_window_us; });
-  const auto it = std::find_if(v.begin(), v.end(), [&](const auto& s) { return s.first == stream; });
-  if (it == v.end()) v.emplace_back(stream, now_us);
-  else it->second = now_us;
-  return static_cast<std::int64_t>(v.size());
+  std::erase_if(v, [&](const sharer& s) { return s.stream != stream && now_us - s.reported_us > k_share_window_us; });
+  auto it = std::find_if(v.begin(), v.end(), [&](const sharer& s) { return s.stream == stream; });
+  if (it == v.end()) it = v.insert(v.end(), sharer{stream, now_us, demand_per_s});
+  it->reported_us = now_us;
+  // A report covering no time says nothing of demand: the last known stands.
+  if (demand_per_s >= 0 || it->demand_per_s < 0) it->demand_per_s = demand_per_s;
+  if (v.size() == 1 || rate_per_s <= 0) return 1.0;
+  std::vector<double> demands;
+  demands.reserve(v.size());
+  for (const sharer& s : v) demands.push_back(s.demand_per_s);
+  return max_min_split(demands, rate_per_s)[static_cast<std::size_t>(it - v.begin())] / rate_per_s;
 }
 
 void envoy_decider::report(rlqs_stream_state& stream, const rlqs_pb::RateLimitQuotaUsageReports& reports,
@@ -324,12 +358,18 @@ void envoy_decider::report(rlqs_stream_state& stream, const rlqs_pb::RateLimitQu
       }
     }
     if (usage.num_requests_denied() > 0) engine_.refused_elsewhere(*b.domain, b.identifier, now_us);
-    answer_bucket(stream, b, duration_us(usage.time_elapsed()), *action, now_us);
+    const std::int64_t elapsed_us = duration_us(usage.time_elapsed());
+    const double demand_per_s =
+        elapsed_us > 0 ? static_cast<double>(units(usage.num_requests_allowed()) + units(usage.num_requests_denied())) *
+                             1e6 / static_cast<double>(elapsed_us)
+                       : -1.0;
+    answer_bucket(stream, b, demand_per_s, elapsed_us, *action, now_us);
   }
 }
 
-void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::bucket& b, std::int64_t elapsed_us,
-                                  rlqs_pb::RateLimitQuotaResponse::BucketAction& action, std::int64_t now_us) {
+void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::bucket& b, double demand_per_s,
+                                  std::int64_t elapsed_us, rlqs_pb::RateLimitQuotaResponse::BucketAction& action,
+                                  std::int64_t now_us) {
   auto* qa = action.mutable_quota_assignment_action();
   auto* strat = qa->mutable_rate_limit_strategy();
   const auto now = engine_.check(*b.domain, b.identifier, 0, now_us, limiter::charge_mode::probe);
@@ -355,8 +395,10 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   // The rule with the lowest rate, split among the streams reporting the identifier.
   const auto slowest = std::max_element(l.rules.begin(), l.rules.end(),
                                         [](const auto& x, const auto& y) { return x.interval_us < y.interval_us; });
-  token_bucket tb =
-      token_bucket_of(slowest->interval_us, slowest->burst, sharers(*b.domain, b.identifier, stream.id, now_us));
+  double share = share_of(*b.domain, b.identifier, stream.id, demand_per_s,
+                          1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us)), now_us);
+  if (b.sent && std::abs(share - b.share) < k_share_hysteresis * b.share) share = b.share;
+  token_bucket tb = token_bucket_of(slowest->interval_us, slowest->burst, share);
   // Envoy replaces its bucket only when max_tokens or tokens_per_fill change:
   // a new rate with the same two numbers goes out as twice both, if it can.
   if (b.sent && b.sent->max_tokens == tb.max_tokens && b.sent->tokens_per_fill == tb.tokens_per_fill &&
@@ -369,6 +411,7 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   bucket->mutable_tokens_per_fill()->set_value(tb.tokens_per_fill);
   bucket->mutable_fill_interval()->set_seconds(tb.fill_interval_s);
   b.sent = tb;
+  b.share = share;
   rlqs_token_bucket_.inc();
 }
 
@@ -380,7 +423,7 @@ void envoy_decider::stream_closed(const rlqs_stream_state& stream) {
     k.append(b.identifier);
     const auto it = sharing_.find(k);
     if (it == sharing_.end()) continue;
-    std::erase_if(it->second, [&](const auto& s) { return s.first == stream.id; });
+    std::erase_if(it->second, [&](const sharer& s) { return s.stream == stream.id; });
     if (it->second.empty()) sharing_.erase(it);
   }
   buckets_ -= std::min(buckets_, stream.buckets.size());

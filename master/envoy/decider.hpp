@@ -6,7 +6,8 @@
 // decides. RLQS (StreamRateLimitQuotas): each bucket's usage report is
 // charged to the identifier it names, and answered with what Envoy enforces
 // locally until its next report: a token bucket of the identifier's rule
-// (split among the streams reporting it), DENY_ALL while it is throttled.
+// (split among the streams reporting it by what each wants: max_min_split),
+// DENY_ALL while it is throttled.
 // Both use the state smockron-proxy's accounting uses: one budget whoever asks.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,11 +57,22 @@ struct token_bucket {
   std::int64_t fill_interval_s = 1;
   friend bool operator==(const token_bucket&, const token_bucket&) = default;
 };
-/// The bucket for 1/`shares` of a rule (1 unit every interval_us, `burst`):
-/// max_tokens = burst / shares (at least 1); the whole-second fill interval
-/// (1 s to 1 h) whose tokens per fill come closest to the rate (first within
-/// 0.5%), never more than max_tokens.
-token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, std::int64_t shares);
+/// The bucket for the fraction `share` (0 to 1) of a rule (1 unit every
+/// interval_us, `burst`): max_tokens = burst x share (at least 1); the
+/// whole-second fill interval (1 s to 1 h) whose tokens per fill come closest
+/// to the rate x share (first within 0.5%), never more than max_tokens.
+token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, double share);
+
+/// What a light sharer gets beyond what it used: room to grow by a quarter
+/// before its next report shows it wants more.
+inline constexpr double k_share_headroom = 1.25;
+/// `capacity` (units a second) split max-min fairly among `demands` (units a
+/// second each; negative: not known yet, wants all it can get), Doorman's
+/// FAIR_SHARE: one that wants less than an equal split of what is left gets
+/// what it wants x k_share_headroom, the others split the rest equally (the
+/// level); what none of them wants is split equally among all. The shares,
+/// in the order given, add up to `capacity`.
+std::vector<double> max_min_split(std::span<const double> demands, double capacity);
 
 /// One RLQS stream's memory (under the engine's lock): the buckets it reported and what
 /// each was last told.
@@ -69,6 +82,7 @@ struct rlqs_stream_state {
     std::optional<std::size_t> domain;  ///< nothing: not tracked (abandoned)
     std::string identifier;
     std::optional<token_bucket> sent;  ///< the token bucket last assigned
+    double share = 0;                  ///< its fraction of the rule, with `sent`
   };
   /// By the BucketId's pairs, sorted by key, each "key\0value\0".
   std::map<std::string, bucket, std::less<>> buckets;
@@ -81,6 +95,9 @@ public:
   static constexpr int k_max_descriptors = 64;
   /// A stream reporting an identifier within this long shares its rate.
   static constexpr std::int64_t k_share_window_us = 3'000'000;
+  /// A stream's share that moved by less than this fraction keeps the bucket
+  /// sent: Envoy starts a replaced bucket full, so every change is a burst.
+  static constexpr double k_share_hysteresis = 0.1;
 
   /// `publish`: how a DELAY_UNTIL reaches the gatekeepers (what leaves an identifier throttled).
   envoy_decider(const config::master_config& cfg, ingest& engine, const clock& clk, metrics::registry& reg,
@@ -116,10 +133,16 @@ private:
     const config::domain_config* cfg = nullptr;
   };
   const domain_view* find(std::string_view domain) const;
-  void answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::bucket& b, std::int64_t elapsed_us,
-                     rlqs_pb::RateLimitQuotaResponse::BucketAction& action, std::int64_t now_us);
-  /// Streams that reported (domain, identifier) in the last k_share_window_us, `stream` noted now.
-  std::int64_t sharers(std::size_t domain, std::string_view identifier, std::uint64_t stream, std::int64_t now_us);
+  /// `demand_per_s`: the requests the stream's report counted (allowed and
+  /// denied) a second; negative when its time_elapsed was 0.
+  void answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::bucket& b, double demand_per_s,
+                     std::int64_t elapsed_us, rlqs_pb::RateLimitQuotaResponse::BucketAction& action,
+                     std::int64_t now_us);
+  /// `stream`'s fraction of (domain, identifier)'s rate, max_min_split among
+  /// the streams that reported it in the last k_share_window_us, `stream`
+  /// noted now as wanting `demand_per_s` out of `rate_per_s`.
+  double share_of(std::size_t domain, std::string_view identifier, std::uint64_t stream, double demand_per_s,
+                  double rate_per_s, std::int64_t now_us);
 
   ingest& engine_;
   const clock& clock_;
@@ -129,8 +152,13 @@ private:
   std::uint64_t max_buckets_ = 0;
   std::size_t buckets_ = 0;
   std::uint64_t published_ = 0;
-  /// Per "domain index\0identifier": the streams reporting it and when they last did.
-  string_map<std::vector<std::pair<std::uint64_t, std::int64_t>>> sharing_;
+  /// Per "domain index\0identifier": the streams reporting it, when they last did and what they wanted.
+  struct sharer {
+    std::uint64_t stream = 0;
+    std::int64_t reported_us = 0;
+    double demand_per_s = -1;
+  };
+  string_map<std::vector<sharer>> sharing_;
 
   metrics::counter& rls_ok_;
   metrics::counter& rls_over_;

@@ -97,11 +97,60 @@ TEST(EnvoyLimit, TheSmallestUnitInWhichTheRateIsWhole) {
 }
 
 TEST(EnvoyTokenBucket, WholeSecondFillsCloseToTheRateAndSplitAmongStreams) {
-  EXPECT_EQ(token_bucket_of(1'000'000, 10, 1), (token_bucket{10, 1, 1}));  // 60/min
-  EXPECT_EQ(token_bucket_of(600'000, 100, 1), (token_bucket{100, 5, 3}));  // 100/min: 5 every 3 s
-  EXPECT_EQ(token_bucket_of(1'000'000, 10, 2), (token_bucket{5, 1, 2}));   // half each
+  EXPECT_EQ(token_bucket_of(1'000'000, 10, 1), (token_bucket{10, 1, 1}));   // 60/min
+  EXPECT_EQ(token_bucket_of(600'000, 100, 1), (token_bucket{100, 5, 3}));   // 100/min: 5 every 3 s
+  EXPECT_EQ(token_bucket_of(1'000'000, 10, 0.5), (token_bucket{5, 1, 2}));  // half each
+  EXPECT_EQ(token_bucket_of(1'000'000, 10, 0.0), (token_bucket{1, 1, 3600})) << "nothing: a token an hour";
   EXPECT_EQ(token_bucket_of(60'000'000, 1, 1), (token_bucket{1, 1, 60}));  // 1/min
   EXPECT_EQ(token_bucket_of(1'000, 5, 1).tokens_per_fill, 5u) << "never more per fill than the bucket holds";
+}
+
+TEST(EnvoyShares, TheLightGetWhatTheyWantAndTheOthersTheLevel) {
+  const auto split = [](std::vector<double> d, double capacity) { return max_min_split(d, capacity); };
+  EXPECT_EQ(split({30}, 10), std::vector<double>({10}));
+  EXPECT_EQ(split({0, 30}, 10), std::vector<double>({0, 10})) << "an idle sharer leaves it all to the busy one";
+  auto s = split({20, 2, 50}, 10);  // the light one wants 2 x 1.25
+  EXPECT_DOUBLE_EQ(s[0], 3.75);
+  EXPECT_DOUBLE_EQ(s[1], 2.5);
+  EXPECT_DOUBLE_EQ(s[2], 3.75);
+  s = split({1, 3}, 10);  // 1.25 and 3.75 wanted: the 5 left, half each
+  EXPECT_DOUBLE_EQ(s[0], 3.75);
+  EXPECT_DOUBLE_EQ(s[1], 6.25);
+  s = split({-1, 30}, 10);  // not known yet: wants the level
+  EXPECT_DOUBLE_EQ(s[0], 5);
+  EXPECT_DOUBLE_EQ(s[1], 5);
+  s = split({-1, 2}, 10);
+  EXPECT_DOUBLE_EQ(s[0], 7.5);
+  EXPECT_DOUBLE_EQ(s[1], 2.5);
+  EXPECT_TRUE(split({}, 10).empty());
+}
+
+TEST(EnvoyShares, RandomSplitsAddUpAndAreMaxMinFair) {
+  std::uint64_t x = 88172645463325252ULL;  // xorshift: the same demands every run
+  const auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int round = 0; round < 2'000; ++round) {
+    std::vector<double> demands(1 + next() % 8);
+    for (double& d : demands) d = next() % 5 == 0 ? -1.0 : static_cast<double>(next() % 1000) / 10.0;
+    const double capacity = 1.0 + static_cast<double>(next() % 2000) / 10.0;
+    const auto shares = max_min_split(demands, capacity);
+    ASSERT_EQ(shares.size(), demands.size());
+    double sum = 0;
+    for (std::size_t i = 0; i < shares.size(); ++i) {
+      EXPECT_GE(shares[i], 0.0);
+      sum += shares[i];
+      const double want = demands[i] < 0 ? capacity : demands[i] * k_share_headroom;
+      // Max-min: one that got less than it wants got at least as much as anyone.
+      if (shares[i] < want - 1e-9) {
+        for (const double other : shares) EXPECT_GE(shares[i], other - 1e-9) << "round " << round;
+      }
+    }
+    EXPECT_NEAR(sum, capacity, 1e-9 * capacity) << "round " << round;
+  }
 }
 
 TEST_F(Decider, UnitsAreChargedWhileTheyFitThenOverLimitWithTheLimitThatDecides) {
@@ -194,15 +243,17 @@ TEST_F(ShadowDecider, ShadowAnswersOkAndChargesAndUnknownDomainsCanBeDenied) {
 // RLQS: a usage report in, an action per bucket out.
 class Rlqs : public Decider {
 protected:
-  rlqs_pb::RateLimitQuotaResponse report(
-      rlqs_stream_state& s, const std::string& domain,
-      std::vector<std::tuple<std::map<std::string, std::string>, int, int>> buckets) {
+  Rlqs() = default;
+  explicit Rlqs(const char* text) : Decider(text) {}
+  rlqs_pb::RateLimitQuotaResponse report(rlqs_stream_state& s, const std::string& domain,
+                                         std::vector<std::tuple<std::map<std::string, std::string>, int, int>> buckets,
+                                         int elapsed_s = 1) {
     rlqs_pb::RateLimitQuotaUsageReports r;
     r.set_domain(domain);
     for (const auto& [b, allowed, denied] : buckets) {
       auto* u = r.add_bucket_quota_usages();
       for (const auto& [k, v] : b) (*u->mutable_bucket_id()->mutable_bucket())[k] = v;
-      u->mutable_time_elapsed()->set_seconds(1);
+      u->mutable_time_elapsed()->set_seconds(elapsed_s);
       u->set_num_requests_allowed(static_cast<std::uint64_t>(allowed));
       u->set_num_requests_denied(static_cast<std::uint64_t>(denied));
     }
@@ -249,6 +300,64 @@ TEST_F(Rlqs, BucketsOfNobodyOrBeyondTheBoundAreAbandonedAndStreamsShareARate) {
   out = report(s, "api", {{{{"api_key", "k"}}, 0, 0}});
   EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket().max_tokens(), 5u)
       << "the other stream closed: the whole rate again";
+}
+
+// RLQS streams sharing one identifier's rate by what their Envoys are asked for.
+class RlqsShares : public Rlqs {
+protected:
+  RlqsShares()
+      : Rlqs(R"(
+[master]
+rls = "127.0.0.1:0"
+[master.domains.api]
+rules = [ { rate = "600/min", burst = 100 } ]
+descriptor_keys = ["api_key"]
+)") {}
+  static token_bucket bucket_of(const rlqs_pb::RateLimitQuotaResponse& out) {
+    const auto& tb = out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket();
+    return {tb.max_tokens(), tb.tokens_per_fill().value(), tb.fill_interval().seconds()};
+  }
+  const std::map<std::string, std::string> k_{{"api_key", "k"}};
+};
+
+TEST_F(RlqsShares, TheRateGoesWhereTheRequestsAre) {
+  // Envoy reports every bucket it made, used or not: both streams know the key.
+  rlqs_stream_state hot{1, {}};
+  rlqs_stream_state idle{2, {}};
+  EXPECT_EQ(bucket_of(report(hot, "api", {{k_, 0, 0}}, 0)), (token_bucket{100, 10, 1})) << "alone: the rule";
+  EXPECT_EQ(bucket_of(report(idle, "api", {{k_, 0, 0}}, 0)), (token_bucket{50, 5, 1})) << "two, nothing known: half";
+  token_bucket h, i;
+  for (int round = 0; round < 2; ++round) {
+    clock_.advance(std::chrono::seconds(1));
+    h = bucket_of(report(hot, "api", {{k_, 5, 25}}));  // 30 a second wanted, 5 let through
+    i = bucket_of(report(idle, "api", {{k_, 0, 0}}));
+  }
+  EXPECT_EQ(h, (token_bucket{100, 10, 1})) << "the whole rate where the requests are";
+  EXPECT_EQ(i, (token_bucket{1, 1, 3600})) << "the idle stream gives its share up";
+  // The requests spread to the other Envoy too: half each.
+  clock_.advance(std::chrono::seconds(1));
+  EXPECT_EQ(bucket_of(report(idle, "api", {{k_, 5, 25}})), (token_bucket{50, 5, 1}));
+  EXPECT_EQ(bucket_of(report(hot, "api", {{k_, 5, 25}})), (token_bucket{50, 5, 1}));
+  EXPECT_FALSE(engine_.check(engine_.find("api").value(), "k", 0, clock_.wall_us(), limiter::charge_mode::probe)
+                   .throttled_until_us > clock_.wall_us())
+      << "what was let through fits the rule: token buckets, not DENY_ALL";
+}
+
+TEST_F(RlqsShares, ASmallChangeInDemandKeepsTheBucketSent) {
+  rlqs_stream_state a{1, {}};
+  rlqs_stream_state b{2, {}};
+  rlqs_stream_state light{3, {}};
+  report(a, "api", {{k_, 3, 27}});
+  report(b, "api", {{k_, 3, 27}});
+  report(light, "api", {{k_, 2, 0}});  // wants 2.5 a second: the other two 3.75 each
+  const token_bucket before = bucket_of(report(a, "api", {{k_, 3, 27}}));
+  EXPECT_EQ(before, (token_bucket{37, 15, 4}));
+  report(light, "api", {{k_, 2, 0}}, 1);
+  clock_.advance(std::chrono::seconds(1));
+  report(light, "api", {{k_, 11, 0}}, 5);  // 2.2 a second: 3.625 each, 3% less
+  EXPECT_EQ(bucket_of(report(a, "api", {{k_, 3, 27}})), before) << "Envoy would start a new bucket full";
+  report(light, "api", {{k_, 4, 0}});  // 4 a second, 5 with room to grow: over a third, so a third each
+  EXPECT_EQ(bucket_of(report(a, "api", {{k_, 3, 27}})), (token_bucket{33, 10, 3}));
 }
 
 }  // namespace
