@@ -18,7 +18,8 @@ request shapes Envoy sends:
   another domain, or naming no identifier, abandoned; a BucketId's key order
   does not matter; time_elapsed 0 accepted; a closed and reopened stream;
   two streams on one identifier share its rate, split by what each stream's
-  Envoy is asked for (an idle one gives its share up).
+  Envoy is asked for (an idle one gives its share up); a quota with fewer
+  units left than the bucket holds is the bucket.
 
 Rates are a few per minute or slower, so that what passes depends on
 counts, not on how fast the calls come (a sanitizer build is slow).
@@ -274,6 +275,22 @@ class TestRlqs(EnvoyCase):
         s2(self.report(DOMAIN, [(k, 0, 0)]))
         # Half each: 5 tokens, one every 2 s.
         self.assertEqual(self.actions(r2())[(("api_key", "shared"),)][:4], ("token_bucket", 5, 1, 2))
+
+    def test_a_quota_nearly_used_up_is_the_bucket(self):
+        # 7 a day beside a rule whose bucket holds 100: once fewer than 100 are
+        # left, Envoy's bucket is what is left (not refilled within the TTL), so
+        # what it lets through before its next report cannot pass the quota.
+        self.start({DOMAIN: {"rules": [("600/min", 100), {"quota": 7, "per": "day"}],
+                             "descriptor_keys": ["api_key"]}})
+        send, recv, _, _ = self.stream()
+        k = {"api_key": "daily"}
+        key = (("api_key", "daily"),)
+        send(self.report(DOMAIN, [(k, 0, 0)], elapsed_s=0))
+        self.assertEqual(self.actions(recv())[key][:4], ("token_bucket", 7, 1, 3600))
+        send(self.report(DOMAIN, [(k, 5, 0)]))
+        self.assertEqual(self.actions(recv())[key][:4], ("token_bucket", 2, 1, 3600))
+        send(self.report(DOMAIN, [(k, 2, 0)]))
+        self.assertEqual(self.actions(recv())[key][0], "deny", "used up: throttled until the day ends")
 
     def test_the_rate_goes_to_the_stream_whose_envoy_gets_the_requests(self):
         # Envoy reports every bucket it made, used or not: a stream that saw a

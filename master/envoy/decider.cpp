@@ -399,6 +399,23 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
                           1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us)), now_us);
   if (b.sent && std::abs(share - b.share) < k_share_hysteresis * b.share) share = b.share;
   token_bucket tb = token_bucket_of(slowest->interval_us, slowest->burst, share);
+  // A quota with less left than the bucket would hold: the bucket is this
+  // stream's part of what is left, filled once an hour (a new one comes with
+  // each report), so what the Envoys let through before their next reports
+  // stays within the quota, but for what is in flight to this answer. A part
+  // under one request: DENY_ALL until the next report.
+  for (std::size_t i = l.rules.size(); i < now.standing.count; ++i) {
+    const auto left =
+        static_cast<std::int64_t>(std::floor(static_cast<double>(now.standing.items[i].remaining) * share + 1e-9));
+    if (left >= static_cast<std::int64_t>(tb.max_tokens)) continue;
+    if (left < 1) {
+      strat->set_blanket_rule(strategy::DENY_ALL);
+      b.sent.reset();
+      rlqs_deny_.inc();
+      return;
+    }
+    tb = token_bucket{static_cast<std::uint32_t>(left), 1, 3'600};
+  }
   // Envoy replaces its bucket only when max_tokens or tokens_per_fill change:
   // a new rate with the same two numbers goes out as twice both, if it can.
   if (b.sent && b.sent->max_tokens == tb.max_tokens && b.sent->tokens_per_fill == tb.tokens_per_fill &&

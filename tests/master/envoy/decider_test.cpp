@@ -302,6 +302,32 @@ TEST_F(Rlqs, BucketsOfNobodyOrBeyondTheBoundAreAbandonedAndStreamsShareARate) {
       << "the other stream closed: the whole rate again";
 }
 
+TEST_F(Rlqs, AQuotaWithLessLeftThanTheBucketHoldsIsTheBucket) {
+  // Domain q: 60/min burst 5 (a sliding log over 5 s), and 7 a day. Its
+  // identifier is every value. The uses are spread so that the rule never binds.
+  const std::map<std::string, std::string> k{{"api_key", "k"}};
+  const auto bucket = [](const rlqs_pb::RateLimitQuotaResponse& out) {
+    const auto& tb = out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket();
+    return token_bucket{tb.max_tokens(), tb.tokens_per_fill().value(), tb.fill_interval().seconds()};
+  };
+  rlqs_stream_state s{1, {}};
+  EXPECT_EQ(bucket(report(s, "q", {{k, 0, 0}})), (token_bucket{5, 1, 1})) << "7 left today: the rule's bucket";
+  clock_.advance(std::chrono::seconds(1));
+  EXPECT_EQ(bucket(report(s, "q", {{k, 3, 0}})), (token_bucket{4, 1, 3600})) << "4 left: no more, not refilled";
+  // A second stream asked for as much as the first: half of what is left each.
+  clock_.advance(std::chrono::seconds(5));
+  report(s, "q", {{k, 0, 3}});
+  rlqs_stream_state t{2, {}};
+  EXPECT_EQ(bucket(report(t, "q", {{k, 1, 2}})), (token_bucket{1, 1, 3600})) << "3 left, half each";
+  clock_.advance(std::chrono::seconds(1));
+  const auto out = report(s, "q", {{k, 2, 1}});  // 1 left: half a request each
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().blanket_rule(),
+            ::envoy::type::v3::RateLimitStrategy::DENY_ALL);
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().assignment_time_to_live().seconds(), 3)
+      << "until the next reports, not the day's end: the other stream may still use the last one";
+  EXPECT_TRUE(published_.empty()) << "nothing throttled: 6 of 7 used, within the rule";
+}
+
 // RLQS streams sharing one identifier's rate by what their Envoys are asked for.
 class RlqsShares : public Rlqs {
 protected:
