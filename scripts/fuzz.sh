@@ -34,7 +34,9 @@ cmake --build build-fuzz -j "${SMOCKRON_JOBS:-2}" --target "${targets[@]}"
 $build_only && exit 0
 mkdir -p build-fuzz/artifacts
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+# On a finding, the targets still running stop with the run (set -e: kill's
+# own failure, when none is left, must not decide the exit status).
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # One target, its log in build-fuzz/TARGET.log; exits non-zero on a finding.
 fuzz_one() {
