@@ -386,19 +386,25 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   }
   qa->mutable_assignment_time_to_live()->set_seconds(report_ttl);
   const rules::limits& l = engine_.limits_now(*b.domain, b.identifier);
-  if (l.rules.empty()) {
+  if (l.rules.empty() && l.quotas.empty()) {
     strat->set_blanket_rule(strategy::ALLOW_ALL);
     b.sent.reset();
     rlqs_allow_.inc();
     return;
   }
-  // The rule with the lowest rate, split among the streams reporting the identifier.
+  // The rule with the lowest rate, split among the streams reporting the
+  // identifier; with quotas alone, the first one's mean rate over its window
+  // is what the split weighs, and the bucket is what is left of them.
   const auto slowest = std::max_element(l.rules.begin(), l.rules.end(),
                                         [](const auto& x, const auto& y) { return x.interval_us < y.interval_us; });
-  double share = share_of(*b.domain, b.identifier, stream.id, demand_per_s,
-                          1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us)), now_us);
+  const double rate_per_s =
+      slowest != l.rules.end()
+          ? 1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us))
+          : static_cast<double>(now.standing.items[0].quota) / static_cast<double>(now.standing.items[0].window_s);
+  double share = share_of(*b.domain, b.identifier, stream.id, demand_per_s, rate_per_s, now_us);
   if (b.sent && std::abs(share - b.share) < k_share_hysteresis * b.share) share = b.share;
-  token_bucket tb = token_bucket_of(slowest->interval_us, slowest->burst, share);
+  token_bucket tb = slowest != l.rules.end() ? token_bucket_of(slowest->interval_us, slowest->burst, share)
+                                             : token_bucket{UINT32_MAX, 1, 3'600};
   // A quota with less left than the bucket would hold: the bucket is this
   // stream's part of what is left, filled once an hour (a new one comes with
   // each report), so what the Envoys let through before their next reports

@@ -328,6 +328,35 @@ TEST_F(Rlqs, AQuotaWithLessLeftThanTheBucketHoldsIsTheBucket) {
   EXPECT_TRUE(published_.empty()) << "nothing throttled: 6 of 7 used, within the rule";
 }
 
+class RlqsQuotas : public Rlqs {
+protected:
+  RlqsQuotas()
+      : Rlqs(R"(
+[master]
+rls = "127.0.0.1:0"
+[master.domains.daily]
+rules = [ { quota = 7, per = "day" } ]
+[master.domains.open]
+rules = [ { concurrency = 4 } ]
+)") {}
+};
+
+TEST_F(RlqsQuotas, QuotasAloneAreABucketOfWhatIsLeft) {
+  // Before, a domain without a rate rule was ALLOW_ALL until its quota ran out.
+  rlqs_stream_state s{1, {}};
+  const std::map<std::string, std::string> k{{"api_key", "k"}};
+  auto out = report(s, "daily", {{k, 0, 0}});
+  const auto& tb = out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket();
+  EXPECT_EQ((token_bucket{tb.max_tokens(), tb.tokens_per_fill().value(), tb.fill_interval().seconds()}),
+            (token_bucket{7, 1, 3600}));
+  out = report(s, "daily", {{k, 5, 0}});
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket().max_tokens(), 2u);
+  out = report(s, "open", {{k, 5, 0}});
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().blanket_rule(),
+            ::envoy::type::v3::RateLimitStrategy::ALLOW_ALL)
+      << "neither rule nor quota";
+}
+
 // RLQS streams sharing one identifier's rate by what their Envoys are asked for.
 class RlqsShares : public Rlqs {
 protected:
