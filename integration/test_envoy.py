@@ -18,7 +18,7 @@ request shapes Envoy sends:
   another domain, or naming no identifier, abandoned; a BucketId's key order
   does not matter; time_elapsed 0 accepted; a closed and reopened stream;
   two streams on one identifier share its rate, split by what each stream's
-  Envoy is asked for (an idle one gives its share up); a quota with fewer
+  Envoy is asked for (an idle one keeps only a floor); a quota with fewer
   units left than the bucket holds is the bucket.
 
 Rates are a few per minute or slower, so that what passes depends on
@@ -312,8 +312,9 @@ class TestRlqs(EnvoyCase):
             hot = self.actions(r1())[key]
             s2(self.report(DOMAIN, [(k, 0, 0)]))
             idle = self.actions(r2())[key]
-        self.assertEqual(hot[:4], ("token_bucket", 100, 10, 1), "the whole rule where the requests are")
-        self.assertEqual(idle[:3], ("token_bucket", 1, 1), "the idle stream gives its share up")
+        # 95% where the requests are; the idle one keeps its floor (10% split among the streams).
+        self.assertEqual(hot[:4], ("token_bucket", 95, 19, 2), "the rule where the requests are")
+        self.assertEqual(idle[:4], ("token_bucket", 5, 1, 2), "the idle stream keeps only its floor")
         # The requests spread to the second Envoy too: half each.
         s2(self.report(DOMAIN, [(k, 5, 25)]))
         self.assertEqual(self.actions(r2())[key][:4], ("token_bucket", 50, 5, 1))

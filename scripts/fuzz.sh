@@ -39,10 +39,12 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # One target, its log in build-fuzz/TARGET.log; exits non-zero on a finding.
+# Run in the background, it becomes the fuzzer (exec), so the exit trap's
+# kill reaches the fuzzer itself.
 fuzz_one() {
   local t=$1
   mkdir -p "$work/$t"
-  ./build-fuzz/bin/"$t" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  exec ./build-fuzz/bin/"$t" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 "$work/$t" "tests/fuzz/corpus/$t" \
     >"build-fuzz/$t.log" 2>&1
 }

@@ -40,7 +40,7 @@ started=$(date +%s)
 # The build stage's compiler cache is this machine's (ccache keys hold no
 # path: build.sh sets the base directory), so a rebuild compiles only what
 # changed. The image is the same either way.
-ccache_dir="${CCACHE_DIR:-$HOME/.cache/ccache}"
+ccache_dir=$(ccache --get-config cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")
 mkdir -p "$ccache_dir"
 podman build --pull=never --format docker --build-arg SMOCKRON_WERROR=ON --volume "$ccache_dir:/root/.cache/ccache" \
   -t smockron:latest . > "$podman_dir/build.log" 2>&1 || { tail -40 "$podman_dir/build.log"; exit 1; }

@@ -29,7 +29,7 @@ trap stop_builds EXIT
 background() {
   local name=$1
   shift
-  nice -n 19 setsid "$@" > "$logs/$name" 2>&1 &
+  nice -n 19 setsid -w "$@" > "$logs/$name" 2>&1 &
   builds[$name]=$!
 }
 # Waits for a background build; shows its output and stops the run if it failed.

@@ -120,24 +120,26 @@ token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, doubl
 }
 
 std::vector<double> max_min_split(std::span<const double> demands, double capacity) {
-  std::vector<double> out(demands.size(), 0.0);
-  if (demands.empty()) return out;
-  // What each wants (unknown: all of it), lightest first.
+  if (demands.empty()) return {};
+  // Everyone's floor first, an equal part of k_share_floor of the capacity.
+  const double floor = capacity * k_share_floor / static_cast<double>(demands.size());
+  std::vector<double> out(demands.size(), floor);
+  // What each wants beyond it (unknown: all it can get), lightest first.
   std::vector<std::pair<double, std::size_t>> wants;
   wants.reserve(demands.size());
   for (std::size_t i = 0; i < demands.size(); ++i) {
-    wants.emplace_back(demands[i] < 0 ? capacity : demands[i] * k_share_headroom, i);
+    wants.emplace_back(demands[i] < 0 ? capacity : std::max(0.0, demands[i] * k_share_headroom - floor), i);
   }
   std::sort(wants.begin(), wants.end());
-  double remaining = capacity;
+  double remaining = capacity - floor * static_cast<double>(demands.size());
   for (std::size_t k = 0; k < wants.size(); ++k) {
     const double level = remaining / static_cast<double>(wants.size() - k);
     if (wants[k].first >= level) {
       // This one and every heavier one get the level.
-      for (std::size_t j = k; j < wants.size(); ++j) out[wants[j].second] = level;
+      for (std::size_t j = k; j < wants.size(); ++j) out[wants[j].second] += level;
       return out;
     }
-    out[wants[k].second] = wants[k].first;
+    out[wants[k].second] += wants[k].first;
     remaining -= wants[k].first;
   }
   // Every want met: what is left goes to all alike.
@@ -291,15 +293,21 @@ envoy_decider::status envoy_decider::should_rate_limit(const rls_pb::RateLimitRe
 }
 
 double envoy_decider::share_of(std::size_t domain, std::string_view identifier, std::uint64_t stream,
-                               double demand_per_s, double rate_per_s, std::int64_t now_us) {
+                               double demand_per_s, std::int64_t elapsed_us, double rate_per_s, std::int64_t now_us) {
   std::string key = std::to_string(domain);
   key.push_back('\0');
   key.append(identifier);
   auto& v = sharing_[key];
-  std::erase_if(v, [&](const sharer& s) { return s.stream != stream && now_us - s.reported_us > k_share_window_us; });
+  // A stream is a sharer until it misses a report: k_share_window_us, or one
+  // and a half of its own reporting interval when that is longer.
+  std::erase_if(v, [&](const sharer& s) {
+    return s.stream != stream &&
+           now_us - s.reported_us > std::max<std::int64_t>(k_share_window_us, s.interval_us + s.interval_us / 2);
+  });
   auto it = std::find_if(v.begin(), v.end(), [&](const sharer& s) { return s.stream == stream; });
-  if (it == v.end()) it = v.insert(v.end(), sharer{stream, now_us, demand_per_s});
+  if (it == v.end()) it = v.insert(v.end(), sharer{stream, now_us, 0, demand_per_s});
   it->reported_us = now_us;
+  if (elapsed_us > 0) it->interval_us = elapsed_us;
   // A report covering no time says nothing of demand: the last known stands.
   if (demand_per_s >= 0 || it->demand_per_s < 0) it->demand_per_s = demand_per_s;
   if (v.size() == 1 || rate_per_s <= 0) return 1.0;
@@ -373,6 +381,23 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   auto* qa = action.mutable_quota_assignment_action();
   auto* strat = qa->mutable_rate_limit_strategy();
   const auto now = engine_.check(*b.domain, b.identifier, 0, now_us, limiter::charge_mode::probe);
+  const rules::limits& l = engine_.limits_now(*b.domain, b.identifier);
+  // The rule with the lowest rate, split among the streams reporting the
+  // identifier; with quotas alone, what is left of the first one over the
+  // time until it is whole again is what the split weighs, and the bucket is
+  // what is left of them.
+  const auto slowest = std::max_element(l.rules.begin(), l.rules.end(),
+                                        [](const auto& x, const auto& y) { return x.interval_us < y.interval_us; });
+  const bool split = slowest != l.rules.end() || !l.quotas.empty();
+  const double rate_per_s =
+      slowest != l.rules.end()
+          ? 1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us))
+          : (split ? static_cast<double>(now.standing.items[0].remaining) /
+                         static_cast<double>(std::max<std::int64_t>(1, now.standing.items[0].reset_s))
+                   : 0.0);
+  // Noted before any answer: a throttled stream's denials are its demand when the throttle ends.
+  const double fresh =
+      split ? share_of(*b.domain, b.identifier, stream.id, demand_per_s, elapsed_us, rate_per_s, now_us) : 1.0;
   // Envoy reads whole seconds: an assignment lives until the report after
   // next (three reporting intervals, 2 s to 60 s), a denial until it ends.
   const std::int64_t report_ttl = std::clamp<std::int64_t>(ceil_s(3 * elapsed_us), 2, 60);
@@ -385,24 +410,13 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
     return;
   }
   qa->mutable_assignment_time_to_live()->set_seconds(report_ttl);
-  const rules::limits& l = engine_.limits_now(*b.domain, b.identifier);
-  if (l.rules.empty() && l.quotas.empty()) {
+  if (!split) {
     strat->set_blanket_rule(strategy::ALLOW_ALL);
     b.sent.reset();
     rlqs_allow_.inc();
     return;
   }
-  // The rule with the lowest rate, split among the streams reporting the
-  // identifier; with quotas alone, the first one's mean rate over its window
-  // is what the split weighs, and the bucket is what is left of them.
-  const auto slowest = std::max_element(l.rules.begin(), l.rules.end(),
-                                        [](const auto& x, const auto& y) { return x.interval_us < y.interval_us; });
-  const double rate_per_s =
-      slowest != l.rules.end()
-          ? 1e6 / static_cast<double>(std::max<std::int64_t>(1, slowest->interval_us))
-          : static_cast<double>(now.standing.items[0].quota) / static_cast<double>(now.standing.items[0].window_s);
-  double share = share_of(*b.domain, b.identifier, stream.id, demand_per_s, rate_per_s, now_us);
-  if (b.sent && std::abs(share - b.share) < k_share_hysteresis * b.share) share = b.share;
+  const double share = b.sent && std::abs(fresh - b.share) < k_share_hysteresis * b.share ? b.share : fresh;
   token_bucket tb = slowest != l.rules.end() ? token_bucket_of(slowest->interval_us, slowest->burst, share)
                                              : token_bucket{UINT32_MAX, 1, 3'600};
   // A quota with less left than the bucket would hold: the bucket is this
@@ -410,9 +424,12 @@ void envoy_decider::answer_bucket(rlqs_stream_state& stream, rlqs_stream_state::
   // each report), so what the Envoys let through before their next reports
   // stays within the quota, but for what is in flight to this answer. A part
   // under one request: DENY_ALL until the next report.
+  // The share kept by hysteresis may be more than this one: the parts of a
+  // quota given out at this moment add up to no more than what is left.
+  const double quota_share = std::min(share, fresh);
   for (std::size_t i = l.rules.size(); i < now.standing.count; ++i) {
-    const auto left =
-        static_cast<std::int64_t>(std::floor(static_cast<double>(now.standing.items[i].remaining) * share + 1e-9));
+    const auto left = static_cast<std::int64_t>(
+        std::floor(static_cast<double>(now.standing.items[i].remaining) * quota_share + 1e-9));
     if (left >= static_cast<std::int64_t>(tb.max_tokens)) continue;
     if (left < 1) {
       strat->set_blanket_rule(strategy::DENY_ALL);

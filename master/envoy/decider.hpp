@@ -66,12 +66,18 @@ token_bucket token_bucket_of(std::int64_t interval_us, std::int64_t burst, doubl
 /// What a light sharer gets beyond what it used: room to grow by a quarter
 /// before its next report shows it wants more.
 inline constexpr double k_share_headroom = 1.25;
+/// The part of the capacity split equally whatever the demand: a sharer
+/// asked for nothing still lets a few requests through, which its next
+/// report counts as demand (an Envoy the balancer starts sending a key to is
+/// not refused for a whole reporting interval).
+inline constexpr double k_share_floor = 0.1;
 /// `capacity` (units a second) split max-min fairly among `demands` (units a
 /// second each; negative: not known yet, wants all it can get), Doorman's
-/// FAIR_SHARE: one that wants less than an equal split of what is left gets
-/// what it wants x k_share_headroom, the others split the rest equally (the
-/// level); what none of them wants is split equally among all. The shares,
-/// in the order given, add up to `capacity`.
+/// FAIR_SHARE over what is left once each has its floor (k_share_floor of the
+/// capacity split equally): one that wants less than an equal split of what
+/// is left gets what it wants x k_share_headroom, the others split the rest
+/// equally (the level); what none of them wants is split equally among all.
+/// The shares, in the order given, add up to `capacity`.
 std::vector<double> max_min_split(std::span<const double> demands, double capacity);
 
 /// One RLQS stream's memory (under the engine's lock): the buckets it reported and what
@@ -93,7 +99,8 @@ public:
   using publish_fn = std::function<void(const wire::delay_until&)>;
   /// Descriptors one RLS request may carry (more: INVALID_ARGUMENT).
   static constexpr int k_max_descriptors = 64;
-  /// A stream reporting an identifier within this long shares its rate.
+  /// A stream reporting an identifier within this long (or 1.5 of its
+  /// reporting interval, when longer) shares its rate.
   static constexpr std::int64_t k_share_window_us = 3'000'000;
   /// A stream's share that moved by less than this fraction keeps the bucket
   /// sent: Envoy starts a replaced bucket full, so every change is a burst.
@@ -139,10 +146,10 @@ private:
                      std::int64_t elapsed_us, rlqs_pb::RateLimitQuotaResponse::BucketAction& action,
                      std::int64_t now_us);
   /// `stream`'s fraction of (domain, identifier)'s rate, max_min_split among
-  /// the streams that reported it in the last k_share_window_us, `stream`
-  /// noted now as wanting `demand_per_s` out of `rate_per_s`.
+  /// the streams that reported it lately (see sharer), `stream` noted now as
+  /// wanting `demand_per_s` out of `rate_per_s`, its report covering `elapsed_us`.
   double share_of(std::size_t domain, std::string_view identifier, std::uint64_t stream, double demand_per_s,
-                  double rate_per_s, std::int64_t now_us);
+                  std::int64_t elapsed_us, double rate_per_s, std::int64_t now_us);
 
   ingest& engine_;
   const clock& clock_;
@@ -153,9 +160,12 @@ private:
   std::size_t buckets_ = 0;
   std::uint64_t published_ = 0;
   /// Per "domain index\0identifier": the streams reporting it, when they last did and what they wanted.
+  /// One shares until it misses a report: within k_share_window_us of its
+  /// last, or 1.5 of its own reporting interval when that is longer.
   struct sharer {
     std::uint64_t stream = 0;
     std::int64_t reported_us = 0;
+    std::int64_t interval_us = 0;  ///< the time its last report covered
     double demand_per_s = -1;
   };
   string_map<std::vector<sharer>> sharing_;

@@ -108,7 +108,7 @@ TEST(EnvoyTokenBucket, WholeSecondFillsCloseToTheRateAndSplitAmongStreams) {
 TEST(EnvoyShares, TheLightGetWhatTheyWantAndTheOthersTheLevel) {
   const auto split = [](std::vector<double> d, double capacity) { return max_min_split(d, capacity); };
   EXPECT_EQ(split({30}, 10), std::vector<double>({10}));
-  EXPECT_EQ(split({0, 30}, 10), std::vector<double>({0, 10})) << "an idle sharer leaves it all to the busy one";
+  EXPECT_EQ(split({0, 30}, 10), std::vector<double>({0.5, 9.5})) << "an idle sharer keeps its floor, no more";
   auto s = split({20, 2, 50}, 10);  // the light one wants 2 x 1.25
   EXPECT_DOUBLE_EQ(s[0], 3.75);
   EXPECT_DOUBLE_EQ(s[1], 2.5);
@@ -143,6 +143,7 @@ TEST(EnvoyShares, RandomSplitsAddUpAndAreMaxMinFair) {
     for (std::size_t i = 0; i < shares.size(); ++i) {
       EXPECT_GE(shares[i], 0.0);
       sum += shares[i];
+      EXPECT_GE(shares[i], capacity * k_share_floor / static_cast<double>(shares.size()) - 1e-9) << "the floor";
       const double want = demands[i] < 0 ? capacity : demands[i] * k_share_headroom;
       // Max-min: one that got less than it wants got at least as much as anyone.
       if (shares[i] < want - 1e-9) {
@@ -387,8 +388,8 @@ TEST_F(RlqsShares, TheRateGoesWhereTheRequestsAre) {
     h = bucket_of(report(hot, "api", {{k_, 5, 25}}));  // 30 a second wanted, 5 let through
     i = bucket_of(report(idle, "api", {{k_, 0, 0}}));
   }
-  EXPECT_EQ(h, (token_bucket{100, 10, 1})) << "the whole rate where the requests are";
-  EXPECT_EQ(i, (token_bucket{1, 1, 3600})) << "the idle stream gives its share up";
+  EXPECT_EQ(h, (token_bucket{95, 19, 2})) << "the rate where the requests are, but for the other's floor";
+  EXPECT_EQ(i, (token_bucket{5, 1, 2})) << "the idle stream keeps its floor (5%), no more";
   // The requests spread to the other Envoy too: half each.
   clock_.advance(std::chrono::seconds(1));
   EXPECT_EQ(bucket_of(report(idle, "api", {{k_, 5, 25}})), (token_bucket{50, 5, 1}));
@@ -396,6 +397,41 @@ TEST_F(RlqsShares, TheRateGoesWhereTheRequestsAre) {
   EXPECT_FALSE(engine_.check(engine_.find("api").value(), "k", 0, clock_.wall_us(), limiter::charge_mode::probe)
                    .throttled_until_us > clock_.wall_us())
       << "what was let through fits the rule: token buckets, not DENY_ALL";
+}
+
+TEST_F(Rlqs, AThrottledStreamsDenialsAreItsDemandWhenTheThrottleEnds) {
+  const std::map<std::string, std::string> k{{"api_key", "k"}};
+  rlqs_stream_state s{1, {}};
+  rlqs_stream_state t{2, {}};
+  report(s, "api", {{k, 6, 0}});  // over the burst of 5: throttled
+  for (int second = 0; second < 10; ++second) {
+    // Both keep asking: t first, so it answers before s is heard again.
+    const auto out = report(t, "api", {{k, 0, 4}});
+    report(s, "api", {{k, 0, 3}});
+    const auto& qa = out.bucket_action(0).quota_assignment_action();
+    if (qa.rate_limit_strategy().has_token_bucket()) {
+      EXPECT_EQ(qa.rate_limit_strategy().token_bucket().max_tokens(), 2u)
+          << "half of the burst: s's denials while throttled counted, not t alone";
+      return;
+    }
+    clock_.advance(std::chrono::seconds(1));
+  }
+  FAIL() << "still throttled after 10 s";
+}
+
+TEST_F(Rlqs, AStreamReportingSlowlyStillSharesBetweenItsReports) {
+  const std::map<std::string, std::string> k{{"api_key", "k"}};
+  rlqs_stream_state s{1, {}};
+  rlqs_stream_state t{2, {}};
+  // Envoys reporting every 10 s, 5 s out of step: each hears of the other in time.
+  report(s, "api", {{k, 0, 10}}, 10);
+  clock_.advance(std::chrono::seconds(5));
+  auto out = report(t, "api", {{k, 0, 10}}, 10);
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket().max_tokens(), 2u);
+  clock_.advance(std::chrono::seconds(5));
+  out = report(s, "api", {{k, 0, 10}}, 10);
+  EXPECT_EQ(out.bucket_action(0).quota_assignment_action().rate_limit_strategy().token_bucket().max_tokens(), 2u)
+      << "t, heard 5 s ago, reports every 10 s: still a sharer";
 }
 
 TEST_F(RlqsShares, ASmallChangeInDemandKeepsTheBucketSent) {
