@@ -159,15 +159,16 @@ private:
   std::uint64_t max_buckets_ = 0;
   std::size_t buckets_ = 0;
   std::uint64_t published_ = 0;
-  /// Per "domain index\0identifier": the streams reporting it, when they last did and what they wanted.
-  /// One shares until it misses a report: within k_share_window_us of its
-  /// last, or 1.5 of its own reporting interval when that is longer.
+  /// A stream reporting an identifier: it shares until it misses a report
+  /// (within k_share_window_us of its last, or 1.5 of its own reporting
+  /// interval when that is longer).
   struct sharer {
     std::uint64_t stream = 0;
     std::int64_t reported_us = 0;
     std::int64_t interval_us = 0;  ///< the time its last report covered
-    double demand_per_s = -1;
+    double demand_per_s = -1;      ///< negative: not known yet
   };
+  /// Per "domain index\0identifier": the streams reporting it.
   string_map<std::vector<sharer>> sharing_;
 
   metrics::counter& rls_ok_;
