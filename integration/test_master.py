@@ -253,6 +253,10 @@ class RateLogicTest(MasterCase):
         gk.accepted("multi", "dave", base + 2100)        # on time: its own time, as the spec says
         self.delay(gk.expect(), "multi", "dave", base + 3100, 1000)
         self.assert_quiet(gk)
+        # Each DELAY_UNTIL was followed by a LIMIT naming the rule that set it.
+        self.assertEqual([(f[1], f[2], int(f[3]), f[4]) for f in gk.limits],
+                         [(b"LIMIT", b"dave", base + 100, b"rule:0")] +
+                         [(b"LIMIT", b"dave", base + t, b"rule:1") for t in (1100, 2100, 3100)])
 
     def test_nothing_published_under_the_limit(self):
         gk, base = self.gk, future_base()

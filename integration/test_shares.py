@@ -4,7 +4,9 @@ domain-wide rate.
 
 - the light tenant gets all it asks for, never refused;
 - the heavy ones split the rest evenly, and the total stays near the rate;
-- /status/DOMAIN/IDENTIFIER shows each one's share and whether it wants more.
+- /status/DOMAIN/IDENTIFIER shows each one's share and whether it wants more;
+- a refusal names the limit that refused it in its RateLimit field (the
+  master's LIMIT message): the client's share, or one rule of several.
 
 The heavy tenants are sequential clients that send again as soon as they
 are answered (held requests wait their turn at the gatekeeper, as the
@@ -23,11 +25,14 @@ import time
 import unittest
 import urllib.request
 
+import urllib3  # Debian's python3-urllib3: a real client reads the fields
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lib.http1 import fetch  # noqa: E402
 from lib.ports import HOST  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
+from lib.timing import wait_until  # noqa: E402
 
 DOMAIN = "api"
 RATE = 20  # units a second, all tenants together
@@ -90,6 +95,52 @@ class TestSharedRate(DaemonTestCase):
         self.assertGreater(heavy_share["rate_per_s"], 0.3 * RATE, heavy_share)
         self.assertLess(heavy_share["rate_per_s"], 0.6 * RATE, heavy_share)
         self.assertFalse(share("light")["wants_more"])
+
+
+
+class TestRefusalsNameTheirLimit(DaemonTestCase):
+    """Refused at once (max_delay 0), a client reads from the RateLimit field
+    which limit refused it: only that one is at r=0, the others say what they
+    have left (without LIMIT, every limit would be at zero)."""
+
+    def setUp(self):
+        super().setUp()
+        self.master, self.backend, self.proxy = self.gate_stack(
+            {"pool": {"rules": [("1000/s", 1000)], "shared": [{"rate": "5/s", "burst": 5}], "share_window": "2s"},
+             "two": {"rules": [("100/s", 50), ("1/m", 2)]}},
+            [{"path": path, "domain": domain, "upstream": "app", "identify": ["header:X-API-Key"], "status": 429,
+              "max_delay": "0s", "ratelimit_headers": True} for path, domain in (("/pool", "pool"), ("/two", "two"))])
+        self.http = urllib3.PoolManager(retries=False, timeout=5.0)
+
+    def refusal_naming(self, path: str, key: str, wanted) -> urllib3.HTTPResponse:
+        """Sends until a refusal whose RateLimit lines satisfy `wanted` (a few
+        dozen requests at most: the master names the limit within a round trip)."""
+        sent = []
+
+        def one():
+            if len(sent) >= 200:
+                raise AssertionError(f"no refusal naming the limit in {len(sent)} requests: {sent[-3:]}")
+            r = self.http.request("GET", f"http://{HOST}:{self.proxy.port}{path}", headers={"X-API-Key": key})
+            fields = r.headers.getlist("RateLimit")
+            sent.append((r.status, fields, r.headers.getlist("RateLimit-Policy")))
+            return r if r.status == 429 and wanted(", ".join(fields)) else None
+
+        return wait_until(one, 15, interval=0.01, message=f"a refusal on {path} naming its limit")
+
+    def test_a_refusal_by_the_share_names_the_share(self):
+        r = self.refusal_naming("/pool", "a", lambda f: '"pool-share";r=0;t=' in f)
+        policies = ", ".join(r.headers.getlist("RateLimit-Policy"))
+        self.assertRegex(policies, r'"pool-share";q=[1-5];w=[12]\b', "its part of the shared burst and window")
+        self.assertIn('"pool-1";q=1000;w=1', policies, "the rule still described")
+        self.assertRegex(", ".join(r.headers.getlist("RateLimit")), r'"pool-1";r=(9\d\d|1000);t=\d+',
+                         "the rule is far from its limit: not what refused it")
+        self.assertGreaterEqual(int(r.headers["Retry-After"]), 1)
+
+    def test_a_refusal_by_one_rule_of_two_names_that_rule(self):
+        r = self.refusal_naming("/two", "a", lambda f: '"two-2";r=0;t=' in f and '"two-1";r=0' not in f)
+        fields = ", ".join(r.headers.getlist("RateLimit"))
+        self.assertRegex(fields, r'"two-1";r=(4\d|50);t=\d+, "two-2";r=0;t=([3-9]\d|1[0-2]\d)\b', fields)
+        self.assertEqual(", ".join(r.headers.getlist("RateLimit-Policy")), '"two-1";q=50;w=1, "two-2";q=2;w=120')
 
 
 if __name__ == "__main__":

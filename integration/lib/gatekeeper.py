@@ -54,6 +54,7 @@ class Gatekeeper:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
         self.policies: list[list[bytes]] = []  # POLICY and QUOTA messages seen (recv skips them)
+        self.limits: list[list[bytes]] = []  # LIMIT messages seen (recv skips them)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -113,6 +114,9 @@ class Gatekeeper:
                 continue
             if len(frames) > 1 and frames[1] in (b"POLICY", b"QUOTA"):
                 self.policies.append(frames)  # the master's periodic rules (and quotas) broadcast
+                continue
+            if len(frames) > 1 and frames[1] == b"LIMIT":
+                self.limits.append(frames)  # which limit set the DELAY_UNTIL before it
                 continue
             return parse_control(frames)
 

@@ -124,11 +124,13 @@ void charge_quota(const limits& l, state& s, std::size_t i, std::int64_t t, std:
 
 // ---- The sliding log and GCRA.
 
-void throttle(decision& d, std::int64_t next, std::int64_t interval) {
+void throttle(decision& d, std::int64_t next, std::int64_t interval, limit_kind by, std::size_t index) {
   if (!d.throttled || next > d.next_us) {
     d.throttled = true;
     d.next_us = next;
     d.interval_us = interval;
+    d.by = by;
+    d.index = static_cast<std::uint8_t>(index);
   }
 }
 
@@ -141,10 +143,11 @@ void throttle(decision& d, std::int64_t next, std::int64_t interval) {
 void evaluate_log(const limits& l, const state& s, std::int64_t now, bool since_last, decision& d) {
   if (s.times.empty()) return;
   const std::int64_t last = s.times.back();
-  for (const rule& r : l.rules) {
+  for (std::size_t i = 0; i < l.rules.size(); ++i) {
+    const rule& r = l.rules[i];
     if (!logged(l, r) || count_after(s.times, now - r.window_us()) < r.burst) continue;
     const std::int64_t next = (since_last ? last : std::max(now, last)) + r.interval_us;
-    if (next > now) throttle(d, next, r.interval_us);
+    if (next > now) throttle(d, next, r.interval_us, limit_kind::rule, i);
   }
 }
 
@@ -247,7 +250,7 @@ void evaluate_gcra(const limits& l, const state& s, std::int64_t now, decision& 
   for (std::size_t i = 0; i < l.rules.size() && i < s.times.size(); ++i) {
     const rule& r = l.rules[i];
     const std::int64_t next = s.times[i] - (r.burst - 1) * r.interval_us;
-    if (next > now) throttle(d, next, r.interval_us);
+    if (next > now) throttle(d, next, r.interval_us, limit_kind::rule, i);
   }
 }
 
@@ -307,12 +310,13 @@ void evaluate_aux(const limits& l, const state& s, std::int64_t now, decision& d
     const std::int64_t tat = s.aux.size() == l.aux_size() ? s.aux[counter_at(l, i) + 3] : 0;
     const std::int64_t next =
         std::max(counter_next(r, counts_at(l, s, i, now), now), tat - (r.burst - 1) * r.interval_us);
-    if (next > now) throttle(d, next, r.interval_us);
+    if (next > now) throttle(d, next, r.interval_us, limit_kind::rule, i);
   }
   for (std::size_t i = 0; i < l.quotas.size(); ++i) {
     // An exhausted quota allows the next use when its window ends; no pacing
     // interval (nothing is released before then).
-    if (quota_used(l, s, i, now) >= l.quotas[i].limit) throttle(d, window_end_us(l.quotas[i], now), 0);
+    if (quota_used(l, s, i, now) >= l.quotas[i].limit)
+      throttle(d, window_end_us(l.quotas[i], now), 0, limit_kind::quota, i);
   }
 }
 

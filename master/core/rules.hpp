@@ -128,10 +128,19 @@ struct state {
 };
 
 /// Outcome of an evaluation.
+/// What kind of limit set a decision's next allowed time.
+enum class limit_kind : std::uint8_t { none, rule, quota, share };
+
 struct decision {
   bool throttled = false;        ///< next request is not allowed at `now`
   std::int64_t next_us = 0;      ///< when the next request is allowed (valid if throttled)
   std::int64_t interval_us = 0;  ///< 1/rate of the rule that set next_us (pacing hint)
+  /// The limit that set next_us (what a refusal names): a rule or quota by its
+  /// place in the limits' rules or quotas; a share (master/engine/shares.*)
+  /// with its burst, for the rate-limit fields.
+  limit_kind by = limit_kind::none;
+  std::uint8_t index = 0;
+  std::int64_t burst = 0;  ///< by == share: the share's burst (its rate is 1 / interval_us)
 };
 
 /// Records `e` in `s` and evaluates when the next request is allowed.

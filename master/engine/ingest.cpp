@@ -261,6 +261,7 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->identifier = msg->identifier;
     out->next_ms = ceil_ms(dec.next_us);
     out->interval_ms = std::max<std::int64_t>(1, (dec.interval_us + 500) / 1000);
+    out->limit = limit_named(it->second, msg->identifier, dec);
   }
   if (sampled) latency_.observe(std::chrono::duration<double>(clock_.steady_now() - started).count());
   return out;
@@ -346,6 +347,37 @@ void ingest::release(const std::vector<reservations::reservation>& gone, metrics
     domains_[*i].refunded->inc(static_cast<std::uint64_t>(r.units));
     limiter_.apply(*i, r.identifier, {rules::event_kind::adjust, r.at_ms * 1000, -r.units}, now_us);
   }
+}
+
+wire::limit_ref ingest::limit_named(std::size_t domain, std::string_view identifier, const rules::decision& dec) const {
+  // As gatekeepers know the client's limits: its POLICY rules (those within
+  // the wire's bounds, the shared rate last) and the domain's quotas.
+  const rules::limits& l = limiter_.current_limits(domain, identifier);
+  const auto fits = [](const rules::rule& r) { return wire::policy_fits(r.interval_us, r.burst); };
+  const std::size_t shown = static_cast<std::size_t>(std::count_if(l.rules.begin(), l.rules.end(), fits)) +
+                            (l.shared_rate.interval_us > 0 ? 1 : 0) + l.quotas.size();
+  wire::limit_ref out;
+  switch (dec.by) {
+    case rules::limit_kind::none: break;
+    case rules::limit_kind::rule:
+      // One limit only: a refusal names it without being told.
+      if (shown < 2 || dec.index >= l.rules.size() || !fits(l.rules[dec.index])) break;
+      out.by = wire::limit_ref::kind::rule;
+      out.index = static_cast<std::uint8_t>(
+          std::count_if(l.rules.begin(), l.rules.begin() + static_cast<std::ptrdiff_t>(dec.index), fits));
+      break;
+    case rules::limit_kind::quota:
+      if (shown < 2) break;
+      out.by = wire::limit_ref::kind::quota;
+      out.index = dec.index;
+      break;
+    case rules::limit_kind::share:
+      out.by = wire::limit_ref::kind::share;
+      out.share_interval_us = dec.interval_us;
+      out.share_burst = dec.burst;
+      break;
+  }
+  return out;
 }
 
 rules::decision ingest::share(std::size_t domain, std::string_view identifier, const rules::event& e,

@@ -194,6 +194,10 @@ private:
   /// Applies a use to its identifier's share of its domain's shared rate: the later of the two decisions.
   rules::decision share(std::size_t domain, std::string_view identifier, const rules::event& e, rules::decision dec,
                         std::int64_t now_us);
+  /// The limit that set `dec` as gatekeepers know the client's limits (LIMIT,
+  /// wire_limit.hpp); kind none when it has only one, or the limit is not
+  /// published to them.
+  wire::limit_ref limit_named(std::size_t domain, std::string_view identifier, const rules::decision& dec) const;
   /// LEASEs not kept (the book full): granted what they want, published by take_grants().
   struct untracked_grant {
     std::string domain, identifier;

@@ -86,7 +86,10 @@ rules::decision shares::use(std::size_t domain, std::string_view identifier, std
   if (allowed > at_us || (held && allowed >= at_us - interval)) m.wanted_us = std::max({m.wanted_us, now_us, at_us});
   m.tat_us = std::min(std::max(m.tat_us, at_us) + units * interval, now_us + rules::k_max_debt_us);
   rules::decision d;
-  if (const std::int64_t next = m.tat_us - ahead + interval; next > now_us) d = {true, next, interval};
+  if (const std::int64_t next = m.tat_us - ahead + interval; next > now_us) {
+    d = {.throttled = true, .next_us = next, .interval_us = interval, .by = rules::limit_kind::share};
+    d.burst = std::max<std::int64_t>(1, ahead / interval);
+  }
   return d;
 }
 

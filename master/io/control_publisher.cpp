@@ -4,6 +4,7 @@
 #include <array>
 #include <utility>
 
+#include "shared/protocol/wire_limit.hpp"
 #include "shared/protocol/wire_tier.hpp"
 
 namespace smockron::master {
@@ -26,6 +27,9 @@ control_publisher::control_publisher(event_loop& loop, const config::master_conf
       sent_(reg.add_counter("smockron_master_control_messages_total", "DELAY_UNTIL messages published")),
       dropped_(reg.add_counter("smockron_master_control_dropped_total",
                                "DELAY_UNTIL messages not queued for a gatekeeper whose queue was full (control_hwm)")),
+      limits_sent_(
+          reg.add_counter("smockron_master_limit_messages_total",
+                          "LIMIT messages published (which limit set a DELAY_UNTIL, for a client with several)")),
       policy_sent_(reg.add_counter("smockron_master_policy_messages_total",
                                    "POLICY messages published (each domain's rules, every second)")),
       grants_sent_(reg.add_counter("smockron_master_grant_messages_total",
@@ -50,6 +54,11 @@ void control_publisher::delay_until(const wire::delay_until& m) {
   }
   sent_.inc();
   dropped_.inc(server_.publish(enc->view()).dropped);
+  // Which limit set it, right after it (the same connections keep the order).
+  if (auto limit = wire::encode_limit(m, scratch_)) {
+    limits_sent_.inc();
+    server_.publish(limit->view());
+  }
 }
 
 void control_publisher::domains_changed(std::size_t count) {
@@ -105,8 +114,7 @@ namespace {
 std::size_t policy_rules(const rules::limits& l, std::array<wire::policy::rule, wire::max_policy_rules>& out) {
   std::size_t n = 0;
   const auto add = [&](const rules::rule& r) {
-    if (n < wire::max_policy_rules && r.burst <= wire::max_policy_burst &&
-        r.interval_us <= wire::max_policy_span_us / r.burst) {
+    if (n < wire::max_policy_rules && wire::policy_fits(r.interval_us, r.burst)) {
       out[n++] = {r.interval_us, r.burst};
     }
   };

@@ -79,6 +79,7 @@ private:
   std::chrono::steady_clock::time_point next_policy_{};
   metrics::counter& sent_;
   metrics::counter& dropped_;
+  metrics::counter& limits_sent_;
   metrics::counter& policy_sent_;
   metrics::counter& grants_sent_;
   metrics::counter& grants_dropped_;

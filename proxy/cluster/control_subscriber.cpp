@@ -8,6 +8,7 @@
 #include "shared/base/log.hpp"
 #include "shared/base/net.hpp"
 #include "shared/daemon/zmq_util.hpp"
+#include "shared/protocol/wire_limit.hpp"
 #include "shared/protocol/wire_tier.hpp"
 
 namespace smockron::proxy {
@@ -256,6 +257,13 @@ void control_subscriber::apply(const zmq_util::multipart& in) {
       if (gate_.set_quotas(*domain, {q->items.data(), q->count}, clock_.wall_us())) policies_.inc();
       else policies_ignored_.inc();
     }
+    return;
+  }
+  if (wire::control_command(in.frames()) == wire::limit_command) {
+    const auto l = wire::decode_limit(in.frames());
+    if (!l) return bad(l.error());
+    if (const auto domain = domains_.find(l->domain))
+      gate_.name_limit(*domain, l->identifier, l->next_ms * 1000, l->limit);
     return;
   }
   const auto m = wire::decode_delay_until(in.frames());

@@ -179,9 +179,26 @@ void gate::update(std::uint32_t domain, std::string_view identifier, std::int64_
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
   entry& e = it->second;
-  e.next_us = std::max(e.next_us, next_us);  // delays only move forward
+  if (next_us > e.next_us) e.limit = wire::limit_ref::kind::none;  // its LIMIT comes next
+  e.next_us = std::max(e.next_us, next_us);                        // delays only move forward
   e.updated_us = now_us;
   if (interval_us > 0) e.interval_us = interval_us;
+}
+
+void gate::name_limit(std::uint32_t domain, std::string_view identifier, std::int64_t next_us,
+                      const wire::limit_ref& limit) {
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  const auto it = s.map.find(k);
+  // Only the DELAY_UNTIL it came with: one dropped or overtaken names nothing.
+  if (it == s.map.end() || it->second.next_us != next_us) return;
+  entry& e = it->second;
+  e.limit = limit.by;
+  e.limit_index = limit.index;
+  if (limit.by != wire::limit_ref::kind::share) return;
+  e.share_burst = static_cast<std::uint32_t>(limit.share_burst);  // POLICY's bounds: at most 1,000,000
+  e.share_window_s = static_cast<std::uint32_t>((limit.share_burst * limit.share_interval_us + 999'999) / 1'000'000);
 }
 
 quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::int64_t now_us, std::string_view tier) {
@@ -191,6 +208,7 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
   std::array<std::int64_t, k_guard_rules> tat{};
   std::int64_t next_us = 0;  // the master's DELAY_UNTIL for the client
   bool overridden = false;
+  entry named;  // the limit the master named for it (limit, limit_index, share_*)
   {
     const key_view k{domain, identifier};
     shard& s = shard_for(k);
@@ -201,10 +219,12 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
     if (const auto it = s.map.find(k); it != s.map.end()) {
       if (it->second.policy_seq == guard.seq) tat = it->second.tat;
       next_us = it->second.next_us;
+      if (next_us > now_us) named = it->second;
     }
   }
   if (guard.count == 0 && !covered(domain, now_us)) return q;
   add_quotas(q, domain, overridden, next_us, now_us);
+  name_in(q, named, guard.count);
   if (guard.count == 0) return q;
   // The rate rules first, then the quotas.
   std::move_backward(q.items.begin(), q.items.begin() + static_cast<std::ptrdiff_t>(q.count),
@@ -220,6 +240,19 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
     it.reset_s = (ahead + 999'999) / 1'000'000;
   }
   return q;
+}
+
+void gate::name_in(quota_state& q, const entry& named, std::size_t rules) {
+  using kind = wire::limit_ref::kind;
+  // q holds the quotas now; the rules go before them. An index past what
+  // this gatekeeper shows (an override's quotas, a policy not refreshed)
+  // names nothing.
+  if (named.limit == kind::rule && named.limit_index < rules) q.limiting = named.limit_index;
+  if (named.limit == kind::quota && named.limit_index < q.count) {
+    q.items[named.limit_index].remaining = 0;  // exhausted, the master says
+    q.limiting = static_cast<int>(rules + named.limit_index);
+  }
+  if (named.limit == kind::share) q.share = {named.share_burst, std::max<std::int64_t>(1, named.share_window_s)};
 }
 
 void gate::add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,

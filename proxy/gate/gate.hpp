@@ -98,6 +98,11 @@ public:
   void update(std::uint32_t domain, std::string_view identifier, std::int64_t next_us, std::int64_t interval_us,
               std::int64_t now_us);
 
+  /// Applies LIMIT: the limit that set the client's DELAY_UNTIL of `next_us`,
+  /// kept while that is its next allowed time (the rate-limit fields name it).
+  void name_limit(std::uint32_t domain, std::string_view identifier, std::int64_t next_us,
+                  const wire::limit_ref& limit);
+
   /// Sets a domain's policy (POLICY): at most wire::max_policy_rules rules
   /// (more are ignored: fewer rules bound less, never more). Also refreshes it.
   /// Called from one thread (the control subscriber). False (not kept, the
@@ -229,6 +234,9 @@ private:
   /// charge() (delta > 0) or refund() (delta < 0) under the client's lock.
   void correct(std::uint32_t domain, std::string_view identifier, std::int64_t delta, std::int64_t now_us,
                std::string_view tier);
+  /// Marks in `q` (its quotas added, its `rules` rate rules not yet) the limit
+  /// the master named for the client in `named`.
+  static void name_in(quota_state& q, const entry& named, std::size_t rules);
   /// Appends the domain's fresh quotas to `q` (none for an overridden identifier).
   void add_quotas(quota_state& q, std::uint32_t domain, bool overridden, std::int64_t next_us,
                   std::int64_t now_us) const;

@@ -39,6 +39,13 @@ struct client_entry {
   /// The tier the client's last request named (tier_tag()); 0: not known
   /// (the entry came with a DELAY_UNTIL). Another one forgets `next_us`.
   std::uint32_t tier = 0;
+  /// The limit that set next_us, as the master named it (LIMIT): kind none
+  /// when not named, or next_us moved on since. A share's burst and window
+  /// (whole seconds), for the rate-limit fields.
+  wire::limit_ref::kind limit = wire::limit_ref::kind::none;
+  std::uint8_t limit_index = 0;
+  std::uint32_t share_burst = 0;
+  std::uint32_t share_window_s = 0;
 
   /// When keeping this entry no longer changes any decision.
   std::int64_t expires_us() const;

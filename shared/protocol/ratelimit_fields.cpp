@@ -33,6 +33,16 @@ std::string policy_name(std::string_view domain, const quota_state& q, std::size
 
 void append_ratelimit_fields(std::string& out, std::string_view domain, const quota_state& q,
                              std::int64_t throttled_s) {
+  const bool named = q.limiting >= 0 || q.share.burst > 0;
+  if (q.share.burst > 0) {
+    const std::string name = std::string(domain) + "-share";
+    out.append("RateLimit-Policy: ");
+    append_sf_string(out, name);
+    out.append(";q=").append(std::to_string(q.share.burst)).append(";w=").append(std::to_string(q.share.window_s));
+    out.append("\r\nRateLimit: ");
+    append_sf_string(out, name);
+    out.append(";r=0;t=").append(std::to_string(std::max<std::int64_t>(1, throttled_s))).append("\r\n");
+  }
   if (q.count == 0) return;
   out.append("RateLimit-Policy: ");
   for (std::size_t i = 0; i < q.count; ++i) {
@@ -52,8 +62,10 @@ void append_ratelimit_fields(std::string& out, std::string_view domain, const qu
     out.append(first ? "RateLimit: " : ", ");
     first = false;
     append_name(out, domain, q, i);
-    const std::int64_t remaining = throttled_s > 0 ? 0 : it.remaining;
-    const std::int64_t reset = std::max(it.reset_s, throttled_s);
+    // Held or refused: the limit named as holding it at zero, or every one when none was named.
+    const bool holding = throttled_s > 0 && (!named || q.limiting == static_cast<int>(i));
+    const std::int64_t remaining = holding ? 0 : it.remaining;
+    const std::int64_t reset = holding ? std::max(it.reset_s, throttled_s) : it.reset_s;
     out.append(";r=").append(std::to_string(remaining)).append(";t=").append(std::to_string(reset));
   }
   if (!first) out.append("\r\n");

@@ -26,6 +26,15 @@ struct quota_state {
   };
   std::array<item, wire::max_policy_rules + wire::max_quota_items> items{};
   std::size_t count = 0;  ///< 0: no fresh policy for the domain (nothing known)
+  /// The item the master named as holding the client (LIMIT); -1: not named,
+  /// and a refusal shows every item at zero.
+  int limiting = -1;
+  /// The client's part of the domain's shared rate, when that is what holds
+  /// it (burst 0: not): a policy of its own, "DOMAIN-share".
+  struct {
+    std::int64_t burst = 0;
+    std::int64_t window_s = 0;
+  } share;
 };
 
 /// Appends "RateLimit-Policy: ..." and "RateLimit: ..." lines (CRLF-ended) for
@@ -34,7 +43,11 @@ struct quota_state {
 /// long, so nothing remains until then whatever was counted.
 /// Policies are named after the domain ("api"; "api-1", "api-2", ... for several
 /// rules, then quotas). A quota whose units left are not known (remaining < 0)
-/// is in RateLimit-Policy only.
+/// is in RateLimit-Policy only. When the master named what holds the client
+/// (q.limiting, q.share), only that limit is at zero and the others show what
+/// they have left: the refusal names the limit that refused it. A share is
+/// "DOMAIN-share", in lines of its own (as concurrency).
+
 void append_ratelimit_fields(std::string& out, std::string_view domain, const quota_state& q, std::int64_t throttled_s);
 
 /// The name append_ratelimit_fields gives item `i` of `q` in `domain`.

@@ -85,6 +85,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::quota_invalid: return "quota_invalid";
     case decode_error::lease_invalid: return "lease_invalid";
     case decode_error::tier_invalid: return "tier_invalid";
+    case decode_error::limit_invalid: return "limit_invalid";
   }
   return "unknown";
 }
@@ -367,10 +368,7 @@ std::optional<encoded> encode(const policy& m, scratch& s) {
   char* out = s.text.data();
   for (std::size_t i = 0; i < m.count; ++i) {
     const policy::rule& r = m.rules[i];
-    if (r.interval_us < 1 || r.burst < 1 || r.burst > max_policy_burst ||
-        r.interval_us > max_policy_span_us / r.burst) {
-      return std::nullopt;
-    }
+    if (!policy_fits(r.interval_us, r.burst)) return std::nullopt;
     if (i) *out++ = ' ';
     out = std::to_chars(out, s.text.data() + s.text.size(), r.interval_us).ptr;
     *out++ = '/';

@@ -53,8 +53,9 @@ enum class decode_error : std::uint8_t {
   reserve_invalid,         ///< loginfo starts with "reserve=" but no valid cost follows
   lease_invalid,           ///< a LEASE, GRANT or CONCURRENCY numbers frame malformed
   tier_invalid,            ///< a "tier=" in the loginfo, or a TIER message's name, that is no tier name
+  limit_invalid,           ///< a LIMIT message's limit frame malformed
 };
-inline constexpr std::size_t decode_error_count = 21;
+inline constexpr std::size_t decode_error_count = 22;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);
@@ -116,12 +117,26 @@ struct accounting {
   std::string_view tier = {};  ///< ACCEPTED or DELAYED: the request's tier ("tier=NAME"); empty: none
 };
 
+/// Which of a client's limits set its next allowed time: what a refusal
+/// names (LIMIT, wire_limit.hpp).
+struct limit_ref {
+  enum class kind : std::uint8_t { none, rule, quota, share };
+  kind by = kind::none;
+  std::uint8_t index = 0;  ///< rule: its place in the client's POLICY; quota: in the domain's QUOTA (from 0)
+  /// share: the client's part of the domain's shared rate, as a POLICY rule
+  std::int64_t share_interval_us = 0;
+  std::int64_t share_burst = 0;
+};
+
 /// Control message DELAY_UNTIL: [domain\0, "DELAY_UNTIL", identifier, next_ms, (interval_ms)].
 struct delay_until {
   std::string_view domain;
   std::string_view identifier;
   std::int64_t next_ms = 0;
   std::int64_t interval_ms = 0;  ///< 0 = frame 4 omitted (wire addition, optional)
+  /// Not a frame of DELAY_UNTIL: the limit that set next_ms, which the master
+  /// publishes as a LIMIT message right after it (kind none: no LIMIT).
+  limit_ref limit = {};
 };
 
 /// Control message POLICY (wire addition; a gatekeeper that does not know it
@@ -147,6 +162,11 @@ inline constexpr std::int64_t max_policy_burst = 1'000'000;
 inline constexpr std::int64_t max_policy_span_us = std::int64_t{1} << 47;  // ~4.5 years, 15 digits
 inline constexpr std::int64_t policy_interval_ms = 1000;
 inline constexpr std::int64_t policy_fresh_ms = 3500;
+/// True when a rule travels in POLICY: within its bounds (a rule that does
+/// not is left out of it: fewer rules bound less, never more).
+inline bool policy_fits(std::int64_t interval_us, std::int64_t burst) {
+  return interval_us >= 1 && burst >= 1 && burst <= max_policy_burst && interval_us <= max_policy_span_us / burst;
+}
 struct policy {
   struct rule {
     std::int64_t interval_us = 0;

@@ -7,6 +7,7 @@
 #include "shared/protocol/wire.hpp"
 #include "shared/protocol/wire_batch.hpp"
 #include "shared/protocol/wire_lease.hpp"
+#include "shared/protocol/wire_limit.hpp"
 #include "shared/protocol/wire_tier.hpp"
 
 using namespace smockron;
@@ -101,6 +102,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < t->count; ++i) {
       FUZZ_CHECK(back->rules[i].interval_us == t->rules[i].interval_us && back->rules[i].burst == t->rules[i].burst);
     }
+  }
+  if (auto l = wire::decode_limit(f)) {
+    using kind = wire::limit_ref::kind;
+    const auto& r = l->limit;
+    FUZZ_CHECK(r.by != kind::none);
+    FUZZ_CHECK(r.by != kind::rule || r.index < wire::max_policy_rules);
+    FUZZ_CHECK(r.by != kind::quota || r.index < wire::max_quota_items);
+    FUZZ_CHECK(r.by != kind::share || wire::policy_fits(r.share_interval_us, r.share_burst));
+    const auto enc = wire::encode_limit(wire::delay_until{l->domain, l->identifier, l->next_ms, 0, r}, s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_limit(enc->view());
+    FUZZ_CHECK(back && back->domain == l->domain && back->identifier == l->identifier && back->next_ms == l->next_ms);
+    FUZZ_CHECK(back->limit.by == r.by && back->limit.index == r.index);
+    FUZZ_CHECK(back->limit.share_interval_us == r.share_interval_us && back->limit.share_burst == r.share_burst);
   }
   // A BATCH's records (as the master unpacks them) re-pack to the same bytes.
   if (f.size() == 3) {

@@ -271,6 +271,8 @@ TEST_P(InUnits, AnExhaustedQuotaAllowsNothingUntilItsWindowEnds) {
   const std::int64_t reset = window_end_us(l.quotas[0], t0);
   EXPECT_EQ(d.next_us, reset);
   EXPECT_EQ(d.interval_us, 0);
+  EXPECT_EQ(d.by, limit_kind::quota) << "the quota is named as what holds the client";
+  EXPECT_EQ(d.index, 0);
   EXPECT_EQ(quota_used(l, s, 0, t0 + 2'000 * ms), 100);
   // Refusals do not count; the decision stays.
   EXPECT_EQ(apply(l, s, {event_kind::rejected, t0 + 5'000 * ms}, t0 + 5'000 * ms).next_us, reset);

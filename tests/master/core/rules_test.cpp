@@ -499,3 +499,22 @@ TEST_P(BothAlgorithms, EveryUseIsPaidBack) {
   ASSERT_TRUE(d.throttled);
   EXPECT_EQ(d.next_us, t0 + 1000 * 60'000 * ms);
 }
+
+// The decision says which limit set the next allowed time: the rule that
+// holds the client longest, by its place in the limits.
+TEST_P(BothAlgorithms, TheRuleThatSetsTheTimeIsNamed) {
+  const limits l = make(GetParam(), {per_second(100, 10), per_second(1, 2)});
+  state s;
+  EXPECT_FALSE(accepted(l, s, t0, t0).throttled);
+  const decision d = accepted(l, s, t0, t0);  // the second rule's burst is full
+  ASSERT_TRUE(d.throttled);
+  EXPECT_EQ(d.by, limit_kind::rule);
+  EXPECT_EQ(d.index, 1);
+  EXPECT_EQ(d.interval_us, 1'000 * ms);
+  const limits one = make(GetParam(), {per_second(1, 1)});
+  state s1;
+  const decision d1 = accepted(one, s1, t0, t0);
+  EXPECT_EQ(d1.by, limit_kind::rule);
+  EXPECT_EQ(d1.index, 0);
+  EXPECT_EQ(decision{}.by, limit_kind::none);
+}

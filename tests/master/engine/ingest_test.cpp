@@ -297,3 +297,55 @@ rules = [ { concurrency = 4 } ]
   EXPECT_EQ(lease("b", "pro"), 4);
   EXPECT_EQ(lease("c", "gold"), 1);
 }
+
+// The DELAY_UNTIL of a client with several limits says which one set it (a
+// LIMIT message goes with it): a rule by its place in the client's POLICY, a
+// quota by its place in QUOTA, a share with its rate. One limit: nothing to name.
+TEST(IngestLimits, TheLimitThatSetTheTimeIsNamed) {
+  auto r = config::load_string(R"(
+[master]
+[master.domains.one]
+rules = [ { rate = "10/s", burst = 2 } ]
+[master.domains.two]
+rules = [ { rate = "100/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
+[master.domains.quota]
+rules = [ { rate = "100/s", burst = 100 }, { quota = 3, per = "day" } ]
+[master.domains.pool]
+rules = [ { rate = "100/s", burst = 100 } ]
+shared = [ { rate = "10/s", burst = 10 } ]
+)",
+                               "test");
+  ASSERT_TRUE(r.cfg) << (r.errors.empty() ? "" : config::format(r.errors[0]));
+  manual_clock clock;
+  metrics::registry reg;
+  master::ingest in(*r.cfg->master, clock, reg);
+  // The first DELAY_UNTIL for `id` in `domain`, uses at one instant.
+  std::vector<std::string> kept;
+  const auto first_delay = [&](const std::string& domain, const std::string& id) -> std::optional<wire::delay_until> {
+    for (int n = 0; n < 50; ++n) {
+      kept = {domain + '\0', "ACCEPTED", id, std::to_string(clock.wall_ms()), ""};
+      const std::vector<std::string_view> v(kept.begin(), kept.end());
+      if (auto d = in.handle(v, false, clock.wall_us())) return d;
+    }
+    return std::nullopt;
+  };
+  using kind = wire::limit_ref::kind;
+  auto d = first_delay("one", "a");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::none) << "one limit: a refusal names it untold";
+  d = first_delay("two", "a");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::rule);
+  EXPECT_EQ(d->limit.index, 1) << "the second rule (burst 2) binds first";
+  d = first_delay("quota", "a");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::quota);
+  EXPECT_EQ(d->limit.index, 0);
+  d = first_delay("pool", "a");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::share);
+  EXPECT_GT(d->limit.share_interval_us, 0);
+  EXPECT_GE(d->limit.share_burst, 1);
+  EXPECT_LE(d->limit.share_burst, 10) << "a part of the shared burst";
+  EXPECT_TRUE(wire::policy_fits(d->limit.share_interval_us, d->limit.share_burst));
+}

@@ -564,6 +564,64 @@ TEST(GateGuard, QuotasAreDescribedAndKnownExhaustedOnly) {
   EXPECT_FALSE(g.set_quotas(gate::k_policy_domains, quotas, t0));
 }
 
+// LIMIT names what holds a client: only that item is at zero in RateLimit,
+// the others show what they have left; a share is a policy of its own. The
+// name goes with the DELAY_UNTIL it came with: a later one forgets it.
+TEST(GateGuard, TheLimitTheMasterNamesIsTheOneAtZero) {
+  using smockron::wire::limit_ref;
+  gate g;
+  set_policy(g, 0, {{10 * ms, 100}, {1'000 * ms, 2}}, t0);
+  using item = smockron::wire::quota_policy::item;
+  ASSERT_TRUE(g.set_quotas(0, std::vector<item>{{1'000, smockron::calendar::period::fixed, 0, 60}}, t0));
+  const std::int64_t next = t0 + 2'000 * ms;
+  g.update(0, "c", next, 1'000 * ms, t0);
+  EXPECT_EQ(g.quota(0, "c", t0).limiting, -1) << "not named yet";
+  g.name_limit(0, "c", next + 1, {limit_ref::kind::rule, 1, 0, 0});
+  EXPECT_EQ(g.quota(0, "c", t0).limiting, -1) << "another DELAY_UNTIL's";
+  g.name_limit(0, "c", next, {limit_ref::kind::rule, 1, 0, 0});
+  auto q = g.quota(0, "c", t0);
+  EXPECT_EQ(q.limiting, 1);
+  EXPECT_EQ(q.share.burst, 0);
+  std::string out;
+  append_ratelimit_fields(out, "api", q, 2);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"api-1\";q=100;w=1, \"api-2\";q=2;w=2, \"api-3\";q=1000;w=60\r\n"
+            "RateLimit: \"api-1\";r=100;t=0, \"api-2\";r=0;t=2\r\n");
+  // A quota: the third item, exhausted.
+  g.name_limit(0, "c", next, {limit_ref::kind::quota, 0, 0, 0});
+  q = g.quota(0, "c", t0);
+  EXPECT_EQ(q.limiting, 2);
+  EXPECT_EQ(q.items[2].remaining, 0);
+  // Past what this gatekeeper shows: nothing named.
+  g.name_limit(0, "c", next, {limit_ref::kind::quota, 1, 0, 0});
+  EXPECT_EQ(g.quota(0, "c", t0).limiting, -1);
+  g.name_limit(0, "c", next, {limit_ref::kind::rule, 2, 0, 0});
+  EXPECT_EQ(g.quota(0, "c", t0).limiting, -1);
+  // A share: described, and the rules keep what they have left.
+  g.name_limit(0, "c", next, {limit_ref::kind::share, 0, 250 * ms, 8});
+  q = g.quota(0, "c", t0);
+  EXPECT_EQ(q.limiting, -1);
+  EXPECT_EQ(q.share.burst, 8);
+  EXPECT_EQ(q.share.window_s, 2);
+  out.clear();
+  append_ratelimit_fields(out, "api", q, 2);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"api-share\";q=8;w=2\r\nRateLimit: \"api-share\";r=0;t=2\r\n"
+            "RateLimit-Policy: \"api-1\";q=100;w=1, \"api-2\";q=2;w=2, \"api-3\";q=1000;w=60\r\n"
+            "RateLimit: \"api-1\";r=100;t=0, \"api-2\";r=2;t=0\r\n");
+  // The master moves the time on: what it named goes with the old time.
+  g.update(0, "c", next + 1'000 * ms, 1'000 * ms, t0);
+  q = g.quota(0, "c", t0);
+  EXPECT_EQ(q.limiting, -1);
+  EXPECT_EQ(q.share.burst, 0);
+  // Once the time has passed, nothing holds the client: nothing is named.
+  g.name_limit(0, "c", next + 1'000 * ms, {limit_ref::kind::rule, 1, 0, 0});
+  EXPECT_EQ(g.quota(0, "c", t0).limiting, 1);
+  EXPECT_EQ(g.quota(0, "c", next + 1'000 * ms).limiting, -1);
+  g.name_limit(0, "nobody", next, {limit_ref::kind::rule, 1, 0, 0});  // no entry: nothing kept
+  EXPECT_EQ(g.quota(0, "nobody", t0).limiting, -1);
+}
+
 TEST(RateLimitFields, AQuotaNotKnownHereIsInThePolicyOnly) {
   quota_state q;
   q.count = 2;
