@@ -352,11 +352,18 @@ void ingest::release(const std::vector<reservations::reservation>& gone, metrics
 wire::limit_ref ingest::limit_named(std::size_t domain, std::string_view identifier, const rules::decision& dec) const {
   // As gatekeepers know the client's limits: its POLICY rules (those within
   // the wire's bounds, the shared rate last) and the domain's quotas.
-  const rules::limits& l = limiter_.current_limits(domain, identifier);
   const auto fits = [](const rules::rule& r) { return wire::policy_fits(r.interval_us, r.burst); };
-  const std::size_t shown = static_cast<std::size_t>(std::count_if(l.rules.begin(), l.rules.end(), fits)) +
-                            (l.shared_rate.interval_us > 0 ? 1 : 0) + l.quotas.size();
+  const auto shown_of = [&](const rules::limits& l) {
+    return static_cast<std::size_t>(std::count_if(l.rules.begin(), l.rules.end(), fits)) +
+           (l.shared_rate.interval_us > 0 ? 1 : 0) + l.quotas.size();
+  };
   wire::limit_ref out;
+  // The common case without a lookup: one limit for everyone in the domain.
+  const domain_limits& all = limiter_.limits(domain);
+  if (dec.by != rules::limit_kind::share && all.overrides.empty() && all.tiers.empty() && shown_of(all.base) < 2)
+    return out;
+  const rules::limits& l = limiter_.current_limits(domain, identifier);
+  const std::size_t shown = shown_of(l);
   switch (dec.by) {
     case rules::limit_kind::none: break;
     case rules::limit_kind::rule:
