@@ -129,7 +129,8 @@ void throttle(decision& d, std::int64_t next, std::int64_t interval, limit_kind 
     d.throttled = true;
     d.next_us = next;
     d.interval_us = interval;
-    d.by = by;
+    // Past what an index holds (more than 255 rules): not named.
+    d.by = index <= UINT8_MAX ? by : limit_kind::none;
     d.index = static_cast<std::uint8_t>(index);
   }
 }

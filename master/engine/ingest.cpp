@@ -374,7 +374,8 @@ wire::limit_ref ingest::limit_named(std::size_t domain, std::string_view identif
           std::count_if(l.rules.begin(), l.rules.begin() + static_cast<std::ptrdiff_t>(dec.index), fits));
       break;
     case rules::limit_kind::quota:
-      if (shown < 2) break;
+      // Only the domain's own quotas are published (QUOTA): an override's or a tier's has no place to name.
+      if (shown < 2 || &l != &all.base) break;
       out.by = wire::limit_ref::kind::quota;
       out.index = dec.index;
       break;

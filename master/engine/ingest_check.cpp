@@ -74,6 +74,7 @@ ingest::check_result ingest::check(std::size_t d, std::string_view identifier, s
     out.publish->identifier = identifier;
     out.publish->next_ms = (after.next_us + 999) / 1000;
     out.publish->interval_ms = std::max<std::int64_t>(1, (after.interval_us + 500) / 1000);
+    out.publish->limit = limit_named(d, identifier, after);
   }
   return out;
 }

@@ -219,7 +219,12 @@ quota_state gate::quota(std::uint32_t domain, std::string_view identifier, std::
     if (const auto it = s.map.find(k); it != s.map.end()) {
       if (it->second.policy_seq == guard.seq) tat = it->second.tat;
       next_us = it->second.next_us;
-      if (next_us > now_us) named = it->second;
+      // The master named a limit among those it judged the client's last
+      // use by: shown only where this request shows the same rules (its
+      // tier's, fresh here, or the domain's for a client without a tier).
+      const std::uint32_t shown_tier = tier_tag(tier);
+      const bool same_rules = (tier.empty() || tiered) && (it->second.tier == 0 || it->second.tier == shown_tier);
+      if (next_us > now_us && same_rules) named = it->second;
     }
   }
   if (guard.count == 0 && !covered(domain, now_us)) return q;

@@ -39,9 +39,12 @@ void append_ratelimit_fields(std::string& out, std::string_view domain, const qu
     out.append("RateLimit-Policy: ");
     append_sf_string(out, name);
     out.append(";q=").append(std::to_string(q.share.burst)).append(";w=").append(std::to_string(q.share.window_s));
-    out.append("\r\nRateLimit: ");
-    append_sf_string(out, name);
-    out.append(";r=0;t=").append(std::to_string(std::max<std::int64_t>(1, throttled_s))).append("\r\n");
+    out.append("\r\n");
+    if (throttled_s > 0) {  // what it has left is the master's to know, but for this: nothing until then
+      out.append("RateLimit: ");
+      append_sf_string(out, name);
+      out.append(";r=0;t=").append(std::to_string(throttled_s)).append("\r\n");
+    }
   }
   if (q.count == 0) return;
   out.append("RateLimit-Policy: ");

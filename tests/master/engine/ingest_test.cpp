@@ -310,6 +310,9 @@ rules = [ { rate = "10/s", burst = 2 } ]
 rules = [ { rate = "100/s", burst = 5 }, { rate = "1/s", burst = 2 } ]
 [master.domains.quota]
 rules = [ { rate = "100/s", burst = 100 }, { quota = 3, per = "day" } ]
+overrides = [ { identifier = "vip", rules = [ { rate = "100/s", burst = 100 }, { quota = 5, per = "day" } ] } ]
+[master.domains.wide]
+rules = [ { rate = "1/d", burst = 1000000 }, { rate = "100/s", burst = 50 }, { rate = "1/s", burst = 2 } ]
 [master.domains.pool]
 rules = [ { rate = "100/s", burst = 100 } ]
 shared = [ { rate = "10/s", burst = 10 } ]
@@ -341,6 +344,15 @@ shared = [ { rate = "10/s", burst = 10 } ]
   ASSERT_TRUE(d);
   EXPECT_EQ(d->limit.by, kind::quota);
   EXPECT_EQ(d->limit.index, 0);
+  d = first_delay("quota", "vip");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::none) << "an override's quotas are not published: nothing to name";
+  // The first rule's window is past POLICY's bound: gatekeepers do not have
+  // it, and the third rule is their second.
+  d = first_delay("wide", "a");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->limit.by, kind::rule);
+  EXPECT_EQ(d->limit.index, 1);
   d = first_delay("pool", "a");
   ASSERT_TRUE(d);
   EXPECT_EQ(d->limit.by, kind::share);

@@ -620,6 +620,27 @@ TEST(GateGuard, TheLimitTheMasterNamesIsTheOneAtZero) {
   EXPECT_EQ(g.quota(0, "c", next + 1'000 * ms).limiting, -1);
   g.name_limit(0, "nobody", next, {limit_ref::kind::rule, 1, 0, 0});  // no entry: nothing kept
   EXPECT_EQ(g.quota(0, "nobody", t0).limiting, -1);
+  // The master judged a request of tier "pro" (its rules, fresh here): the
+  // name is shown on that tier's requests only, not against the domain's rules.
+  ASSERT_TRUE(g.set_tier(0, "pro", std::vector<guard_rule>{{10 * ms, 100}, {500 * ms, 4}}, t0));
+  EXPECT_EQ(g.decide(0, "t", t0, limits(), 1, 0, "pro", true).v, verdict::accept);  // the entry: tier pro
+  g.update(0, "t", next, 1'000 * ms, t0);
+  g.name_limit(0, "t", next, {limit_ref::kind::rule, 1, 0, 0});
+  EXPECT_EQ(g.quota(0, "t", t0, "pro").limiting, 1);
+  EXPECT_EQ(g.quota(0, "t", t0, "").limiting, -1) << "the domain's rules: not the ones named";
+  EXPECT_EQ(g.quota(0, "t", t0, "gold").limiting, -1) << "a tier not known here shows the domain's";
+}
+
+TEST(RateLimitFields, AShareIsAtZeroOnlyWhenItHolds) {
+  quota_state q;
+  q.count = 1;
+  q.items[0] = {20, 2, 7, 1};
+  q.share = {4, 1};
+  std::string out;
+  append_ratelimit_fields(out, "api", q, 0);
+  EXPECT_EQ(out,
+            "RateLimit-Policy: \"api-share\";q=4;w=1\r\n"
+            "RateLimit-Policy: \"api\";q=20;w=2\r\nRateLimit: \"api\";r=7;t=1\r\n");
 }
 
 TEST(RateLimitFields, AQuotaNotKnownHereIsInThePolicyOnly) {
