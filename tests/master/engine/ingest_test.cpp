@@ -333,31 +333,22 @@ shared = [ { rate = "10/s", burst = 10 } ]
     return std::nullopt;
   };
   using kind = wire::limit_ref::kind;
-  auto d = first_delay("one", "a");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::none) << "one limit: a refusal names it untold";
-  d = first_delay("two", "a");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::rule);
-  EXPECT_EQ(d->limit.index, 1) << "the second rule (burst 2) binds first";
-  d = first_delay("quota", "a");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::quota);
-  EXPECT_EQ(d->limit.index, 0);
-  d = first_delay("quota", "vip");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::none) << "an override's quotas are not published: nothing to name";
+  const auto named = [&](const std::string& domain, const std::string& id) {
+    const auto d = first_delay(domain, id);
+    EXPECT_TRUE(d) << domain;
+    return d ? d->limit : wire::limit_ref{};
+  };
+  const auto rule_or_quota = [](const wire::limit_ref& l) { return std::pair{l.by, int{l.index}}; };
+  EXPECT_EQ(named("one", "a").by, kind::none) << "one limit: a refusal names it untold";
+  EXPECT_EQ(rule_or_quota(named("two", "a")), std::pair(kind::rule, 1)) << "the second rule (burst 2) binds first";
+  EXPECT_EQ(rule_or_quota(named("quota", "a")), std::pair(kind::quota, 0));
+  EXPECT_EQ(named("quota", "vip").by, kind::none) << "an override's quotas are not published: nothing to name";
   // The first rule's window is past POLICY's bound: gatekeepers do not have
   // it, and the third rule is their second.
-  d = first_delay("wide", "a");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::rule);
-  EXPECT_EQ(d->limit.index, 1);
-  d = first_delay("pool", "a");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->limit.by, kind::share);
-  EXPECT_GT(d->limit.share_interval_us, 0);
-  EXPECT_GE(d->limit.share_burst, 1);
-  EXPECT_LE(d->limit.share_burst, 10) << "a part of the shared burst";
-  EXPECT_TRUE(wire::policy_fits(d->limit.share_interval_us, d->limit.share_burst));
+  EXPECT_EQ(rule_or_quota(named("wide", "a")), std::pair(kind::rule, 1));
+  const auto share = named("pool", "a");
+  EXPECT_EQ(share.by, kind::share);
+  EXPECT_GE(share.share_burst, 1);
+  EXPECT_LE(share.share_burst, 10) << "a part of the shared burst";
+  EXPECT_TRUE(wire::policy_fits(share.share_interval_us, share.share_burst));
 }
