@@ -29,6 +29,7 @@ import urllib3  # Debian's python3-urllib3: a real client reads the fields
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from lib.h2client import H2Client  # noqa: E402
 from lib.http1 import fetch  # noqa: E402
 from lib.ports import HOST  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
@@ -111,37 +112,50 @@ class TestRefusalsNameTheirLimit(DaemonTestCase):
             [{"path": path, "domain": domain, "upstream": "app", "identify": ["header:X-API-Key"], "status": 429,
               "max_delay": "0s", "ratelimit_headers": True} for path, domain in (("/pool", "pool"), ("/two", "two"))])
         self.http = urllib3.PoolManager(retries=False, timeout=5.0)
+        self.addCleanup(self.http.clear)  # its kept connections
 
-    def refusal_naming(self, path: str, key: str, wanted) -> urllib3.HTTPResponse:
-        """Sends until a refusal whose RateLimit lines satisfy `wanted` (a few
-        dozen requests at most: the master names the limit within a round trip)."""
+    def refusal_naming(self, path: str, key: str, wanted, h2: bool = False):
+        """Sends (HTTP/1.1 by urllib3, or HTTP/2 with prior knowledge) until a
+        refusal whose RateLimit lines satisfy `wanted` (a few dozen requests at
+        most: the master names the limit within a round trip). Returns
+        (its RateLimit lines, its RateLimit-Policy lines, its Retry-After)."""
         sent = []
 
         def one():
             if len(sent) >= 200:
                 raise AssertionError(f"no refusal naming the limit in {len(sent)} requests: {sent[-3:]}")
-            r = self.http.request("GET", f"http://{HOST}:{self.proxy.port}{path}", headers={"X-API-Key": key})
-            fields = r.headers.getlist("RateLimit")
-            sent.append((r.status, fields, r.headers.getlist("RateLimit-Policy")))
-            return r if r.status == 429 and wanted(", ".join(fields)) else None
+            if h2:
+                with H2Client(self.proxy.port, timeout=5.0) as c:
+                    st = c.get(path, headers=[("x-api-key", key)], authority="test.local")
+                got = (st.status, st.header_all("ratelimit"), st.header_all("ratelimit-policy"),
+                       st.header("retry-after"))
+            else:
+                r = self.http.request("GET", f"http://{HOST}:{self.proxy.port}{path}", headers={"X-API-Key": key})
+                got = (r.status, r.headers.getlist("RateLimit"), r.headers.getlist("RateLimit-Policy"),
+                       r.headers.get("Retry-After"))
+            sent.append(got)
+            return got[1:] if got[0] == 429 and wanted(", ".join(got[1])) else None
 
         return wait_until(one, 15, interval=0.01, message=f"a refusal on {path} naming its limit")
 
     def test_a_refusal_by_the_share_names_the_share(self):
-        r = self.refusal_naming("/pool", "a", lambda f: '"pool-share";r=0;t=' in f)
-        policies = ", ".join(r.headers.getlist("RateLimit-Policy"))
-        self.assertRegex(policies, r'"pool-share";q=[1-5];w=[12]\b', "its part of the shared burst and window")
-        self.assertIn('"pool-1";q=1000;w=1', policies, "the rule still described")
-        self.assertRegex(", ".join(r.headers.getlist("RateLimit")), r'"pool-1";r=(9\d\d|1000);t=\d+',
-                         "the rule is far from its limit: not what refused it")
-        self.assertGreaterEqual(int(r.headers["Retry-After"]), 1)
+        for h2, key in ((False, "a"), (True, "b")):  # the fields are written once for both protocols
+            fields, policies, retry_after = self.refusal_naming("/pool", key, lambda f: '"pool-share";r=0;t=' in f,
+                                                                h2=h2)
+            policies = ", ".join(policies)
+            self.assertRegex(policies, r'"pool-share";q=[1-5];w=[12]\b', "its part of the shared burst and window")
+            self.assertIn('"pool-1";q=1000;w=1', policies, "the rule still described")
+            self.assertRegex(", ".join(fields), r'"pool-1";r=(9\d\d|1000);t=\d+',
+                             "the rule is far from its limit: not what refused it")
+            self.assertGreaterEqual(int(retry_after), 1)
 
     def test_a_refusal_by_one_rule_of_two_names_that_rule(self):
-        r = self.refusal_naming("/two", "a", lambda f: '"two-2";r=0;t=' in f and '"two-1";r=0' not in f)
-        fields = ", ".join(r.headers.getlist("RateLimit"))
-        self.assertRegex(fields, r'"two-1";r=(4\d|50);t=\d+, "two-2";r=0;t=([3-9]\d|1[0-2]\d)\b', fields)
-        self.assertEqual(", ".join(r.headers.getlist("RateLimit-Policy")), '"two-1";q=50;w=1, "two-2";q=2;w=120')
-
+        for h2, key in ((False, "a"), (True, "b")):
+            fields, policies, _ = self.refusal_naming(
+                "/two", key, lambda f: '"two-2";r=0;t=' in f and '"two-1";r=0' not in f, h2=h2)
+            fields = ", ".join(fields)
+            self.assertRegex(fields, r'"two-1";r=(4\d|50);t=\d+, "two-2";r=0;t=([3-9]\d|1[0-2]\d)\b', fields)
+            self.assertEqual(", ".join(policies), '"two-1";q=50;w=1, "two-2";q=2;w=120')
 
 if __name__ == "__main__":
     unittest.main()
