@@ -76,12 +76,32 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
           "LEASE messages not kept (max_identifiers identifiers held leases already): granted, not counted")),
       lease_slots_released_(reg.add_counter("smockron_master_lease_slots_released_total",
                                             "Concurrency slots freed because their gatekeeper's connection closed")),
+      asks_(cfg.max_identifiers),
+      asks_untracked_(reg.add_counter("smockron_master_asks_untracked_total",
+                                      "ASKs answered GO without being held open (max_identifiers identifiers had "
+                                      "GOs open already): not counted against later ASKs")),
+      asks_settled_(reg.add_counter("smockron_master_asks_settled_total",
+                                    "GOs settled by their request's accounting message")),
+      asks_dropped_gone_(reg.add_counter("smockron_master_asks_dropped_total",
+                                         "GOs dropped before their accounting came, by reason",
+                                         metrics::labels({{"reason", "gatekeeper_gone"}}))),
+      asks_dropped_timeout_(reg.add_counter("smockron_master_asks_dropped_total",
+                                            "GOs dropped before their accounting came, by reason",
+                                            metrics::labels({{"reason", "timeout"}}))),
       next_tag_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
       log_(log::get("master")) {
   reg.add_callback("smockron_master_lease_slots_held", "Concurrency slots leased to gatekeepers now", "",
                    [this] { return static_cast<double>(leases_.held()); });
   reg.add_callback("smockron_master_lease_identifiers", "Identifiers with concurrency slots leased or wanted", "",
                    [this] { return static_cast<double>(leases_.size()); });
+  for (const auto& [v, name] : {std::pair{wire::verdict_kind::go, "go"}, std::pair{wire::verdict_kind::wait, "wait"},
+                                 std::pair{wire::verdict_kind::never, "never"}}) {
+    asks_answered_[static_cast<int>(v)] =
+        &reg.add_counter("smockron_master_asks_total", "ASKs answered (exact admission), by verdict",
+                         metrics::labels({{"verdict", name}}));
+  }
+  reg.add_callback("smockron_master_asks_open_units", "Units said GO to and not yet accounted (exact admission)", "",
+                   [this] { return static_cast<double>(asks_.units()); });
   reg.add_callback("smockron_master_shared_identifiers", "Identifiers with a share of a domain's shared rate", "",
                    [this] { return static_cast<double>(shares_.size()); });
   reg.add_counter_callback("smockron_master_shared_untracked_total",
@@ -113,6 +133,7 @@ void ingest::install(const config::master_config& cfg) {
   for (const auto& d : cfg.domains) {
     domain s;
     s.name = d.name;
+    s.exact = d.exact;
     s.limits = compile(d, cfg.max_clock_skew);
     for (auto st : {wire::status::accepted, wire::status::delayed, wire::status::rejected}) {
       s.messages[st] = &metrics_.add_counter("smockron_master_accounting_messages_total",
@@ -164,6 +185,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   reservations_.set_max_open(next.max_identifiers);
   reservation_timeout_ = next.reservation_timeout;
   leases_.set_max_entries(next.max_identifiers);
+  asks_.set_max_entries(next.max_identifiers);
   top_ = top_limited(next.domains.size(), next.top_identifiers);
   install(next);
   // Leases of a domain gone keep their slots until their holders give them
@@ -195,6 +217,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
   const auto started = sampled ? clock_.steady_now() : std::chrono::steady_clock::time_point{};
   if (!truncated && frames.size() >= 2 && frames[1] == wire::lease_status) {
     handle_lease(frames, now_us, peer);
+    return std::nullopt;
+  }
+  if (!truncated && frames.size() >= 2 && frames[1] == wire::ask_status) {
+    handle_ask(frames, now_us, peer);
     return std::nullopt;
   }
   auto msg =
@@ -236,6 +262,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     if (delta == 0) return std::nullopt;  // closed as reserved: nothing changes
     (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
   } else {
+    // Exact admission: a request that went settles the GO it was given.
+    if (d.exact && msg->state != wire::status::rejected && asks_.settle(peer, d.name, msg->identifier)) {
+      asks_settled_.inc();
+    }
     d.messages[msg->state]->inc();
     if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));
     if (msg->reserve) {
@@ -328,6 +358,7 @@ std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us) {
   const auto gone = reservations_.take_peer(peer);
   release(gone, released_gone_, now_us);
   lease_slots_released_.inc(static_cast<std::uint64_t>(leases_.peer_closed(peer, now_us)));
+  asks_dropped_gone_.inc(asks_.peer_closed(peer));
   return gone.size();
 }
 
@@ -408,6 +439,10 @@ void ingest::sweep(std::int64_t now_us, std::size_t budget) {
     rebalanced_us_ = now_us;
   }
   release(reservations_.take_older(now_us - reservation_timeout_.count(), budget), released_timeout_, now_us);
+  if (now_us - asks_expired_us_ >= 1'000'000) {
+    asks_dropped_timeout_.inc(asks_.expire(now_us));
+    asks_expired_us_ = now_us;
+  }
   // Small slices often: a long sweep would stall the loop and show in the
   // control-loop p99 (1,000 entries every 10 ms = 100k entries/s examined).
   expirations_.inc(limiter_.sweep(now_us, budget));

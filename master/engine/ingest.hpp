@@ -15,6 +15,7 @@
 
 #include "master/core/query.hpp"
 #include "master/core/rules.hpp"
+#include "master/engine/asks.hpp"
 #include "master/engine/leases.hpp"
 #include "master/engine/limiter.hpp"
 #include "master/engine/reservations.hpp"
@@ -48,6 +49,8 @@ public:
     metrics::counter* units = nullptr;     ///< cost units charged (ACCEPTED, DELAYED and adjustments up)
     metrics::counter* refunded = nullptr;  ///< cost units given back (adjustments down)
     metrics::counter* adjustments = nullptr;
+    /// `admission = "exact"`: the domain's gatekeepers ask before each request (ASK, asks.hpp).
+    bool exact = false;
   };
 
   ingest(const config::master_config& cfg, const clock& clk, metrics::registry& reg);
@@ -94,6 +97,15 @@ public:
     });
   }
   const leases& lease_book() const { return leases_; }
+  /// Calls f(const wire::answer&) for each ANSWER to publish now (the ASKs since the last call).
+  template <class F>
+  void take_answers(F&& f) {
+    for (const auto& a : answers_) {
+      f(wire::answer{a.domain, a.identifier, a.holder, a.seq, a.verdict, a.at_ms});
+    }
+    answers_.clear();
+  }
+  const asks& ask_book() const { return asks_; }
 
   /// The query protocol's answer to `r` at wall time `now_us` (query.hpp),
   /// appended to `out`; none for a domain this master does not own (ignored, counted). An
@@ -161,6 +173,8 @@ public:
 
 private:
   void install(const config::master_config& cfg);
+  /// An ASK message (ingest_asks.cpp): answered GO when its units fit with the GOs not yet settled.
+  void handle_ask(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
   /// A LEASE message (ingest_leases.cpp): the lease book's, or granted untracked when it is full.
   void handle_lease(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
   /// Gives back the units of reservations that died (`why`: gatekeeper_gone, timeout).
@@ -208,6 +222,22 @@ private:
   metrics::counter& lease_messages_;
   metrics::counter& leases_untracked_;
   metrics::counter& lease_slots_released_;
+  asks asks_;
+  /// ANSWERs not published yet (take_answers).
+  struct pending_answer {
+    std::string domain, identifier;
+    std::uint64_t holder = 0;
+    std::int64_t seq = 0;
+    wire::verdict_kind verdict = wire::verdict_kind::go;
+    std::int64_t at_ms = 0;
+  };
+  std::vector<pending_answer> answers_;
+  metrics::counter* asks_answered_[3] = {};  ///< by verdict
+  metrics::counter& asks_untracked_;
+  metrics::counter& asks_settled_;
+  metrics::counter& asks_dropped_gone_;
+  metrics::counter& asks_dropped_timeout_;
+  std::int64_t asks_expired_us_ = 0;  ///< when the GOs were last examined for their timeout
   std::uint64_t next_tag_;  ///< the next reservation's tag: random at start, so no earlier run's is met again
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;

@@ -195,6 +195,11 @@ public:
     stats* counts = nullptr;
   };
   enum class charge_mode : std::uint8_t { charge, force, probe };
+  /// When `cost` units of (domain, identifier), its request naming `tier`,
+  /// fit under every rule and quota (rules::fits_at: INT64_MAX never).
+  /// Nothing is recorded.
+  std::int64_t fits_at(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
+                       std::string_view tier = {}) const;
   charge_use charge(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
                     charge_mode mode = charge_mode::charge);
 

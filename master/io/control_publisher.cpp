@@ -36,7 +36,11 @@ control_publisher::control_publisher(event_loop& loop, const config::master_conf
                                    "GRANT messages published (concurrency slots leased to a gatekeeper)")),
       grants_dropped_(
           reg.add_counter("smockron_master_grant_dropped_total",
-                          "GRANT messages not queued for a gatekeeper whose queue was full (control_hwm)")) {
+                          "GRANT messages not queued for a gatekeeper whose queue was full (control_hwm)")),
+      answers_sent_(reg.add_counter("smockron_master_answers_sent_total", "ANSWER messages published (exact admission)")),
+      answers_dropped_(
+          reg.add_counter("smockron_master_answer_dropped_total",
+                          "ANSWER messages not queued for a gatekeeper whose queue was full (control_hwm)")) {
   // Every subscription is told (not only a topic's first), so that each
   // gatekeeper gets a domain's policy as soon as it subscribes.
   server_.on_subscription([this](std::string_view topic) {
@@ -74,6 +78,12 @@ void control_publisher::publish_policy(const ingest& lookup, std::size_t i, std:
   const std::string_view domain = lookup.domains()[i].name;
   const domain_limits& limits = lookup.states().limits(i);
   send_policy(domain, {}, limits.base);
+  if (lookup.domains()[i].exact) {
+    if (auto enc = wire::encode(wire::exact_policy{domain}, scratch_)) {
+      server_.publish(enc->view());
+      policy_sent_.inc();
+    }
+  }
   // Each override goes with its domain, so a gatekeeper that hears the
   // domain's rules hears its exceptions within the same burst of messages.
   for (const auto& [identifier, l] : limits.overrides) send_policy(domain, identifier, l);
@@ -98,6 +108,13 @@ void control_publisher::send_concurrency(std::string_view domain, std::string_vi
     server_.publish(enc->view());
     policy_sent_.inc();
   }
+}
+
+void control_publisher::answer(const wire::answer& a) {
+  auto enc = wire::encode(a, scratch_);
+  if (!enc) return;
+  answers_sent_.inc();
+  answers_dropped_.inc(server_.publish(enc->view()).dropped);
 }
 
 void control_publisher::grant(const wire::grant& g) {

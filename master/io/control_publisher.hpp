@@ -3,8 +3,8 @@
 // domain's POLICY (its rules, and one per identifier with rules of its own,
 // for the gatekeepers' own first-round-trip bound and rate-limit fields)
 // every policy interval and to each gatekeeper as soon as it subscribes,
-// with QUOTA, CONCURRENCY and each tier's TIER beside it; and the GRANTs of concurrency
-// leases, again every policy interval. What is published during a turn of the loop leaves at its end, together.
+// with QUOTA, CONCURRENCY, EXACT and each tier's TIER beside it; the GRANTs of concurrency
+// leases, again every policy interval; and the ANSWERs to ASKs (exact admission). What is published during a turn of the loop leaves at its end, together.
 #pragma once
 
 #include <chrono>
@@ -42,6 +42,8 @@ public:
   /// Publishes one GRANT (a concurrency lease; every gatekeeper of the domain
   /// hears it, the one it names applies it).
   void grant(const wire::grant& g);
+  /// Publishes one ANSWER (exact admission; the holder it names applies it).
+  void answer(const wire::answer& a);
 
   /// POLICY for new subscriptions (at most one per domain per k_policy_gap:
   /// every publication reaches every subscriber, so G gatekeepers
@@ -83,6 +85,8 @@ private:
   metrics::counter& policy_sent_;
   metrics::counter& grants_sent_;
   metrics::counter& grants_dropped_;
+  metrics::counter& answers_sent_;
+  metrics::counter& answers_dropped_;
 };
 
 }  // namespace smockron::master

@@ -209,6 +209,8 @@ std::size_t service::poll_once(std::chrono::milliseconds timeout) {
   }
   // The leases this turn's LEASE messages changed: one GRANT per holder.
   ingest_.take_grants([&](const wire::grant& g) { control_->grant(g); });
+  // This turn's ASKs: one ANSWER each.
+  ingest_.take_answers([&](const wire::answer& a) { control_->answer(a); });
   control_->tick(ingest_.domains(), ingest_, now);
   if (queries_pending_.exchange(false)) answer_queries();
   control_->after_turn();  // what this turn published leaves now, together

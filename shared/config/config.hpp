@@ -105,6 +105,11 @@ struct domain_config {
   /// Envoy's rate limit services: `"shadow"` answers OK to every request
   /// (the would-be answer counted) and charges it, as a shadow route does.
   bool envoy_shadow = false;
+  /// `admission = "exact"`: the domain's gatekeepers ask this master before
+  /// each request goes (ASK, wire_lease.hpp), so that no gatekeeper admits a
+  /// unit the master has not counted; "local" (the default): they decide at
+  /// once, as the protocol has it, and report.
+  bool exact = false;
 };
 
 /// Tiers one domain may have: each is published to every gatekeeper every second.

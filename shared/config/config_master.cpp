@@ -261,6 +261,10 @@ void read_domain(std::string_view name, const toml::node& n, const std::string& 
   envoy_mode mode = envoy_mode::enforce;
   r.choice("envoy_mode", std::array<std::string_view, 2>{"enforce", "shadow"}, "mode", mode);
   d.envoy_shadow = mode == envoy_mode::shadow;
+  enum class admission_mode : std::uint8_t { local, exact };
+  admission_mode admission = admission_mode::local;
+  r.choice("admission", std::array<std::string_view, 2>{"local", "exact"}, "admission", admission);
+  d.exact = admission == admission_mode::exact;
   // A weight splits the shared limits: without any it would do nothing.
   if (!d.shared_rate && d.shared_concurrency == 0) {
     const bool weighted =

@@ -86,6 +86,7 @@ std::string_view to_string(decode_error e) {
     case decode_error::lease_invalid: return "lease_invalid";
     case decode_error::tier_invalid: return "tier_invalid";
     case decode_error::limit_invalid: return "limit_invalid";
+    case decode_error::ask_invalid: return "ask_invalid";
   }
   return "unknown";
 }

@@ -54,8 +54,9 @@ enum class decode_error : std::uint8_t {
   lease_invalid,           ///< a LEASE, GRANT or CONCURRENCY numbers frame malformed
   tier_invalid,            ///< a "tier=" in the loginfo, or a TIER message's name, that is no tier name
   limit_invalid,           ///< a LIMIT message's limit frame malformed
+  ask_invalid,             ///< an ASK, ANSWER or EXACT message malformed (numbers, verdict, frames)
 };
-inline constexpr std::size_t decode_error_count = 22;
+inline constexpr std::size_t decode_error_count = 23;
 
 /// Stable snake_case name of an error (used as a metrics label).
 std::string_view to_string(decode_error e);

@@ -1,8 +1,9 @@
-// Concurrency lease codec (see wire_lease.hpp): strict, total, allocation-free.
+// Concurrency lease and exact admission codec (see wire_lease.hpp): strict, total, allocation-free.
 #include "shared/protocol/wire_lease.hpp"
 
 #include <array>
 #include <charconv>
+#include <initializer_list>
 
 namespace smockron::wire {
 namespace {
@@ -43,7 +44,10 @@ std::optional<decode_error> read_head(frames f, std::string_view command, bool e
   auto domain = decode_domain_frame(f[0]);
   if (!domain) return domain.error();
   m.domain = domain.value();
-  if (f[1] != command) return command == lease_status ? decode_error::unknown_status : decode_error::unknown_command;
+  if (f[1] != command) {
+    return command == lease_status || command == ask_status ? decode_error::unknown_status
+                                                            : decode_error::unknown_command;
+  }
   if (f.size() != 4 && !(extra && f.size() == 5)) return decode_error::frame_count;
   if (f[2].size() > max_identifier_bytes || f[3].size() > 80) return decode_error::frame_too_large;
   if (f[2].empty() && !empty_id) return decode_error::identifier_empty;
@@ -63,6 +67,15 @@ encoded four(std::string_view domain, std::string_view command, std::string_view
   e.frame = {domain, command, identifier, std::string_view(begin, static_cast<std::size_t>(end - begin))};
   e.count = 4;
   return e;
+}
+
+// Appends " v" for each value.
+char* put_decimals(char* out, char* end, std::initializer_list<std::int64_t> values) {
+  for (std::int64_t v : values) {
+    *out++ = ' ';
+    out = std::to_chars(out, end, v).ptr;
+  }
+  return out;
 }
 
 }  // namespace
@@ -152,6 +165,83 @@ std::optional<encoded> encode(const concurrency_policy& m, scratch& s) {
   char* const begin = s.numbers.data();
   char* const out = std::to_chars(begin, begin + s.numbers.size(), m.limit).ptr;
   return four(*domain, concurrency_command, m.identifier, begin, out);
+}
+
+result<ask> decode_ask(frames f) {
+  ask m;
+  if (auto e = read_head(f, ask_status, false, m, true)) return *e;
+  std::array<std::uint64_t, 3> n{};
+  if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || !in(n[2], max_cost)) return decode_error::ask_invalid;
+  if (f.size() == 5) {
+    if (!valid_tier_name(f[4])) return decode_error::tier_invalid;
+    m.tier = f[4];
+  }
+  m.holder = n[0];
+  m.seq = static_cast<std::int64_t>(n[1]);
+  m.cost = static_cast<std::int64_t>(n[2]);
+  return m;
+}
+
+result<answer> decode_answer(frames f) {
+  answer m;
+  if (auto e = read_head(f, answer_command, false, m)) return *e;
+  std::array<std::uint64_t, 4> n{};
+  // AT_MS is set for a wait only.
+  if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || n[2] > 2 || !in(n[3], max_timestamp_ms) ||
+      (n[2] == 1) != (n[3] != 0)) {
+    return decode_error::ask_invalid;
+  }
+  m.holder = n[0];
+  m.seq = static_cast<std::int64_t>(n[1]);
+  m.verdict = static_cast<verdict_kind>(n[2]);
+  m.at_ms = static_cast<std::int64_t>(n[3]);
+  return m;
+}
+
+result<exact_policy> decode_exact(frames f) {
+  exact_policy m;
+  if (f.size() < 2) return decode_error::frame_count;
+  auto domain = decode_domain_frame(f[0]);
+  if (!domain) return domain.error();
+  if (f[1] != exact_command) return decode_error::unknown_command;
+  if (f.size() != 2) return decode_error::frame_count;
+  m.domain = domain.value();
+  return m;
+}
+
+std::optional<encoded> encode(const ask& m, scratch& s) {
+  auto domain = encode_domain_frame(m.domain, s);
+  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || m.seq < 0 ||
+      m.seq > max_sequence || m.cost < 0 || m.cost > max_cost || (!m.tier.empty() && !valid_tier_name(m.tier))) {
+    return std::nullopt;
+  }
+  char* const begin = s.numbers.data();
+  char* const out = put_decimals(put_hex(begin, m.holder), begin + s.numbers.size(), {m.seq, m.cost});
+  encoded e = four(*domain, ask_status, m.identifier, begin, out);
+  if (!m.tier.empty()) e.frame[e.count++] = m.tier;
+  return e;
+}
+
+std::optional<encoded> encode(const answer& m, scratch& s) {
+  auto domain = encode_domain_frame(m.domain, s);
+  const auto v = static_cast<std::int64_t>(m.verdict);
+  if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || m.seq < 0 ||
+      m.seq > max_sequence || v > 2 || m.at_ms < 0 || m.at_ms > max_timestamp_ms ||
+      (m.verdict == verdict_kind::wait) != (m.at_ms != 0)) {
+    return std::nullopt;
+  }
+  char* const begin = s.numbers.data();
+  char* const out = put_decimals(put_hex(begin, m.holder), begin + s.numbers.size(), {m.seq, v, m.at_ms});
+  return four(*domain, answer_command, m.identifier, begin, out);
+}
+
+std::optional<encoded> encode(const exact_policy& m, scratch& s) {
+  auto domain = encode_domain_frame(m.domain, s);
+  if (!domain) return std::nullopt;
+  encoded e;
+  e.frame = {*domain, exact_command};
+  e.count = 2;
+  return e;
 }
 
 }  // namespace smockron::wire

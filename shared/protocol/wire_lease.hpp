@@ -1,4 +1,4 @@
-// Concurrency leases on the wire (wire additions; docs/architecture.md,
+// Concurrency leases and exact admission on the wire (wire additions; docs/architecture.md,
 // "Concurrency leases"). A concurrency rule allows at most N requests of one
 // identifier in flight across every gatekeeper. The master leases slots to
 // each gatekeeper worker (a holder, tied to its accounting connection) so
@@ -83,5 +83,62 @@ result<concurrency_policy> decode_concurrency(frames f);
 std::optional<encoded> encode(const lease& m, scratch& s);
 std::optional<encoded> encode(const grant& m, scratch& s);
 std::optional<encoded> encode(const concurrency_policy& m, scratch& s);
+
+// Exact admission (docs/architecture.md, "Exact admission"). A domain whose
+// master publishes EXACT has every request asked for before it goes: the
+// gatekeeper worker (a holder, as above) sends ASK and waits for the
+// master's ANSWER. The master answers GO when the units fit with every unit
+// it has said GO to and not yet seen accounted counted as used now; the
+// request's ordinary accounting message, sent when it goes, settles that. So
+// no gatekeeper, near or far, admits a unit the master has not counted.
+inline constexpr std::string_view ask_status = "ASK";
+inline constexpr std::string_view answer_command = "ANSWER";
+inline constexpr std::string_view exact_command = "EXACT";
+/// Sequence numbers count from the holder's start; 15 digits never wrap in practice.
+inline constexpr std::int64_t max_sequence = 999'999'999'999'999;
+
+/// Holder -> master, on the accounting stream (a status of its own: a spec
+/// master refuses it as unknown; a gatekeeper sends it only for a domain
+/// whose master publishes EXACT): [domain\0, "ASK", identifier, "HOLDER SEQ
+/// COST"] (HOLDER 16 hex digits; SEQ the ask's number at that holder; COST
+/// the units, at most max_cost), and optionally the tier's name as a fifth frame.
+struct ask {
+  std::string_view domain;
+  std::string_view identifier;
+  std::uint64_t holder = 0;
+  std::int64_t seq = 0;
+  std::int64_t cost = 0;
+  std::string_view tier = {};  ///< empty: none (the frame is left out)
+};
+
+/// Master -> gatekeepers, on the control stream: [domain\0, "ANSWER",
+/// identifier, "HOLDER SEQ VERDICT AT_MS"]. VERDICT 0: go (AT_MS 0); 1: not
+/// now, the units fit at AT_MS as far as the master knows (ask again then);
+/// 2: never (more than a rule's burst or a quota's limit).
+enum class verdict_kind : std::uint8_t { go = 0, wait = 1, never = 2 };
+struct answer {
+  std::string_view domain;
+  std::string_view identifier;
+  std::uint64_t holder = 0;
+  std::int64_t seq = 0;
+  verdict_kind verdict = verdict_kind::go;
+  std::int64_t at_ms = 0;
+};
+
+/// Master -> gatekeepers, on the control stream, beside POLICY and kept
+/// fresh as it is: [domain\0, "EXACT"]: this master answers ASK for the domain.
+struct exact_policy {
+  std::string_view domain;
+};
+
+result<ask> decode_ask(frames f);
+result<answer> decode_answer(frames f);
+result<exact_policy> decode_exact(frames f);
+
+/// Encode; nothing when a field is outside its bound (an empty identifier,
+/// a number below 0 or over its maximum, AT_MS 0 for a wait or not 0 otherwise).
+std::optional<encoded> encode(const ask& m, scratch& s);
+std::optional<encoded> encode(const answer& m, scratch& s);
+std::optional<encoded> encode(const exact_policy& m, scratch& s);
 
 }  // namespace smockron::wire

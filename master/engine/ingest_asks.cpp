@@ -1,0 +1,53 @@
+// The master's side of exact admission (see ingest.hpp, asks.hpp).
+#include <limits>
+
+#include "master/engine/ingest.hpp"
+
+namespace smockron::master {
+namespace {
+/// A WAIT for units that would fit but for GOs not settled yet: ask again
+/// this long after (their accounting is one gatekeeper's round trip away).
+constexpr std::int64_t k_settle_wait_us = 5'000;
+constexpr std::int64_t k_never = std::numeric_limits<std::int64_t>::max();
+}  // namespace
+
+void ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer) {
+  const auto msg = wire::decode_ask(frames);
+  if (!msg) {
+    decode_errors_[static_cast<int>(msg.error())]->inc();
+    log_bad("malformed ASK message", wire::to_string(msg.error()));
+    return;
+  }
+  const auto it = index_.find(msg->domain);
+  if (it == index_.end()) {
+    unknown_domain_.inc();
+    log_bad("ASK message for unknown domain", msg->domain);
+    return;
+  }
+  const std::size_t d = it->second;
+  pending_answer out{std::string(msg->domain), std::string(msg->identifier), msg->holder, msg->seq};
+  // GO when the units fit with every GO not settled yet counted as used now
+  // (asks.hpp): whatever those requests' accounting charges later, at their
+  // time, was counted from the moment they could go.
+  const std::int64_t open = asks_.open_units(msg->domain, msg->identifier);
+  const std::int64_t alone = limiter_.fits_at(d, msg->identifier, msg->cost, now_us, msg->tier);
+  const std::int64_t with_open =
+      open == 0 ? alone : limiter_.fits_at(d, msg->identifier, open + msg->cost, now_us, msg->tier);
+  if (alone == k_never) {
+    out.verdict = wire::verdict_kind::never;
+  } else if (with_open <= now_us) {
+    out.verdict = wire::verdict_kind::go;
+    // (Held open even at 0 units: each request that went settles one GO.)
+    if (!asks_.open(peer, msg->domain, msg->identifier, msg->cost, now_us)) asks_untracked_.inc();
+  } else {
+    // Not now: when the units fit, or, when only GOs still open stand in
+    // the way, shortly after they fit alone (by then those are settled).
+    out.verdict = wire::verdict_kind::wait;
+    const std::int64_t at = with_open != k_never ? with_open : std::max(alone, now_us) + k_settle_wait_us;
+    out.at_ms = std::max<std::int64_t>(1, (at + 999) / 1000);
+  }
+  asks_answered_[static_cast<int>(out.verdict)]->inc();
+  answers_.push_back(std::move(out));
+}
+
+}  // namespace smockron::master

@@ -1,0 +1,163 @@
+// Exact admission on the master: the GOs held open until their accounting
+// settles them (asks.hpp), and the ANSWERs ingest gives to ASKs.
+#include <gtest/gtest.h>
+
+#include "master/engine/asks.hpp"
+#include "master/engine/ingest.hpp"
+
+using namespace smockron;
+using namespace std::string_literals;
+
+TEST(Asks, GosSettleInOrderPerConnection) {
+  master::asks book(10);
+  EXPECT_TRUE(book.open(1, "api", "k", 5, 0));
+  EXPECT_TRUE(book.open(2, "api", "k", 7, 0));
+  EXPECT_TRUE(book.open(1, "api", "k", 3, 0));
+  EXPECT_EQ(book.open_units("api", "k"), 15);
+  EXPECT_EQ(book.open_units("api", "other"), 0);
+  EXPECT_EQ(book.open_units("web", "k"), 0) << "domains are apart";
+  EXPECT_TRUE(book.settle(1, "api", "k"));  // connection 1's first: 5 units
+  EXPECT_EQ(book.open_units("api", "k"), 10);
+  EXPECT_FALSE(book.settle(3, "api", "k")) << "a connection with no GO settles nothing";
+  EXPECT_TRUE(book.settle(2, "api", "k"));
+  EXPECT_EQ(book.open_units("api", "k"), 3);
+  EXPECT_TRUE(book.settle(1, "api", "k"));
+  EXPECT_FALSE(book.settle(1, "api", "k"));
+  EXPECT_EQ(book.size(), 0u);
+  EXPECT_EQ(book.units(), 0);
+}
+
+TEST(Asks, GosDieWithTheirConnectionOrTheirTimeout) {
+  master::asks book(10);
+  book.open(1, "api", "a", 4, 0);
+  book.open(2, "api", "a", 6, 0);
+  book.open(1, "api", "b", 1, 5'000'000);
+  EXPECT_EQ(book.peer_closed(1), 2u);
+  EXPECT_EQ(book.open_units("api", "a"), 6);
+  EXPECT_EQ(book.open_units("api", "b"), 0);
+  EXPECT_EQ(book.expire(master::asks::k_ttl_us - 1), 0u);
+  EXPECT_EQ(book.expire(master::asks::k_ttl_us), 1u);
+  EXPECT_EQ(book.units(), 0);
+  EXPECT_EQ(book.size(), 0u);
+}
+
+TEST(Asks, TheBookIsBounded) {
+  master::asks book(1);
+  EXPECT_TRUE(book.open(1, "api", "a", 1, 0));
+  EXPECT_TRUE(book.open(1, "api", "a", 1, 0)) << "more GOs of a held identifier are kept";
+  EXPECT_FALSE(book.open(1, "api", "b", 1, 0));
+}
+
+namespace {
+
+class IngestAsks : public ::testing::Test {
+protected:
+  IngestAsks()
+      : cfg_(*config::load_string(R"(
+[master]
+[master.domains.api]
+admission = "exact"
+algorithm = "gcra"
+rules = [ { rate = "10/s", burst = 10 } ]
+)",
+                                  "test")
+                  .cfg->master),
+        in_(cfg_, clock_, reg_) {}
+
+  // Sends an ASK from connection `peer`; returns its ANSWER.
+  wire::answer ask(std::uint64_t peer, std::int64_t seq, std::int64_t cost, const std::string& id = "k") {
+    const std::vector<std::string> f{"api\0"s, "ASK", id, "00000000000000" + std::to_string(10 + peer) + " " +
+                                                             std::to_string(seq) + " " + std::to_string(cost)};
+    EXPECT_FALSE(in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer));
+    wire::answer out;
+    int n = 0;
+    in_.take_answers([&](const wire::answer& a) {
+      out = a;
+      out.domain = out.identifier = {};  // views into the book's pending list, gone after the call
+      ++n;
+    });
+    EXPECT_EQ(n, 1);
+    return out;
+  }
+  // The request that went: its accounting message.
+  void went(std::uint64_t peer, std::int64_t cost, const std::string& id = "k") {
+    const std::vector<std::string> f{"api\0"s, "ACCEPTED", id, std::to_string(clock_.wall_ms()), "",
+                                     "cost=" + std::to_string(cost)};
+    in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer);
+  }
+
+  manual_clock clock_;
+  metrics::registry reg_;
+  config::master_config cfg_;
+  master::ingest in_;
+};
+
+}  // namespace
+
+// Three gatekeepers ask for a fresh client's burst at once: the master lets
+// the burst go once, whoever asks, and the accounting that follows settles it.
+TEST_F(IngestAsks, NoMoreThanTheBurstGoesBeforeTheAccountingComes) {
+  ASSERT_TRUE(cfg_.domains[0].exact);
+  int go = 0;
+  for (std::uint64_t gk = 1; gk <= 3; ++gk) {
+    for (int i = 0; i < 5; ++i) {
+      const auto a = ask(gk, i, 1);
+      EXPECT_EQ(a.holder, 0x10 + gk) << "the holder named in hex";
+      EXPECT_EQ(a.seq, i);
+      if (a.verdict == wire::verdict_kind::go) {
+        ++go;
+        EXPECT_EQ(a.at_ms, 0);
+      } else {
+        EXPECT_EQ(a.verdict, wire::verdict_kind::wait);
+        EXPECT_GT(a.at_ms, clock_.wall_ms()) << "ask again later";
+      }
+    }
+  }
+  EXPECT_EQ(go, 10) << "the burst, across every gatekeeper";
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 10);
+  // The accounting of the ten that went settles them and charges them.
+  for (std::uint64_t gk = 1; gk <= 3; ++gk) {
+    for (int i = 0; i < 5 && (gk - 1) * 5 + i < 10; ++i) went(gk, 1);
+  }
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 0);
+  EXPECT_EQ(ask(1, 99, 1).verdict, wire::verdict_kind::wait) << "charged now: the burst is used";
+  clock_.advance(std::chrono::milliseconds(100));
+  EXPECT_EQ(ask(1, 100, 1).verdict, wire::verdict_kind::go) << "one unit back after one interval";
+  EXPECT_NE(reg_.render().find("smockron_master_asks_settled_total 10"), std::string::npos);
+  EXPECT_NE(reg_.render().find("smockron_master_asks_total{verdict=\"go\"} 11"), std::string::npos);
+}
+
+TEST_F(IngestAsks, ACostOverTheBurstNeverFitsAndWaitsNameWhenItFits) {
+  EXPECT_EQ(ask(1, 1, 11).verdict, wire::verdict_kind::never);
+  EXPECT_EQ(ask(1, 2, 10).verdict, wire::verdict_kind::go);
+  went(1, 10);
+  const auto w = ask(1, 3, 4);
+  EXPECT_EQ(w.verdict, wire::verdict_kind::wait);
+  EXPECT_EQ(w.at_ms, clock_.wall_ms() + 400) << "four intervals";
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 0) << "a wait holds nothing open";
+}
+
+// A gatekeeper that dies with GOs open frees them (its requests died with it).
+TEST_F(IngestAsks, AClosedConnectionsGosAreDropped) {
+  EXPECT_EQ(ask(1, 1, 10).verdict, wire::verdict_kind::go);
+  EXPECT_EQ(ask(2, 1, 1).verdict, wire::verdict_kind::wait);
+  in_.peer_closed(1, clock_.wall_us());
+  EXPECT_EQ(ask(2, 2, 1).verdict, wire::verdict_kind::go);
+  // One never settled is dropped after its timeout.
+  clock_.advance(std::chrono::microseconds(master::asks::k_ttl_us + 1'000'000));
+  in_.sweep(clock_.wall_us());
+  EXPECT_EQ(in_.ask_book().units(), 0);
+  EXPECT_NE(reg_.render().find("smockron_master_asks_dropped_total{reason=\"gatekeeper_gone\"} 1"), std::string::npos);
+  EXPECT_NE(reg_.render().find("smockron_master_asks_dropped_total{reason=\"timeout\"} 1"), std::string::npos);
+}
+
+// A domain that is not exact settles nothing (its accounting is the spec's).
+TEST(IngestAsksOff, OnlyExactDomainsSettle) {
+  auto r = config::load_string("[master]\n[master.domains.api]\nrules = [ { rate = \"10/s\", burst = 2 } ]\n", "t");
+  ASSERT_TRUE(r.cfg);
+  EXPECT_FALSE(r.cfg->master->domains[0].exact);
+  auto bad = config::load_string("[master]\n[master.domains.api]\nadmission = \"always\"\nrules = []\n", "t");
+  EXPECT_FALSE(bad.cfg);
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.errors[0].key, "master.domains.api.admission");
+}
