@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
-import subprocess
 import sys
 import time
 import unittest
@@ -40,14 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lib.access_log import read_access_log  # noqa: E402
 from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
-from lib.daemons import ProxyProcess, stop_process  # noqa: E402
+from lib.daemons import ProxyProcess  # noqa: E402
 from lib.http1 import fetch  # noqa: E402
 from lib.metrics import metric_sum  # noqa: E402
 from lib.ports import HOST, free_ports  # noqa: E402
 from lib.testcase import DaemonTestCase  # noqa: E402
 from lib.timing import max_in_window, wait_until  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_WAY_MS = 60
 RATE, BURST = 20, 5
 HOT_FACTOR = 10
@@ -118,7 +115,7 @@ class DistanceTest(DaemonTestCase):
                                          "gc": {"rules": [(f"{RATE}/s", BURST)], "algorithm": "gcra"},
                                          WARM_DOMAIN: {"rules": [("1/h", 1)]}})
         self.backend = self.start_backend()
-        relay_ports = self.start_relay()
+        relay_ports = self.start_relay(self.master, G, ONE_WAY_MS)
         route = lambda d: {"path": f"/{d}/", "domain": d, "upstream": "app", "identify": ["header:X-API-Key"]}  # noqa: E731
         self.proxies = [
             self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]}},
@@ -134,33 +131,6 @@ class DistanceTest(DaemonTestCase):
             # The master's rules (POLICY, every second) have reached the gatekeeper.
             wait_until(lambda p=p: (p.metric("smockron_proxy_control_policies_total") or 0) >= 2, 5,
                        message="POLICY reached the gatekeeper")
-
-    def start_relay(self, attempts: int = 5) -> list[int]:
-        """bench/delay_relay.py on 2 x G fresh ports: G to the master's accounting endpoint,
-        then G to its control endpoint. It binds them all, then says "ready"; one taken
-        meanwhile makes it exit instead, and it is tried again with new ports."""
-        log = os.path.join(self.tmp, "delay_relay.stderr.log")
-        self.log_files.append(("delay_relay", log))
-        for _ in range(attempts):
-            relay_ports = free_ports(2 * G)
-            routes = [f"{relay_ports[i]}:{HOST}:{self.master.accounting_port}" for i in range(G)]
-            routes += [f"{relay_ports[G + i]}:{HOST}:{self.master.control_port}" for i in range(G)]
-            with open(log, "ab") as err:
-                relay = subprocess.Popen([sys.executable, os.path.join(HERE, "bench", "delay_relay.py"),
-                                          "--delay-ms", str(ONE_WAY_MS), *routes],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
-            self.addCleanup(stop_process, relay)
-            try:
-                said = relay.stdout.readline() if select.select([relay.stdout], [], [], 10)[0] else b""
-            finally:
-                relay.stdout.close()  # "ready" is all it ever prints
-            if said.strip() == b"ready":
-                return relay_ports
-            stop_process(relay)
-            with open(log, "rb") as f:
-                if b"Address already in use" not in f.read():
-                    raise AssertionError(f"delay_relay.py did not start (said {said!r}); see {log}")
-        raise AssertionError(f"delay_relay.py could not bind its ports in {attempts} attempts")
 
     def access_log(self) -> list[dict]:
         return read_access_log(*(os.path.join(self.tmp, f"access-{i}.log") for i in range(G)))

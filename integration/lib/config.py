@@ -74,7 +74,7 @@ def master_toml(accounting_port: int, control_port: int, admin_port: int, domain
             lines.append(f'shared = {toml_value(d["shared"])}')
         if "share_window" in d:
             lines.append(f'share_window = {toml_value(d["share_window"])}')
-        for key in ("descriptor_keys", "descriptor_separator", "envoy_mode"):
+        for key in ("descriptor_keys", "descriptor_separator", "envoy_mode", "admission"):
             if key in d:
                 lines.append(f"{key} = {toml_value(d[key])}")
         if "overrides" in d:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -13,7 +15,7 @@ import unittest
 
 from lib.backends import BackendProcess
 from lib.config import WARM_DOMAIN, WARM_ROUTE, master_toml, proxy_toml
-from lib.daemons import Daemon, DaemonExited, MasterProcess, ProxyProcess
+from lib.daemons import Daemon, DaemonExited, MasterProcess, ProxyProcess, stop_process
 from lib.gatekeeper import FakeMaster, Gatekeeper
 from lib.http1 import fetch
 from lib.ports import HOST, bind_failed, free_ports, reserve_port
@@ -179,6 +181,36 @@ class DaemonTestCase(unittest.TestCase):
         self.prime(proxy)
         return master, backend, proxy
 
+    def start_relay(self, master: MasterProcess, gatekeepers: int, one_way_ms: int, attempts: int = 5) -> list[int]:
+        """bench/delay_relay.py (`one_way_ms` each way) on 2 x `gatekeepers` fresh ports:
+        `gatekeepers` to the master's accounting endpoint, then as many to its control
+        endpoint. It binds them all, then says "ready"; one taken meanwhile makes it exit
+        instead, and it is tried again with new ports."""
+        log = os.path.join(self.tmp, "delay_relay.stderr.log")
+        self.log_files.append(("delay_relay", log))
+        g = gatekeepers
+        relay_script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench",
+                                    "delay_relay.py")
+        for _ in range(attempts):
+            relay_ports = free_ports(2 * g)
+            routes = [f"{relay_ports[i]}:{HOST}:{master.accounting_port}" for i in range(g)]
+            routes += [f"{relay_ports[g + i]}:{HOST}:{master.control_port}" for i in range(g)]
+            with open(log, "ab") as err:
+                relay = subprocess.Popen([sys.executable, relay_script, "--delay-ms", str(one_way_ms), *routes],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+            self.addCleanup(stop_process, relay)
+            try:
+                said = relay.stdout.readline() if select.select([relay.stdout], [], [], 10)[0] else b""
+            finally:
+                relay.stdout.close()  # "ready" is all it ever prints
+            if said.strip() == b"ready":
+                return relay_ports
+            stop_process(relay)
+            with open(log, "rb") as f:
+                if b"Address already in use" not in f.read():
+                    raise AssertionError(f"delay_relay.py did not start (said {said!r}); see {log}")
+        raise AssertionError(f"delay_relay.py could not bind its ports in {attempts} attempts")
+
     def wait_connected(self, proxy: ProxyProcess, masters: str = "1/1", timeout: float = 10.0) -> None:
         wait_until(lambda: f"masters connected: {masters}" in proxy.readyz(), timeout,
                    message=f"proxy {proxy.port}: masters connected: {masters}")
@@ -198,16 +230,17 @@ class DaemonTestCase(unittest.TestCase):
 
         proxy.wait_metric("smockron_proxy_accounting_links_subscribed", predicate=all_subscribed, timeout=timeout)
 
-    def prime(self, proxy: ProxyProcess, timeout: float = 10.0) -> None:
+    def prime(self, proxy: ProxyProcess, timeout: float = 10.0, key_prefix: str = "warm-") -> None:
         """Sends warm-up requests (one fresh X-Warm key each, route WARM_ROUTE) until a
         DELAY_UNTIL reaches the proxy: accounting PUB, master subscription and control
-        subscriptions are then all up (ZeroMQ's slow joiners)."""
+        subscriptions are then all up (ZeroMQ's slow joiners). Gatekeepers of one master
+        each take their own `key_prefix` (the DELAY_UNTIL of one's key reaches them all)."""
         base = proxy.ctl()
         deadline = time.monotonic() + timeout
         n = 0
         while time.monotonic() < deadline:
             n += 1
-            r, _ = fetch(proxy.port, f"/__warm/{n}", headers=[("X-Warm", f"warm-{n}")])
+            r, _ = fetch(proxy.port, f"/__warm/{n}", headers=[("X-Warm", f"{key_prefix}{n}")])
             self.assertEqual(r.status, 200, r)
             try:
                 wait_until(lambda: proxy.ctl() > base, min(0.25 * n, 1.0))

@@ -80,8 +80,8 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       asks_untracked_(reg.add_counter("smockron_master_asks_untracked_total",
                                       "ASKs answered GO without being held open (max_identifiers identifiers had "
                                       "GOs open already): not counted against later ASKs")),
-      asks_settled_(reg.add_counter("smockron_master_asks_settled_total",
-                                    "GOs settled by their request's accounting message")),
+      asks_settled_(
+          reg.add_counter("smockron_master_asks_settled_total", "GOs settled by their request's accounting message")),
       asks_dropped_gone_(reg.add_counter("smockron_master_asks_dropped_total",
                                          "GOs dropped before their accounting came, by reason",
                                          metrics::labels({{"reason", "gatekeeper_gone"}}))),
@@ -95,7 +95,7 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
   reg.add_callback("smockron_master_lease_identifiers", "Identifiers with concurrency slots leased or wanted", "",
                    [this] { return static_cast<double>(leases_.size()); });
   for (const auto& [v, name] : {std::pair{wire::verdict_kind::go, "go"}, std::pair{wire::verdict_kind::wait, "wait"},
-                                 std::pair{wire::verdict_kind::never, "never"}}) {
+                                std::pair{wire::verdict_kind::never, "never"}}) {
     asks_answered_[static_cast<int>(v)] =
         &reg.add_counter("smockron_master_asks_total", "ASKs answered (exact admission), by verdict",
                          metrics::labels({{"verdict", name}}));

@@ -238,7 +238,7 @@ private:
   metrics::counter& asks_dropped_gone_;
   metrics::counter& asks_dropped_timeout_;
   std::int64_t asks_expired_us_ = 0;  ///< when the GOs were last examined for their timeout
-  std::uint64_t next_tag_;  ///< the next reservation's tag: random at start, so no earlier run's is met again
+  std::uint64_t next_tag_;            ///< the next reservation's tag: random at start, so no earlier run's is met again
   std::uint64_t reported_evictions_ = 0;
   std::uint64_t handled_ = 0;
   std::shared_ptr<spdlog::logger> log_;

@@ -34,10 +34,10 @@ control_publisher::control_publisher(event_loop& loop, const config::master_conf
                                    "POLICY messages published (each domain's rules, every second)")),
       grants_sent_(reg.add_counter("smockron_master_grant_messages_total",
                                    "GRANT messages published (concurrency slots leased to a gatekeeper)")),
-      grants_dropped_(
-          reg.add_counter("smockron_master_grant_dropped_total",
-                          "GRANT messages not queued for a gatekeeper whose queue was full (control_hwm)")),
-      answers_sent_(reg.add_counter("smockron_master_answers_sent_total", "ANSWER messages published (exact admission)")),
+      grants_dropped_(reg.add_counter("smockron_master_grant_dropped_total",
+                                      "GRANT messages not queued for a gatekeeper whose queue was full (control_hwm)")),
+      answers_sent_(
+          reg.add_counter("smockron_master_answers_sent_total", "ANSWER messages published (exact admission)")),
       answers_dropped_(
           reg.add_counter("smockron_master_answer_dropped_total",
                           "ANSWER messages not queued for a gatekeeper whose queue was full (control_hwm)")) {

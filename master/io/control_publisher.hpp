@@ -4,7 +4,8 @@
 // for the gatekeepers' own first-round-trip bound and rate-limit fields)
 // every policy interval and to each gatekeeper as soon as it subscribes,
 // with QUOTA, CONCURRENCY, EXACT and each tier's TIER beside it; the GRANTs of concurrency
-// leases, again every policy interval; and the ANSWERs to ASKs (exact admission). What is published during a turn of the loop leaves at its end, together.
+// leases, again every policy interval; and the ANSWERs to ASKs (exact admission). What is published during a turn of
+// the loop leaves at its end, together.
 #pragma once
 
 #include <chrono>

@@ -210,6 +210,12 @@ void accounting_sender::lease(const wire::lease& m) {
   flush();  // a request may be waiting for the slots it asks for
 }
 
+void accounting_sender::ask(const wire::ask& m) {
+  if (auto enc = wire::encode(m, scratch_)) publish(*enc, m.domain, m.identifier);
+  else counters_.dropped.inc();
+  flush();  // the request waits for the answer
+}
+
 bool accounting_sender::publish(const wire::accounting& m) {
   auto enc = wire::encode(m, scratch_);
   if (!enc) {

@@ -101,6 +101,8 @@ public:
   /// Sends a LEASE (concurrency slots wanted or given back) at once, with
   /// what is batched: a request may be waiting for it.
   void lease(const wire::lease& m);
+  /// Sends an ASK (exact admission) at once, with what is batched: a request waits for its answer.
+  void ask(const wire::ask& m);
   /// The masters a DNS endpoint (one of `endpoints`) stands for now: new ones
   /// are connected, gone ones closed. On the worker's thread.
   void set_masters(std::string_view configured, const std::vector<std::string>& masters);

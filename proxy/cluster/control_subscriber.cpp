@@ -35,6 +35,10 @@ control_subscriber::control_subscriber(zmq::context_t& ctx, const std::vector<st
       concurrency_(std::move(concurrency)),
       grants_(reg.add_counter("smockron_proxy_control_grants_total",
                               "GRANT messages for this proxy's workers (concurrency slots leased)")),
+      answers_(reg.add_counter("smockron_proxy_control_answers_total",
+                               "ANSWER messages for this proxy's workers (exact admission)")),
+      exact_(reg.add_counter("smockron_proxy_control_exact_total",
+                             "EXACT messages applied (a domain whose master answers ASK)")),
       handshake_failures_(reg.add_counter("smockron_proxy_control_handshake_failures_total",
                                           "Control connections to a master whose handshake failed (under CURVE: "
                                           "the master's key is not curve_master_key, or ours is not listed)")),
@@ -287,6 +291,21 @@ bool control_subscriber::apply_concurrency(const zmq_util::multipart& in) {
     const auto g = wire::decode_grant(in.frames());
     if (!g) bad(g.error());
     else if (concurrency_.grant && concurrency_.grant(g.value())) grants_.inc();
+    return true;
+  }
+  if (command == wire::answer_command) {
+    const auto a = wire::decode_answer(in.frames());
+    if (!a) bad(a.error());
+    else if (concurrency_.answer && concurrency_.answer(a.value())) answers_.inc();
+    return true;
+  }
+  if (command == wire::exact_command) {
+    const auto x = wire::decode_exact(in.frames());
+    if (!x) bad(x.error());
+    else if (domains_.find(x->domain) && concurrency_.exact) {
+      concurrency_.exact->set(x->domain, clock_.wall_us());
+      exact_.inc();
+    }
     return true;
   }
   if (command != wire::concurrency_command) return false;

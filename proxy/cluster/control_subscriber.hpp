@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "proxy/cluster/domain_registry.hpp"
+#include "proxy/gate/asks.hpp"
 #include "proxy/gate/gate.hpp"
 #include "proxy/gate/slots.hpp"
 #include "shared/base/clock.hpp"
@@ -36,9 +37,14 @@ public:
   /// Where the concurrency messages go: CONCURRENCY into `policies`, each
   /// GRANT to `grant` (on this thread: it hands it to the worker it names,
   /// and says whether it named one of this proxy's).
+  /// Where the additions addressed to workers go: CONCURRENCY and EXACT
+  /// (kept for every worker), GRANT and ANSWER (handed to the worker they
+  /// name; false: none of this proxy's).
   struct concurrency_sinks {
     concurrency_policies* policies = nullptr;
     std::function<bool(const wire::grant&)> grant;
+    exact_domains* exact = nullptr;
+    std::function<bool(const wire::answer&)> answer;
   };
   /// `curve`: the keys of each endpoint that speaks CURVE (the others are plaintext).
   using curve_keys = std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>>;
@@ -83,6 +89,8 @@ private:
   metrics::counter& policies_ignored_;
   concurrency_sinks concurrency_;
   metrics::counter& grants_;
+  metrics::counter& answers_;
+  metrics::counter& exact_;
   metrics::counter& handshake_failures_;
   curve_keys curve_;
   std::shared_ptr<spdlog::logger> log_;

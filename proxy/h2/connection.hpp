@@ -156,6 +156,16 @@ private:
   bool take_slot(const std::shared_ptr<h2_stream>& st);
   /// Its wait for a slot ended: forwarded with the slot, or refused.
   void slot_wait_ended(const std::shared_ptr<h2_stream>& st);
+  /// Exact admission (proxy/gate/asks.hpp): true, the stream goes on now
+  /// (its domain is not exact); else it asks the master and goes on, or is
+  /// refused, once the answer comes (or control_fresh passes: it goes).
+  bool ask_master(const std::shared_ptr<h2_stream>& st);
+  /// Sends the stream's ASK and waits for its answer.
+  void send_ask(const std::shared_ptr<h2_stream>& st);
+  /// Its wait for an answer ended: it goes, is held to ask again, or is refused.
+  void ask_ended(const std::shared_ptr<h2_stream>& st);
+  /// The master let it go (or did not answer): accounted, then a slot and forwarding.
+  void exact_go(const std::shared_ptr<h2_stream>& st);
   /// Forwards the streams the last read opened and decided to forward.
   void forward_opened();
   void forward(const std::shared_ptr<h2_stream>& st);

@@ -212,6 +212,10 @@ private:
         co_return connection_next::ends;
       }
     }
+    // Exact admission: the master's word first.
+    if (a.exact) {
+      if (const auto refused = co_await ask_master(rt, *r, a, now_us)) co_return *refused;
+    }
     // Under a concurrency rule, a slot first (held until the exchange ends).
     // (The slot is the session's, not this frame's: every request's frame
     // would grow by it, concurrency rule or not.)
@@ -235,6 +239,64 @@ private:
       answered(c_.outcome.status);
     }
     co_return next;
+  }
+
+  // Exact admission (proxy/gate/asks.hpp): asks the master whether the
+  // request may go, and waits for the answer at most control_fresh (then it
+  // goes without one: fail-open). An answer to wait holds it until then and
+  // it asks again, unless that is past max_delay from its admission
+  // (`admitted_us`): refused, with Retry-After at that time. Nothing: it goes
+  // (accounted); else the connection's next step.
+  awaitable<std::optional<connection_next>> ask_master(const runtime& rt, const route& r, admission& a,
+                                                       std::int64_t admitted_us) {
+    admission_env env = admission_env_of(s_, w_);
+    const auto held_from = entry_ ? s_.clk.steady_now() : steady::time_point{};
+    const auto note_held = [&] {
+      if (entry_) entry_->held_ms += ms_since(held_from);
+    };
+    c_.expires_never();
+    shrink_head();
+    for (;;) {
+      ask_wait q;  // left if this frame is destroyed while it waits
+      q.table = &w_.asks;
+      q.w.wake = [this] {
+        c_.hold_until = steady::now();  // the watchdog ends the wait now
+        c_.rewatch();
+      };
+      if (!w_.asks.ask(r.domain, a.who->value, a.exact_units, a.tier, q.w, s_.clk.wall_us())) break;
+      hold_end end = co_await hold(c_, rt.cfg.control_fresh);
+      if (end == hold_end::client_left) {
+        q.leave(false);
+        note_held();
+        answered(0);  // the client left while waiting
+        co_return connection_next::ends;
+      }
+      if (!q.w.answered) {
+        q.leave(true);  // it goes: its accounting settles a GO that comes
+        s_.metrics.exact_unanswered.inc();
+        break;
+      }
+      const std::int64_t now_us = s_.clk.wall_us();
+      if (q.w.verdict == wire::verdict_kind::go) break;
+      const bool never = q.w.verdict == wire::verdict_kind::never;
+      const std::int64_t at_us = q.w.at_ms * 1000;
+      if (never || at_us > admitted_us + rt.route_limits[r.index].max_delay_us) {
+        note_held();
+        exact_refused(env, rt, r, a, never, now_us);
+        const refusal no = never ? refusal_for_cost_cut(r) : refusal_for_exact(r, at_us - now_us, c_.response_fields);
+        answered(no.status);
+        co_return co_await answer(no.status, no.text, no.retry_after_s);
+      }
+      end = co_await hold(c_, std::chrono::microseconds(std::max<std::int64_t>(at_us - now_us, 0)));
+      if (end == hold_end::client_left) {
+        note_held();
+        answered(0);
+        co_return connection_next::ends;
+      }
+    }
+    note_held();
+    exact_went(env, rt, r, a, s_.clk.wall_us());
+    co_return std::nullopt;
   }
 
   // Takes a concurrency slot for the request, waiting for one until

@@ -154,6 +154,10 @@ void record_verdict(admission& a, admission_env& env, const runtime& rt, const r
       break;
     case verdict::delay:
       a.outcome = decision::delayed;
+      if (a.exact) {
+        env.metrics.delay_seconds.observe(static_cast<double>(a.gate.release_us - now_us) / 1e6);
+        break;  // accounted once the master says it may go (exact_went)
+      }
       // Reported when the hold starts, with the time it will be forwarded:
       // the master then knows every gatekeeper's reservations within a round
       // trip, which is what holds one limit across gatekeepers. A prepaid
@@ -167,10 +171,12 @@ void record_verdict(admission& a, admission_env& env, const runtime& rt, const r
       break;
     case verdict::accept:
       a.outcome = decision::accepted;
-      if (charged) account(env, rt, r, wire::status::accepted, id, a.tier, now_us, 0, units, a.reserved >= 0);
+      if (charged && !a.exact)
+        account(env, rt, r, wire::status::accepted, id, a.tier, now_us, 0, units, a.reserved >= 0);
       break;
   }
-  rt.decisions[r.domain_index][a.outcome]->inc();
+  // An exact request is counted once the master has answered (exact_went, exact_refused).
+  if (!a.exact) rt.decisions[r.domain_index][a.outcome]->inc();
 }
 
 }  // namespace
@@ -205,6 +211,12 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
     return a;
   }
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
+  // Exact admission: a request whose units are known now (its cost or its
+  // estimate) asks the master before it goes. (A body without a length has
+  // no units to ask for: it is accounted when it is done, as elsewhere.)
+  a.exact = charged && a.gate.v != verdict::reject && env.exact != nullptr && env.exact->any() &&
+            env.exact->exact(r.domain, now_us) && env.accounting.delivers(r.domain);
+  a.exact_units = units;
   if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
     a.body_limit = a.gate.fit_units;
   if (a.charge_when_done && charged) {
@@ -233,8 +245,28 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
   else if (delta < 0) env.g.refund(domain, a.who->value, -delta, now_us, a.tier);
 }
 
+void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us) {
+  if (!a.exact) return;
+  a.exact = false;
+  rt.decisions[r.domain_index][a.outcome]->inc();
+  if (a.reserved >= 0) a.reserved_at_ms = now_us / 1000;  // the reservation's use is now
+  account(env, rt, r, wire::status::accepted, a.who->value, a.tier, now_us, 0, a.exact_units, a.reserved >= 0);
+}
+
+void exact_refused(admission_env& env, const runtime& rt, const route& r, admission& a, bool never,
+                   std::int64_t now_us) {
+  a.exact = false;
+  a.charge_when_done = false;  // never forwarded
+  a.reserved = -1;
+  a.outcome = decision::rejected;
+  rt.decisions[r.domain_index][decision::rejected]->inc();
+  (never ? env.metrics.reject_cost_over_limit : env.metrics.reject_too_long).inc();
+  account(env, rt, r, wire::status::rejected, a.who->value, {}, now_us, 0);
+}
+
 void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a) {
-  if (a.reserved < 0 || !a.who || a.gate.prepaid) return;
+  // (An exact request not yet gone has accounted nothing: there is nothing to close.)
+  if (a.reserved < 0 || !a.who || a.gate.prepaid || a.exact) return;
   adjust(env, rt, r, a.who->value, a.reserved_at_ms, 0);
 }
 

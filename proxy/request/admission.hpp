@@ -9,6 +9,7 @@
 
 #include "proxy/cluster/accounting_sender.hpp"
 #include "proxy/codec/http1.hpp"
+#include "proxy/gate/asks.hpp"
 #include "proxy/gate/gate.hpp"
 #include "proxy/gate/slots.hpp"
 #include "proxy/identify/identify.hpp"
@@ -54,6 +55,11 @@ struct admission {
     std::int64_t since_us = 0;
   };
   std::optional<traced_hold> trace;
+  /// Exact admission: its domain's master answers ASK, so the request asks
+  /// before it goes (proxy/gate/asks.hpp) and is accounted only then
+  /// (exact_went); cleared once it is.
+  bool exact = false;
+  std::int64_t exact_units = 0;  ///< the units it asks for (its cost, or the estimate it reserves)
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -70,6 +76,8 @@ struct admission_env {
   const concurrency_policies* concurrency = nullptr;
   /// trace_endpoint: where the spans of held and refused requests go; nullptr: off.
   tracing::exporter* tracer = nullptr;
+  /// The domains whose masters answer ASK (exact admission); nullptr: none.
+  const exact_domains* exact = nullptr;
 };
 
 /// Decides request `req` on route `r` from `peer` at wall time `now_us`. A
@@ -98,6 +106,16 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
 /// that was forwarded.
 void charge_done(admission_env& env, const runtime& rt, const route& r, const admission& a, const cost_charge& cost,
                  std::int64_t now_us);
+
+/// Exact admission: the request goes now (its ANSWER said go, or none came
+/// in time): its accounting message leaves, ACCEPTED at `now_us` with its
+/// units (a reservation, for a cost known only at the end), and settles the
+/// master's GO.
+void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us);
+/// Exact admission: the master's answer refused the request (`never`: its
+/// units never fit; else not within max_delay): counted, accounted as REJECTED.
+void exact_refused(admission_env& env, const runtime& rt, const route& r, admission& a, bool never,
+                   std::int64_t now_us);
 
 /// A held request that reserved an estimate is dropped (its client left):
 /// the reservation is closed at its estimate (the client is charged it, as

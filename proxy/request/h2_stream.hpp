@@ -41,6 +41,11 @@ struct h2_stream {
   held_slot slot;
   std::unique_ptr<slot_wait> slot_queue;  ///< made only under a concurrency rule (a stream is small)
   bool slot_waiting = false;
+  /// Exact admission: its question to the master (asking: waiting for the
+  /// answer; ask_held: held until the time an answer named, to ask again).
+  std::unique_ptr<ask_wait> ask;
+  bool asking = false;
+  bool ask_held = false;
   std::int64_t admitted_us = 0;
   bool dispatched = false;  ///< its head was complete and it was decided
   bool grpc = false;

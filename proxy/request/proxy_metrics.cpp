@@ -98,6 +98,9 @@ proxy_metrics::proxy_metrics(metrics::registry& r)
       concurrency_waits(r.add_counter("smockron_proxy_concurrency_waits_total",
                                       "Requests that waited for a concurrency slot (their identifier's requests in "
                                       "flight were at its lease)")),
+      exact_unanswered(r.add_counter("smockron_proxy_exact_unanswered_total",
+                                     "Requests of an exact domain that went with no answer from the master within "
+                                     "control_fresh (fail-open)")),
       tier_invalid(r.add_counter("smockron_proxy_tier_invalid_total",
                                  "Requests whose tier source gave a value that is no tier name, or two values "
                                  "(judged by the domain's rules)")),

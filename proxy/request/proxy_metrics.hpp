@@ -64,6 +64,8 @@ struct proxy_metrics {
   metrics::counter& reject_concurrency;
   /// Requests that waited for a concurrency slot (smockron_proxy_concurrency_waits_total).
   metrics::counter& concurrency_waits;
+  /// Exact admission: requests that went with no answer from the master within control_fresh.
+  metrics::counter& exact_unanswered;
   /// smockron_proxy_tier_invalid_total: requests of a route with a tier source whose value was no tier name
   /// (or two values): judged by the domain's rules.
   metrics::counter& tier_invalid;

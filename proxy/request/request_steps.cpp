@@ -225,6 +225,7 @@ void end_hold(admission_env& env, const runtime& rt, const route& r, const admis
   }
   if (end == hold_end::released) return;
   env.metrics.client_gone_held.inc();
+  if (a.exact) rt.decisions[r.domain_index][a.outcome]->inc();  // not counted yet: it had not asked
   env.g.cancel(rt.gate_domain[r.domain_index], a.who->value, a.gate, now_us);
   close_reservation(env, rt, r, a);
 }
@@ -267,6 +268,11 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
   if (!p.any() || !a.who || a.shadow || r.domain.empty()) return 0;
   if (a.outcome != decision::accepted && a.outcome != decision::delayed) return 0;  // exempt
   return p.limit(r.domain, a.who->value, now_us, a.tier);
+}
+
+refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields) {
+  response_fields.clear();
+  return {r.status, "rate limit exceeded, retry later\n", std::max<std::int64_t>(1, (wait_us + 999'999) / 1'000'000)};
 }
 
 refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string& response_fields) {

@@ -98,6 +98,12 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
 /// concurrency policy with nothing left appended to `response_fields`.
 refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string& response_fields);
 
+/// What a request of an exact domain answers when the master's answer puts
+/// its units past max_delay (`wait_us` from now): the route's status,
+/// Retry-After then; the rate-limit fields the request was planned with are
+/// dropped (they were the gate's view before the master's word).
+refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields);
+
 /// The access-log record of `req`, begun when its head is complete.
 std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,
                                           std::string_view peer_text, std::int64_t now_us);

@@ -15,6 +15,7 @@
 
 #include "proxy/cluster/accounting_sender.hpp"
 #include "proxy/cluster/domain_registry.hpp"
+#include "proxy/gate/asks.hpp"
 #include "proxy/gate/gate.hpp"
 #include "proxy/gate/slots.hpp"
 #include "proxy/io/asio_types.hpp"
@@ -69,6 +70,7 @@ struct shared_state {
   accounting_sender::counters accounting_counters;
   proxy::gate gate;
   concurrency_policies concurrency;  ///< CONCURRENCY from the masters (written by the control thread)
+  exact_domains exact;               ///< EXACT from the masters (written by the control thread)
   domain_registry domains;
   std::unique_ptr<access_log> access;  ///< lines are written only while the configuration says access_log
   std::atomic<bool> draining{false};
@@ -87,6 +89,18 @@ struct worker {
   worker(shared_state& s, std::shared_ptr<const runtime> first, std::uint64_t holder)
       : slots(
             holder, [this](const wire::lease& m) { accounting.lease(m); }, s.clk),
+        asks(
+            holder, [this](const wire::ask& m) { accounting.ask(m); },
+            [this, &clk = s.clk](std::string_view domain, std::string_view identifier) {
+              // A GO for a request that did not go: settled with a use of no units.
+              wire::accounting m;
+              m.domain = domain;
+              m.state = wire::status::accepted;
+              m.identifier = identifier;
+              m.received_ms = clk.wall_ms();
+              m.cost = 0;
+              accounting.account(m, {});
+            }),
         accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
                    s.accounting_counters, first->cfg.shards, first->cfg.curve),
         rt(std::move(first)),
@@ -94,7 +108,10 @@ struct worker {
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}
   // Sessions suspended at shutdown give their slots back while the io_context
   // is destroyed, after the accounting sender: nothing is sent by then.
-  ~worker() { slots.silence(); }
+  ~worker() {
+    slots.silence();
+    asks.silence();
+  }
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;
 
@@ -103,6 +120,7 @@ struct worker {
   // (and give their concurrency slots back).
   std::set<connection*> sessions;
   slot_table slots;
+  ask_table asks;  ///< exact admission's questions (proxy/gate/asks.hpp)
   // Sockets are only touched from this worker's thread: the reactor needs no locking.
   asio::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   std::optional<tcp_acceptor> acceptor;
@@ -115,7 +133,7 @@ struct worker {
 
 /// What a request's steps use of the proxy's shared state and of its worker.
 inline admission_env admission_env_of(shared_state& s, worker& w) {
-  return {s.gate, s.metrics, w.accounting, &s.concurrency, s.tracer.get()};
+  return {s.gate, s.metrics, w.accounting, &s.concurrency, s.tracer.get(), &s.exact};
 }
 
 }  // namespace smockron::proxy

@@ -38,6 +38,7 @@ awaitable<void> slot_ticks(shared_state& s, worker& w) {
     const auto [ec] = co_await t.async_wait(nothrow);
     if (ec) co_return;
     w.slots.tick(s.clk.wall_us());
+    w.asks.tick(s.clk.wall_us());
   }
 }
 
@@ -125,7 +126,8 @@ struct server::impl {
     control_ = std::make_unique<control_subscriber>(
         control_ctx_, cfg.control, shared_.gate, shared_.domains, shared_.clk, shared_.registry,
         control_subscriber::concurrency_sinks{&shared_.concurrency,
-                                              [this](const wire::grant& g) { return hand_grant(g); }},
+                                              [this](const wire::grant& g) { return hand_grant(g); }, &shared_.exact,
+                                              [this](const wire::answer& a) { return hand_answer(a); }},
         cfg.curve);
     control_->set_domains(first->routes.domains());
     if (cfg.discovers_masters()) start_discovery(cfg);
@@ -171,6 +173,19 @@ struct server::impl {
     asio::post(w.ioc, [&w, &clk = shared_.clk, domain = std::string(g.domain), id = std::string(g.identifier),
                        held = g.held, cap = g.cap, seen = g.seen, holder = g.holder] {
       w.slots.on_grant(wire::grant{domain, id, holder, held, cap, seen}, clk.wall_us());
+    });
+    return true;
+  }
+
+  // An ANSWER naming one of this proxy's workers goes to that worker's thread.
+  bool hand_answer(const wire::answer& a) {
+    if ((a.holder & ~std::uint64_t{0xff}) != holder_prefix_) return false;
+    const std::size_t i = a.holder & 0xff;
+    if (i >= workers_.size()) return false;
+    worker& w = *workers_[i];
+    asio::post(w.ioc, [&w, domain = std::string(a.domain), id = std::string(a.identifier), holder = a.holder,
+                       seq = a.seq, verdict = a.verdict, at_ms = a.at_ms] {
+      w.asks.on_answer(wire::answer{domain, id, holder, seq, verdict, at_ms});
     });
     return true;
   }

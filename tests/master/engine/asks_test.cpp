@@ -66,8 +66,9 @@ rules = [ { rate = "10/s", burst = 10 } ]
 
   // Sends an ASK from connection `peer`; returns its ANSWER.
   wire::answer ask(std::uint64_t peer, std::int64_t seq, std::int64_t cost, const std::string& id = "k") {
-    const std::vector<std::string> f{"api\0"s, "ASK", id, "00000000000000" + std::to_string(10 + peer) + " " +
-                                                             std::to_string(seq) + " " + std::to_string(cost)};
+    const std::vector<std::string> f{
+        "api\0"s, "ASK", id,
+        "00000000000000" + std::to_string(10 + peer) + " " + std::to_string(seq) + " " + std::to_string(cost)};
     EXPECT_FALSE(in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer));
     wire::answer out;
     int n = 0;
@@ -81,8 +82,8 @@ rules = [ { rate = "10/s", burst = 10 } ]
   }
   // The request that went: its accounting message.
   void went(std::uint64_t peer, std::int64_t cost, const std::string& id = "k") {
-    const std::vector<std::string> f{"api\0"s, "ACCEPTED", id, std::to_string(clock_.wall_ms()), "",
-                                     "cost=" + std::to_string(cost)};
+    const std::vector<std::string> f{
+        "api\0"s, "ACCEPTED", id, std::to_string(clock_.wall_ms()), "", "cost=" + std::to_string(cost)};
     in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer);
   }
 

@@ -96,8 +96,7 @@ TEST(WireAsk, MalformedIsRefused) {
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 0 5"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 1 0"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 3 0"}), decode_error::ask_invalid);
-  EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 1 253402300800000"}),
-            decode_error::ask_invalid);
+  EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 1 253402300800000"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 0 0", "x"}), decode_error::frame_count);
   EXPECT_EQ(decode_exact(views({"api\0"s, "EXACT", ""})).error(), decode_error::frame_count);
   EXPECT_EQ(decode_exact(views({"api"s, "EXACT"})).error(), decode_error::domain_not_terminated);

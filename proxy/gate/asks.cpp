@@ -1,0 +1,65 @@
+// Exact admission on the gatekeeper's side (see asks.hpp).
+#include "proxy/gate/asks.hpp"
+
+namespace smockron::proxy {
+
+void exact_domains::set(std::string_view domain, std::int64_t now_us) {
+  std::lock_guard lock(mutex_);
+  auto it = updated_us_.find(domain);
+  if (it == updated_us_.end()) it = updated_us_.emplace(std::string(domain), 0).first;
+  it->second = now_us;
+  any_.store(true, std::memory_order_relaxed);
+}
+
+bool exact_domains::exact(std::string_view domain, std::int64_t now_us) const {
+  std::lock_guard lock(mutex_);
+  const auto it = updated_us_.find(domain);
+  return it != updated_us_.end() && now_us - it->second <= wire::policy_fresh_ms * 1000;
+}
+
+bool ask_table::ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier,
+                    waiter& w, std::int64_t now_us) {
+  if (open_.size() >= k_max_open || !send_) return false;
+  const std::int64_t seq = next_seq_++;
+  open_.emplace(seq, question{&w, false, std::string(domain), std::string(identifier), now_us});
+  w.seq = seq;
+  w.answered = false;
+  send_(wire::ask{domain, identifier, holder_, seq, cost, tier});
+  return true;
+}
+
+void ask_table::leave(waiter& w, bool went) {
+  const auto it = open_.find(w.seq);
+  w.seq = -1;
+  if (it == open_.end()) return;
+  it->second.w = nullptr;
+  it->second.went = went;
+}
+
+void ask_table::on_answer(const wire::answer& a) {
+  const auto it = open_.find(a.seq);
+  if (it == open_.end()) return;  // forgotten, or not ours
+  question q = std::move(it->second);
+  open_.erase(it);
+  if (q.w == nullptr) {
+    // Its request stopped waiting. One that did not go settles the GO with
+    // no units; one that went has settled it with its own accounting.
+    if (a.verdict == wire::verdict_kind::go && !q.went && settle_) settle_(q.domain, q.identifier);
+    return;
+  }
+  waiter& w = *q.w;
+  w.seq = -1;
+  w.answered = true;
+  w.verdict = a.verdict;
+  w.at_ms = a.at_ms;
+  if (w.wake) w.wake();
+}
+
+void ask_table::tick(std::int64_t now_us) {
+  for (auto it = open_.begin(); it != open_.end();) {
+    if (it->second.w == nullptr && now_us - it->second.asked_us >= k_forget_us) it = open_.erase(it);
+    else ++it;
+  }
+}
+
+}  // namespace smockron::proxy
