@@ -117,6 +117,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(back->limit.by == r.by && back->limit.index == r.index);
     FUZZ_CHECK(back->limit.share_interval_us == r.share_interval_us && back->limit.share_burst == r.share_burst);
   }
+  if (auto a = wire::decode_ask(f)) {
+    FUZZ_CHECK(a->seq >= 0 && a->seq <= wire::max_sequence && a->cost >= 0 && a->cost <= wire::max_cost);
+    const auto enc = wire::encode(a.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_ask(enc->view());
+    FUZZ_CHECK(back && back->domain == a->domain && back->identifier == a->identifier && back->holder == a->holder);
+    FUZZ_CHECK(back->seq == a->seq && back->cost == a->cost && back->tier == a->tier);
+  }
+  if (auto a = wire::decode_answer(f)) {
+    // What a gatekeeper relies on: a wait names a time, nothing else does.
+    FUZZ_CHECK((a->verdict == wire::verdict_kind::wait) == (a->at_ms > 0));
+    const auto enc = wire::encode(a.value(), s);
+    FUZZ_CHECK(enc);
+    const auto back = wire::decode_answer(enc->view());
+    FUZZ_CHECK(back && back->domain == a->domain && back->identifier == a->identifier && back->holder == a->holder);
+    FUZZ_CHECK(back->seq == a->seq && back->verdict == a->verdict && back->at_ms == a->at_ms);
+  }
+  if (auto x = wire::decode_exact(f)) {
+    const auto enc = wire::encode(x.value(), s);
+    FUZZ_CHECK(enc);
+    FUZZ_CHECK(wire::decode_exact(enc->view())->domain == x->domain);
+  }
   // A BATCH's records (as the master unpacks them) re-pack to the same bytes.
   if (f.size() == 3) {
     const std::string_view batch[3] = {f[0], wire::batch_status, f[2]};
