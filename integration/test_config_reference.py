@@ -291,7 +291,7 @@ class ConfigReferenceTest(unittest.TestCase):
         self.assertEqual([], problems)
         self.assertEqual({"master", "proxy"}, keys["top level"])
         self.assertEqual({"algorithm", "rules", "shared", "share_window", "overrides", "tiers", "descriptor_keys",
-                          "descriptor_separator", "envoy_mode"},
+                          "descriptor_separator", "envoy_mode", "admission"},
                          keys["[master.domains.NAME]"])
         self.assertEqual({"rules", "weight"}, keys["[master.domains.NAME.tiers.TIER]"])
         self.assertEqual({"identifier", "rules", "weight"}, keys["overrides entries"])
