@@ -933,7 +933,8 @@ class Box:
         log.close()
         if self.relay.stdout.readline().strip() != "ready":
             raise RuntimeError("delay relay did not start")
-        domains = {sc.domain: {"rules": [(r.text, r.burst) for r in sc.rules], "algorithm": sc.algorithm}
+        domains = {sc.domain: {"rules": [(r.text, r.burst) for r in sc.rules], "algorithm": sc.algorithm,
+                               "admission": self.args.admission}
                    for sc in self.scenarios}
         domains[PROBE] = {"rules": [("1/h", 1)]}
         mconf = os.path.join(tmp, f"master-g{self.g}.toml")
@@ -1642,6 +1643,8 @@ def main():
                     help="response-charged scenarios: the route's cost_default, which paces their held requests "
                          "until the cost is known (default: the mean cost, 50 for 1..100)")
     ap.add_argument("--max-delay", type=float, default=2.0, help="proxy max_delay in seconds (default 2)")
+    ap.add_argument("--admission", choices=("local", "exact"), default="local",
+                    help="the domains' admission (exact: each request asks the master first; default local)")
     ap.add_argument("--hot-factor", default=None,
                     help="comma-separated multiples of the rate the hot client sends at (default 20; smoke 5)")
     ap.add_argument("--hot-arrivals", default="even",
@@ -1729,7 +1732,8 @@ def main():
           f"{', '.join(s.name for s in scenarios)}; D = {args.duration:g} s; rate {args.rate}/s burst {args.burst}; "
           f"delays {','.join(f'{d:g}' + (f'+-{j * 100:g}%' if j else '') for d, j in args.delays)} ms one way; "
           f"hot {','.join(f'{h:g}' for h in args.hot_factor)}x ({','.join(args.hot_arrivals)}), {args.near} near {args.near_factor:g}x, {args.under} under {args.under_factor:g}x "
-          f"the long-run rate; max_delay {args.max_delay:g} s; load {os.getloadavg()[0]:.2f}"
+          f"the long-run rate; max_delay {args.max_delay:g} s; admission {args.admission}; "
+          f"load {os.getloadavg()[0]:.2f}"
           + (f"; weighted: {args.unit_rate}/s burst {args.unit_burst} in units, costs 1..{args.cost_max}"
              if any(sc.weighted for sc in scenarios) else ""))
     summary: list[dict] = []

@@ -147,6 +147,7 @@ void h2_connection::ask_ended(const std::shared_ptr<h2_stream>& st) {
       st->entry->held_ms += std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
     admission_env env = admission_env_of(s_, w_);
     exact_refused(env, *st->rt, r, st->adm, never, now_us);
+    if (st->entry) note_admission(*st->entry, r, st->adm);  // refused, not what the gate planned
     const refusal no = never ? refusal_for_cost_cut(r) : refusal_for_exact(r, at_us - now_us, st->response_fields);
     answer(*st, no.status, no.text, no.retry_after_s, r.grpc_status,
            no.retry_after_s > 0 ? no.retry_after_s * 1000 : -1);

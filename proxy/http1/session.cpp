@@ -283,6 +283,7 @@ private:
       if (never || at_us > admitted_us + rt.route_limits[r.index].max_delay_us) {
         note_held();
         exact_refused(env, rt, r, a, never, now_us);
+        if (entry_) note_admission(*entry_, r, a);  // refused, not what the gate planned
         const refusal no = never ? refusal_for_cost_cut(r) : refusal_for_exact(r, at_us - now_us, c_.response_fields);
         answered(no.status);
         co_return co_await answer(no.status, no.text, no.retry_after_s);
