@@ -1221,7 +1221,11 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
     # admission is charged when the request is accepted or held (a held request cut at the end
     # included); a response's cost when the response ends (every request that reached the backend).
     forwarded = {(i, a[1], a[2]) for i, arr in arrivals.items() for a in arr}
-    if sc.cost == "response":
+    if args.admission == "exact":
+        # Exact admission accounts a request when the master lets it go, so a held client that
+        # left was never charged: what reached the backend, each at its cost.
+        expected_units = sum(cost_of.get(k, 0) for k in forwarded)
+    elif sc.cost == "response":
         # What reached the backend, and the estimate (cost_default) of each held request whose
         # client left (cut at the end): a reservation nobody corrects is charged as reserved.
         expected_units = sum(cost_of.get(k, 0) for k in forwarded) + sc.cost_default * sum(

@@ -26,6 +26,13 @@ void ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t n
   }
   const std::size_t d = it->second;
   pending_answer out{std::string(msg->domain), std::string(msg->identifier), msg->holder, msg->seq};
+  if (!domains_[d].exact) {
+    // Not exact (any more: a reload, before the gatekeeper's EXACT lapsed):
+    // it goes, and its accounting is charged as anyone's.
+    asks_answered_[static_cast<int>(out.verdict)]->inc();
+    answers_.push_back(std::move(out));
+    return;
+  }
   // GO when the units fit with every GO not settled yet counted as used now
   // (asks.hpp): whatever those requests' accounting charges later, at their
   // time, was counted from the moment they could go.

@@ -162,3 +162,12 @@ TEST(IngestAsksOff, OnlyExactDomainsSettle) {
   ASSERT_EQ(bad.errors.size(), 1u);
   EXPECT_EQ(bad.errors[0].key, "master.domains.api.admission");
 }
+
+// A domain that is no longer exact (a reload) answers GO and holds nothing open.
+TEST_F(IngestAsks, ADomainNoLongerExactLetsEveryRequestGo) {
+  auto next = cfg_;
+  next.domains[0].exact = false;
+  in_.reconfigure(next);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(ask(1, i, 1).verdict, wire::verdict_kind::go);
+  EXPECT_EQ(in_.ask_book().units(), 0);
+}
