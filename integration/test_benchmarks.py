@@ -267,6 +267,15 @@ class BenchmarkSmokeTest(unittest.TestCase):
                             r"^== summary", r"^ 2 sliding-log ", r"^ 2 gcra ", r"^ 2 weighted ", r"^ 2 weighted-response ",
                             r"^cells meeting every goal: \d+ of 4", r"^smoke: OK")
 
+    def test_accuracy_exact(self):
+        """The same with admission = "exact" (each request asks the master first): the gate
+        still paces the hot client, the master charges exactly what reached the backend."""
+        out = self.run_bench([sys.executable, os.path.join(BENCH, "accuracy.py"), "--smoke", "--admission", "exact",
+                              "--scenarios", "weighted,weighted-response"])
+        self.assert_figures(out, r"; admission exact; ", r"^== G=2  weighted: .*cost header:X-Cost",
+                            r"^units     : the master charged [1-9]\d* .*what reached the backend [1-9]\d* \[match\]",
+                            r"^cells meeting every goal: \d+ of 2", r"^smoke: OK")
+
     # ------------------------------------------------------------------ C++ benchmarks
 
     def test_master_bench(self):

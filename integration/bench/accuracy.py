@@ -1489,7 +1489,8 @@ def report(res: dict, args) -> dict:
           + f"; sniffed DELAY_UNTIL {res['controls']}")
     if w:
         print(f"units     : the master charged {res['units_master']:.0f} (smockron_master_units_total), the costs of "
-              + ("what reached the backend" if sc.cost == "response" else "what the gate accepted or held")
+              + ("what reached the backend" if sc.cost == "response" or args.admission == "exact"
+                 else "what the gate accepted or held")
               + f" {res['units_expected']} [{'match' if units_ok else 'MISMATCH'}]; sniffed accounting "
               f"{res['units_sniffed']}; proxies' cost units {po['smockron_proxy_cost_units_total']:.0f}, charged as "
               f"cost_default/cost_max {po['smockron_proxy_cost_fallback_total']:.0f}; cost fields that reached the "

@@ -219,10 +219,7 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     handle_lease(frames, now_us, peer);
     return std::nullopt;
   }
-  if (!truncated && frames.size() >= 2 && frames[1] == wire::ask_status) {
-    handle_ask(frames, now_us, peer);
-    return std::nullopt;
-  }
+  if (!truncated && frames.size() >= 2 && frames[1] == wire::ask_status) return handle_ask(frames, now_us, peer);
   auto msg =
       truncated ? wire::result<wire::accounting>(wire::decode_error::frame_count) : wire::decode_accounting(frames);
   if (!msg) {

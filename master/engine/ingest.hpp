@@ -173,8 +173,12 @@ public:
 
 private:
   void install(const config::master_config& cfg);
-  /// An ASK message (ingest_asks.cpp): answered GO when its units fit with the GOs not yet settled.
-  void handle_ask(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
+  /// An ASK message (ingest_asks.cpp): answered GO when its units fit with
+  /// the GOs not yet settled. A WAIT is also told to every gatekeeper as a
+  /// DELAY_UNTIL (returned: views into the frames and the domain list), so
+  /// that they hold the client until then instead of asking again.
+  std::optional<wire::delay_until> handle_ask(std::span<const std::string_view> frames, std::int64_t now_us,
+                                              std::uint64_t peer);
   /// A LEASE message (ingest_leases.cpp): the lease book's, or granted untracked when it is full.
   void handle_lease(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer);
   /// Gives back the units of reservations that died (`why`: gatekeeper_gone, timeout).

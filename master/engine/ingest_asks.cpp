@@ -11,18 +11,19 @@ constexpr std::int64_t k_settle_wait_us = 5'000;
 constexpr std::int64_t k_never = std::numeric_limits<std::int64_t>::max();
 }  // namespace
 
-void ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t now_us, std::uint64_t peer) {
+std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t now_us,
+                                                    std::uint64_t peer) {
   const auto msg = wire::decode_ask(frames);
   if (!msg) {
     decode_errors_[static_cast<int>(msg.error())]->inc();
     log_bad("malformed ASK message", wire::to_string(msg.error()));
-    return;
+    return std::nullopt;
   }
   const auto it = index_.find(msg->domain);
   if (it == index_.end()) {
     unknown_domain_.inc();
     log_bad("ASK message for unknown domain", msg->domain);
-    return;
+    return std::nullopt;
   }
   const std::size_t d = it->second;
   pending_answer out{std::string(msg->domain), std::string(msg->identifier), msg->holder, msg->seq};
@@ -31,7 +32,7 @@ void ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t n
     // it goes, and its accounting is charged as anyone's.
     asks_answered_[static_cast<int>(out.verdict)]->inc();
     answers_.push_back(std::move(out));
-    return;
+    return std::nullopt;
   }
   // GO when the units fit with every GO not settled yet counted as used now
   // (asks.hpp): whatever those requests' accounting charges later, at their
@@ -54,7 +55,20 @@ void ingest::handle_ask(std::span<const std::string_view> frames, std::int64_t n
     out.at_ms = std::max<std::int64_t>(1, (at + 999) / 1000);
   }
   asks_answered_[static_cast<int>(out.verdict)]->inc();
+  std::optional<wire::delay_until> throttled;
+  if (out.verdict == wire::verdict_kind::wait) {
+    // Every gatekeeper holds the client until then (the gate's pacing, one
+    // rule interval apart), rather than each asking again.
+    const rules::limits& l = limiter_.limits_of(d, msg->identifier, msg->tier);
+    throttled.emplace();
+    throttled->domain = domains_[d].name;
+    throttled->identifier = msg->identifier;
+    throttled->next_ms = out.at_ms;
+    throttled->interval_ms = l.rules.empty() ? 1 : std::max<std::int64_t>(1, (l.rules[0].interval_us + 500) / 1000);
+    top_.limited(d, msg->identifier, now_us);
+  }
   answers_.push_back(std::move(out));
+  return throttled;
 }
 
 }  // namespace smockron::master

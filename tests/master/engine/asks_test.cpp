@@ -69,7 +69,8 @@ rules = [ { rate = "10/s", burst = 10 } ]
     const std::vector<std::string> f{
         "api\0"s, "ASK", id,
         "00000000000000" + std::to_string(10 + peer) + " " + std::to_string(seq) + " " + std::to_string(cost)};
-    EXPECT_FALSE(in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer));
+    const auto told = in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer);
+    published_ = told ? told->next_ms : 0;
     wire::answer out;
     int n = 0;
     in_.take_answers([&](const wire::answer& a) {
@@ -78,6 +79,8 @@ rules = [ { rate = "10/s", burst = 10 } ]
       ++n;
     });
     EXPECT_EQ(n, 1);
+    // A wait is told to every gatekeeper as a DELAY_UNTIL of the same time; nothing else is.
+    EXPECT_EQ(published_, out.verdict == wire::verdict_kind::wait ? out.at_ms : 0);
     return out;
   }
   // The request that went: its accounting message.
@@ -91,6 +94,7 @@ rules = [ { rate = "10/s", burst = 10 } ]
   metrics::registry reg_;
   config::master_config cfg_;
   master::ingest in_;
+  std::int64_t published_ = 0;  ///< the last ASK's DELAY_UNTIL (0: none)
 };
 
 }  // namespace
