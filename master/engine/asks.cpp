@@ -17,31 +17,34 @@ std::int64_t asks::open_units(std::string_view domain, std::string_view identifi
   return it == entries_.end() ? 0 : it->second.units;
 }
 
-bool asks::open(std::uint64_t peer, std::string_view domain, std::string_view identifier, std::int64_t cost,
-                std::int64_t now_us) {
+bool asks::open(std::uint64_t peer, std::string_view domain, std::string_view identifier, std::int64_t seq,
+                std::int64_t cost, std::int64_t now_us) {
   auto it = entries_.find(key(domain, identifier));
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) return false;
     it = entries_.emplace(key_, entry{}).first;
   }
-  it->second.items.push_back({peer, cost, now_us});
+  it->second.items.push_back({peer, seq, cost, now_us});
   it->second.units += cost;
   units_ += cost;
   return true;
 }
 
-bool asks::settle(std::uint64_t peer, std::string_view domain, std::string_view identifier) {
-  if (entries_.empty()) return false;
+std::optional<std::int64_t> asks::settle(std::uint64_t peer, std::string_view domain, std::string_view identifier,
+                                         std::int64_t seq) {
+  if (entries_.empty()) return std::nullopt;
   const auto it = entries_.find(key(domain, identifier));
-  if (it == entries_.end()) return false;
+  if (it == entries_.end()) return std::nullopt;
   auto& items = it->second.items;
-  const auto first = std::find_if(items.begin(), items.end(), [&](const item& i) { return i.peer == peer; });
-  if (first == items.end()) return false;
-  it->second.units -= first->cost;
-  units_ -= first->cost;
-  items.erase(first);
+  const auto go =
+      std::find_if(items.begin(), items.end(), [&](const item& i) { return i.peer == peer && i.seq == seq; });
+  if (go == items.end()) return std::nullopt;
+  const std::int64_t since = go->since_us;
+  it->second.units -= go->cost;
+  units_ -= go->cost;
+  items.erase(go);
   if (items.empty()) entries_.erase(it);
-  return true;
+  return since;
 }
 
 template <class F>

@@ -2,13 +2,13 @@
 // ANSWER): the units the master has said GO to and not yet seen accounted.
 //
 // A GO is counted as a use at every later decision until the request's own
-// accounting message (ACCEPTED or DELAYED, from the same connection, for the
-// same identifier) settles it; that message then charges the units at its
-// time, as any use. A unit is therefore counted from the moment the master
+// accounting message settles it: an ACCEPTED from the same connection, for
+// the same identifier, naming the ASK's number ("ask=SEQ"); that message
+// then charges the units, as any use, at its time or the GO's, whichever is
+// later (a gatekeeper's clock behind the master's never places a use before
+// it was let go). A unit is therefore counted from the moment the master
 // lets it go until it is charged, never neither: no gatekeeper, however far,
-// admits a unit the master has not counted. GOs settle in the order they
-// were given (a gatekeeper accounts its requests in the order their ANSWERs
-// come, and one connection keeps that order).
+// admits a unit the master has not counted.
 //
 // A GO whose accounting never comes is dropped when its connection closes
 // (its gatekeeper died, and with it whatever it had in flight) or after
@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,13 +35,15 @@ public:
 
   /// Units said GO to and not settled for (domain, identifier).
   std::int64_t open_units(std::string_view domain, std::string_view identifier) const;
-  /// Notes a GO of `cost` units given to connection `peer`. False: not kept
-  /// (max_entries identifiers have GOs open already).
-  bool open(std::uint64_t peer, std::string_view domain, std::string_view identifier, std::int64_t cost,
-            std::int64_t now_us);
-  /// A request of (domain, identifier) went at the gatekeeper on `peer`: its
-  /// oldest GO there is settled. False: none was open.
-  bool settle(std::uint64_t peer, std::string_view domain, std::string_view identifier);
+  /// Notes a GO of `cost` units given to connection `peer` for its ASK
+  /// number `seq`. False: not kept (max_entries identifiers have GOs open already).
+  bool open(std::uint64_t peer, std::string_view domain, std::string_view identifier, std::int64_t seq,
+            std::int64_t cost, std::int64_t now_us);
+  /// The request of (domain, identifier) whose ASK on `peer` was number
+  /// `seq` went: its GO is settled. Returns when the GO was given; nothing
+  /// when none is open (dropped, or never given).
+  std::optional<std::int64_t> settle(std::uint64_t peer, std::string_view domain, std::string_view identifier,
+                                     std::int64_t seq);
   /// Connection `peer` closed: its GOs are dropped. Returns how many.
   std::size_t peer_closed(std::uint64_t peer);
   /// Drops the GOs older than k_ttl_us. Returns how many.
@@ -54,6 +57,7 @@ public:
 private:
   struct item {
     std::uint64_t peer = 0;
+    std::int64_t seq = 0;
     std::int64_t cost = 0;
     std::int64_t since_us = 0;
   };

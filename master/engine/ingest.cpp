@@ -259,9 +259,13 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     if (delta == 0) return std::nullopt;  // closed as reserved: nothing changes
     (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
   } else {
-    // Exact admission: a request that went settles the GO it was given.
-    if (d.exact && msg->state != wire::status::rejected && asks_.settle(peer, d.name, msg->identifier)) {
-      asks_settled_.inc();
+    // Exact admission: a request that went settles the GO it was given, and
+    // is charged no earlier than that GO (a gatekeeper clock behind ours).
+    if (msg->ask >= 0 && d.exact) {
+      if (const auto since = asks_.settle(peer, d.name, msg->identifier, msg->ask)) {
+        asks_settled_.inc();
+        e.at_us = std::max(e.at_us, *since);
+      }
     }
     d.messages[msg->state]->inc();
     if (e.kind != rules::event_kind::rejected) d.units->inc(static_cast<std::uint64_t>(msg->cost));

@@ -39,14 +39,17 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
   // time, was counted from the moment they could go.
   const std::int64_t open = asks_.open_units(msg->domain, msg->identifier);
   const std::int64_t alone = limiter_.fits_at(d, msg->identifier, msg->cost, now_us, msg->tier);
+  // (Saturated: GOs of an identifier with no limits add up with no bound.)
   const std::int64_t with_open =
-      open == 0 ? alone : limiter_.fits_at(d, msg->identifier, open + msg->cost, now_us, msg->tier);
+      open == 0 ? alone
+                : limiter_.fits_at(d, msg->identifier, open > k_never - msg->cost ? k_never : open + msg->cost, now_us,
+                                   msg->tier);
   if (alone == k_never) {
     out.verdict = wire::verdict_kind::never;
   } else if (with_open <= now_us) {
     out.verdict = wire::verdict_kind::go;
     // (Held open even at 0 units: each request that went settles one GO.)
-    if (!asks_.open(peer, msg->domain, msg->identifier, msg->cost, now_us)) asks_untracked_.inc();
+    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us)) asks_untracked_.inc();
   } else {
     // Not now: when the units fit, or, when only GOs still open stand in
     // the way, shortly after they fit alone (by then those are settled).

@@ -19,21 +19,21 @@ bool exact_domains::exact(std::string_view domain, std::int64_t now_us) const {
 
 bool ask_table::ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier,
                     waiter& w, std::int64_t now_us) {
-  if (open_.size() >= k_max_open || !send_) return false;
+  // (A worker's sequence numbers never come near max_cost, the bound of the
+  // "ask=SEQ" that settles one; past it, requests would go without asking.)
+  if (open_.size() >= k_max_open || !send_ || next_seq_ > wire::max_cost) return false;
   const std::int64_t seq = next_seq_++;
-  open_.emplace(seq, question{&w, false, std::string(domain), std::string(identifier), now_us});
+  open_.emplace(seq, question{&w, std::string(domain), std::string(identifier), now_us});
   w.seq = seq;
   w.answered = false;
   send_(wire::ask{domain, identifier, holder_, seq, cost, tier});
   return true;
 }
 
-void ask_table::leave(waiter& w, bool went) {
+void ask_table::leave(waiter& w) {
   const auto it = open_.find(w.seq);
   w.seq = -1;
-  if (it == open_.end()) return;
-  it->second.w = nullptr;
-  it->second.went = went;
+  if (it != open_.end()) it->second.w = nullptr;
 }
 
 void ask_table::on_answer(const wire::answer& a) {
@@ -42,14 +42,15 @@ void ask_table::on_answer(const wire::answer& a) {
   question q = std::move(it->second);
   open_.erase(it);
   if (q.w == nullptr) {
-    // Its request stopped waiting. One that did not go settles the GO with
-    // no units; one that went has settled it with its own accounting.
-    if (a.verdict == wire::verdict_kind::go && !q.went && settle_) settle_(q.domain, q.identifier);
+    // Its request stopped waiting (gone, or gone on without the answer and
+    // charged by its own accounting): the GO is settled with no units.
+    if (a.verdict == wire::verdict_kind::go && settle_) settle_(q.domain, q.identifier, a.seq);
     return;
   }
   waiter& w = *q.w;
   w.seq = -1;
   w.answered = true;
+  w.answered_seq = a.seq;
   w.verdict = a.verdict;
   w.at_ms = a.at_ms;
   if (w.wake) w.wake();

@@ -12,9 +12,9 @@
 // the master's GO), wait until a time (it is held and asks again, or is
 // refused when that is past max_delay), or never. A request that stops
 // waiting (its client left, or no answer came in time and it went without
-// one) leaves its question behind: a GO that still comes for a request that
-// did not go is settled at once with a use of no units, so the master does
-// not count its units until the GO's timeout.
+// one, charged by its own accounting) leaves its question behind: a GO that
+// still comes for it is settled at once with a use of no units naming it, so
+// the master does not count its units until the GO's timeout.
 #pragma once
 
 #include <atomic>
@@ -60,24 +60,24 @@ public:
     std::function<void()> wake;
     std::int64_t seq = -1;  ///< the open question (-1: none)
     bool answered = false;
+    std::int64_t answered_seq = -1;  ///< the question the answer was to (its GO is settled by "ask=" it)
     wire::verdict_kind verdict = wire::verdict_kind::go;
     std::int64_t at_ms = 0;
   };
 
   /// `holder`: this worker's name (as in its concurrency leases). `send`
   /// delivers an ASK; `settle` accounts a use of no units of (domain,
-  /// identifier): the request a late GO was for did not go.
-  ask_table(std::uint64_t holder, std::function<void(const wire::ask&)> send,
-            std::function<void(std::string_view, std::string_view)> settle)
+  /// identifier) settling ASK number `seq`: the request a late GO was for did not go.
+  using settle_fn = std::function<void(std::string_view, std::string_view, std::int64_t)>;
+  ask_table(std::uint64_t holder, std::function<void(const wire::ask&)> send, settle_fn settle)
       : holder_(holder), send_(std::move(send)), settle_(std::move(settle)) {}
 
   /// Asks for `cost` units of (domain, identifier) naming `tier`; the answer
   /// wakes `w`. False: not asked (k_max_open questions open): the request goes.
   bool ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier, waiter& w,
            std::int64_t now_us);
-  /// `w` stops waiting. `went`: its request goes anyway (its accounting
-  /// settles a GO); else a GO that comes for it is settled with no units.
-  void leave(waiter& w, bool went);
+  /// `w` stops waiting: a GO that comes for it is settled with no units.
+  void leave(waiter& w);
   /// An ANSWER naming this worker.
   void on_answer(const wire::answer& a);
   /// Forgets questions older than k_forget_us.
@@ -93,14 +93,13 @@ public:
 
 private:
   struct question {
-    waiter* w = nullptr;  ///< nullptr: left (went says how)
-    bool went = false;
+    waiter* w = nullptr;  ///< nullptr: left
     std::string domain, identifier;
     std::int64_t asked_us = 0;
   };
   std::uint64_t holder_;
   std::function<void(const wire::ask&)> send_;
-  std::function<void(std::string_view, std::string_view)> settle_;
+  settle_fn settle_;
   std::int64_t next_seq_ = 0;
   std::unordered_map<std::int64_t, question> open_;
 };
@@ -111,9 +110,9 @@ struct ask_wait {
   ask_wait() = default;
   ask_wait(const ask_wait&) = delete;
   ask_wait& operator=(const ask_wait&) = delete;
-  ~ask_wait() { leave(false); }
-  void leave(bool went) {
-    if (table != nullptr && w.seq >= 0) table->leave(w, went);
+  ~ask_wait() { leave(); }
+  void leave() {
+    if (table != nullptr && w.seq >= 0) table->leave(w);
   }
   ask_table* table = nullptr;
   ask_table::waiter w;

@@ -160,12 +160,12 @@ private:
   /// (its domain is not exact); else it asks the master and goes on, or is
   /// refused, once the answer comes (or control_fresh passes: it goes).
   bool ask_master(const std::shared_ptr<h2_stream>& st);
-  /// Sends the stream's ASK and waits for its answer.
-  void send_ask(const std::shared_ptr<h2_stream>& st);
+  /// Sends the stream's ASK and waits for its answer (false: not sent, the table is full).
+  bool send_ask(const std::shared_ptr<h2_stream>& st);
   /// Its wait for an answer ended: it goes, is held to ask again, or is refused.
   void ask_ended(const std::shared_ptr<h2_stream>& st);
-  /// The master let it go (or did not answer): accounted, then a slot and forwarding.
-  void exact_go(const std::shared_ptr<h2_stream>& st);
+  /// The master let it go (GO to ASK number `ask`; -1: no answer came): accounted and forwarded.
+  void exact_go(const std::shared_ptr<h2_stream>& st, std::int64_t ask);
   /// Forwards the streams the last read opened and decided to forward.
   void forward_opened();
   void forward(const std::shared_ptr<h2_stream>& st);

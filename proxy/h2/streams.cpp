@@ -92,17 +92,20 @@ void h2_connection::decide(const std::shared_ptr<h2_stream>& st) {
     return;
   }
   // Forwarded once the read that opened it is parsed (forward_opened).
-  if (ask_master(st) && take_slot(st)) opened_.push_back(st);
+  if (take_slot(st) && ask_master(st)) opened_.push_back(st);
 }
 
 bool h2_connection::ask_master(const std::shared_ptr<h2_stream>& st) {
   if (!st->adm.exact) return true;
   st->held_from = s_.clk.steady_now();
-  send_ask(st);
-  return false;
+  if (send_ask(st)) return false;
+  // No room for the question: it goes without (now, in the caller's order).
+  admission_env env = admission_env_of(s_, w_);
+  exact_went(env, *st->rt, *st->r, st->adm, s_.clk.wall_us(), -1);
+  return true;
 }
 
-void h2_connection::send_ask(const std::shared_ptr<h2_stream>& st) {
+bool h2_connection::send_ask(const std::shared_ptr<h2_stream>& st) {
   const admission& a = st->adm;
   if (!st->ask) {
     st->ask = std::make_unique<ask_wait>();
@@ -112,10 +115,7 @@ void h2_connection::send_ask(const std::shared_ptr<h2_stream>& st) {
       if (s->timer) s->timer->cancel();
     };
   }
-  if (!w_.asks.ask(st->r->domain, a.who->value, a.exact_units, a.tier, st->ask->w, s_.clk.wall_us())) {
-    exact_go(st);  // no room for the question: it goes without
-    return;
-  }
+  if (!w_.asks.ask(st->r->domain, a.who->value, a.exact_units, a.tier, st->ask->w, s_.clk.wall_us())) return false;
   st->asking = true;
   if (!st->timer) st->timer = std::make_unique<steady_timer>(exec_);
   st->timer->expires_after(st->rt->cfg.control_fresh);
@@ -123,32 +123,34 @@ void h2_connection::send_ask(const std::shared_ptr<h2_stream>& st) {
     if (st->closed || !st->asking) return;
     self->ask_ended(st);
   });
+  return true;
 }
 
 void h2_connection::ask_ended(const std::shared_ptr<h2_stream>& st) {
   st->asking = false;
   ask_table::waiter& w = st->ask->w;
   if (!w.answered) {
-    st->ask->leave(true);  // it goes: its accounting settles a GO that comes
+    st->ask->leave();  // it goes, charged by its own accounting; a GO that comes is settled with no units
     s_.metrics.exact_unanswered.inc();
-    exact_go(st);
+    exact_go(st, -1);
     return;
   }
   if (w.verdict == wire::verdict_kind::go) {
-    exact_go(st);
+    exact_go(st, w.answered_seq);
     return;
   }
   const route& r = *st->r;
   const std::int64_t now_us = s_.clk.wall_us();
   const bool never = w.verdict == wire::verdict_kind::never;
   const std::int64_t at_us = w.at_ms * 1000;
-  if (never || at_us > st->admitted_us + st->rt->route_limits[r.index].max_delay_us) {
+  if (never || at_us > st->admitted_us + st->adm.max_delay_us) {
     if (st->entry)
       st->entry->held_ms += std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
     admission_env env = admission_env_of(s_, w_);
     exact_refused(env, *st->rt, r, st->adm, never, now_us);
     if (st->entry) note_admission(*st->entry, r, st->adm);  // refused, not what the gate planned
-    const refusal no = never ? refusal_for_cost_cut(r) : refusal_for_exact(r, at_us - now_us, st->response_fields);
+    st->slot.reset();
+    const refusal no = refusal_for_exact(r, never ? -1 : at_us - now_us, st->response_fields);
     answer(*st, no.status, no.text, no.retry_after_s, r.grpc_status,
            no.retry_after_s > 0 ? no.retry_after_s * 1000 : -1);
     return;
@@ -159,16 +161,16 @@ void h2_connection::ask_ended(const std::shared_ptr<h2_stream>& st) {
   st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code& ec) {
     if (ec || st->closed || !st->ask_held) return;
     st->ask_held = false;
-    self->send_ask(st);
+    if (!self->send_ask(st)) self->exact_go(st, -1);
   });
 }
 
-void h2_connection::exact_go(const std::shared_ptr<h2_stream>& st) {
+void h2_connection::exact_go(const std::shared_ptr<h2_stream>& st, std::int64_t ask) {
   if (st->entry)
     st->entry->held_ms += std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
   admission_env env = admission_env_of(s_, w_);
-  exact_went(env, *st->rt, *st->r, st->adm, s_.clk.wall_us());
-  if (take_slot(st)) forward(st);
+  exact_went(env, *st->rt, *st->r, st->adm, s_.clk.wall_us(), ask);
+  forward(st);
 }
 
 bool h2_connection::take_slot(const std::shared_ptr<h2_stream>& st) {
@@ -206,7 +208,7 @@ void h2_connection::slot_wait_ended(const std::shared_ptr<h2_stream>& st) {
   if (st->entry)
     st->entry->held_ms += std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
   if (st->slot) {
-    forward(st);
+    if (ask_master(st)) forward(st);
     return;
   }
   w_.slots.cancel(st->slot_queue->w, s_.clk.wall_us());
@@ -222,7 +224,7 @@ void h2_connection::release(const std::shared_ptr<h2_stream>& st) {
   end_hold(env, *st->rt, *st->r, st->adm, hold_end::released, s_.clk.wall_us());
   if (st->entry)
     st->entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st->held_from).count();
-  if (ask_master(st) && take_slot(st)) forward(st);
+  if (take_slot(st) && ask_master(st)) forward(st);
 }
 
 void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
@@ -243,8 +245,12 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   }
   if (st.timer) st.timer->cancel();
   // Its question to the master is left (a GO that comes is settled with no units).
+  if (st.adm.exact && st.r != nullptr && (st.asking || st.ask_held)) {
+    admission_env env = admission_env_of(s_, w_);
+    exact_abandoned(env, *st.rt, *st.r, st.adm);
+  }
   st.asking = st.ask_held = false;
-  if (st.ask) st.ask->leave(false);
+  if (st.ask) st.ask->leave();
   // Its concurrency slot is free (or its place in the queue given up).
   st.slot_waiting = false;
   if (st.slot_queue && st.slot_queue->w.on != nullptr) w_.slots.cancel(st.slot_queue->w, s_.clk.wall_us());

@@ -212,15 +212,19 @@ private:
         co_return connection_next::ends;
       }
     }
-    // Exact admission: the master's word first.
-    if (a.exact) {
-      if (const auto refused = co_await ask_master(rt, *r, a, now_us)) co_return *refused;
-    }
     // Under a concurrency rule, a slot first (held until the exchange ends).
     // (The slot is the session's, not this frame's: every request's frame
     // would grow by it, concurrency rule or not.)
     if (s_.concurrency.any() && concurrency_limit(s_.concurrency, *r, a, s_.clk.wall_us()) > 0) {
       if (const auto refused = co_await take_slot(rt, *r, a, now_us, slot_)) co_return *refused;
+    }
+    // Exact admission: the master's word last, so that a request it lets go
+    // goes (nothing else refuses it after).
+    if (a.exact) {
+      if (const auto refused = co_await ask_master(rt, *r, a, now_us)) {
+        slot_.reset();
+        co_return *refused;
+      }
     }
     c_.outcome = {};
     c_.outcome.body_cost_limit = a.body_limit;
@@ -244,9 +248,9 @@ private:
   // Exact admission (proxy/gate/asks.hpp): asks the master whether the
   // request may go, and waits for the answer at most control_fresh (then it
   // goes without one: fail-open). An answer to wait holds it until then and
-  // it asks again, unless that is past max_delay from its admission
-  // (`admitted_us`): refused, with Retry-After at that time. Nothing: it goes
-  // (accounted); else the connection's next step.
+  // it asks again, unless that is past its max_delay (or gRPC deadline) from
+  // its admission (`admitted_us`): refused, with Retry-After at that time.
+  // Nothing: it goes (accounted); else the connection's next step.
   awaitable<std::optional<connection_next>> ask_master(const runtime& rt, const route& r, admission& a,
                                                        std::int64_t admitted_us) {
     admission_env env = admission_env_of(s_, w_);
@@ -256,6 +260,7 @@ private:
     };
     c_.expires_never();
     shrink_head();
+    std::int64_t settles = -1;  // the ASK whose GO lets it go (-1: none came)
     for (;;) {
       ask_wait q;  // left if this frame is destroyed while it waits
       q.table = &w_.asks;
@@ -266,37 +271,42 @@ private:
       if (!w_.asks.ask(r.domain, a.who->value, a.exact_units, a.tier, q.w, s_.clk.wall_us())) break;
       hold_end end = co_await hold(c_, rt.cfg.control_fresh);
       if (end == hold_end::client_left) {
-        q.leave(false);
+        q.leave();
         note_held();
+        exact_abandoned(env, rt, r, a);
         answered(0);  // the client left while waiting
         co_return connection_next::ends;
       }
       if (!q.w.answered) {
-        q.leave(true);  // it goes: its accounting settles a GO that comes
+        q.leave();  // it goes, charged by its own accounting; a GO that comes is settled with no units
         s_.metrics.exact_unanswered.inc();
         break;
       }
       const std::int64_t now_us = s_.clk.wall_us();
-      if (q.w.verdict == wire::verdict_kind::go) break;
+      if (q.w.verdict == wire::verdict_kind::go) {
+        settles = q.w.answered_seq;
+        break;
+      }
       const bool never = q.w.verdict == wire::verdict_kind::never;
       const std::int64_t at_us = q.w.at_ms * 1000;
-      if (never || at_us > admitted_us + rt.route_limits[r.index].max_delay_us) {
+      if (never || at_us > admitted_us + a.max_delay_us) {
         note_held();
         exact_refused(env, rt, r, a, never, now_us);
         if (entry_) note_admission(*entry_, r, a);  // refused, not what the gate planned
-        const refusal no = never ? refusal_for_cost_cut(r) : refusal_for_exact(r, at_us - now_us, c_.response_fields);
+        const refusal no = refusal_for_exact(r, never ? -1 : at_us - now_us, c_.response_fields);
         answered(no.status);
         co_return co_await answer(no.status, no.text, no.retry_after_s);
       }
       end = co_await hold(c_, std::chrono::microseconds(std::max<std::int64_t>(at_us - now_us, 0)));
       if (end == hold_end::client_left) {
         note_held();
+        exact_abandoned(env, rt, r, a);
         answered(0);
         co_return connection_next::ends;
       }
     }
     note_held();
-    exact_went(env, rt, r, a, s_.clk.wall_us());
+    exact_went(env, rt, r, a, s_.clk.wall_us(), settles);
     co_return std::nullopt;
   }
 

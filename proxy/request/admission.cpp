@@ -8,9 +8,10 @@ namespace {
 
 void account(admission_env& env, const runtime& rt, const route& r, wire::status st, std::string_view id,
              std::string_view tier, std::int64_t now_us, std::int64_t delayed_ms, std::int64_t units = 1,
-             bool reserve = false) {
+             bool reserve = false, std::int64_t ask = -1) {
   wire::accounting m;
   m.reserve = reserve;
+  m.ask = ask;
   m.domain = r.domain;
   m.state = st;
   m.identifier = id;
@@ -217,6 +218,7 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   a.exact = charged && a.gate.v != verdict::reject && env.exact != nullptr && env.exact->any() &&
             env.exact->exact(r.domain, now_us) && env.accounting.delivers(r.domain);
   a.exact_units = units;
+  a.max_delay_us = limits.max_delay_us;
   if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
     a.body_limit = a.gate.fit_units;
   if (a.charge_when_done && charged) {
@@ -245,12 +247,13 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
   else if (delta < 0) env.g.refund(domain, a.who->value, -delta, now_us, a.tier);
 }
 
-void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us) {
+void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us,
+                std::int64_t ask) {
   if (!a.exact) return;
   a.exact = false;
   rt.decisions[r.domain_index][a.outcome]->inc();
   if (a.reserved >= 0) a.reserved_at_ms = now_us / 1000;  // the reservation's use is now
-  account(env, rt, r, wire::status::accepted, a.who->value, a.tier, now_us, 0, a.exact_units, a.reserved >= 0);
+  account(env, rt, r, wire::status::accepted, a.who->value, a.tier, now_us, 0, a.exact_units, a.reserved >= 0, ask);
 }
 
 void exact_refused(admission_env& env, const runtime& rt, const route& r, admission& a, bool never,
@@ -262,6 +265,16 @@ void exact_refused(admission_env& env, const runtime& rt, const route& r, admiss
   rt.decisions[r.domain_index][decision::rejected]->inc();
   (never ? env.metrics.reject_cost_over_limit : env.metrics.reject_too_long).inc();
   account(env, rt, r, wire::status::rejected, a.who->value, {}, now_us, 0);
+  // The gate counted the units when it let the request on: they were not used.
+  if (a.exact_units > 0) env.g.refund(rt.gate_domain[r.domain_index], a.who->value, a.exact_units, now_us, a.tier);
+}
+
+void exact_abandoned(admission_env&, const runtime& rt, const route& r, admission& a) {
+  if (!a.exact) return;
+  a.exact = false;
+  a.charge_when_done = false;
+  a.reserved = -1;
+  rt.decisions[r.domain_index][a.outcome]->inc();
 }
 
 void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a) {

@@ -60,6 +60,8 @@ struct admission {
   /// (exact_went); cleared once it is.
   bool exact = false;
   std::int64_t exact_units = 0;  ///< the units it asks for (its cost, or the estimate it reserves)
+  /// How long it may wait from its admission: the route's max_delay, or its gRPC deadline when shorter.
+  std::int64_t max_delay_us = 0;
 };
 
 /// The identifier every unidentified request of a route shares (action
@@ -110,12 +112,17 @@ void charge_done(admission_env& env, const runtime& rt, const route& r, const ad
 /// Exact admission: the request goes now (its ANSWER said go, or none came
 /// in time): its accounting message leaves, ACCEPTED at `now_us` with its
 /// units (a reservation, for a cost known only at the end), and settles the
-/// master's GO.
-void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us);
+/// master's GO to ASK number `ask` (-1: none, it went without an answer).
+void exact_went(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us,
+                std::int64_t ask);
 /// Exact admission: the master's answer refused the request (`never`: its
-/// units never fit; else not within max_delay): counted, accounted as REJECTED.
+/// units never fit; else not within max_delay): counted, accounted as
+/// REJECTED, and the units the gate took for it given back.
 void exact_refused(admission_env& env, const runtime& rt, const route& r, admission& a, bool never,
                    std::int64_t now_us);
+/// Exact admission: the client left while its request waited for the master
+/// (nothing was accounted): its decision is counted as the gate made it.
+void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admission& a);
 
 /// A held request that reserved an estimate is dropped (its client left):
 /// the reservation is closed at its estimate (the client is charged it, as

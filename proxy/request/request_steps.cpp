@@ -272,6 +272,7 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
 
 refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields) {
   response_fields.clear();
+  if (wait_us < 0) return refusal_for_cost_cut(r);
   return {r.status, "rate limit exceeded, retry later\n", std::max<std::int64_t>(1, (wait_us + 999'999) / 1'000'000)};
 }
 

@@ -100,8 +100,9 @@ refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string&
 
 /// What a request of an exact domain answers when the master's answer puts
 /// its units past max_delay (`wait_us` from now): the route's status,
-/// Retry-After then; the rate-limit fields the request was planned with are
-/// dropped (they were the gate's view before the master's word).
+/// Retry-After then; `wait_us` < 0: they never fit (refusal_for_cost_cut).
+/// The rate-limit fields the request was planned with are dropped (they
+/// were the gate's view before the master's word).
 refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields);
 
 /// The access-log record of `req`, begun when its head is complete.

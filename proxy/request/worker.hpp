@@ -91,9 +91,10 @@ struct worker {
             holder, [this](const wire::lease& m) { accounting.lease(m); }, s.clk),
         asks(
             holder, [this](const wire::ask& m) { accounting.ask(m); },
-            [this, &clk = s.clk](std::string_view domain, std::string_view identifier) {
+            [this, &clk = s.clk](std::string_view domain, std::string_view identifier, std::int64_t seq) {
               // A GO for a request that did not go: settled with a use of no units.
               wire::accounting m;
+              m.ask = seq;
               m.domain = domain;
               m.state = wire::status::accepted;
               m.identifier = identifier;

@@ -170,6 +170,11 @@ result<accounting> decode_accounting(frames f) {
       m.adjust = number(adjust_prefix, true);
       if (!m.adjust) return decode_error::adjust_invalid;
     }
+    if (use && m.loginfo.starts_with(ask_prefix)) {
+      const auto n = number(ask_prefix, false);
+      if (!n) return decode_error::ask_invalid;
+      m.ask = *n;
+    }
     if (use && m.loginfo.starts_with(tier_prefix)) {
       const std::string_view rest = m.loginfo.substr(tier_prefix.size());
       const std::size_t end = rest.find(' ');
@@ -311,14 +316,18 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
   if (m.adjust && (use || *m.adjust < -max_cost || *m.adjust > max_cost)) return std::nullopt;
   if (m.reserve && !use) return std::nullopt;
   if (!m.tier.empty() && (!use || !valid_tier_name(m.tier))) return std::nullopt;
+  if (m.ask >= 0 && (!use || m.ask > max_cost)) return std::nullopt;
   // A loginfo that starts with "cost=" on its own would be read as a cost (or
   // one that starts with "reserve=" or, REJECTED, "adjust=", as those): it
   // gets the cost prefix too. One that would read as a tier gets "tier= ".
   const bool reads_as_more =
       m.loginfo.starts_with(cost_prefix) || m.loginfo.starts_with(use ? reserve_prefix : adjust_prefix);
   const bool numbered = m.adjust || m.reserve || m.cost != 1 || reads_as_more;
-  const bool tiered = use && (!m.tier.empty() || m.loginfo.starts_with(tier_prefix));
-  if (numbered || tiered) {
+  const bool asked = use && m.ask >= 0;
+  // A free text that would read as an ask goes behind "tier= " (nothing is read after a tier).
+  const bool tiered =
+      use && (!m.tier.empty() || m.loginfo.starts_with(tier_prefix) || m.loginfo.starts_with(ask_prefix));
+  if (numbered || tiered || asked) {
     if (m.cost < 0 || m.cost > max_cost) return std::nullopt;
     // ["cost=N" (or "reserve=N", "adjust=N")] [" tier=NAME"], then " " +
     // loginfo when there is one, within max_loginfo_bytes.
@@ -328,6 +337,11 @@ std::optional<encoded> encode(const accounting& m, scratch& s) {
       const std::string_view prefix = m.adjust ? adjust_prefix : m.reserve ? reserve_prefix : cost_prefix;
       out = std::copy(prefix.begin(), prefix.end(), out);
       out = std::to_chars(out, out + 20, m.adjust ? *m.adjust : m.cost).ptr;  // 14 characters at most
+    }
+    if (asked) {
+      if (out != start) *out++ = ' ';
+      out = std::copy(ask_prefix.begin(), ask_prefix.end(), out);
+      out = std::to_chars(out, out + 20, m.ask).ptr;  // 14 + 1 + 4 + 15 so far
     }
     if (tiered) {
       if (out != start) *out++ = ' ';

@@ -100,6 +100,13 @@ inline constexpr std::string_view adjust_prefix = "adjust=";
 /// free text that starts with "tier=" is sent behind it). A spec master logs
 /// the frame and counts one use, as it does with the cost.
 inline constexpr std::string_view tier_prefix = "tier=";
+/// The question a use answers (wire addition, exact admission, wire_lease.hpp):
+/// an ACCEPTED or DELAYED message whose loginfo goes on (after any cost,
+/// before any tier) with "ask=SEQ" (SEQ decimal, at most max_cost) is the
+/// use of the request whose ASK, from the same connection, had that number:
+/// it settles that ASK's GO. A free text that starts with "ask=" is sent
+/// behind an empty "tier= ".
+inline constexpr std::string_view ask_prefix = "ask=";
 inline constexpr std::size_t max_tier_bytes = 64;
 /// True for a tier name: 1 to max_tier_bytes of [A-Za-z0-9._-].
 bool valid_tier_name(std::string_view name);
@@ -116,6 +123,7 @@ struct accounting {
   bool reserve = false;         ///< ACCEPTED or DELAYED: `cost` is an estimate ("reserve=N")
   std::optional<std::int64_t> adjust = std::nullopt;  ///< REJECTED only: a reservation's correction ("adjust=N")
   std::string_view tier = {};  ///< ACCEPTED or DELAYED: the request's tier ("tier=NAME"); empty: none
+  std::int64_t ask = -1;       ///< ACCEPTED or DELAYED: the ASK it settles ("ask=SEQ"); -1: none
 };
 
 /// Which of a client's limits set its next allowed time: what a refusal

@@ -29,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(!a->adjust || a->state == wire::status::rejected);
     FUZZ_CHECK(!a->reserve || a->state != wire::status::rejected);
     FUZZ_CHECK(a->state != wire::status::delayed || back->delayed_ms == a->delayed_ms);
+    FUZZ_CHECK(back->ask == a->ask && a->ask <= wire::max_cost && (a->ask < 0 || a->state != wire::status::rejected));
   }
   if (auto c = wire::decode_delay_until(f)) {
     const auto enc = wire::encode(c.value(), s);

@@ -8,30 +8,31 @@
 using namespace smockron;
 using namespace std::string_literals;
 
-TEST(Asks, GosSettleInOrderPerConnection) {
+TEST(Asks, EachGoIsSettledByItsOwnRequest) {
   master::asks book(10);
-  EXPECT_TRUE(book.open(1, "api", "k", 5, 0));
-  EXPECT_TRUE(book.open(2, "api", "k", 7, 0));
-  EXPECT_TRUE(book.open(1, "api", "k", 3, 0));
+  EXPECT_TRUE(book.open(1, "api", "k", 10, 5, 0));
+  EXPECT_TRUE(book.open(2, "api", "k", 10, 7, 0));
+  EXPECT_TRUE(book.open(1, "api", "k", 11, 3, 5));
   EXPECT_EQ(book.open_units("api", "k"), 15);
   EXPECT_EQ(book.open_units("api", "other"), 0);
   EXPECT_EQ(book.open_units("web", "k"), 0) << "domains are apart";
-  EXPECT_TRUE(book.settle(1, "api", "k"));  // connection 1's first: 5 units
-  EXPECT_EQ(book.open_units("api", "k"), 10);
-  EXPECT_FALSE(book.settle(3, "api", "k")) << "a connection with no GO settles nothing";
-  EXPECT_TRUE(book.settle(2, "api", "k"));
-  EXPECT_EQ(book.open_units("api", "k"), 3);
-  EXPECT_TRUE(book.settle(1, "api", "k"));
-  EXPECT_FALSE(book.settle(1, "api", "k"));
+  EXPECT_EQ(book.settle(1, "api", "k", 11), 5) << "the GO its ASK had, whatever the order: given at 5";
+  EXPECT_EQ(book.open_units("api", "k"), 12);
+  EXPECT_FALSE(book.settle(3, "api", "k", 10)) << "another connection's number settles nothing";
+  EXPECT_FALSE(book.settle(1, "api", "k", 12)) << "nor a number with no GO";
+  EXPECT_EQ(book.settle(2, "api", "k", 10), 0);
+  EXPECT_EQ(book.open_units("api", "k"), 5);
+  EXPECT_TRUE(book.settle(1, "api", "k", 10));
+  EXPECT_FALSE(book.settle(1, "api", "k", 10));
   EXPECT_EQ(book.size(), 0u);
   EXPECT_EQ(book.units(), 0);
 }
 
 TEST(Asks, GosDieWithTheirConnectionOrTheirTimeout) {
   master::asks book(10);
-  book.open(1, "api", "a", 4, 0);
-  book.open(2, "api", "a", 6, 0);
-  book.open(1, "api", "b", 1, 5'000'000);
+  book.open(1, "api", "a", 0, 4, 0);
+  book.open(2, "api", "a", 0, 6, 0);
+  book.open(1, "api", "b", 1, 1, 5'000'000);
   EXPECT_EQ(book.peer_closed(1), 2u);
   EXPECT_EQ(book.open_units("api", "a"), 6);
   EXPECT_EQ(book.open_units("api", "b"), 0);
@@ -43,9 +44,9 @@ TEST(Asks, GosDieWithTheirConnectionOrTheirTimeout) {
 
 TEST(Asks, TheBookIsBounded) {
   master::asks book(1);
-  EXPECT_TRUE(book.open(1, "api", "a", 1, 0));
-  EXPECT_TRUE(book.open(1, "api", "a", 1, 0)) << "more GOs of a held identifier are kept";
-  EXPECT_FALSE(book.open(1, "api", "b", 1, 0));
+  EXPECT_TRUE(book.open(1, "api", "a", 0, 1, 0));
+  EXPECT_TRUE(book.open(1, "api", "a", 1, 1, 0)) << "more GOs of a held identifier are kept";
+  EXPECT_FALSE(book.open(1, "api", "b", 2, 1, 0));
 }
 
 namespace {
@@ -83,10 +84,12 @@ rules = [ { rate = "10/s", burst = 10 } ]
     EXPECT_EQ(published_, out.verdict == wire::verdict_kind::wait ? out.at_ms : 0);
     return out;
   }
-  // The request that went: its accounting message.
-  void went(std::uint64_t peer, std::int64_t cost, const std::string& id = "k") {
+  // The request that went: its accounting message, settling ASK number `seq` (-1: naming none).
+  void went(std::uint64_t peer, std::int64_t cost, std::int64_t seq, const std::string& id = "k") {
     const std::vector<std::string> f{
-        "api\0"s, "ACCEPTED", id, std::to_string(clock_.wall_ms()), "", "cost=" + std::to_string(cost)};
+        "api\0"s, "ACCEPTED",
+        id,       std::to_string(clock_.wall_ms()),
+        "",       "cost=" + std::to_string(cost) + (seq >= 0 ? " ask=" + std::to_string(seq) : std::string())};
     in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer);
   }
 
@@ -104,6 +107,7 @@ rules = [ { rate = "10/s", burst = 10 } ]
 TEST_F(IngestAsks, NoMoreThanTheBurstGoesBeforeTheAccountingComes) {
   ASSERT_TRUE(cfg_.domains[0].exact);
   int go = 0;
+  std::vector<std::pair<std::uint64_t, std::int64_t>> gone;  // (connection, ASK number) of each GO
   for (std::uint64_t gk = 1; gk <= 3; ++gk) {
     for (int i = 0; i < 5; ++i) {
       const auto a = ask(gk, i, 1);
@@ -111,6 +115,7 @@ TEST_F(IngestAsks, NoMoreThanTheBurstGoesBeforeTheAccountingComes) {
       EXPECT_EQ(a.seq, i);
       if (a.verdict == wire::verdict_kind::go) {
         ++go;
+        gone.emplace_back(gk, i);
         EXPECT_EQ(a.at_ms, 0);
       } else {
         EXPECT_EQ(a.verdict, wire::verdict_kind::wait);
@@ -120,10 +125,12 @@ TEST_F(IngestAsks, NoMoreThanTheBurstGoesBeforeTheAccountingComes) {
   }
   EXPECT_EQ(go, 10) << "the burst, across every gatekeeper";
   EXPECT_EQ(in_.ask_book().open_units("api", "k"), 10);
+  // An accounting message that names no ASK (a request that went without an
+  // answer) charges, and settles nothing.
+  went(1, 0, -1);
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 10);
   // The accounting of the ten that went settles them and charges them.
-  for (std::uint64_t gk = 1; gk <= 3; ++gk) {
-    for (int i = 0; i < 5 && (gk - 1) * 5 + i < 10; ++i) went(gk, 1);
-  }
+  for (const auto& [gk, seq] : gone) went(gk, 1, seq);
   EXPECT_EQ(in_.ask_book().open_units("api", "k"), 0);
   EXPECT_EQ(ask(1, 99, 1).verdict, wire::verdict_kind::wait) << "charged now: the burst is used";
   clock_.advance(std::chrono::milliseconds(100));
@@ -135,7 +142,7 @@ TEST_F(IngestAsks, NoMoreThanTheBurstGoesBeforeTheAccountingComes) {
 TEST_F(IngestAsks, ACostOverTheBurstNeverFitsAndWaitsNameWhenItFits) {
   EXPECT_EQ(ask(1, 1, 11).verdict, wire::verdict_kind::never);
   EXPECT_EQ(ask(1, 2, 10).verdict, wire::verdict_kind::go);
-  went(1, 10);
+  went(1, 10, 2);
   const auto w = ask(1, 3, 4);
   EXPECT_EQ(w.verdict, wire::verdict_kind::wait);
   EXPECT_EQ(w.at_ms, clock_.wall_ms() + 400) << "four intervals";

@@ -15,13 +15,14 @@ namespace {
 struct AskTable : ::testing::Test {
   std::vector<wire::ask> sent;
   std::vector<std::string> settled;  ///< "domain/identifier" of each use of no units
-  ask_table table{
-      0xab00,
-      [this](const wire::ask& m) {
-        EXPECT_EQ(m.holder, 0xab00u);
-        sent.push_back(m);
-      },
-      [this](std::string_view d, std::string_view id) { settled.push_back(std::string(d) + "/" + std::string(id)); }};
+  ask_table table{0xab00,
+                  [this](const wire::ask& m) {
+                    EXPECT_EQ(m.holder, 0xab00u);
+                    sent.push_back(m);
+                  },
+                  [this](std::string_view d, std::string_view id, std::int64_t seq) {
+                    settled.push_back(std::string(d) + "/" + std::string(id) + "#" + std::to_string(seq));
+                  }};
 
   wire::answer answer(std::int64_t seq, wire::verdict_kind v, std::int64_t at_ms = 0) {
     return wire::answer{"api", "k", 0xab00, seq, v, at_ms};
@@ -52,12 +53,14 @@ TEST_F(AskTable, AnAnswerWakesItsQuestion) {
   table.on_answer(answer(sent[0].seq, wire::verdict_kind::go));
   EXPECT_EQ(woken, 2);
   EXPECT_EQ(a.w.verdict, wire::verdict_kind::go);
+  EXPECT_EQ(a.w.answered_seq, sent[0].seq) << "what its accounting settles (ask=SEQ)";
   EXPECT_EQ(table.open(), 0u);
   EXPECT_TRUE(settled.empty());
 }
 
-// A request that stopped waiting: its GO is settled with no units unless it went anyway.
-TEST_F(AskTable, AGoForARequestThatDidNotGoIsSettled) {
+// A request that stopped waiting (its client left, or it went on without an
+// answer and its own accounting charged it): a GO that comes is settled with no units.
+TEST_F(AskTable, AGoForARequestThatStoppedWaitingIsSettled) {
   {
     ask_wait gone;  // its client leaves: destroyed while it waits
     gone.table = &table;
@@ -66,11 +69,11 @@ TEST_F(AskTable, AGoForARequestThatDidNotGoIsSettled) {
   ask_wait went;
   went.table = &table;
   ASSERT_TRUE(table.ask("api", "late", 5, "", went.w, 0));
-  went.leave(true);  // no answer in time: it went, its accounting settles the GO
+  went.leave();  // no answer in time: it went without one
   ASSERT_EQ(table.open(), 2u);
   table.on_answer(wire::answer{"api", "left", 0xab00, sent[0].seq, wire::verdict_kind::go, 0});
   table.on_answer(wire::answer{"api", "late", 0xab00, sent[1].seq, wire::verdict_kind::go, 0});
-  EXPECT_EQ(settled, std::vector<std::string>{"api/left"});
+  EXPECT_EQ(settled, (std::vector<std::string>{"api/left#0", "api/late#1"}));
   // A WAIT for one that left settles nothing (nothing was held open).
   {
     ask_wait gone;
@@ -78,7 +81,7 @@ TEST_F(AskTable, AGoForARequestThatDidNotGoIsSettled) {
     ASSERT_TRUE(table.ask("api", "left", 5, "", gone.w, 0));
   }
   table.on_answer(wire::answer{"api", "left", 0xab00, sent[2].seq, wire::verdict_kind::wait, 9});
-  EXPECT_EQ(settled.size(), 1u);
+  EXPECT_EQ(settled.size(), 2u);
   EXPECT_EQ(table.open(), 0u);
 }
 

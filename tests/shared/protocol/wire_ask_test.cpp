@@ -102,3 +102,53 @@ TEST(WireAsk, MalformedIsRefused) {
   EXPECT_EQ(decode_exact(views({"api"s, "EXACT"})).error(), decode_error::domain_not_terminated);
   EXPECT_EQ(to_string(decode_error::ask_invalid), "ask_invalid");
 }
+
+// The use that settles a GO names its ASK in the loginfo: after the cost, before the tier.
+TEST(WireAsk, AccountingNamesTheAskItSettles) {
+  scratch s;
+  accounting m;
+  m.domain = "api";
+  m.identifier = "k";
+  m.received_ms = 1'700'000'000'000;
+  m.cost = 40;
+  m.reserve = true;
+  m.ask = 7;
+  m.tier = "pro";
+  m.loginfo = "note";
+  auto e = encode(m, s);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->frame[5], "reserve=40 ask=7 tier=pro note");
+  auto back = decode_accounting(e->view());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->ask, 7);
+  EXPECT_EQ(back->cost, 40);
+  EXPECT_TRUE(back->reserve);
+  EXPECT_EQ(back->tier, "pro");
+  EXPECT_EQ(back->loginfo, "note");
+  // A use of no units settling one; a free text that would read as an ask goes behind "tier= ".
+  accounting zero = m;
+  zero.cost = 0;
+  zero.reserve = false;
+  zero.tier = {};
+  zero.loginfo = {};
+  EXPECT_EQ(encode(zero, s)->frame[5], "cost=0 ask=7");
+  accounting text;
+  text.domain = "api";
+  text.identifier = "k";
+  text.loginfo = "ask=9";
+  auto t = encode(text, s);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->frame[5], "tier= ask=9");
+  auto tb = decode_accounting(t->view());
+  ASSERT_TRUE(tb);
+  EXPECT_EQ(tb->ask, -1);
+  EXPECT_EQ(tb->loginfo, "ask=9");
+  // Not on a refusal; not past max_cost; malformed is refused.
+  accounting refused = zero;
+  refused.state = status::rejected;
+  EXPECT_FALSE(encode(refused, s));
+  zero.ask = max_cost + 1;
+  EXPECT_FALSE(encode(zero, s));
+  const std::vector<std::string> bad{"api\0"s, "ACCEPTED", "k", "1", "", "cost=1 ask=x"};
+  EXPECT_EQ(decode_accounting(views(bad)).error(), decode_error::ask_invalid);
+}
