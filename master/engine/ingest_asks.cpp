@@ -50,8 +50,17 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
     out.verdict = wire::verdict_kind::go;
     // (Held open even at 0 units: each request that went settles one GO.)
     if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us)) asks_untracked_.inc();
+  } else if (with_open != k_never && with_open <= msg->latest_ms * 1000) {
+    // Not now, but before the request's latest time: the units are its from
+    // then, held open from now (counted before they are used: the safe
+    // side), and it is held until then, with no second question.
+    out.verdict = wire::verdict_kind::go;
+    out.at_ms = (with_open + 999) / 1000;
+    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, out.at_ms * 1000)) {
+      asks_untracked_.inc();
+    }
   } else {
-    // Not now: when the units fit, or, when only GOs still open stand in
+    // Not in time: when the units fit, or, when only GOs still open stand in
     // the way, shortly after they fit alone (by then those are settled).
     out.verdict = wire::verdict_kind::wait;
     const std::int64_t at = with_open != k_never ? with_open : std::max(alone, now_us) + k_settle_wait_us;
@@ -59,7 +68,7 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
   }
   asks_answered_[static_cast<int>(out.verdict)]->inc();
   std::optional<wire::delay_until> throttled;
-  if (out.verdict == wire::verdict_kind::wait) {
+  if (out.at_ms > 0) {
     // Every gatekeeper holds the client until then (the gate's pacing, one
     // rule interval apart), rather than each asking again.
     const rules::limits& l = limiter_.limits_of(d, msg->identifier, msg->tier);

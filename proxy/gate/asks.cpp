@@ -18,7 +18,7 @@ bool exact_domains::exact(std::string_view domain, std::int64_t now_us) const {
 }
 
 bool ask_table::ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier,
-                    waiter& w, std::int64_t now_us) {
+                    std::int64_t latest_ms, waiter& w, std::int64_t now_us) {
   // (A worker's sequence numbers never come near max_cost, the bound of the
   // "ask=SEQ" that settles one; past it, requests would go without asking.)
   if (open_.size() >= k_max_open || !send_ || next_seq_ > wire::max_cost) return false;
@@ -26,7 +26,7 @@ bool ask_table::ask(std::string_view domain, std::string_view identifier, std::i
   open_.emplace(seq, question{&w, std::string(domain), std::string(identifier), now_us});
   w.seq = seq;
   w.answered = false;
-  send_(wire::ask{domain, identifier, holder_, seq, cost, tier});
+  send_(wire::ask{domain, identifier, holder_, seq, cost, latest_ms, tier});
   return true;
 }
 

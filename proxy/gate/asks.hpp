@@ -72,10 +72,11 @@ public:
   ask_table(std::uint64_t holder, std::function<void(const wire::ask&)> send, settle_fn settle)
       : holder_(holder), send_(std::move(send)), settle_(std::move(settle)) {}
 
-  /// Asks for `cost` units of (domain, identifier) naming `tier`; the answer
-  /// wakes `w`. False: not asked (k_max_open questions open): the request goes.
-  bool ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier, waiter& w,
-           std::int64_t now_us);
+  /// Asks for `cost` units of (domain, identifier) naming `tier`, for a
+  /// request that may go until `latest_ms`; the answer wakes `w`. False: not
+  /// asked (k_max_open questions open): the request goes.
+  bool ask(std::string_view domain, std::string_view identifier, std::int64_t cost, std::string_view tier,
+           std::int64_t latest_ms, waiter& w, std::int64_t now_us);
   /// `w` stops waiting: a GO that comes for it is settled with no units.
   void leave(waiter& w);
   /// An ANSWER naming this worker.

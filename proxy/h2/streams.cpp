@@ -115,7 +115,10 @@ bool h2_connection::send_ask(const std::shared_ptr<h2_stream>& st) {
       if (s->timer) s->timer->cancel();
     };
   }
-  if (!w_.asks.ask(st->r->domain, a.who->value, a.exact_units, a.tier, st->ask->w, s_.clk.wall_us())) return false;
+  const std::int64_t latest_ms = (st->admitted_us + a.max_delay_us) / 1000;
+  if (!w_.asks.ask(st->r->domain, a.who->value, a.exact_units, a.tier, latest_ms, st->ask->w, s_.clk.wall_us())) {
+    return false;
+  }
   st->asking = true;
   if (!st->timer) st->timer = std::make_unique<steady_timer>(exec_);
   st->timer->expires_after(st->rt->cfg.control_fresh);
@@ -136,7 +139,20 @@ void h2_connection::ask_ended(const std::shared_ptr<h2_stream>& st) {
     return;
   }
   if (w.verdict == wire::verdict_kind::go) {
-    exact_go(st, w.answered_seq);
+    const std::int64_t wait_us = w.at_ms * 1000 - s_.clk.wall_us();
+    if (wait_us <= 0) {
+      exact_go(st, w.answered_seq);
+      return;
+    }
+    // A GO for later: held until then (its units are its own from then on).
+    st->go_held = true;
+    st->go_ask = w.answered_seq;
+    st->timer->expires_after(std::chrono::microseconds(wait_us));
+    st->timer->async_wait([self = shared_from_this(), st](const boost::system::error_code& ec) {
+      if (ec || st->closed || !st->go_held) return;
+      st->go_held = false;
+      self->exact_go(st, st->go_ask);
+    });
     return;
   }
   const route& r = *st->r;
@@ -245,11 +261,11 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   }
   if (st.timer) st.timer->cancel();
   // Its question to the master is left (a GO that comes is settled with no units).
-  if (st.adm.exact && st.r != nullptr && (st.asking || st.ask_held)) {
+  if (st.adm.exact && st.r != nullptr && (st.asking || st.ask_held || st.go_held)) {
     admission_env env = admission_env_of(s_, w_);
-    exact_abandoned(env, *st.rt, *st.r, st.adm);
+    exact_abandoned(env, *st.rt, *st.r, st.adm, s_.clk.wall_us(), st.go_held ? st.go_ask : -1);
   }
-  st.asking = st.ask_held = false;
+  st.asking = st.ask_held = st.go_held = false;
   if (st.ask) st.ask->leave();
   // Its concurrency slot is free (or its place in the queue given up).
   st.slot_waiting = false;

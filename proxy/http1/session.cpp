@@ -268,12 +268,13 @@ private:
         c_.hold_until = steady::now();  // the watchdog ends the wait now
         c_.rewatch();
       };
-      if (!w_.asks.ask(r.domain, a.who->value, a.exact_units, a.tier, q.w, s_.clk.wall_us())) break;
+      const std::int64_t latest_ms = (admitted_us + a.max_delay_us) / 1000;
+      if (!w_.asks.ask(r.domain, a.who->value, a.exact_units, a.tier, latest_ms, q.w, s_.clk.wall_us())) break;
       hold_end end = co_await hold(c_, rt.cfg.control_fresh);
       if (end == hold_end::client_left) {
         q.leave();
         note_held();
-        exact_abandoned(env, rt, r, a);
+        exact_abandoned(env, rt, r, a, s_.clk.wall_us());
         answered(0);  // the client left while waiting
         co_return connection_next::ends;
       }
@@ -285,6 +286,16 @@ private:
       const std::int64_t now_us = s_.clk.wall_us();
       if (q.w.verdict == wire::verdict_kind::go) {
         settles = q.w.answered_seq;
+        // A GO for later: held until then (its units are its own from then on).
+        if (q.w.at_ms * 1000 > now_us) {
+          end = co_await hold(c_, std::chrono::microseconds(q.w.at_ms * 1000 - now_us));
+          if (end == hold_end::client_left) {
+            note_held();
+            exact_abandoned(env, rt, r, a, s_.clk.wall_us(), settles);
+            answered(0);
+            co_return connection_next::ends;
+          }
+        }
         break;
       }
       const bool never = q.w.verdict == wire::verdict_kind::never;
@@ -300,7 +311,7 @@ private:
       end = co_await hold(c_, std::chrono::microseconds(std::max<std::int64_t>(at_us - now_us, 0)));
       if (end == hold_end::client_left) {
         note_held();
-        exact_abandoned(env, rt, r, a);
+        exact_abandoned(env, rt, r, a, s_.clk.wall_us());
         answered(0);
         co_return connection_next::ends;
       }

@@ -269,8 +269,10 @@ void exact_refused(admission_env& env, const runtime& rt, const route& r, admiss
   if (a.exact_units > 0) env.g.refund(rt.gate_domain[r.domain_index], a.who->value, a.exact_units, now_us, a.tier);
 }
 
-void exact_abandoned(admission_env&, const runtime& rt, const route& r, admission& a) {
+void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us,
+                     std::int64_t ask) {
   if (!a.exact) return;
+  if (ask >= 0) account(env, rt, r, wire::status::accepted, a.who->value, {}, now_us, 0, 0, false, ask);
   a.exact = false;
   a.charge_when_done = false;
   a.reserved = -1;

@@ -121,8 +121,10 @@ void exact_went(admission_env& env, const runtime& rt, const route& r, admission
 void exact_refused(admission_env& env, const runtime& rt, const route& r, admission& a, bool never,
                    std::int64_t now_us);
 /// Exact admission: the client left while its request waited for the master
-/// (nothing was accounted): its decision is counted as the gate made it.
-void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admission& a);
+/// (nothing was accounted): its decision is counted as the gate made it, and
+/// a GO it was held for (ASK number `ask`; -1: none) settled with no units.
+void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us,
+                     std::int64_t ask = -1);
 
 /// A held request that reserved an estimate is dropped (its client left):
 /// the reservation is closed at its estimate (the client is charged it, as

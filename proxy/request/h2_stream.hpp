@@ -46,6 +46,8 @@ struct h2_stream {
   std::unique_ptr<ask_wait> ask;
   bool asking = false;
   bool ask_held = false;
+  bool go_held = false;      ///< held until the time its GO named
+  std::int64_t go_ask = -1;  ///< that GO's ASK number
   std::int64_t admitted_us = 0;
   bool dispatched = false;  ///< its head was complete and it was decided
   bool grpc = false;

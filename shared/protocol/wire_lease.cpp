@@ -170,8 +170,10 @@ std::optional<encoded> encode(const concurrency_policy& m, scratch& s) {
 result<ask> decode_ask(frames f) {
   ask m;
   if (auto e = read_head(f, ask_status, false, m, true)) return *e;
-  std::array<std::uint64_t, 3> n{};
-  if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || !in(n[2], max_cost)) return decode_error::ask_invalid;
+  std::array<std::uint64_t, 4> n{};
+  if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || !in(n[2], max_cost) || !in(n[3], max_timestamp_ms)) {
+    return decode_error::ask_invalid;
+  }
   if (f.size() == 5) {
     if (!valid_tier_name(f[4])) return decode_error::tier_invalid;
     m.tier = f[4];
@@ -179,6 +181,7 @@ result<ask> decode_ask(frames f) {
   m.holder = n[0];
   m.seq = static_cast<std::int64_t>(n[1]);
   m.cost = static_cast<std::int64_t>(n[2]);
+  m.latest_ms = static_cast<std::int64_t>(n[3]);
   return m;
 }
 
@@ -186,9 +189,9 @@ result<answer> decode_answer(frames f) {
   answer m;
   if (auto e = read_head(f, answer_command, false, m)) return *e;
   std::array<std::uint64_t, 4> n{};
-  // AT_MS is set for a wait only.
+  // AT_MS is set for a wait, may be for a go, never for never.
   if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || n[2] > 2 || !in(n[3], max_timestamp_ms) ||
-      (n[2] == 1) != (n[3] != 0)) {
+      (n[2] == 1 && n[3] == 0) || (n[2] == 2 && n[3] != 0)) {
     return decode_error::ask_invalid;
   }
   m.holder = n[0];
@@ -212,11 +215,12 @@ result<exact_policy> decode_exact(frames f) {
 std::optional<encoded> encode(const ask& m, scratch& s) {
   auto domain = encode_domain_frame(m.domain, s);
   if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || m.seq < 0 ||
-      m.seq > max_sequence || m.cost < 0 || m.cost > max_cost || (!m.tier.empty() && !valid_tier_name(m.tier))) {
+      m.seq > max_sequence || m.cost < 0 || m.cost > max_cost || m.latest_ms < 0 || m.latest_ms > max_timestamp_ms ||
+      (!m.tier.empty() && !valid_tier_name(m.tier))) {
     return std::nullopt;
   }
   char* const begin = s.numbers.data();
-  char* const out = put_decimals(put_hex(begin, m.holder), begin + s.numbers.size(), {m.seq, m.cost});
+  char* const out = put_decimals(put_hex(begin, m.holder), begin + s.numbers.size(), {m.seq, m.cost, m.latest_ms});
   encoded e = four(*domain, ask_status, m.identifier, begin, out);
   if (!m.tier.empty()) e.frame[e.count++] = m.tier;
   return e;
@@ -227,7 +231,7 @@ std::optional<encoded> encode(const answer& m, scratch& s) {
   const auto v = static_cast<std::int64_t>(m.verdict);
   if (!domain || m.identifier.empty() || m.identifier.size() > max_identifier_bytes || m.seq < 0 ||
       m.seq > max_sequence || v > 2 || m.at_ms < 0 || m.at_ms > max_timestamp_ms ||
-      (m.verdict == verdict_kind::wait) != (m.at_ms != 0)) {
+      (m.verdict == verdict_kind::wait && m.at_ms == 0) || (m.verdict == verdict_kind::never && m.at_ms != 0)) {
     return std::nullopt;
   }
   char* const begin = s.numbers.data();

@@ -100,21 +100,26 @@ inline constexpr std::int64_t max_sequence = 999'999'999'999'999;
 /// Holder -> master, on the accounting stream (a status of its own: a spec
 /// master refuses it as unknown; a gatekeeper sends it only for a domain
 /// whose master publishes EXACT): [domain\0, "ASK", identifier, "HOLDER SEQ
-/// COST"] (HOLDER 16 hex digits; SEQ the ask's number at that holder; COST
-/// the units, at most max_cost), and optionally the tier's name as a fifth frame.
+/// COST LATEST_MS"] (HOLDER 16 hex digits; SEQ the ask's number at that
+/// holder; COST the units, at most max_cost; LATEST_MS the latest time the
+/// request may still go, its max_delay from admission), and optionally the
+/// tier's name as a fifth frame.
 struct ask {
   std::string_view domain;
   std::string_view identifier;
   std::uint64_t holder = 0;
   std::int64_t seq = 0;
   std::int64_t cost = 0;
+  std::int64_t latest_ms = 0;
   std::string_view tier = {};  ///< empty: none (the frame is left out)
 };
 
 /// Master -> gatekeepers, on the control stream: [domain\0, "ANSWER",
-/// identifier, "HOLDER SEQ VERDICT AT_MS"]. VERDICT 0: go (AT_MS 0); 1: not
-/// now, the units fit at AT_MS as far as the master knows (ask again then);
-/// 2: never (more than a rule's burst or a quota's limit).
+/// identifier, "HOLDER SEQ VERDICT AT_MS"]. VERDICT 0: go, now (AT_MS 0) or
+/// at AT_MS (the units are the request's from then: it is held until then);
+/// 1: not by LATEST_MS, the units fit at AT_MS as far as the master knows
+/// (ask again then, or refuse); 2: never (more than a rule's burst or a
+/// quota's limit; AT_MS 0).
 enum class verdict_kind : std::uint8_t { go = 0, wait = 1, never = 2 };
 struct answer {
   std::string_view domain;
@@ -136,7 +141,7 @@ result<answer> decode_answer(frames f);
 result<exact_policy> decode_exact(frames f);
 
 /// Encode; nothing when a field is outside its bound (an empty identifier,
-/// a number below 0 or over its maximum, AT_MS 0 for a wait or not 0 otherwise).
+/// a number below 0 or over its maximum, AT_MS 0 for a wait or not 0 for never).
 std::optional<encoded> encode(const ask& m, scratch& s);
 std::optional<encoded> encode(const answer& m, scratch& s);
 std::optional<encoded> encode(const exact_policy& m, scratch& s);

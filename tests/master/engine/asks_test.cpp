@@ -65,11 +65,13 @@ rules = [ { rate = "10/s", burst = 10 } ]
                   .cfg->master),
         in_(cfg_, clock_, reg_) {}
 
-  // Sends an ASK from connection `peer`; returns its ANSWER.
-  wire::answer ask(std::uint64_t peer, std::int64_t seq, std::int64_t cost, const std::string& id = "k") {
-    const std::vector<std::string> f{
-        "api\0"s, "ASK", id,
-        "00000000000000" + std::to_string(10 + peer) + " " + std::to_string(seq) + " " + std::to_string(cost)};
+  // Sends an ASK from connection `peer` for a request that may go until
+  // `latest_ms` from now (0: now or never); returns its ANSWER.
+  wire::answer ask(std::uint64_t peer, std::int64_t seq, std::int64_t cost, std::int64_t latest_ms = 0,
+                   const std::string& id = "k") {
+    const std::vector<std::string> f{"api\0"s, "ASK", id,
+                                     "00000000000000" + std::to_string(10 + peer) + " " + std::to_string(seq) + " " +
+                                         std::to_string(cost) + " " + std::to_string(clock_.wall_ms() + latest_ms)};
     const auto told = in_.handle(std::vector<std::string_view>(f.begin(), f.end()), false, clock_.wall_us(), peer);
     published_ = told ? told->next_ms : 0;
     wire::answer out;
@@ -80,8 +82,8 @@ rules = [ { rate = "10/s", burst = 10 } ]
       ++n;
     });
     EXPECT_EQ(n, 1);
-    // A wait is told to every gatekeeper as a DELAY_UNTIL of the same time; nothing else is.
-    EXPECT_EQ(published_, out.verdict == wire::verdict_kind::wait ? out.at_ms : 0);
+    // A time (a wait, a GO for later) is told to every gatekeeper as a DELAY_UNTIL; nothing else is.
+    EXPECT_EQ(published_, out.at_ms);
     return out;
   }
   // The request that went: its accounting message, settling ASK number `seq` (-1: naming none).
@@ -181,4 +183,26 @@ TEST_F(IngestAsks, ADomainNoLongerExactLetsEveryRequestGo) {
   in_.reconfigure(next);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(ask(1, i, 1).verdict, wire::verdict_kind::go);
   EXPECT_EQ(in_.ask_book().units(), 0);
+}
+
+// A request that may wait is given the time its units are its own, the next
+// one the time after: held, not asked again; counted from now until settled.
+TEST_F(IngestAsks, AGoForLaterQueuesRequestsWithinTheirMaxDelay) {
+  EXPECT_EQ(ask(1, 1, 10).verdict, wire::verdict_kind::go);
+  went(1, 10, 1);
+  const auto a = ask(1, 2, 1, 1000);
+  EXPECT_EQ(a.verdict, wire::verdict_kind::go);
+  EXPECT_EQ(a.at_ms, clock_.wall_ms() + 100) << "one interval";
+  const auto b = ask(2, 1, 2, 1000);
+  EXPECT_EQ(b.verdict, wire::verdict_kind::go);
+  EXPECT_EQ(b.at_ms, clock_.wall_ms() + 300) << "after the first, whoever asks";
+  EXPECT_EQ(ask(2, 2, 8, 500).verdict, wire::verdict_kind::wait) << "not within its max_delay";
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 3);
+  // Settled (its accounting at the time it went), charged no earlier than its GO's time.
+  clock_.advance(std::chrono::milliseconds(100));
+  went(1, 1, 2);
+  clock_.advance(std::chrono::milliseconds(200));
+  went(2, 2, 1);
+  EXPECT_EQ(in_.ask_book().open_units("api", "k"), 0);
+  EXPECT_EQ(ask(1, 3, 1).verdict, wire::verdict_kind::wait) << "the burst is used up to now";
 }

@@ -36,11 +36,12 @@ TEST_F(AskTable, AnAnswerWakesItsQuestion) {
   a.table = b.table = &table;
   int woken = 0;
   a.w.wake = b.w.wake = [&] { ++woken; };
-  ASSERT_TRUE(table.ask("api", "k", 40, "pro", a.w, 0));
-  ASSERT_TRUE(table.ask("api", "k", 2, "", b.w, 0));
+  ASSERT_TRUE(table.ask("api", "k", 40, "pro", 9000, a.w, 0));
+  ASSERT_TRUE(table.ask("api", "k", 2, "", 9000, b.w, 0));
   ASSERT_EQ(sent.size(), 2u);
   EXPECT_EQ(sent[0].cost, 40);
   EXPECT_EQ(sent[0].tier, "pro");
+  EXPECT_EQ(sent[0].latest_ms, 9000);
   EXPECT_NE(sent[0].seq, sent[1].seq);
   table.on_answer(answer(sent[1].seq, wire::verdict_kind::wait, 123));
   EXPECT_EQ(woken, 1);
@@ -64,11 +65,11 @@ TEST_F(AskTable, AGoForARequestThatStoppedWaitingIsSettled) {
   {
     ask_wait gone;  // its client leaves: destroyed while it waits
     gone.table = &table;
-    ASSERT_TRUE(table.ask("api", "left", 5, "", gone.w, 0));
+    ASSERT_TRUE(table.ask("api", "left", 5, "", 9000, gone.w, 0));
   }
   ask_wait went;
   went.table = &table;
-  ASSERT_TRUE(table.ask("api", "late", 5, "", went.w, 0));
+  ASSERT_TRUE(table.ask("api", "late", 5, "", 9000, went.w, 0));
   went.leave();  // no answer in time: it went without one
   ASSERT_EQ(table.open(), 2u);
   table.on_answer(wire::answer{"api", "left", 0xab00, sent[0].seq, wire::verdict_kind::go, 0});
@@ -78,7 +79,7 @@ TEST_F(AskTable, AGoForARequestThatStoppedWaitingIsSettled) {
   {
     ask_wait gone;
     gone.table = &table;
-    ASSERT_TRUE(table.ask("api", "left", 5, "", gone.w, 0));
+    ASSERT_TRUE(table.ask("api", "left", 5, "", 9000, gone.w, 0));
   }
   table.on_answer(wire::answer{"api", "left", 0xab00, sent[2].seq, wire::verdict_kind::wait, 9});
   EXPECT_EQ(settled.size(), 2u);
@@ -89,7 +90,7 @@ TEST_F(AskTable, QuestionsLeftBehindAreForgotten) {
   {
     ask_wait gone;
     gone.table = &table;
-    ASSERT_TRUE(table.ask("api", "k", 1, "", gone.w, 1'000));
+    ASSERT_TRUE(table.ask("api", "k", 1, "", 9000, gone.w, 1'000));
   }
   table.tick(1'000 + ask_table::k_forget_us - 1);
   EXPECT_EQ(table.open(), 1u);
@@ -99,7 +100,7 @@ TEST_F(AskTable, QuestionsLeftBehindAreForgotten) {
   table.silence();
   ask_wait w;
   w.table = &table;
-  EXPECT_FALSE(table.ask("api", "k", 1, "", w.w, 0));
+  EXPECT_FALSE(table.ask("api", "k", 1, "", 9000, w.w, 0));
 }
 
 TEST(ExactDomains, FreshOnlyWhileTheMasterRepeatsIt) {

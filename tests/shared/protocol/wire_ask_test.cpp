@@ -15,13 +15,13 @@ std::vector<std::string_view> views(const std::vector<std::string>& v) { return 
 
 TEST(WireAsk, AskGoldenBytes) {
   scratch s;
-  auto e = encode(ask{"api", "key-1", 0xdeadbeefULL, 7, 1200, "pro"}, s);
+  auto e = encode(ask{"api", "key-1", 0xdeadbeefULL, 7, 1200, 1'700'000'002'000, "pro"}, s);
   ASSERT_TRUE(e);
   ASSERT_EQ(e->count, 5u);
   EXPECT_EQ(e->frame[0], "api\0"s);
   EXPECT_EQ(e->frame[1], "ASK");
   EXPECT_EQ(e->frame[2], "key-1");
-  EXPECT_EQ(e->frame[3], "00000000deadbeef 7 1200");
+  EXPECT_EQ(e->frame[3], "00000000deadbeef 7 1200 1700000002000");
   EXPECT_EQ(e->frame[4], "pro");
   auto back = decode_ask(e->view());
   ASSERT_TRUE(back);
@@ -30,12 +30,13 @@ TEST(WireAsk, AskGoldenBytes) {
   EXPECT_EQ(back->holder, 0xdeadbeefULL);
   EXPECT_EQ(back->seq, 7);
   EXPECT_EQ(back->cost, 1200);
+  EXPECT_EQ(back->latest_ms, 1'700'000'002'000);
   EXPECT_EQ(back->tier, "pro");
   // Without a tier: four frames. A spec master's decoder never reads it as a use.
-  auto plain = encode(ask{"api", "k", 1, 0, 0}, s);
+  auto plain = encode(ask{"api", "k", 1, 0, 0, 0}, s);
   ASSERT_TRUE(plain);
   EXPECT_EQ(plain->count, 4u);
-  EXPECT_EQ(plain->frame[3], "0000000000000001 0 0");
+  EXPECT_EQ(plain->frame[3], "0000000000000001 0 0 0");
   EXPECT_FALSE(decode_accounting(plain->view()));
 }
 
@@ -45,6 +46,11 @@ TEST(WireAsk, AnswerAndExactGoldenBytes) {
   ASSERT_TRUE(go);
   EXPECT_EQ(go->frame[1], "ANSWER");
   EXPECT_EQ(go->frame[3], "ffffffffffffffff 7 0 0");
+  // A GO for later names its time.
+  auto later = encode(answer{"api", "key-1", 1, 8, verdict_kind::go, 1'700'000'000'050}, s);
+  ASSERT_TRUE(later);
+  EXPECT_EQ(later->frame[3], "0000000000000001 8 0 1700000000050");
+  EXPECT_EQ(decode_answer(later->view())->at_ms, 1'700'000'000'050);
   auto wait = encode(answer{"api", "key-1", 2, 8, verdict_kind::wait, 1'700'000'000'123}, s);
   ASSERT_TRUE(wait);
   EXPECT_EQ(wait->frame[3], "0000000000000002 8 1 1700000000123");
@@ -68,32 +74,34 @@ TEST(WireAsk, AnswerAndExactGoldenBytes) {
 
 TEST(WireAsk, OutOfBoundsIsNotEncoded) {
   scratch s;
-  EXPECT_FALSE(encode(ask{"api", "", 1, 0, 1}, s));
-  EXPECT_FALSE(encode(ask{"api", "k", 1, -1, 1}, s));
-  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, max_cost + 1}, s));
-  EXPECT_FALSE(encode(ask{"api", "k", 1, max_sequence + 1, 1}, s));
-  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, 1, "no tier"}, s));
-  EXPECT_FALSE(encode(answer{"api", "k", 1, 0, verdict_kind::go, 5}, s));
+  EXPECT_FALSE(encode(ask{"api", "", 1, 0, 1, 0}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, -1, 1, 0}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, max_cost + 1, 0}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, max_sequence + 1, 1, 0}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, 1, -1}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, 1, max_timestamp_ms + 1}, s));
+  EXPECT_FALSE(encode(ask{"api", "k", 1, 0, 1, 0, "no tier"}, s));
   EXPECT_FALSE(encode(answer{"api", "k", 1, 0, verdict_kind::wait, 0}, s));
   EXPECT_FALSE(encode(answer{"api", "k", 1, 0, verdict_kind::never, 5}, s));
   EXPECT_FALSE(encode(answer{"api", "k", 1, 0, static_cast<verdict_kind>(3), 0}, s));
   EXPECT_FALSE(encode(exact_policy{"a\0b"s}, s));
-  EXPECT_TRUE(encode(ask{"api", "k", 1, max_sequence, max_cost}, s));
+  EXPECT_TRUE(encode(ask{"api", "k", 1, max_sequence, max_cost, max_timestamp_ms}, s));
 }
 
 TEST(WireAsk, MalformedIsRefused) {
   const auto ask_error = [](std::vector<std::string> f) { return decode_ask(views(f)).error(); };
   const auto answer_error = [](std::vector<std::string> f) { return decode_answer(views(f)).error(); };
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "00000000000000 1 2"}), decode_error::ask_invalid);  // short holder
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1"}), decode_error::ask_invalid);
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2 3"}), decode_error::ask_invalid);
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 1000000000001"}), decode_error::ask_invalid);
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 -1 2"}), decode_error::ask_invalid);
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "", "0000000000000001 1 2"}), decode_error::identifier_empty);
-  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2", "bad tier"}), decode_error::tier_invalid);
-  EXPECT_EQ(ask_error({"api\0"s, "ASKS", "k", "0000000000000001 1 2"}), decode_error::unknown_status);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "00000000000000 1 2 0"}), decode_error::ask_invalid);  // short holder
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2"}), decode_error::ask_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2 3 4"}), decode_error::ask_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 1000000000001 0"}), decode_error::ask_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 -1 2 0"}), decode_error::ask_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2 253402300800000"}), decode_error::ask_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "", "0000000000000001 1 2 0"}), decode_error::identifier_empty);
+  EXPECT_EQ(ask_error({"api\0"s, "ASK", "k", "0000000000000001 1 2 0", "bad tier"}), decode_error::tier_invalid);
+  EXPECT_EQ(ask_error({"api\0"s, "ASKS", "k", "0000000000000001 1 2 0"}), decode_error::unknown_status);
   EXPECT_EQ(ask_error({"api\0"s, "ASK", "k"}), decode_error::frame_count);
-  EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 0 5"}), decode_error::ask_invalid);
+  EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 2 5"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 1 0"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 3 0"}), decode_error::ask_invalid);
   EXPECT_EQ(answer_error({"api\0"s, "ANSWER", "k", "0000000000000001 1 1 253402300800000"}), decode_error::ask_invalid);
