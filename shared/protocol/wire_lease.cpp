@@ -55,6 +55,15 @@ std::optional<decode_error> read_head(frames f, std::string_view command, bool e
   return std::nullopt;
 }
 
+// The optional fifth frame of LEASE and ASK: the tier the request names. False: no tier name.
+template <class T>
+bool read_tier(frames f, T& m) {
+  if (f.size() != 5) return true;
+  if (!valid_tier_name(f[4])) return false;
+  m.tier = f[4];
+  return true;
+}
+
 char* put_hex(char* out, std::uint64_t v) {
   static constexpr char digits[] = "0123456789abcdef";
   for (int shift = 60; shift >= 0; shift -= 4) *out++ = digits[(v >> shift) & 0xf];
@@ -88,10 +97,7 @@ result<lease> decode_lease(frames f) {
       !in(n[3], max_returned)) {
     return decode_error::lease_invalid;
   }
-  if (f.size() == 5) {
-    if (!valid_tier_name(f[4])) return decode_error::tier_invalid;
-    m.tier = f[4];
-  }
+  if (!read_tier(f, m)) return decode_error::tier_invalid;
   m.holder = n[0];
   m.want = static_cast<std::int64_t>(n[1]);
   m.held = static_cast<std::int64_t>(n[2]);
@@ -174,10 +180,7 @@ result<ask> decode_ask(frames f) {
   if (!read_numbers(f[3], true, n) || !in(n[1], max_sequence) || !in(n[2], max_cost) || !in(n[3], max_timestamp_ms)) {
     return decode_error::ask_invalid;
   }
-  if (f.size() == 5) {
-    if (!valid_tier_name(f[4])) return decode_error::tier_invalid;
-    m.tier = f[4];
-  }
+  if (!read_tier(f, m)) return decode_error::tier_invalid;
   m.holder = n[0];
   m.seq = static_cast<std::int64_t>(n[1]);
   m.cost = static_cast<std::int64_t>(n[2]);
