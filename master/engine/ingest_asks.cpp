@@ -50,7 +50,10 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
     out.verdict = wire::verdict_kind::go;
     // (Held open even at 0 units: each request that went settles one GO.)
     if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us)) asks_untracked_.inc();
-  } else if (with_open != k_never && with_open <= msg->latest_ms * 1000) {
+  } else if (with_open != k_never && with_open <= msg->latest_ms * 1000 &&
+             limiter_.fits_at(d, msg->identifier, open + msg->cost, with_open, msg->tier) <= with_open) {
+    // (Checked at that time: a sliding-window counter's fits_at may name a
+    // time at which the units are not yet sure to fit.)
     // Not now, but before the request's latest time: the units are its from
     // then, held open from now (counted before they are used: the safe
     // side), and it is held until then, with no second question.

@@ -262,8 +262,11 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
   if (st.timer) st.timer->cancel();
   // Its question to the master is left (a GO that comes is settled with no units).
   if (st.adm.exact && st.r != nullptr && (st.asking || st.ask_held || st.go_held)) {
+    // A GO it was held for, or one that came before its timer's handler ran, is settled with no units.
+    const bool answered_go = st.asking && st.ask && st.ask->w.answered && st.ask->w.verdict == wire::verdict_kind::go;
+    const std::int64_t go = st.go_held ? st.go_ask : answered_go ? st.ask->w.answered_seq : -1;
     admission_env env = admission_env_of(s_, w_);
-    exact_abandoned(env, *st.rt, *st.r, st.adm, s_.clk.wall_us(), st.go_held ? st.go_ask : -1);
+    exact_abandoned(env, *st.rt, *st.r, st.adm, s_.clk.wall_us(), go);
   }
   st.asking = st.ask_held = st.go_held = false;
   if (st.ask) st.ask->leave();

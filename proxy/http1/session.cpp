@@ -274,7 +274,9 @@ private:
       if (end == hold_end::client_left) {
         q.leave();
         note_held();
-        exact_abandoned(env, rt, r, a, s_.clk.wall_us());
+        // (A GO that came in the same turn is settled with no units.)
+        const bool gone_with_go = q.w.answered && q.w.verdict == wire::verdict_kind::go;
+        exact_abandoned(env, rt, r, a, s_.clk.wall_us(), gone_with_go ? q.w.answered_seq : -1);
         answered(0);  // the client left while waiting
         co_return connection_next::ends;
       }

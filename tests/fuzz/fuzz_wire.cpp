@@ -125,10 +125,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto back = wire::decode_ask(enc->view());
     FUZZ_CHECK(back && back->domain == a->domain && back->identifier == a->identifier && back->holder == a->holder);
     FUZZ_CHECK(back->seq == a->seq && back->cost == a->cost && back->tier == a->tier);
+    FUZZ_CHECK(back->latest_ms == a->latest_ms);
   }
   if (auto a = wire::decode_answer(f)) {
-    // What a gatekeeper relies on: a wait names a time, nothing else does.
-    FUZZ_CHECK((a->verdict == wire::verdict_kind::wait) == (a->at_ms > 0));
+    // What a gatekeeper relies on: a wait names a time, never names none (a GO may name one).
+    FUZZ_CHECK(a->verdict != wire::verdict_kind::wait || a->at_ms > 0);
+    FUZZ_CHECK(a->verdict != wire::verdict_kind::never || a->at_ms == 0);
     const auto enc = wire::encode(a.value(), s);
     FUZZ_CHECK(enc);
     const auto back = wire::decode_answer(enc->view());
