@@ -54,7 +54,7 @@ enum class decode_error : std::uint8_t {
   lease_invalid,           ///< a LEASE, GRANT or CONCURRENCY numbers frame malformed
   tier_invalid,            ///< a "tier=" in the loginfo, or a TIER message's name, that is no tier name
   limit_invalid,           ///< a LIMIT message's limit frame malformed
-  ask_invalid,             ///< an ASK, ANSWER or EXACT message malformed (numbers, verdict, frames)
+  ask_invalid,             ///< an ASK, ANSWER or EXACT message, or an accounting "ask=", malformed
 };
 inline constexpr std::size_t decode_error_count = 23;
 
