@@ -228,6 +228,9 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
     endpoint) as lines in out_path, flushed every 20 ms:
       A recv_ns domain status identifier received_ms delayed_ms cost
       C recv_ns domain identifier next_ms interval_ms
+      Q recv_ns domain identifier holder seq cost latest_ms       (an ASK, exact admission)
+      R recv_ns domain identifier holder seq verdict at_ms        (its ANSWER)
+    (an A line ends with the ASK it settles, its "ask=SEQ", or "-")
     (cost: the loginfo frame's "cost=N" or "reserve=N", else 1, the wire's default; a REJECTED
     message with "adjust=N" is written with status ADJUST and cost N, signed)"""
     zmq = _zmq
@@ -263,7 +266,11 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                     except zmq.Again:
                         break
                     dom = d(f[0].rstrip(b"\0"))
-                    if kind == "A" and len(f) >= 5:
+                    if kind == "A" and len(f) >= 4 and f[1] == b"ASK":
+                        out.write(f"Q {now} {dom} {d(f[2])} {d(f[3])}\n")  # HOLDER SEQ COST LATEST_MS
+                    elif kind == "C" and len(f) >= 4 and f[1] == b"ANSWER":
+                        out.write(f"R {now} {dom} {d(f[2])} {d(f[3])}\n")  # HOLDER SEQ VERDICT AT_MS
+                    elif kind == "A" and len(f) >= 5:
                         cost = 1
                         status = d(f[1])
                         if len(f) > 5 and (f[5].startswith(b"cost=") or f[5].startswith(b"reserve=")):
@@ -274,7 +281,8 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
                             digits = f[5][7:].split(b" ", 1)[0]
                             cost = int(digits) if digits.lstrip(b"-").isdigit() else 0
                             status = "ADJUST"
-                        out.write(f"A {now} {dom} {status} {d(f[2])} {d(f[3])} {d(f[4])} {cost}\n")
+                        ask = f[5].split(b"ask=", 1)[1].split(b" ", 1)[0] if len(f) > 5 and b"ask=" in f[5] else b"-"
+                        out.write(f"A {now} {dom} {status} {d(f[2])} {d(f[3])} {d(f[4])} {cost} {d(ask)}\n")
                     elif kind == "C" and len(f) >= 4 and f[1] == b"DELAY_UNTIL":
                         out.write(f"C {now} {dom} {d(f[2])} {d(f[3])} {d(f[4]) if len(f) > 4 else '-'}\n")
             if time.monotonic() - last_flush > 0.02:
@@ -1020,7 +1028,8 @@ keepalive = 256
                 end = time.monotonic() + min(0.05 * n, 0.5)
                 while time.monotonic() < end:
                     for f in self.sniffed():
-                        (seen_acc if f[0] == "A" else seen_ctl).add(f[4] if f[0] == "A" else f[3])
+                        if f[0] in ("A", "C"):
+                            (seen_acc if f[0] == "A" else seen_ctl).add(f[4] if f[0] == "A" else f[3])
                     ok = (p.metric("smockron_proxy_control_messages_total") or 0) > before
                     if ok and ident in seen_acc and ident in seen_ctl:
                         break
@@ -1177,6 +1186,9 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
                 cost_garbled += 1
     for v in arrivals.values():
         v.sort()
+    if args.keep:  # the backend's arrival log of this cell, beside the sniffer's and the access logs
+        with open(os.path.join(box.tmp, f"backend-{prefix}{sc.name}.txt"), "w") as f:
+            f.write(body)
     decisions = await collect_decisions(box, sc, reqs)
     sniff = box.sniffed()
     reserved = collections.defaultdict(list)  # ident -> [(delayed_ms / 1000, cost)]
