@@ -70,9 +70,12 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
   }
   asks_answered_[static_cast<int>(out.verdict)]->inc();
   std::optional<wire::delay_until> throttled;
-  if (out.at_ms > 0) {
-    // Every gatekeeper holds the client until then (the gate's pacing, one
-    // rule interval apart), rather than each asking again.
+  // A time the rules set (not merely the place behind GOs still on their
+  // way, nor before the answer arrives): every gatekeeper holds the client
+  // until then (the gate's pacing, one rule interval apart), rather than
+  // each asking again.
+  const std::int64_t behind = pending_.empty() ? now_us : std::max(now_us, pending_.back().at_us);
+  if (out.at_ms > 0 && (out.verdict != wire::verdict_kind::go || fits > std::max(behind, arrives))) {
     const rules::limits& l = limiter_.limits_of(d, msg->identifier, msg->tier);
     throttled.emplace();
     throttled->domain = domains_[d].name;

@@ -127,8 +127,11 @@ rules = [ { rate = "10/s", burst = 10 } ]
       ++n;
     });
     EXPECT_EQ(n, 1);
-    // A time (a wait, a GO for later) is told to every gatekeeper as a DELAY_UNTIL; nothing else is.
-    EXPECT_EQ(published_, out.at_ms);
+    // A time (a wait, a GO for later) is told to every gatekeeper as a
+    // DELAY_UNTIL; nothing else is (nor a GO that waits only for GOs on their way).
+    if (published_ != 0 || out.verdict != wire::verdict_kind::go) {
+      EXPECT_EQ(published_, out.at_ms);
+    }
     return out;
   }
   // The request that went: its accounting message, settling ASK number `seq` (-1: naming none).
@@ -280,4 +283,17 @@ TEST_F(IngestAsks, AGoForNowCountsFromWhenItsRequestGoes) {
   const auto next = ask(2, 1, 1, 1000);
   EXPECT_EQ(next.verdict, wire::verdict_kind::go);
   EXPECT_EQ(next.at_ms, clock_.wall_ms() + 200) << "one interval after the burst goes, not after its GO";
+  EXPECT_EQ(published_, next.at_ms) << "held by the rules: every gatekeeper is told";
+  // A client under its limit, twice through the far connection: the second
+  // goes behind the first, when the answer arrives anyway; nobody is told to hold it.
+  EXPECT_EQ(ask(1, 3, 1, 1000, "calm").verdict, wire::verdict_kind::go);
+  const auto calm = ask(1, 4, 1, 1000, "calm");
+  EXPECT_EQ(calm.verdict, wire::verdict_kind::go);
+  EXPECT_EQ(calm.at_ms, clock_.wall_ms() + 100) << "behind the first (not before its units are counted)";
+  EXPECT_EQ(published_, 0) << "not throttled";
+  // And through a near connection: its answer arrives sooner; it waits its
+  // place behind the first two, still not held by the rules.
+  const auto near = ask(2, 2, 1, 1000, "calm");
+  EXPECT_EQ(near.at_ms, clock_.wall_ms() + 100);
+  EXPECT_EQ(published_, 0) << "not throttled";
 }
