@@ -494,20 +494,6 @@ std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::in
   return at.empty() ? now_us : std::max(at.back(), now_us);
 }
 
-std::int64_t fits_after(const limits& l, const state& s, std::span<const event> pending, std::int64_t cost,
-                        std::int64_t now_us) {
-  if (pending.empty()) return fits_at(l, s, cost, now_us);
-  // Behind them, never between: a use placed before a promised one would
-  // take units that promise counted on (GCRA's arrival time, a window's count).
-  state after = s;
-  std::int64_t from = now_us;
-  for (const event& e : pending) {
-    apply(l, after, e, e.at_us);
-    from = std::max(from, e.at_us);
-  }
-  return fits_at(l, after, cost, from);
-}
-
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us) {
   if (s.aux.size() != l.aux_size()) return 0;
   const std::int64_t* a = &s.aux[quota_at(l, i)];

@@ -204,12 +204,6 @@ double window_uses(const limits& l, const state& s, std::size_t i, std::int64_t 
 /// is admitted by (master/envoy/), as the gatekeepers admit a known cost.
 std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::int64_t now_us);
 
-/// fits_at once `pending` uses (in time order) are recorded at their times,
-/// no earlier than the last of them: when a use of `cost` units fits behind
-/// uses promised and not yet recorded (exact admission's GOs, master/engine/asks.hpp).
-std::int64_t fits_after(const limits& l, const state& s, std::span<const event> pending, std::int64_t cost,
-                        std::int64_t now_us);
-
 /// Units of quota `i` used in its window holding `now_us`.
 std::int64_t quota_used(const limits& l, const state& s, std::size_t i, std::int64_t now_us);
 

@@ -17,38 +17,21 @@ std::int64_t asks::open_units(std::string_view domain, std::string_view identifi
   return it == entries_.end() ? 0 : it->second.units;
 }
 
-void asks::pending(std::string_view domain, std::string_view identifier, std::vector<rules::event>& out) const {
-  out.clear();
-  if (entries_.empty()) return;
-  const auto it = entries_.find(key(domain, identifier));
-  if (it == entries_.end()) return;
-  for (const item& i : it->second.items) out.push_back({rules::event_kind::accepted, i.expected_us, i.cost});
-  // (Nearly sorted already: each GO is placed behind those before it, but
-  // for a GO for now on a connection of smaller lag.)
-  std::stable_sort(out.begin(), out.end(),
-                   [](const rules::event& a, const rules::event& b) { return a.at_us < b.at_us; });
-}
-
-std::int64_t asks::lag_us(std::uint64_t peer) const {
-  const auto it = lags_.find(peer);
-  return it == lags_.end() ? 0 : it->second;
-}
-
 bool asks::open(std::uint64_t peer, std::string_view domain, std::string_view identifier, std::int64_t seq,
-                std::int64_t cost, std::int64_t now_us, std::int64_t at_us, std::int64_t expected_us) {
+                std::int64_t cost, std::int64_t now_us) {
   auto it = entries_.find(key(domain, identifier));
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) return false;
     it = entries_.emplace(key_, entry{}).first;
   }
-  it->second.items.push_back({peer, seq, cost, now_us, at_us, expected_us});
+  it->second.items.push_back({peer, seq, cost, now_us});
   it->second.units += cost;
   units_ += cost;
   return true;
 }
 
 std::optional<std::int64_t> asks::settle(std::uint64_t peer, std::string_view domain, std::string_view identifier,
-                                         std::int64_t seq, std::int64_t went_us) {
+                                         std::int64_t seq) {
   if (entries_.empty()) return std::nullopt;
   const auto it = entries_.find(key(domain, identifier));
   if (it == entries_.end()) return std::nullopt;
@@ -56,20 +39,12 @@ std::optional<std::int64_t> asks::settle(std::uint64_t peer, std::string_view do
   const auto go =
       std::find_if(items.begin(), items.end(), [&](const item& i) { return i.peer == peer && i.seq == seq; });
   if (go == items.end()) return std::nullopt;
-  const std::int64_t expected = go->expected_us;
-  // The lag: how long after the GO its request went, when it went on the
-  // answer's arrival (a GO for now, or one that came after its time; one
-  // that waited for its time says only that the answer came sooner).
-  if (go->at_us == 0 || went_us > go->at_us + 1'000) {
-    const std::int64_t seen = std::clamp<std::int64_t>(went_us - go->given_us, 0, k_max_lag_us);
-    std::int64_t& lag = lags_[peer];
-    lag = seen >= lag ? seen : lag - (lag - seen) / 16;
-  }
+  const std::int64_t since = go->since_us;
   it->second.units -= go->cost;
   units_ -= go->cost;
   items.erase(go);
   if (items.empty()) entries_.erase(it);
-  return expected;
+  return since;
 }
 
 template <class F>
@@ -93,12 +68,11 @@ std::size_t asks::drop_if(F&& drop) {
 }
 
 std::size_t asks::peer_closed(std::uint64_t peer) {
-  lags_.erase(peer);
   return drop_if([&](const item& i) { return i.peer == peer; });
 }
 
 std::size_t asks::expire(std::int64_t now_us) {
-  return drop_if([&](const item& i) { return now_us - i.given_us >= k_ttl_us; });
+  return drop_if([&](const item& i) { return now_us - i.since_us >= k_ttl_us; });
 }
 
 }  // namespace smockron::master

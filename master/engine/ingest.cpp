@@ -262,9 +262,9 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // Exact admission: a request that went settles the GO it was given, and
     // is charged no earlier than that GO (a gatekeeper clock behind ours).
     if (msg->ask >= 0 && d.exact) {
-      if (const auto expected = asks_.settle(peer, d.name, msg->identifier, msg->ask, e.at_us)) {
+      if (const auto since = asks_.settle(peer, d.name, msg->identifier, msg->ask)) {
         asks_settled_.inc();
-        e.at_us = std::max(e.at_us, *expected);
+        e.at_us = std::max(e.at_us, *since);
       }
     }
     d.messages[msg->state]->inc();

@@ -227,7 +227,6 @@ private:
   metrics::counter& leases_untracked_;
   metrics::counter& lease_slots_released_;
   asks asks_;
-  std::vector<rules::event> pending_;  ///< scratch: the GOs open for an ASK's identifier
   /// ANSWERs not published yet (take_answers).
   struct pending_answer {
     std::string domain, identifier;

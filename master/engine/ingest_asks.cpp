@@ -5,6 +5,9 @@
 
 namespace smockron::master {
 namespace {
+/// A WAIT for units that would fit but for GOs not settled yet: ask again
+/// this long after (their accounting is one gatekeeper's round trip away).
+constexpr std::int64_t k_settle_wait_us = 5'000;
 constexpr std::int64_t k_never = std::numeric_limits<std::int64_t>::max();
 }  // namespace
 
@@ -31,51 +34,46 @@ std::optional<wire::delay_until> ingest::handle_ask(std::span<const std::string_
     answers_.push_back(std::move(out));
     return std::nullopt;
   }
-  // GO when the units fit behind every GO not settled yet, each counted as
-  // used when its request is expected to go (asks.hpp): whatever those
-  // requests' accounting charges later, at their time, was counted from the
-  // moment they could go.
+  // GO when the units fit with every GO not settled yet counted as used now
+  // (asks.hpp): whatever those requests' accounting charges later, at their
+  // time, was counted from the moment they could go.
+  const std::int64_t open = asks_.open_units(msg->domain, msg->identifier);
   const std::int64_t alone = limiter_.fits_at(d, msg->identifier, msg->cost, now_us, msg->tier);
-  asks_.pending(msg->domain, msg->identifier, pending_);
-  const std::int64_t fits =
-      pending_.empty() ? alone : limiter_.fits_after(d, msg->identifier, pending_, msg->cost, now_us, msg->tier);
-  // A GO for now goes when the answer reaches the gatekeeper: counted from then.
-  const std::int64_t arrives = now_us + asks_.lag_us(peer);
-  if (alone == k_never || fits == k_never) {
-    // (More than a rule's burst or a quota's limit: behind other GOs too.)
+  // (Saturated: GOs of an identifier with no limits add up with no bound.)
+  const std::int64_t with_open =
+      open == 0 ? alone
+                : limiter_.fits_at(d, msg->identifier, open > k_never - msg->cost ? k_never : open + msg->cost, now_us,
+                                   msg->tier);
+  if (alone == k_never) {
     out.verdict = wire::verdict_kind::never;
-  } else if (fits <= now_us) {
+  } else if (with_open <= now_us) {
     out.verdict = wire::verdict_kind::go;
     // (Held open even at 0 units: each request that went settles one GO.)
-    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us, 0, arrives)) {
-      asks_untracked_.inc();
-    }
-  } else if (fits <= msg->latest_ms * 1000 &&
-             limiter_.fits_after(d, msg->identifier, pending_, msg->cost, fits, msg->tier) <= fits) {
-    // (Checked at that time: the times fits_at names are checked, but for
-    // its last resort.)
+    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us)) asks_untracked_.inc();
+  } else if (with_open != k_never && with_open <= msg->latest_ms * 1000 &&
+             limiter_.fits_at(d, msg->identifier, open + msg->cost, with_open, msg->tier) <= with_open) {
+    // (Checked at that time: a sliding-window counter's fits_at may name a
+    // time at which the units are not yet sure to fit.)
     // Not now, but before the request's latest time: the units are its from
-    // then, and it is held until then, with no second question.
+    // then, held open from now (counted before they are used: the safe
+    // side), and it is held until then, with no second question.
     out.verdict = wire::verdict_kind::go;
-    out.at_ms = (fits + 999) / 1000;
-    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, now_us, out.at_ms * 1000,
-                    std::max(out.at_ms * 1000, arrives))) {
+    out.at_ms = (with_open + 999) / 1000;
+    if (!asks_.open(peer, msg->domain, msg->identifier, msg->seq, msg->cost, out.at_ms * 1000)) {
       asks_untracked_.inc();
     }
   } else {
-    // Not in time (past its max_delay: the gatekeeper refuses it, Retry-After
-    // that time), or at a time not sure yet (asked again then).
+    // Not in time: when the units fit, or, when only GOs still open stand in
+    // the way, shortly after they fit alone (by then those are settled).
     out.verdict = wire::verdict_kind::wait;
-    out.at_ms = std::max<std::int64_t>(1, (fits + 999) / 1000);
+    const std::int64_t at = with_open != k_never ? with_open : std::max(alone, now_us) + k_settle_wait_us;
+    out.at_ms = std::max<std::int64_t>(1, (at + 999) / 1000);
   }
   asks_answered_[static_cast<int>(out.verdict)]->inc();
   std::optional<wire::delay_until> throttled;
-  // A time the rules set (not merely the place behind GOs still on their
-  // way, nor before the answer arrives): every gatekeeper holds the client
-  // until then (the gate's pacing, one rule interval apart), rather than
-  // each asking again.
-  const std::int64_t behind = pending_.empty() ? now_us : std::max(now_us, pending_.back().at_us);
-  if (out.at_ms > 0 && (out.verdict != wire::verdict_kind::go || fits > std::max(behind, arrives))) {
+  if (out.at_ms > 0) {
+    // Every gatekeeper holds the client until then (the gate's pacing, one
+    // rule interval apart), rather than each asking again.
     const rules::limits& l = limiter_.limits_of(d, msg->identifier, msg->tier);
     throttled.emplace();
     throttled->domain = domains_[d].name;

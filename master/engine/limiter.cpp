@@ -242,13 +242,6 @@ std::int64_t limiter::fits_at(std::size_t domain, std::string_view identifier, s
   return rules::fits_at(limits_of(domain, identifier, tier), en ? en->st : no_state, cost, now_us);
 }
 
-std::int64_t limiter::fits_after(std::size_t domain, std::string_view identifier, std::span<const rules::event> pending,
-                                 std::int64_t cost, std::int64_t now_us, std::string_view tier) const {
-  static const rules::state no_state;
-  const entry* en = maps_[domain].find(identifier);
-  return rules::fits_after(limits_of(domain, identifier, tier), en ? en->st : no_state, pending, cost, now_us);
-}
-
 limiter::stats limiter::find_stats(std::size_t domain, std::string_view identifier) const {
   const entry* en = maps_[domain].find(identifier);
   return en ? en->counts : stats{};

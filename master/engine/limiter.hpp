@@ -200,9 +200,6 @@ public:
   /// Nothing is recorded.
   std::int64_t fits_at(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
                        std::string_view tier = {}) const;
-  /// The same behind `pending` uses not recorded yet (rules::fits_after).
-  std::int64_t fits_after(std::size_t domain, std::string_view identifier, std::span<const rules::event> pending,
-                          std::int64_t cost, std::int64_t now_us, std::string_view tier = {}) const;
   charge_use charge(std::size_t domain, std::string_view identifier, std::int64_t cost, std::int64_t now_us,
                     charge_mode mode = charge_mode::charge);
 
