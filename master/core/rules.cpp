@@ -108,23 +108,6 @@ std::int64_t counter_next(const rule& r, const window_counts& c, std::int64_t no
   return std::max(now + 1, static_cast<std::int64_t>(t) + 1);
 }
 
-// The first time from `now` at which `cost` more units keep the estimate
-// within the burst, if nothing else is used meanwhile (the estimate only
-// falls: the previous window's share fades, then this one's). To the µs, up
-// to rounding: the caller checks it and its neighbours.
-std::int64_t counter_fits(const rule& r, const window_counts& c, std::int64_t cost, std::int64_t now) {
-  const double room = static_cast<double>(r.burst - cost);
-  if (estimate(r, c, now) <= room + 1e-9) return now;
-  const double w = static_cast<double>(r.window_us());
-  double t = 0;
-  if (static_cast<double>(c.curr) <= room) {  // within this window (prev > 0: the estimate is over room)
-    t = static_cast<double>(c.start) + w - w * (room - static_cast<double>(c.curr)) / static_cast<double>(c.prev);
-  } else {  // in the next one, as this window's units fade (all of them, when no room is left)
-    t = static_cast<double>(c.start) + 2 * w - w * std::max(room, 0.0) / static_cast<double>(c.curr);
-  }
-  return std::max(now + 1, static_cast<std::int64_t>(std::ceil(t)));
-}
-
 // ---- Quotas over calendar windows.
 
 std::size_t quota_at(const limits& l, std::size_t i) { return counter_at(l, l.rules.size()) + 2 * i; }
@@ -480,8 +463,8 @@ std::int64_t fits_at(const limits& l, const state& s, std::int64_t cost, std::in
     if (l.algo == algorithm::gcra) {
       if (i < s.times.size()) at.push_back(std::max(s.times[i], now_us) + (cost - r.burst) * r.interval_us);
     } else if (l.counted(r)) {
-      const std::int64_t t = counter_fits(r, counts_at(l, s, i, now_us), cost, now_us);
-      at.insert(at.end(), {t - 1, t, t + 1});  // (rounding either way)
+      const double over = window_uses(l, s, i, now_us) + static_cast<double>(cost) - static_cast<double>(r.burst);
+      if (over > 0) at.push_back(now_us + static_cast<std::int64_t>(std::ceil(over)) * r.interval_us);
     } else {
       for (const std::int64_t t : s.times) at.push_back(t + r.window_us());
     }
