@@ -1097,12 +1097,15 @@ def counters(box: Box, domain: str):
             if name == "smockron_proxy_requests_total" and labels.get("domain") == domain:
                 proxy_dec[labels["decision"]] += v
             elif name in ("smockron_proxy_accounting_dropped_total", "smockron_proxy_cost_units_total",
-                          "smockron_proxy_cost_fallback_total"):
+                          "smockron_proxy_cost_fallback_total", "smockron_proxy_exact_unanswered_total"):
                 proxy_other[name] += v
             elif name == "smockron_proxy_cost_refunded_units_total":  # net of reservations given back
                 proxy_other["smockron_proxy_cost_units_total"] -= v
     master_acc, master_other = collections.Counter(), collections.Counter()
     for n, l, v in parse_metrics(box.master.metrics()):
+        if n in ("smockron_master_asks_untracked_total", "smockron_master_asks_dropped_total"):
+            master_other[n] += v  # exact admission's GOs (every domain)
+            continue
         if l.get("domain") != domain:
             continue
         if n == "smockron_master_accounting_messages_total":
@@ -1247,7 +1250,10 @@ async def run_scenario(box: Box, gen: Generator, sc: Scenario, args, rng: random
                              if dec in ("accepted", "delayed") and k in cost_of)
     res.update(units_master=master_other["units"], units_expected=expected_units, units_sniffed=acct_units,
                cost_garbled=cost_garbled,
-               cost_fallback=proxy_other["smockron_proxy_cost_fallback_total"])
+               cost_fallback=proxy_other["smockron_proxy_cost_fallback_total"],
+               exact=(proxy_other["smockron_proxy_exact_unanswered_total"],
+                      master_other["smockron_master_asks_untracked_total"],
+                      master_other["smockron_master_asks_dropped_total"]))
 
     # ---- per class
     by_cls = collections.defaultdict(list)
@@ -1507,6 +1513,9 @@ def report(res: dict, args) -> dict:
               f"{res['units_sniffed']}; proxies' cost units {po['smockron_proxy_cost_units_total']:.0f}, charged as "
               f"cost_default/cost_max {po['smockron_proxy_cost_fallback_total']:.0f}; cost fields that reached the "
               f"backend altered or missing {res['cost_garbled']}")
+    if args.admission == "exact":
+        print(f"exact     : requests that went with no answer (fail-open) {res['exact'][0]:.0f}; GOs the master "
+              f"could not keep {res['exact'][1]:.0f}, dropped unsettled {res['exact'][2]:.0f}")
     ok_wb = wb_bad == 0
     return dict(g=g, name=sc.name, delay=delay_label(args), hot=args.hot_factor, arrivals=args.hot_arrivals,
                 weighted=w, ratio=ratio, ref_ratio=ref_ratio, ok_ratio=ok_ratio, max1s=res["max1s"],
