@@ -719,7 +719,8 @@ class CapacityTest(MasterCase):
         gk.accepted("api", "marker", t + BASE_AHEAD_MS)  # stays tracked for the whole test
         gk.accepted("api", "marker", t + BASE_AHEAD_MS)
         self.delay(gk.expect(), "api", "marker", t + BASE_AHEAD_MS + 100, 100)
-        m.wait_metric("smockron_master_expirations_total", predicate=lambda v: v >= 2, timeout=3)
+        # (Kept 2 s past their window for uses reported late: limiter.hpp k_late_us.)
+        m.wait_metric("smockron_master_expirations_total", predicate=lambda v: v >= 2, timeout=8)
         text = m.metrics()
         self.assertEqual(metric(text, "smockron_master_domain_tracked_identifiers", {"domain": "api"}), 1)  # marker
         # Every probe of the handshake that reached the master (each under an identifier of

@@ -99,7 +99,8 @@ class RedisStoreTest(RedisTestCase):
         self.assertEqual(len(v[len(b"sliding-log:"):].split(b",")), 3)
         self.assertTrue(r.command("GET", key("g", "alice")).startswith(b"gcra:"))
         ttl = r.command("PTTL", key("api", "alice"))
-        self.assertTrue(0 < ttl <= 31_000, f"PTTL {ttl}: keys expire when the 30 s window has passed")
+        # (and 2 s more, for uses reported late: limiter.hpp k_late_us)
+        self.assertTrue(0 < ttl <= 33_000, f"PTTL {ttl}: keys expire when the 30 s window has passed")
 
         m = self.restart_master(m, signal.SIGKILL)
         self.assertGreaterEqual(m.wait_metric("smockron_master_redis_loaded_total", predicate=lambda v: v >= 2), 2)

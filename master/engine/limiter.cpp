@@ -262,7 +262,7 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
 
 bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
   const rules::limits& l = limits_of(domain, identifier);
-  if (!rules::compatible(l, st) || rules::expired(l, st, now_us)) return false;
+  if (!rules::compatible(l, st) || rules::expired(l, st, now_us - k_late_us)) return false;
   entry* en = maps_[domain].find(identifier);
   if (!en) {
     // Restored state never evicts live state: past the cap it is dropped.
@@ -286,7 +286,7 @@ std::size_t limiter::sweep(std::int64_t now_us, std::size_t budget) {
     entry* e = cursor_ ? cursor_ : tail_;
     if (!e) break;
     cursor_ = e->prev;
-    if (rules::expired(*e->lim, e->st, now_us)) {
+    if (rules::expired(*e->lim, e->st, now_us - k_late_us)) {
       erase(e);
       ++removed;
     }

@@ -86,8 +86,18 @@ public:
   rules::decision apply(std::size_t domain, std::string_view identifier, rules::event e, std::int64_t now_us,
                         std::string_view tier = {});
 
-  /// Removes expired state, examining at most `budget` entries, resuming where
-  /// the previous sweep stopped. Returns how many were removed.
+  /// How long past the time it stops mattering (rules::expires_at_us) a
+  /// state is kept: a use reported that late (the accounting's way here, its
+  /// batching, a gatekeeper's clock behind ours) is still charged on top of
+  /// the uses before it. Dropped as soon as it expired, a state let a use
+  /// timed before that moment start from nothing: GCRA lost the debt between
+  /// the use's time and its expiry, up to a one-way trip of the rate per
+  /// use, which exact admission's settlements after a burst met every time.
+  static constexpr std::int64_t k_late_us = 2'000'000;
+
+  /// Removes state expired k_late_us ago, examining at most `budget`
+  /// entries, resuming where the previous sweep stopped. Returns how many
+  /// were removed.
   std::size_t sweep(std::int64_t now_us, std::size_t budget);
 
   /// Replaces the domains. `old_index[i]` is the index new domain i had before
@@ -137,7 +147,8 @@ public:
     return n;
   }
   /// Folds a state read back from the store into memory (see rules::merge).
-  /// Returns false when it was not taken: expired, of another shape, or the cap is reached.
+  /// Returns false when it was not taken: expired (k_late_us ago), of another
+  /// shape, or the cap is reached.
   bool restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us);
 
   std::uint64_t expirations() const { return expirations_; }

@@ -56,13 +56,31 @@ TEST(Limiter, SweepRemovesOnlyExpiredStateWithinBudget) {
   limiter l({ten_per_second()}, 100);
   for (int i = 0; i < 10; ++i) l.apply(0, "old" + std::to_string(i), at(t0), t0);
   l.apply(0, "fresh", at(t0 + 1000 * ms), t0 + 1000 * ms);
-  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 4), 4u);    // bounded
-  EXPECT_EQ(l.sweep(t0 + 1000 * ms, 100), 6u);  // resumes, reaches the rest
+  const std::int64_t late = limiter::k_late_us;
+  EXPECT_EQ(l.sweep(t0 + 100 * ms + late - 1, 100), 0u) << "kept for uses reported late";
+  EXPECT_EQ(l.sweep(t0 + 1000 * ms + late, 4), 4u);    // bounded
+  EXPECT_EQ(l.sweep(t0 + 1000 * ms + late, 100), 6u);  // resumes, reaches the rest
   EXPECT_EQ(l.tracked(), 1u);
   EXPECT_TRUE(l.find(0, "fresh"));
   EXPECT_EQ(l.expirations(), 10u);
-  EXPECT_EQ(l.sweep(t0 + 1050 * ms, 100), 0u);  // still inside its window
-  EXPECT_EQ(l.sweep(t0 + 1100 * ms, 100), 1u);
+  EXPECT_EQ(l.sweep(t0 + 1050 * ms + late, 100), 0u);  // still inside its window
+  EXPECT_EQ(l.sweep(t0 + 1100 * ms + late, 100), 1u);
+}
+
+// A use reported late (the accounting's way, a gatekeeper's clock behind)
+// after the state stopped mattering at now is charged on top of the uses
+// before it: GCRA 1000/s burst 500, 68 units at t0, swept 100 ms later
+// (its arrival time, t0 + 68 ms, is behind), then 74 units used at t0 + 10 ms.
+TEST(Limiter, AUseReportedLateIsChargedOnTopOfTheUsesBeforeIt) {
+  rules::limits units;
+  units.algo = rules::algorithm::gcra;
+  units.rules = {{1 * ms, 500}};
+  units.max_future_us = 0;
+  limiter l({units}, 100);
+  l.apply(0, "k", {rules::event_kind::accepted, t0, 68}, t0);
+  EXPECT_EQ(l.sweep(t0 + 100 * ms, 100), 0u);
+  l.apply(0, "k", {rules::event_kind::accepted, t0 + 10 * ms, 74}, t0 + 100 * ms);
+  EXPECT_EQ(l.fits_at(0, "k", 500, t0 + 100 * ms), t0 + 142 * ms) << "68 then 74 units from t0, not 74 from t0 + 10 ms";
 }
 
 TEST(Limiter, SweepReachesExpiredEntriesBehindLongLivedOnes) {
@@ -72,7 +90,7 @@ TEST(Limiter, SweepReachesExpiredEntriesBehindLongLivedOnes) {
   l.apply(0, "long", at(t0), t0);  // least recently used, relevant for an hour
   for (int i = 0; i < 5; ++i) l.apply(1, "short" + std::to_string(i), at(t0), t0);
   std::size_t removed = 0;
-  for (int tick = 0; tick < 6; ++tick) removed += l.sweep(t0 + 1000 * ms, 2);
+  for (int tick = 0; tick < 6; ++tick) removed += l.sweep(t0 + 1000 * ms + limiter::k_late_us, 2);
   EXPECT_EQ(removed, 5u);
   EXPECT_TRUE(l.find(0, "long"));
 }
@@ -147,7 +165,7 @@ TEST(Limiter, OverrideGivesOneIdentifierItsOwnLimitsAndReconfigureFollowsIt) {
   EXPECT_EQ(l.find(0, "plain")->times.size(), 1u);
   EXPECT_FALSE(l.apply(0, "vip", at(t0 + 20 * ms), t0 + 20 * ms).throttled);
   // Expiry follows the identifier's own limits: 1/s burst 5 keeps vip 5 s.
-  EXPECT_EQ(l.sweep(t0 + 2'000 * ms, 100), 1u) << "plain expired, vip not";
+  EXPECT_EQ(l.sweep(t0 + 2'000 * ms + limiter::k_late_us, 100), 1u) << "plain expired, vip not";
   EXPECT_TRUE(l.find(0, "vip"));
 }
 
