@@ -87,12 +87,9 @@ public:
                         std::string_view tier = {});
 
   /// How long past the time it stops mattering (rules::expires_at_us) a
-  /// state is kept: a use reported that late (the accounting's way here, its
-  /// batching, a gatekeeper's clock behind ours) is still charged on top of
-  /// the uses before it. Dropped as soon as it expired, a state let a use
-  /// timed before that moment start from nothing: GCRA lost the debt between
-  /// the use's time and its expiry, up to a one-way trip of the rate per
-  /// use, which exact admission's settlements after a burst met every time.
+  /// state is kept: a use may reach the master this long after its
+  /// timestamp (transit, batching, a gatekeeper's clock behind ours) and is
+  /// still charged on top of the uses before it, not from nothing.
   static constexpr std::int64_t k_late_us = 2'000'000;
 
   /// Removes state expired k_late_us ago, examining at most `budget`

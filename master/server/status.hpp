@@ -30,7 +30,7 @@ std::string status_json(const config::master_config& cfg, const std::optional<st
 /// (`overridden`: the identifier's own, from the domain's overrides), the
 /// recorded uses (sliding log) or theoretical arrival times (GCRA), and
 /// whether the identifier is throttled now and until when. `st`: its state,
-/// nothing when none is tracked (never seen, or expired).
+/// nothing when none is tracked (never seen, or expired limiter::k_late_us ago).
 /// What /status/DOMAIN/IDENTIFIER shows beside the rules: the tier whose
 /// rules they are, its share of the domain's shared rate, and its concurrency
 /// slots (held now, and the limit in force: its own or its share of the

@@ -81,6 +81,9 @@ TEST(Limiter, AUseReportedLateIsChargedOnTopOfTheUsesBeforeIt) {
   EXPECT_EQ(l.sweep(t0 + 100 * ms, 100), 0u);
   l.apply(0, "k", {rules::event_kind::accepted, t0 + 10 * ms, 74}, t0 + 100 * ms);
   EXPECT_EQ(l.fits_at(0, "k", 500, t0 + 100 * ms), t0 + 142 * ms) << "68 then 74 units from t0, not 74 from t0 + 10 ms";
+  // A state read back from the store is taken as long: expired, but not k_late_us ago.
+  EXPECT_TRUE(l.restore(0, "read-back", rules::state{{t0 - 1'000 * ms}}, t0));
+  EXPECT_FALSE(l.restore(0, "too-old", rules::state{{t0 - limiter::k_late_us}}, t0));
 }
 
 TEST(Limiter, SweepReachesExpiredEntriesBehindLongLivedOnes) {
