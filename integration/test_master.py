@@ -737,16 +737,17 @@ class CapacityTest(MasterCase):
 
     def test_a_use_reported_late_is_charged_on_top_of_the_uses_before_it(self):
         # GCRA 1000 units/s, burst 10: 400 units 500 ms ago (arrival time 100 ms ago: the state
-        # no longer matters now). Once the sweeps have passed it, a use of 1,700 units timed
-        # 450 ms ago arrives: it is charged after the 400 (next allowed time +1,591 ms), not
-        # from its own time, as it was when the state had been swept (+1,241 ms).
+        # no longer matters now). Once the sweeps have passed it, a use of 4,700 units timed
+        # 450 ms ago arrives: it is charged after the 400 (next allowed time +4,591 ms), not
+        # from its own time, as it was when the state had been swept (+4,241 ms). (Seconds of
+        # room: a slow machine still sees the DELAY_UNTIL before that time.)
         m = self.start_master({"units": {"rules": [("1000/s", 10)], "algorithm": "gcra"}}, sweep_interval="50ms")
         gk = self.gatekeeper(m, ["units"])
         n = now_ms()
         gk.accepted("units", "late", n - 500, "cost=400")
         time.sleep(0.3)  # six sweeps
-        gk.accepted("units", "late", n - 450, "cost=1700")
-        self.delay(gk.expect(), "units", "late", n - 100 + 1700 - 9, 1)
+        gk.accepted("units", "late", n - 450, "cost=4700")
+        self.delay(gk.expect(), "units", "late", n - 100 + 4700 - 9, 1)
 
 
 class ShutdownTest(MasterCase):

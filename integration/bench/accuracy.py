@@ -228,8 +228,9 @@ def serve_sniffer(acc_port: int, control_endpoint: str, out_path: str) -> None:
     endpoint) as lines in out_path, flushed every 20 ms:
       A recv_ns domain status identifier received_ms delayed_ms cost
       C recv_ns domain identifier next_ms interval_ms
-      Q recv_ns domain identifier holder seq cost latest_ms       (an ASK, exact admission)
-      R recv_ns domain identifier holder seq verdict at_ms        (its ANSWER)
+      Q recv_ns domain identifier HOLDER_SEQ_COST_LATEST_MS    (an ASK, exact admission)
+      R recv_ns domain identifier HOLDER_SEQ_VERDICT_AT_MS     (its ANSWER)
+    (the numbers frame as sent, its spaces written as "_")
     (an A line ends with the ASK it settles, its "ask=SEQ", or "-")
     (cost: the loginfo frame's "cost=N" or "reserve=N", else 1, the wire's default; a REJECTED
     message with "adjust=N" is written with status ADJUST and cost N, signed)"""
