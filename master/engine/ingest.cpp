@@ -64,9 +64,10 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
       released_timeout_(reg.add_counter("smockron_master_reservations_released_total",
                                         "Open reservations given back, by reason",
                                         metrics::labels({{"reason", "timeout"}}))),
-      late_corrections_(
-          reg.add_counter("smockron_master_reservations_late_corrections_total",
-                          "Corrections of reservations given back before they came: the estimate was charged again")),
+      late_corrections_(reg.add_counter(
+          "smockron_master_reservations_late_corrections_total",
+          "Corrections that found their reservation's charge gone (given back, or its state swept or evicted): "
+          "the estimate was charged again")),
       leases_(cfg.max_identifiers),
       shares_(cfg.max_identifiers),
       lease_messages_(reg.add_counter("smockron_master_lease_messages_total",
@@ -248,6 +249,14 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     std::int64_t delta = *msg->adjust;
     if (const auto closed = reservations_.close(peer, d.name, msg->identifier, msg->received_ms)) {
       if (reservation_log_) reservation_log_->closed(*closed);
+      if (!limiter_.find(it->second, msg->identifier)) {
+        // Its state is gone (swept while the response went on, evicted at
+        // max_identifiers, not read back after a restart): the estimate's
+        // charge went with it, so the whole real cost is charged from the
+        // use's time.
+        delta += closed->units;
+        late_corrections_.inc();
+      }
     } else if (const auto released = reservations_.take_released(d.name, msg->identifier, msg->received_ms)) {
       // Given back before its correction came (its connection dropped, or
       // the timeout): the estimate is charged again with the difference.

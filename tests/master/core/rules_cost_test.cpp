@@ -159,6 +159,21 @@ TEST_P(InUnits, AReservationCorrectedUpChargesTheDifference) {
   EXPECT_EQ(d.next_us, t0 + 4'600 * ms);
 }
 
+// A response longer than the rule's window (500 ms here) is corrected after
+// its use's time left every window: the units are still charged. GCRA from
+// the use's time (the debt reaches t0 + 100 units x 100 ms, less the burst);
+// the sliding log from the oldest time its window still counts, which the
+// log would otherwise drop, so the next allowed time is at least as far.
+TEST_P(InUnits, ACorrectionThatComesAfterItsWindowIsChargedInFull) {
+  const limits l = make(GetParam(), {per_second(10, 5)});
+  state s;
+  use(l, s, 2, t0, t0);
+  const decision d = adjust(l, s, 98, t0, t0 + 5'000 * ms);  // 100 in all, known 5 s later
+  ASSERT_TRUE(d.throttled);
+  EXPECT_GE(d.next_us, t0 + 9'600 * ms);
+  EXPECT_LE(d.next_us, t0 + 14'600 * ms) << "charged once: at most the 100 units from the window's start";
+}
+
 TEST_P(InUnits, ARefundNeverMovesTheNextAllowedTimeBeforeNow) {
   const limits l = make(GetParam(), {per_second(10, 5)});
   state s;

@@ -219,6 +219,37 @@ TEST_F(IngestReservations, ALateCorrectionChargesTheEstimateAgain) {
   EXPECT_NE(registry_.render().find("smockron_master_reservations_late_corrections_total 2"), std::string::npos);
 }
 
+// A client idle while its long response goes on: its state is swept (2 s
+// after it stopped mattering), and the estimate's charge with it. The
+// correction then charges the whole real cost from the use's time, as if
+// the state had been kept.
+TEST(IngestReservationsSwept, ACorrectionAfterTheStateWasSweptChargesTheWholeCost) {
+  auto r = config::load_string(R"([master]
+[master.domains.llm]
+rules = [ { rate = "10/s", burst = 10 } ]
+algorithm = "gcra"
+)",
+                               "test");
+  manual_clock clock;
+  metrics::registry registry;
+  master::ingest ingest(*r.cfg->master, clock, registry);
+  const auto send = [&](std::vector<std::string> frames) {
+    std::vector<std::string_view> v(frames.begin(), frames.end());
+    return ingest.handle(v, false, clock.wall_us(), 1);
+  };
+  const std::string t = std::to_string(clock.wall_ms());
+  send({"llm\0"s, "ACCEPTED", "k", t, "", "reserve=10"});  // paid back 1 s later
+  clock.advance(std::chrono::seconds(5));
+  ingest.sweep(clock.wall_us());
+  ASSERT_EQ(ingest.states().find(0, "k"), nullptr) << "swept while the response went on";
+  ASSERT_EQ(ingest.open_reservations(), 1u);
+  // 100 units in all: 10 s of the rate from the use's time, less the burst.
+  const auto d = send({"llm\0"s, "REJECTED", "k", t, "", "adjust=90"});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->next_ms, std::stoll(t) + 9'100);
+  EXPECT_NE(registry.render().find("smockron_master_reservations_late_corrections_total 1"), std::string::npos);
+}
+
 TEST_F(IngestReservations, ACorrectionAfterARestartChargesTheDifference) {
   // A master that did not see the reservation (restarted from Redis, which
   // kept the state): the difference is what is missing.
