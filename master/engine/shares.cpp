@@ -162,7 +162,8 @@ void shares::rebalance(std::int64_t now_us) {
   for (pool& p : pools_) {
     if (!p.on) continue;
     for (auto it = p.members.begin(); it != p.members.end();) {
-      if (now_us - it->second.last_us > p.cfg.window_us) {
+      // Idle for a window and owing nothing (one that owes is quiet because it is held).
+      if (now_us - it->second.last_us > p.cfg.window_us && it->second.tat_us <= now_us) {
         it = p.members.erase(it);
         --size_;
         continue;

@@ -89,6 +89,21 @@ TEST(Shares, SharesFollowDemand) {
   EXPECT_EQ(book.size(), 1u);
 }
 
+// A tenant that still owes (a large cost, paid back over 50 s at the whole
+// rate) is not forgotten when it goes quiet for a window: it is quiet
+// because it is held. Once its debt is paid, it is.
+TEST(Shares, ATenantIsForgottenOnlyOnceItsDebtIsPaid) {
+  shares book = one_pool();
+  EXPECT_TRUE(book.use(0, "a", 5'000, t0, t0).throttled);
+  book.rebalance(t0 + 15 * s);
+  ASSERT_TRUE(book.find(0, "a", t0 + 15 * s)) << "idle for a window, but 35 s of debt left";
+  const auto d = book.use(0, "a", 1, t0 + 15 * s, t0 + 15 * s);
+  ASSERT_TRUE(d.throttled);
+  EXPECT_GT(d.next_us, t0 + 45 * s);
+  book.rebalance(t0 + 80 * s);
+  EXPECT_FALSE(book.find(0, "a", t0 + 80 * s)) << "paid and idle for a window: forgotten";
+}
+
 // A newcomer gets the water level at once; a domain without a shared rate has
 // no shares; a reload keeps a domain's shares; the book is bounded.
 TEST(Shares, NewcomersDomainsAndBounds) {
