@@ -115,6 +115,22 @@ class RedisStoreTest(RedisTestCase):
             self.assertGreaterEqual(after.next_ms, before[d], d)
         self.assert_free(gk, "api", "bob")
 
+    def test_a_tiers_state_is_kept_in_redis_for_the_tiers_window(self):
+        # The tier's window (3 per minute: 3 min) is six times the domain's
+        # (30 s): its key must live that long, or a restart forgets the client.
+        r = self.start_redis()
+        m = self.start_master({"t": {"rules": [("1/10s", 3)], "tiers": {"pro": [("1/min", 3)]}}},
+                              store="redis", redis=r.url)
+        gk = self.closing(m.gatekeeper(["t"]))
+        t = now_ms()
+        for i in range(3):
+            gk.accepted("t", "dave", t + i, loginfo="tier=pro")
+        gk.expect(3)
+        self.wait_written(m)
+        ttl = r.command("PTTL", key("t", "dave"))
+        self.assertGreater(ttl, 150_000, f"PTTL {ttl}: the tier's 3 min window, not the domain's 30 s")
+        self.assertLessEqual(ttl, 183_000)
+
     def test_state_survives_a_graceful_restart_with_writes_flushed_at_exit(self):
         r = self.start_redis()
         m = self.master(r.url)

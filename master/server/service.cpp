@@ -332,7 +332,7 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
   batch.reserve(std::min(states.dirty(), k_flush_batch) + reservation_writes_->pending());
   states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
     const auto& d = ingest_.domains()[domain];
-    const rules::limits& l = states.limits_of(domain, identifier);
+    const rules::limits& l = states.current_limits(domain, identifier);  // its tier's, when its uses name one
     const std::int64_t ttl_ms = (rules::expires_at_us(l, st) + limiter::k_late_us - now_us + 999) / 1000;
     if (ttl_ms <= 0) return;  // can no longer matter, even for a late use; Redis lets its copy expire too
     batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
