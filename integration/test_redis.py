@@ -130,6 +130,19 @@ class RedisStoreTest(RedisTestCase):
         ttl = r.command("PTTL", key("t", "dave"))
         self.assertGreater(ttl, 150_000, f"PTTL {ttl}: the tier's 3 min window, not the domain's 30 s")
         self.assertLessEqual(ttl, 183_000)
+        self.assertTrue(r.command("GET", key("t", "dave")).endswith(b"|pro"), "the record names its tier")
+        # Read back, a state is judged by its tier: one whose uses were a
+        # minute ago is over the domain's 30 s window but inside the tier's.
+        us = (now_ms() - 60_000) * 1000
+        r.command("SET", key("t", "erin"), f"sliding-log:{us},{us + 1000},{us + 2000}|pro", "PX", 200_000)
+        m = self.restart_master(m, signal.SIGKILL)
+        m.wait_metric("smockron_master_redis_loaded_total", predicate=lambda v: v >= 2)
+        gk.close()
+        gk = self.closing(m.gatekeeper(["t"]))
+        gk.accepted("t", "erin", now_ms(), loginfo="tier=pro")
+        c = gk.recv(3.0)
+        self.assertIsNotNone(c, "erin's tier state was not read back as the tier's")
+        self.assertEqual(c.identifier, "erin")
 
     def test_state_survives_a_graceful_restart_with_writes_flushed_at_exit(self):
         r = self.start_redis()

@@ -260,18 +260,23 @@ limiter::entry* limiter::insert(std::size_t domain, std::string_view identifier)
   return en;
 }
 
-bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us) {
-  const rules::limits& l = limits_of(domain, identifier);
+bool limiter::restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us,
+                      std::string_view tier) {
+  const rules::limits& l = limits_of(domain, identifier, tier);
   if (!rules::compatible(l, st) || rules::expired(l, st, now_us - k_late_us)) return false;
   entry* en = maps_[domain].find(identifier);
   if (!en) {
     // Restored state never evicts live state: past the cap it is dropped.
     if (size_ >= max_identifiers_) return false;
     en = insert(domain, identifier);
+    en->lim = &l;
     en->st = st;
     return true;
   }
-  rules::merge(l, en->st, st);
+  // Uses of this run came first: their limits judge it (the same as `l`
+  // unless they named another tier), and a state of another shape is dropped.
+  if (en->lim != &l && !rules::compatible(*en->lim, st)) return false;
+  rules::merge(*en->lim, en->st, st);
   if (track_dirty_) mark(en);
   return true;
 }

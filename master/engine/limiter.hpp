@@ -143,10 +143,12 @@ public:
     }
     return n;
   }
-  /// Folds a state read back from the store into memory (see rules::merge).
-  /// Returns false when it was not taken: expired (k_late_us ago), of another
-  /// shape, or the cap is reached.
-  bool restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us);
+  /// Folds a state read back from the store into memory (see rules::merge),
+  /// judged by `tier`'s limits (the tier its uses named; empty: none) until
+  /// its next use. Returns false when it was not taken: expired (k_late_us
+  /// ago), of another shape, or the cap is reached.
+  bool restore(std::size_t domain, std::string_view identifier, const rules::state& st, std::int64_t now_us,
+               std::string_view tier = {});
 
   std::uint64_t expirations() const { return expirations_; }
   const rules::state* find(std::size_t domain, std::string_view identifier) const;

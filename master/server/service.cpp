@@ -302,7 +302,8 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
   const std::int64_t now_us = clock_.wall_us();
   for (auto& l : store_->take_loaded()) {
     const auto i = ingest_.find(l.domain);
-    if (!i || states.limits_of(*i, l.identifier).algo != l.algo || !states.restore(*i, l.identifier, l.st, now_us)) {
+    if (!i || states.limits_of(*i, l.identifier, l.tier).algo != l.algo ||
+        !states.restore(*i, l.identifier, l.st, now_us, l.tier)) {
       restore_skipped_.inc();
     }
   }
@@ -335,7 +336,8 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
     const rules::limits& l = states.current_limits(domain, identifier);  // its tier's, when its uses name one
     const std::int64_t ttl_ms = (rules::expires_at_us(l, st) + limiter::k_late_us - now_us + 999) / 1000;
     if (ttl_ms <= 0) return;  // can no longer matter, even for a late use; Redis lets its copy expire too
-    batch.push_back({store_key(d.name, identifier), encode_state(l.algo, st), ttl_ms});
+    batch.push_back(
+        {store_key(d.name, identifier), encode_state(l.algo, st, states.limits(domain).tier_of(&l)), ttl_ms});
   });
   reservation_writes_->drain(batch, cfg_.reservation_timeout);
   for (auto& w : std::exchange(override_writes_, {})) {

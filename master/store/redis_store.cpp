@@ -310,7 +310,7 @@ bool redis_store::load() {
     if (!split_store_key(key, domain, identifier)) return true;
     auto st = decode_state(value);
     if (!st) return true;
-    chunk.push_back({std::string(domain), std::string(identifier), st->first, std::move(st->second)});
+    chunk.push_back({std::string(domain), std::string(identifier), st->algo, std::move(st->st), std::move(st->tier)});
     ++total;
     if (chunk.size() >= k_load_chunk) publish();
     return total < opt_.load_limit;

@@ -69,6 +69,7 @@ public:
     std::string identifier;
     rules::algorithm algo = rules::algorithm::sliding_log;
     rules::state st;
+    std::string tier;  ///< the tier its uses were judged by (empty: none)
   };
   struct options {
     redis_url url;

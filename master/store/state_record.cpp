@@ -4,6 +4,8 @@
 #include <charconv>
 #include <vector>
 
+#include "shared/protocol/wire.hpp"
+
 namespace smockron::master {
 
 std::string store_key(std::string_view domain, std::string_view identifier) {
@@ -55,17 +57,27 @@ bool parse_numbers(std::string_view v, std::vector<std::int64_t>& out) {
 }
 }  // namespace
 
-std::string encode_state(rules::algorithm algo, const rules::state& s) {
+std::string encode_state(rules::algorithm algo, const rules::state& s, std::string_view tier) {
   std::string out(algo == rules::algorithm::gcra ? k_gcra_tag : k_log_tag);
   append_numbers(out, s.times);
   if (!s.aux.empty()) {
     out += ';';
     append_numbers(out, s.aux);
   }
+  if (!tier.empty()) {
+    out += '|';
+    out += tier;
+  }
   return out;
 }
 
-std::optional<std::pair<rules::algorithm, rules::state>> decode_state(std::string_view v) {
+std::optional<stored_state> decode_state(std::string_view v) {
+  std::string_view tier;
+  if (const auto bar = v.find('|'); bar != std::string_view::npos) {
+    tier = v.substr(bar + 1);
+    if (!wire::valid_tier_name(tier)) return std::nullopt;
+    v = v.substr(0, bar);
+  }
   rules::algorithm algo;
   if (v.starts_with(k_log_tag)) {
     algo = rules::algorithm::sliding_log;
@@ -83,7 +95,7 @@ std::optional<std::pair<rules::algorithm, rules::state>> decode_state(std::strin
     if (semi + 1 == v.size() || !parse_numbers(v.substr(semi + 1), s.aux)) return std::nullopt;
   }
   if (algo == rules::algorithm::sliding_log && !std::is_sorted(s.times.begin(), s.times.end())) return std::nullopt;
-  return std::pair(algo, std::move(s));
+  return stored_state{algo, std::move(s), std::string(tier)};
 }
 
 std::string override_key(std::string_view domain, std::string_view identifier) {

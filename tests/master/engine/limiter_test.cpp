@@ -241,6 +241,22 @@ TEST(Limiter, RestoreFoldsStoredStateWithoutEvictingLiveState) {
   EXPECT_EQ(l.dirty(), 1u);
 }
 
+// A state read back with the tier its uses named is judged by that tier's
+// limits: kept while the tier's longer window still holds it, and limited as
+// that tier limits, not as the domain would.
+TEST(Limiter, RestoreJudgesAStateByItsTier) {
+  domain_limits d{ten_per_second(3)};  // window 300 ms
+  rules::limits pro;
+  pro.rules = {{1'000 * ms, 3}};  // 1/s burst 3: window 3 s
+  d.tiers = {{"pro", pro}};
+  limiter l({d}, 10);
+  const rules::state stored{{t0 - 2'600 * ms, t0 - 2'500 * ms, t0 - 2'400 * ms}};
+  EXPECT_FALSE(l.restore(0, "base", stored, t0)) << "the domain's 300 ms window (and 2 s) are over";
+  ASSERT_TRUE(l.restore(0, "tiered", stored, t0, "pro"));
+  EXPECT_EQ(&l.current_limits(0, "tiered"), &l.limits(0).tiers[0].second);
+  EXPECT_TRUE(l.apply(0, "tiered", at(t0), t0, "pro").throttled) << "the tier's burst of 3 is used within 3 s";
+}
+
 TEST(Limiter, CompilesADomainAndItsOverridesWithTheDomainsAlgorithm) {
   auto r = smockron::config::load_string(R"(
 [master.domains.api]

@@ -30,8 +30,8 @@ TEST(RedisStore, ValueRoundTripsAndRejectsGarbage) {
   for (auto algo : {rules::algorithm::sliding_log, rules::algorithm::gcra}) {
     auto back = decode_state(encode_state(algo, s));
     ASSERT_TRUE(back);
-    EXPECT_EQ(back->first, algo);
-    EXPECT_EQ(back->second.times, s.times);
+    EXPECT_EQ(back->algo, algo);
+    EXPECT_EQ(back->st.times, s.times);
   }
   // Counters and quotas (state::aux) follow a ";"; a value written before them has none.
   const rules::state with_aux{{1700000000000000}, {1699999920000000, 12, 3, 1698796800000000, 77}};
@@ -39,15 +39,24 @@ TEST(RedisStore, ValueRoundTripsAndRejectsGarbage) {
             "sliding-log:1700000000000000;1699999920000000,12,3,1698796800000000,77");
   auto aux_back = decode_state(encode_state(rules::algorithm::sliding_log, with_aux));
   ASSERT_TRUE(aux_back);
-  EXPECT_EQ(aux_back->second.times, with_aux.times);
-  EXPECT_EQ(aux_back->second.aux, with_aux.aux);
+  EXPECT_EQ(aux_back->st.times, with_aux.times);
+  EXPECT_EQ(aux_back->st.aux, with_aux.aux);
   auto only_aux = decode_state("gcra:;5,6");
   ASSERT_TRUE(only_aux);
-  EXPECT_TRUE(only_aux->second.times.empty());
-  EXPECT_EQ(only_aux->second.aux, (std::vector<std::int64_t>{5, 6}));
+  EXPECT_TRUE(only_aux->st.times.empty());
+  EXPECT_EQ(only_aux->st.aux, (std::vector<std::int64_t>{5, 6}));
   auto empty = decode_state("sliding-log:");
   ASSERT_TRUE(empty);
-  EXPECT_TRUE(empty->second.times.empty());
+  EXPECT_TRUE(empty->st.times.empty());
+  // The tier its uses named follows a "|" (written since tiers have their own TTL); none before.
+  EXPECT_EQ(encode_state(rules::algorithm::gcra, rules::state{{5}}, "pro"), "gcra:5|pro");
+  auto tiered = decode_state(encode_state(rules::algorithm::sliding_log, with_aux, "team.b-2"));
+  ASSERT_TRUE(tiered);
+  EXPECT_EQ(tiered->tier, "team.b-2");
+  EXPECT_EQ(tiered->st.aux, with_aux.aux);
+  EXPECT_EQ(decode_state("gcra:5")->tier, "");
+  for (const char* bad : {"gcra:5|", "gcra:5|a b", "gcra:5|pro|x", "gcra:x|pro"})
+    EXPECT_FALSE(decode_state(bad)) << bad;
   for (const char* bad : {"", "sliding-log", "leaky:1", "gcra:1,", "gcra:,1", "gcra:1;", "gcra:1;x", "gcra:1;2;3",
                           "sliding-log:;1,,2", "gcra:x", "gcra:-5", "sliding-log:2,1", "gcra:99999999999999999999"}) {
     EXPECT_FALSE(decode_state(bad)) << bad;
