@@ -225,6 +225,11 @@ void record_log(const limits& l, state& s, event e, std::int64_t now) {
   std::int64_t interval = 0;  // the largest interval among the logged rules
   for (const rule& r : l.rules) interval = logged(l, r) ? std::max(interval, r.interval_us) : interval;
   if (interval == 0) return;  // every rule is counted: no log to keep
+  // A correction known after its use's time left every window (a response
+  // longer than the window) goes in at the oldest time still counted: at its
+  // own time the log would drop it. GCRA, counters (their arrival time) and
+  // quotas carry it from the use's time and need no such move.
+  if (e.kind == event_kind::adjust) e.at_us = std::max(e.at_us, now - l.max_window_us() + 1);
   std::int64_t left = e.cost;
   bool all_broken = false;
   while (left > 0 && !all_broken) {
@@ -359,14 +364,6 @@ decision apply(const limits& l, state& s, event e, std::int64_t now_us) {
     return evaluate(l, s, now_us);
   }
   if (e.kind == event_kind::rejected || e.cost <= 0) return evaluate_all(l, s, now_us, true);
-  if (e.kind == event_kind::adjust && l.algo == algorithm::sliding_log && !l.rules.empty()) {
-    // A correction known after its use's time left every window (a response
-    // longer than the window) is charged at the oldest time still counted:
-    // at its own time the log would drop it, and the real cost is charged in
-    // full whatever the response's length (docs/cost.md). GCRA carries the
-    // debt from the use's time and needs no such move.
-    e.at_us = std::max(e.at_us, now_us - l.max_window_us() + 1);
-  }
   if (!l.rules.empty()) {
     if (l.algo == algorithm::gcra) record_gcra(l, s, e, now_us);
     else record_log(l, s, e, now_us);

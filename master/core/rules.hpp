@@ -162,8 +162,9 @@ struct decision {
 /// reach its limit, the next request is allowed at the window's end.
 /// Every unit is charged in full (up to k_max_debt_us ahead), whatever the cost.
 /// An adjustment of +n charges n units at its time as a use would (the
-/// sliding log: no earlier than the oldest time its windows still count, so
-/// a correction that comes after its window is charged, not dropped); one of -n
+/// sliding log's entries: no earlier than the oldest time its windows still
+/// count, so a correction that comes after its window is charged there, not
+/// dropped); one of -n
 /// gives back n units: GCRA arrival times move back n intervals (never before
 /// now), the sliding log drops its n newest entries (a reservation is at most
 /// a burst: the gatekeeper refuses a larger one, so its units are in the

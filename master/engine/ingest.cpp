@@ -66,7 +66,7 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
                                         metrics::labels({{"reason", "timeout"}}))),
       late_corrections_(reg.add_counter(
           "smockron_master_reservations_late_corrections_total",
-          "Corrections that found their reservation's charge gone (given back, or its state swept or evicted): "
+          "Corrections that found their reservation's charge gone (given back, or its GCRA state swept or evicted): "
           "the estimate was charged again")),
       leases_(cfg.max_identifiers),
       shares_(cfg.max_identifiers),
@@ -247,14 +247,21 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // (one never tracked, the book being full, kept its estimate); one given
     // back already is charged its estimate again (docs/cost.md).
     std::int64_t delta = *msg->adjust;
+    std::int64_t recharged = 0;  // charged, not counted: the units metric had it when it was reserved
     if (const auto closed = reservations_.close(peer, d.name, msg->identifier, msg->received_ms)) {
       if (reservation_log_) reservation_log_->closed(*closed);
-      if (!limiter_.find(it->second, msg->identifier)) {
+      const auto gcra = [&] {
+        const rules::limits& l = limiter_.limits_of(it->second, msg->identifier);
+        return l.algo == rules::algorithm::gcra && !l.rules.empty();
+      };
+      if (!limiter_.find(it->second, msg->identifier) && gcra()) {
         // Its state is gone (swept while the response went on, evicted at
-        // max_identifiers, not read back after a restart): the estimate's
-        // charge went with it, so the whole real cost is charged from the
-        // use's time.
-        delta += closed->units;
+        // max_identifiers, not read back after a restart), and with it the
+        // debt the estimate left: charged again from the use's time, under
+        // the difference (not counted again, not given to a share, which
+        // keeps its own). A sliding log swept has had every unit leave its
+        // windows, the estimate's too: nothing of it is owed.
+        recharged = closed->units;
         late_corrections_.inc();
       }
     } else if (const auto released = reservations_.take_released(d.name, msg->identifier, msg->received_ms)) {
@@ -263,10 +270,10 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
       delta += *released;
       late_corrections_.inc();
     }
-    e = {rules::event_kind::adjust, msg->received_ms * 1000, delta};
+    e = {rules::event_kind::adjust, msg->received_ms * 1000, delta + recharged};
     d.adjustments->inc();
-    if (delta == 0) return std::nullopt;  // closed as reserved: nothing changes
-    (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
+    if (delta == 0 && recharged == 0) return std::nullopt;  // closed as reserved: nothing changes
+    if (delta != 0) (delta > 0 ? d.units : d.refunded)->inc(static_cast<std::uint64_t>(delta > 0 ? delta : -delta));
   } else {
     // Exact admission: a request that went settles the GO it was given, and
     // is charged no earlier than that GO (a gatekeeper clock behind ours).
@@ -288,7 +295,13 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     }
   }
   rules::decision dec = limiter_.apply(it->second, msg->identifier, e, now_us, msg->tier);
-  if (shares_.any(it->second)) dec = share(it->second, msg->identifier, e, dec, now_us);
+  if (shares_.any(it->second)) {
+    // A share keeps its own count, which nothing gave back or lost: a
+    // correction reaches it as reported.
+    rules::event used = e;
+    if (msg->adjust) used.cost = *msg->adjust;
+    dec = share(it->second, msg->identifier, used, dec, now_us);
+  }
   d.tracked->set(static_cast<double>(limiter_.tracked(it->second)));
   // Who is limited now (GET /top): held or refused at a gatekeeper, or told to wait.
   if ((msg->state != wire::status::accepted && !msg->adjust) || (dec.throttled && dec.next_us > now_us)) {

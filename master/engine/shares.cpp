@@ -116,6 +116,11 @@ void shares::split(pool& p, std::int64_t now_us, const shares& self) {
   wants.reserve(p.members.size());
   double weights = 0;
   for (auto& [id, m] : p.members) {
+    // One idle for a window is kept only for what it still owes (rebalance):
+    // it takes no part in the split, and its share and the pace of its debt
+    // stay as they were until it comes back (a share of what it used
+    // lately, nothing, would make that debt endless).
+    if (now_us - m.last_us > p.cfg.window_us) continue;
     // A member younger than a window has no full measure of its use yet, and
     // one its share holds now (its uses wait at a gatekeeper, unreported
     // until they go) wants more than it has: they get the level.

@@ -223,12 +223,17 @@ TEST_F(IngestReservations, ALateCorrectionChargesTheEstimateAgain) {
 // after it stopped mattering), and the estimate's charge with it. The
 // correction then charges the whole real cost from the use's time, as if
 // the state had been kept.
-TEST(IngestReservationsSwept, ACorrectionAfterTheStateWasSweptChargesTheWholeCost) {
+// (A sliding log swept had every unit leave its windows, the estimate's
+// too: only the difference is owed, placed at the oldest time still counted.)
+struct swept_correction {
+  std::optional<wire::delay_until> answer;
+  std::string metrics;
+};
+swept_correction correct_after_a_sweep(const std::string& algorithm) {
   auto r = config::load_string(R"([master]
 [master.domains.llm]
 rules = [ { rate = "10/s", burst = 10 } ]
-algorithm = "gcra"
-)",
+algorithm = ")" + algorithm + "\"\n",
                                "test");
   manual_clock clock;
   metrics::registry registry;
@@ -241,13 +246,31 @@ algorithm = "gcra"
   send({"llm\0"s, "ACCEPTED", "k", t, "", "reserve=10"});  // paid back 1 s later
   clock.advance(std::chrono::seconds(5));
   ingest.sweep(clock.wall_us());
-  ASSERT_EQ(ingest.states().find(0, "k"), nullptr) << "swept while the response went on";
-  ASSERT_EQ(ingest.open_reservations(), 1u);
-  // 100 units in all: 10 s of the rate from the use's time, less the burst.
-  const auto d = send({"llm\0"s, "REJECTED", "k", t, "", "adjust=90"});
-  ASSERT_TRUE(d.has_value());
-  EXPECT_EQ(d->next_ms, std::stoll(t) + 9'100);
-  EXPECT_NE(registry.render().find("smockron_master_reservations_late_corrections_total 1"), std::string::npos);
+  EXPECT_EQ(ingest.states().find(0, "k"), nullptr) << "swept while the response went on";
+  EXPECT_EQ(ingest.open_reservations(), 1u);
+  swept_correction out;
+  out.answer = send({"llm\0"s, "REJECTED", "k", t, "", "adjust=90"});  // 100 units in all
+  out.metrics = registry.render();
+  return out;
+}
+
+TEST(IngestReservationsSwept, GcraChargesTheEstimateAgainUnderTheDifference) {
+  const auto c = correct_after_a_sweep("gcra");
+  ASSERT_TRUE(c.answer.has_value());
+  // 100 units: 10 s of the rate from the use's time (t0), less the burst.
+  EXPECT_EQ(c.answer->next_ms, manual_clock{}.wall_ms() + 9'100);
+  EXPECT_NE(c.metrics.find("smockron_master_reservations_late_corrections_total 1"), std::string::npos);
+  EXPECT_NE(c.metrics.find("smockron_master_units_total{domain=\"llm\"} 100"), std::string::npos)
+      << "the estimate is charged again, not counted again";
+}
+
+TEST(IngestReservationsSwept, TheSlidingLogChargesOnlyTheDifference) {
+  const auto c = correct_after_a_sweep("sliding-log");
+  ASSERT_TRUE(c.answer.has_value());
+  // 90 units from the oldest time the 1 s window still counts (t0 + 4 s):
+  // the burst of 10 there, 80 more one interval apart after it.
+  EXPECT_EQ(c.answer->next_ms, manual_clock{}.wall_ms() + 12'101);  // (t0 + 4 s and 1 µs, rounded up)
+  EXPECT_NE(c.metrics.find("smockron_master_reservations_late_corrections_total 0"), std::string::npos);
 }
 
 TEST_F(IngestReservations, ACorrectionAfterARestartChargesTheDifference) {

@@ -95,13 +95,24 @@ TEST(Shares, SharesFollowDemand) {
 TEST(Shares, ATenantIsForgottenOnlyOnceItsDebtIsPaid) {
   shares book = one_pool();
   EXPECT_TRUE(book.use(0, "a", 5'000, t0, t0).throttled);
-  book.rebalance(t0 + 15 * s);
+  // Rebalanced every second, as the master does: through the end of its debt
+  // (its last second of burst included) it is neither repriced to a share
+  // of nothing nor forgotten.
+  for (std::int64_t t = t0 + s; t <= t0 + 15 * s; t += s) book.rebalance(t);
   ASSERT_TRUE(book.find(0, "a", t0 + 15 * s)) << "idle for a window, but 35 s of debt left";
+  EXPECT_NEAR(book.find(0, "a", t0 + 15 * s)->share_per_s, 100, 1e-9) << "alone: the whole rate";
   const auto d = book.use(0, "a", 1, t0 + 15 * s, t0 + 15 * s);
   ASSERT_TRUE(d.throttled);
   EXPECT_GT(d.next_us, t0 + 45 * s);
-  book.rebalance(t0 + 80 * s);
+  EXPECT_LT(d.next_us, t0 + 51 * s) << "5,001 units at 100 a second, less the burst";
+  for (std::int64_t t = t0 + 16 * s; t <= t0 + 80 * s; t += s) {
+    book.rebalance(t);
+    if (const auto v = book.find(0, "a", t)) {
+      EXPECT_GT(v->share_per_s, 0) << (t - t0) / s;
+    }
+  }
   EXPECT_FALSE(book.find(0, "a", t0 + 80 * s)) << "paid and idle for a window: forgotten";
+  EXPECT_FALSE(book.use(0, "a", 1, t0 + 80 * s, t0 + 80 * s).throttled);
 }
 
 // A newcomer gets the water level at once; a domain without a shared rate has
