@@ -10,13 +10,17 @@ docs/architecture.md, "Exact admission"):
 - a client under its limit is served (one round trip later), and what went is
   settled at the master (no GO left open);
 - a master that stops answering leaves requests waiting at most control_fresh,
-  then they go (fail-open), counted.
+  then they go (fail-open), counted;
+- a request the master refuses gives its units back to the gatekeeper's own
+  count (the guard), which would otherwise hold the client past the time the
+  master named.
 
 Run: cd integration && python3 -m unittest -v test_exact
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -142,6 +146,44 @@ class ExactAdmissionTest(DaemonTestCase):
         self.assertGreaterEqual(elapsed, 1.5)  # control_fresh (2 s) without an answer
         self.assertEqual(self.proxies[0].metric("smockron_proxy_exact_unanswered_total"), 1)
 
+
+class ExactRefusalTest(DaemonTestCase):
+    # Five rules: a gatekeeper is told the first four (POLICY carries at most
+    # four), so its own count (the guard) allows 12 units with one back every
+    # 10 s, while the master also holds the client to 6 with one back a
+    # second. The master alone refuses the second request below.
+    RULES = [("6/min", 12), ("1000/s", 1000), ("1000/s", 1000), ("1000/s", 1000), ("1/s", 6)]
+
+    def test_a_refused_request_gives_its_units_back_to_the_gatekeeper(self):
+        master, backend, proxy = self.gate_stack(
+            {"x": {"rules": self.RULES, "algorithm": "gcra", "admission": "exact"}},
+            [{"path": "/x/", "domain": "x", "upstream": "app", "identify": ["header:X-API-Key"],
+              "cost": "header:X-Cost", "status": 429, "max_delay": "100ms", "ratelimit_headers": True}])
+        proxy.wait_metric("smockron_proxy_control_exact_total", predicate=lambda v: v >= 1, timeout=10)
+
+        def send(cost: int):
+            r, _ = fetch(proxy.port, "/x/a", key="k", headers=[("X-Cost", str(cost))], timeout=10)
+            return r.status, r.headers.get("ratelimit") or ""
+
+        def left(field: str) -> int:
+            """What the guard's policy "x-1" says is left (RateLimit: "x-1";r=N;...)."""
+            m = re.search(r'"x-1";r=(\d+)', field)
+            self.assertIsNotNone(m, field)
+            return int(m.group(1))
+
+        status, field = send(2)
+        self.assertEqual((status, left(field)), (200, 10))
+        # The guard has room (7 of 12); the master's 1/s rule has none for 1 s,
+        # beyond max_delay: refused, and the gate's count of the 5 units given back.
+        self.assertEqual(send(5)[0], 429)
+        self.assertEqual(proxy.metric("smockron_proxy_rejects_total", {"reason": "delay_too_long"}), 1)
+        # Once the master's second has passed it lets 1 more go. The guard then
+        # has 3 used of 12 (9 left, 10 if a unit came back meanwhile); had it
+        # kept the refused 5 it would say 4 or less.
+        status, field = wait_until(lambda: (lambda x: x if x[0] == 200 else None)(send(1)), 20, interval=0.3,
+                                   message="the master never let the third request go")
+        self.assertGreaterEqual(left(field), 9, field)
+        self.assertEqual(sum(1 for e in backend.log() if e["key"] == "k"), 2)
 
 if __name__ == "__main__":
     unittest.main()
