@@ -131,14 +131,16 @@ public:
   std::size_t dirty() const { return dirty_count_; }
   /// Marks every entry dirty (the store lost or may have lost what it had).
   void mark_all_dirty();
-  /// Calls f(domain, identifier, state) for up to `max` dirty entries, oldest first, and unmarks them.
+  /// Calls f(domain, identifier, state, limits) for up to `max` dirty
+  /// entries, oldest first, and unmarks them; `limits`: those the state is
+  /// judged by (its tier's or its override's, when it has them).
   template <class F>
   std::size_t drain_dirty(std::size_t max, F&& f) {
     std::size_t n = 0;
     while (n < max && dirty_head_) {
       entry* e = dirty_head_;
       unmark(e);
-      f(e->domain, std::string_view(e->key), static_cast<const rules::state&>(e->st));
+      f(e->domain, std::string_view(e->key), static_cast<const rules::state&>(e->st), *e->lim);
       ++n;
     }
     return n;

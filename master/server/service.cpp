@@ -331,9 +331,9 @@ void service::pump_store(std::chrono::steady_clock::time_point now, bool force) 
   next_flush_ = now + k_flush_interval;
   std::vector<redis_store::write> batch;
   batch.reserve(std::min(states.dirty(), k_flush_batch) + reservation_writes_->pending());
-  states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st) {
+  states.drain_dirty(k_flush_batch, [&](std::size_t domain, std::string_view identifier, const rules::state& st,
+                                        const rules::limits& l) {
     const auto& d = ingest_.domains()[domain];
-    const rules::limits& l = states.current_limits(domain, identifier);  // its tier's, when its uses name one
     const std::int64_t ttl_ms = (rules::expires_at_us(l, st) + limiter::k_late_us - now_us + 999) / 1000;
     if (ttl_ms <= 0) return;  // can no longer matter, even for a late use; Redis lets its copy expire too
     batch.push_back(

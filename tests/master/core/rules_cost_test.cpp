@@ -164,7 +164,7 @@ TEST_P(InUnits, AReservationCorrectedUpChargesTheDifference) {
 // the use's time (the debt reaches t0 + 100 units x 100 ms, less the burst);
 // the sliding log from the oldest time its window still counts, which the
 // log would otherwise drop, so the next allowed time is at least as far.
-TEST_P(InUnits, ACorrectionThatComesAfterItsWindowIsChargedInFull) {
+TEST_P(InUnits, ACorrectionThatComesAfterItsWindowIsStillCharged) {
   const limits l = make(GetParam(), {per_second(10, 5)});
   state s;
   use(l, s, 2, t0, t0);

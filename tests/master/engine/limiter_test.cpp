@@ -175,7 +175,7 @@ TEST(Limiter, OverrideGivesOneIdentifierItsOwnLimitsAndReconfigureFollowsIt) {
 namespace {
 std::vector<std::string> drain_all(limiter& l) {
   std::vector<std::string> out;
-  l.drain_dirty(1000, [&](std::size_t d, std::string_view id, const rules::state&) {
+  l.drain_dirty(1000, [&](std::size_t d, std::string_view id, const rules::state&, const rules::limits&) {
     out.push_back(std::to_string(d) + ":" + std::string(id));
   });
   return out;
@@ -199,7 +199,7 @@ TEST(Limiter, DirtyTrackingWritesEachChangedStateOnceOldestFirst) {
   l.mark_all_dirty();
   EXPECT_EQ(l.dirty(), 2u);
   std::size_t seen = 0;
-  EXPECT_EQ(l.drain_dirty(1, [&](auto, auto, const auto&) { ++seen; }), 1u);  // bounded batch
+  EXPECT_EQ(l.drain_dirty(1, [&](auto, auto, const auto&, const auto&) { ++seen; }), 1u);  // bounded batch
   EXPECT_EQ(seen, 1u);
   EXPECT_EQ(l.dirty(), 1u);
 }
