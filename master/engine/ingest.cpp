@@ -103,6 +103,10 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
   }
   reg.add_callback("smockron_master_asks_open_units", "Units said GO to and not yet accounted (exact admission)", "",
                    [this] { return static_cast<double>(asks_.units()); });
+  reg.add_callback("smockron_master_paced_identifiers",
+                   "Held identifiers whose gatekeepers are counted for their pace share (at most 65,536: beyond, a "
+                   "new one's gatekeepers pace at its rule's interval)",
+                   "", [this] { return static_cast<double>(pacers_.clients()); });
   reg.add_callback("smockron_master_shared_identifiers", "Identifiers with a share of a domain's shared rate", "",
                    [this] { return static_cast<double>(shares_.size()); });
   reg.add_counter_callback("smockron_master_shared_untracked_total",
@@ -211,7 +215,7 @@ void ingest::log_bad(std::string_view what, std::string_view detail) {
 }
 
 std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view> frames, bool truncated,
-                                                std::int64_t now_us, std::uint64_t peer) {
+                                                std::int64_t now_us, std::uint64_t peer, std::uint64_t gatekeeper) {
   // The latency histogram samples one message in 16: two clock reads per
   // message would cost more than the measurement is worth at 500k msg/s.
   const bool sampled = (++handled_ & 15) == 0;
@@ -313,7 +317,11 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->domain = d.name;
     out->identifier = msg->identifier;
     out->next_ms = ceil_ms(dec.next_us);
-    out->interval_ms = std::max<std::int64_t>(1, (dec.interval_us + 500) / 1000);
+    // Each of the gatekeepers holding the client paces its share (pace_share.hpp).
+    // (A connection that names no gatekeeper is one: the top bit keeps it apart from the names.)
+    const std::size_t pacers = pacers_.seen(it->second, msg->identifier,
+                                            gatekeeper != 0 ? gatekeeper : peer | (std::uint64_t{1} << 63), now_us);
+    out->interval_ms = std::max<std::int64_t>(1, (dec.interval_us * static_cast<std::int64_t>(pacers) + 500) / 1000);
     out->limit = limit_named(it->second, msg->identifier, dec);
   }
   if (sampled) latency_.observe(std::chrono::duration<double>(clock_.steady_now() - started).count());
@@ -459,6 +467,7 @@ void ingest::sweep(std::int64_t now_us, std::size_t budget) {
   // Shares follow demand once a second.
   if (now_us - rebalanced_us_ >= 1'000'000) {
     shares_.rebalance(now_us);
+    pacers_.sweep(now_us);
     rebalanced_us_ = now_us;
   }
   release(reservations_.take_older(now_us - reservation_timeout_.count(), budget), released_timeout_, now_us);

@@ -18,6 +18,7 @@
 #include "master/engine/asks.hpp"
 #include "master/engine/leases.hpp"
 #include "master/engine/limiter.hpp"
+#include "master/engine/pace_share.hpp"
 #include "master/engine/reservations.hpp"
 #include "master/engine/shares.hpp"
 #include "master/engine/top.hpp"
@@ -61,9 +62,12 @@ public:
   /// valid until the next call), or nothing.
   /// `peer`: the accounting connection it came on (0: none known): a
   /// reservation ("reserve=N") is held open for that connection until its
-  /// correction ("adjust=N") arrives on it.
+  /// correction ("adjust=N") arrives on it. `gatekeeper`: the name that
+  /// connection gave (0: none; the connection is then a gatekeeper of its
+  /// own): a DELAY_UNTIL's interval is the rule's times the gatekeepers
+  /// holding the client (pace_share.hpp).
   std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated, std::int64_t now_us,
-                                          std::uint64_t peer = 0);
+                                          std::uint64_t peer = 0, std::uint64_t gatekeeper = 0);
 
   /// The accounting connection `peer` closed: its gatekeeper's open
   /// reservations are given back (their units refunded), and its
@@ -209,6 +213,7 @@ private:
   leases leases_;
   shares shares_;
   std::int64_t rebalanced_us_ = 0;  ///< when the shares were last computed
+  pace_share pacers_;               ///< the gatekeepers holding each held client
   /// Applies a use to its identifier's share of its domain's shared rate: the later of the two decisions.
   rules::decision share(std::size_t domain, std::string_view identifier, const rules::event& e, rules::decision dec,
                         std::int64_t now_us);

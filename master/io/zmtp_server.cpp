@@ -317,6 +317,7 @@ void zmtp_server::on_readable(peer& p) {
 
 void zmtp_server::parse(peer& p) {
   current_peer_ = p.id;  // whose messages parse() delivers
+  current_gatekeeper_ = p.session.peer_gatekeeper();
   struct events final : zmtp::session_events {
     zmtp_server& self;
     peer& p;
@@ -326,6 +327,7 @@ void zmtp_server::parse(peer& p) {
     events(zmtp_server& s, peer& q, std::string& r) : self(s), p(q), replies(r) {}
     void on_ready() override {
       self.ready_peers_.fetch_add(1, std::memory_order_relaxed);
+      self.current_gatekeeper_ = p.session.peer_gatekeeper();  // named in the READY just read
       // Keys a reload changed since the handshake began (its HELLO was judged
       // by the keys then): nothing the peer sent is delivered.
       unwelcome = self.unwelcome(p).has_value();

@@ -117,6 +117,8 @@ public:
   /// The connection whose message is being handed over (during on_message):
   /// an id unique for this subscriber's life.
   std::uint64_t current_peer() const { return current_peer_; }
+  /// The gatekeeper that peer named in its READY (X-Gatekeeper, zmtp.hpp); 0: none.
+  std::uint64_t current_gatekeeper() const { return current_gatekeeper_; }
   /// Who is told, with its id, when a connection closes (its gatekeeper left,
   /// or broke a bound): what it had open dies with it.
   void on_peer_closed(std::function<void(std::uint64_t)> f) { on_closed_ = std::move(f); }
@@ -193,6 +195,7 @@ private:
   std::function<void(std::uint64_t)> on_closed_;
   std::size_t delivered_ = 0;
   std::uint64_t current_peer_ = 0;
+  std::uint64_t current_gatekeeper_ = 0;
   std::uint64_t last_peer_id_ = 0;
   const clock& clock_;
   options opt_;

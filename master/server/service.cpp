@@ -79,15 +79,8 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
   for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
-  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
-    const std::uint64_t peer = accounting_.current_peer();
-    // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
-    // a malformed one is handled as the one message it is (and counted as such).
-    if (!truncated && wire::is_batch(frames) &&
-        wire::for_each_batch_record(frames, [&](std::span<const std::string_view> f) { handle(f, false, peer); }))
-      return;
-    handle(frames, truncated, peer);
-  });
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { deliver(frames, truncated); });
   // A gatekeeper's reservations die with its connection.
   accounting_.on_peer_closed([this](std::uint64_t peer) { ingest_.peer_closed(peer, clock_.wall_us()); });
   if (cfg.store == config::store_kind::redis) {
@@ -167,8 +160,21 @@ void service::serve_queries() {
   }
 }
 
-void service::handle(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer) {
-  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us(), peer)) throttled(*d, "accounting");
+void service::deliver(std::span<const std::string_view> frames, bool truncated) {
+  const std::uint64_t peer = accounting_.current_peer();
+  const std::uint64_t gatekeeper = accounting_.current_gatekeeper();
+  // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
+  // a malformed one is handled as the one message it is (and counted as such).
+  if (!truncated && wire::is_batch(frames) &&
+      wire::for_each_batch_record(frames,
+                                  [&](std::span<const std::string_view> f) { handle(f, false, peer, gatekeeper); }))
+    return;
+  handle(frames, truncated, peer, gatekeeper);
+}
+
+void service::handle(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer,
+                     std::uint64_t gatekeeper) {
+  if (const auto d = ingest_.handle(frames, truncated, clock_.wall_us(), peer, gatekeeper)) throttled(*d, "accounting");
 }
 
 void service::throttled(const wire::delay_until& d, std::string_view source) {
@@ -269,15 +275,8 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
     accounting_.after_turn();
     control_->after_turn();
   }
-  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
-    const std::uint64_t peer = accounting_.current_peer();
-    // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
-    // a malformed one is handled as the one message it is (and counted as such).
-    if (!truncated && wire::is_batch(frames) &&
-        wire::for_each_batch_record(frames, [&](std::span<const std::string_view> f) { handle(f, false, peer); }))
-      return;
-    handle(frames, truncated, peer);
-  });
+  accounting_.on_message(
+      [this](std::span<const std::string_view> frames, bool truncated) { deliver(frames, truncated); });
   pump_store(clock_.steady_now(), false);
   log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
              store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),

@@ -63,8 +63,10 @@ public:
   std::size_t poll_once(std::chrono::milliseconds timeout);
   /// Processes one accounting message given as frames, as poll_once() does
   /// for each message received.
-  /// `peer`: the accounting connection it came on (0: none; tests).
-  void handle(std::span<const std::string_view> frames, bool truncated = false, std::uint64_t peer = 0);
+  /// `peer`: the accounting connection it came on (0: none; tests);
+  /// `gatekeeper`: the gatekeeper it named (0: none, the connection is taken as one).
+  void handle(std::span<const std::string_view> frames, bool truncated = false, std::uint64_t peer = 0,
+              std::uint64_t gatekeeper = 0);
 
   /// Hands every unwritten state to the store and stops it, waiting at most `deadline`.
   void finish(std::chrono::milliseconds deadline);
@@ -117,6 +119,8 @@ public:
   std::uint16_t rls_port() const;
 
 private:
+  /// An accounting message from the connection being read (its peer and gatekeeper).
+  void deliver(std::span<const std::string_view> frames, bool truncated);
   void reconfigure(config::master_config next);
   /// The file's configuration with the API's overrides (runtime_overrides_) in.
   config::master_config effective(const config::master_config& file) const;

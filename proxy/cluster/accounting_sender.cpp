@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 #include "shared/base/net.hpp"
@@ -97,7 +98,7 @@ accounting_sender::counters::counters(metrics::registry& r)
 accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<std::string>& endpoints,
                                      std::size_t queue_limit, counters& c,
                                      const std::vector<config::proxy_config::shard_config>& shards,
-                                     const curve_keys& curve)
+                                     const curve_keys& curve, std::uint64_t gatekeeper)
     : ioc_(ioc),
       queue_limit_(queue_limit),
       counters_(c),
@@ -106,6 +107,11 @@ accounting_sender::accounting_sender(asio::io_context& ioc, const std::vector<st
       log_(log::get("proxy.accounting")) {
   bytes_.reserve(batch * 96);
   batch_.reserve(batch);
+  if (gatekeeper != 0) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(gatekeeper));
+    gatekeeper_ = hex;
+  }
   curve_keys_ = curve;
   // A DNS name's masters come with set_masters(); the rest are connected now.
   for (const auto& e : endpoints) {
@@ -382,6 +388,7 @@ void accounting_sender::connect(link& l) {
 void accounting_sender::on_connected(link& l) {
   l.st = link::state::handshake;
   l.session = l.new_session();
+  l.session.name_gatekeeper(gatekeeper_);
   l.in.clear();
   const std::uint64_t gen = l.generation;
   std::string hello;

@@ -83,10 +83,13 @@ public:
   /// `queue_limit`: messages queued per master at most (accounting_hwm; 0 = unbounded).
   /// `shards`: domains split across masters by identifier (their endpoints are among `endpoints`).
   /// `curve`: the keys of each endpoint that speaks CURVE (the others are plaintext).
+  /// `gatekeeper`: the proxy's name on every connection (X-Gatekeeper, zmtp.hpp), the same for
+  /// all its workers' senders, so that a master counts the gatekeepers that report a client (its
+  /// pace share) and not their connections; 0: none.
   using curve_keys = std::map<std::string, std::shared_ptr<const zmtp::curve::client_keys>, std::less<>>;
   accounting_sender(boost::asio::io_context& ioc, const std::vector<std::string>& endpoints, std::size_t queue_limit,
                     counters& c, const std::vector<config::proxy_config::shard_config>& shards = {},
-                    const curve_keys& curve = {});
+                    const curve_keys& curve = {}, std::uint64_t gatekeeper = 0);
   accounting_sender(const accounting_sender&) = delete;
   accounting_sender& operator=(const accounting_sender&) = delete;
 
@@ -161,6 +164,7 @@ private:
   /// name them): a gone master's link is parked and reused for the next new one.
   std::vector<std::unique_ptr<link>> links_;
   curve_keys curve_keys_;
+  std::string gatekeeper_;  ///< X-Gatekeeper on every connection (16 hex digits; empty: none)
   wire::scratch scratch_;
   /// A domain split by identifier: the ring, and each share's configured endpoints and links.
   struct sharded {

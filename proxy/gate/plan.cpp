@@ -17,6 +17,22 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us) {
   if (e.spare_us != 0 && e.spare_us <= now_us) e.spare_us = 0;  // lapsed
 }
 
+namespace {
+// The master's interval is this gatekeeper's pace: the binding rule's
+// interval times the gatekeepers holding the client (the master's pace
+// share, master/engine/pace_share.hpp). A request's own units fit one rule
+// interval each after the master's time: the guard's rule when the gate
+// knows which (a single rule, or the one LIMIT named), else the interval as
+// given (a master without pace share sends the rule's).
+std::int64_t unit_interval(const client_entry& e, const guard_policy& guard) {
+  std::int64_t rule_us = 0;
+  if (guard.count == 1) rule_us = guard.rules[0].interval_us;
+  else if (e.limit == wire::limit_ref::kind::rule && e.limit_index < guard.count)
+    rule_us = guard.rules[e.limit_index].interval_us;
+  return rule_us > 0 && e.interval_us > 0 ? std::min(rule_us, e.interval_us) : e.interval_us;
+}
+}  // namespace
+
 request_plan plan_request(const client_entry& e, const guard_policy& guard, std::int64_t max_delay_us,
                           std::int64_t pacing_fresh_us, std::int64_t now_us, std::int64_t units) {
   request_plan p;
@@ -25,8 +41,9 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   // The master's next allowed time is when one unit fits; u units fit u - 1
   // of its intervals later (bounded as its times are).
   std::int64_t master_us = e.next_us;
-  if (u > 1 && e.next_us != 0 && e.interval_us > 0)
-    master_us += std::min(u - 1, wire::max_policy_span_us / e.interval_us) * e.interval_us;
+  const std::int64_t unit_us = unit_interval(e, guard);
+  if (u > 1 && e.next_us != 0 && unit_us > 0)
+    master_us += std::min(u - 1, wire::max_policy_span_us / unit_us) * unit_us;
   p.release_us = master_us;
   p.pace_us = e.interval_us;
   // The guard: the earliest time every rule's GCRA conforms for u units.
@@ -78,7 +95,8 @@ std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, st
     const std::int64_t owed = std::max<std::int64_t>(e.tat[i] - at_us, 0);
     bound(r.burst - (owed + r.interval_us - 1) / r.interval_us);  // a unit partly paid back is not free
   }
-  if (e.next_us != 0 && e.interval_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / e.interval_us + 1);
+  const std::int64_t unit_us = unit_interval(e, guard);
+  if (e.next_us != 0 && unit_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / unit_us + 1);
   return most;
 }
 
@@ -106,15 +124,16 @@ void move_back(std::int64_t& t, std::int64_t interval, std::int64_t units, std::
 void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {
   if (units <= 0) return;
   bool rate_bound = false;
+  const std::int64_t unit_us = unit_interval(e, guard);
   for (std::size_t i = 0; i < guard.count; ++i) {
     move_back(e.tat[i], guard.rules[i].interval_us, units, now_us);
-    rate_bound = rate_bound || guard.rules[i].interval_us == e.interval_us;
+    rate_bound = rate_bound || guard.rules[i].interval_us == unit_us;
   }
   // The master's next allowed time charged the units too, and it gives
   // them back when the correction reaches it; until its next DELAY_UNTIL
   // (which only moves the time forward here) this gatekeeper does the same.
   // Only a time one of the rules set (a quota's window end is not paid back).
-  if (rate_bound) move_back(e.next_us, e.interval_us, units, now_us);
+  if (rate_bound) move_back(e.next_us, unit_us, units, now_us);
   // This gatekeeper's own queue was planned at the units reserved, a pace
   // each: requests planned from now go as much earlier (those held keep
   // their times; the guard and the master still bound them all). Without

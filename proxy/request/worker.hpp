@@ -103,7 +103,8 @@ struct worker {
               accounting.account(m, {});
             }),
         accounting(ioc, first->cfg.accounting, static_cast<std::size_t>(first->cfg.accounting_hwm),
-                   s.accounting_counters, first->cfg.shards, first->cfg.curve),
+                   s.accounting_counters, first->cfg.shards, first->cfg.curve,
+                   holder & ~std::uint64_t{0xff}),  // the proxy's part of the holder: every worker's the same
         rt(std::move(first)),
         pool(ioc.get_executor(), s.clk, s.metrics, s.resolve_soon),
         h2_pool(ioc.get_executor(), s.clk, s.metrics) {}

@@ -66,14 +66,23 @@ greeting_status check_greeting(std::string_view g, std::string& detail, std::str
   return greeting_status::ok;
 }
 
-std::string ready(std::string_view socket_type) {
-  std::string body = "\x05READY\x0bSocket-Type";
-  const auto n = static_cast<std::uint32_t>(socket_type.size());
+namespace {
+void append_property(std::string& body, std::string_view name, std::string_view value) {
+  body += static_cast<char>(name.size());
+  body += name;
+  const auto n = static_cast<std::uint32_t>(value.size());
   body += static_cast<char>(n >> 24);
   body += static_cast<char>((n >> 16) & 0xff);
   body += static_cast<char>((n >> 8) & 0xff);
   body += static_cast<char>(n & 0xff);
-  body += socket_type;
+  body += value;
+}
+}  // namespace
+
+std::string ready(std::string_view socket_type, std::string_view gatekeeper) {
+  std::string body = "\x05READY";
+  append_property(body, "Socket-Type", socket_type);
+  if (!gatekeeper.empty()) append_property(body, gatekeeper_property, gatekeeper);
   std::string out;
   append_frame(out, flag_command, body);
   return out;
@@ -119,20 +128,22 @@ std::optional<std::pair<std::string_view, std::string_view>> split_command(std::
   return std::pair(body.substr(1, n), body.substr(1 + n));
 }
 
-std::optional<std::string_view> ready_socket_type(std::string_view rest) {
-  std::string_view socket_type;
+std::optional<std::string_view> ready_property(std::string_view rest, std::string_view wanted) {
+  std::string_view value;
   while (!rest.empty()) {
     const std::size_t n = static_cast<unsigned char>(rest[0]);
     if (rest.size() < 1 + n + 4) return std::nullopt;
     const std::string_view name = rest.substr(1, n);
     const std::uint64_t vlen = load_be(rest.data() + 1 + n, 4);
     if (rest.size() - 1 - n - 4 < vlen) return std::nullopt;
-    if (name.size() == 11 && strncasecmp(name.data(), "Socket-Type", 11) == 0)
-      socket_type = rest.substr(1 + n + 4, vlen);
+    if (name.size() == wanted.size() && strncasecmp(name.data(), wanted.data(), n) == 0)
+      value = rest.substr(1 + n + 4, vlen);
     rest.remove_prefix(1 + n + 4 + vlen);
   }
-  return socket_type;
+  return value;
 }
+
+std::optional<std::string_view> ready_socket_type(std::string_view rest) { return ready_property(rest, "Socket-Type"); }
 
 std::string pong_for(std::string_view ping_rest) {
   // PING carries a 2-byte TTL and up to 16 bytes of context, echoed in PONG.

@@ -27,8 +27,16 @@ enum class greeting_status : std::uint8_t { need_more, ok, not_zmtp, old_version
 /// reason. The peer's mechanism must be `mechanism` (NULL or CURVE).
 greeting_status check_greeting(std::string_view bytes, std::string& detail, std::string_view mechanism = "NULL");
 
-/// A complete READY command frame announcing `socket_type`.
-std::string ready(std::string_view socket_type);
+/// The property a Smockron gatekeeper names itself by in the READY (or
+/// CURVE metadata) of its accounting connections (wire addition): 16 hex
+/// digits, one value for every connection of one proxy process, so that the
+/// master counts gatekeepers, not connections (a proxy has one per worker).
+/// A peer that does not know the property ignores it, as ZMTP has it.
+inline constexpr std::string_view gatekeeper_property = "X-Gatekeeper";
+
+/// A complete READY command frame announcing `socket_type`, and
+/// `gatekeeper` as X-Gatekeeper when it is not empty.
+std::string ready(std::string_view socket_type, std::string_view gatekeeper = {});
 
 /// Appends one frame (short or long form by size).
 void append_frame(std::string& out, std::uint8_t flags, std::string_view body);
@@ -48,8 +56,10 @@ frame_status next_frame(std::string_view buf, std::uint64_t max_body, frame& out
 
 /// A command body split into its name and the rest; nothing if malformed.
 std::optional<std::pair<std::string_view, std::string_view>> split_command(std::string_view body);
-/// Socket-Type from READY's properties (the body after the name); nothing if
-/// the properties are malformed, empty if absent.
+/// Property `name` (case-insensitive) from READY's properties (the body
+/// after the name); nothing if the properties are malformed, empty if absent.
+std::optional<std::string_view> ready_property(std::string_view properties, std::string_view name);
+/// Socket-Type from READY's properties: ready_property(properties, "Socket-Type").
 std::optional<std::string_view> ready_socket_type(std::string_view properties);
 /// The PONG frame answering a PING command's rest (TTL + context).
 std::string pong_for(std::string_view ping_rest);

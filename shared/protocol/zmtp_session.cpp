@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <vector>
 
 #include "shared/protocol/zmtp.hpp"
@@ -33,7 +34,8 @@ std::string_view session::hello(role r) { return hello_for(r == role::pub ? "PUB
 
 void session::start(std::string& out) {
   if (!mechanism_) {
-    out += hello(role_);
+    if (own_gatekeeper_.empty()) out += hello(role_);
+    else out += std::string(greeting()) + zmtp::ready(role_ == role::pub ? "PUB" : "SUB", own_gatekeeper_);
     return;
   }
   out += curve_greeting(mechanism_->is_server());
@@ -218,9 +220,18 @@ bool session::curve_fail(curve::error e, std::string_view during) {
   return fail(phase_ == phase::messages ? fault::framing : fault::handshake, what);
 }
 
+std::string session::own_properties() const {
+  return zmtp::ready(role_ == role::pub ? "PUB" : "SUB", own_gatekeeper_).substr(2 + 6);
+}
+
 bool session::peer_type_fits(std::string_view metadata) {
   const auto type = ready_socket_type(metadata);
   if (!type) return fail(fault::handshake, "malformed READY properties");
+  // (Any other value is no name: the master then counts the connection as its own gatekeeper.)
+  const auto gk = ready_property(metadata, gatekeeper_property).value_or("");
+  std::uint64_t id = 0;
+  if (gk.size() == 16 && std::from_chars(gk.data(), gk.data() + gk.size(), id, 16).ptr == gk.data() + gk.size())
+    peer_gatekeeper_ = id;
   const bool fits = role_ == role::pub ? (*type == "SUB" || *type == "XSUB") : (*type == "PUB" || *type == "XPUB");
   if (!fits) {
     return fail(fault::handshake, "peer socket type \"" + printable(*type) + "\" cannot talk to a " +
@@ -238,8 +249,8 @@ bool session::curve_handshake(std::string_view body, std::string& out, session_e
         rest.empty() ? 0 : std::min<std::size_t>(static_cast<unsigned char>(rest[0]), rest.size() - 1);
     return fail(fault::peer_error, "peer sent ERROR \"" + printable(rest.substr(rest.empty() ? 0 : 1, n)) + "\"");
   }
-  // Our own properties: the Socket-Type, as a READY body after its name.
-  const std::string props = zmtp::ready(role_ == role::pub ? "PUB" : "SUB").substr(2 + 6);
+  // Our own properties (the Socket-Type, our gatekeeper), as a READY body after its name.
+  const std::string props = own_properties();
   std::string reply, metadata;
   if (mechanism_->is_server()) {
     if (cmd->first == "HELLO" && !hello_seen_) {

@@ -105,6 +105,12 @@ public:
   /// What this session sends at once: hello(r) for NULL; for CURVE the
   /// greeting, and a client's HELLO.
   void start(std::string& out);
+  /// Names this end's gatekeeper in its READY (X-Gatekeeper, zmtp.hpp; 16
+  /// hex digits): call before start(). Empty: not named.
+  void name_gatekeeper(std::string id) { own_gatekeeper_ = std::move(id); }
+  /// The gatekeeper the peer named in its READY (16 hex digits as a number);
+  /// 0: none, or not 16 hex digits.
+  std::uint64_t peer_gatekeeper() const { return peer_gatekeeper_; }
 
   /// Appends one frame to send (`flags`: flag_more / flag_command), sealed
   /// when the session is CURVE. Only once ready(), for CURVE.
@@ -143,8 +149,11 @@ private:
   std::size_t feed_curve(std::string_view in, std::size_t pos, session_events& ev, std::string& out);
   bool curve_handshake(std::string_view body, std::string& out, session_events& ev);
   bool curve_fail(curve::error e, std::string_view during);
-  /// Checks the Socket-Type in READY's properties (or CURVE's INITIATE/READY metadata).
+  /// Checks the Socket-Type in READY's properties (or CURVE's INITIATE/READY
+  /// metadata), and reads the peer's X-Gatekeeper.
   bool peer_type_fits(std::string_view metadata);
+  /// Our READY's properties (the body after the command name).
+  std::string own_properties() const;
 
   role role_;
   limits limits_;
@@ -161,6 +170,8 @@ private:
   std::size_t plain_count_ = 0;                  ///< CURVE: its frames kept (at most max_frames)
   bool plain_truncated_ = false;
   bool hello_seen_ = false;  ///< CURVE: HELLO (server) or WELCOME (client) done
+  std::string own_gatekeeper_;
+  std::uint64_t peer_gatekeeper_ = 0;
 };
 
 /// The topic prefixes a peer subscribed to, with ZeroMQ's counting (a topic

@@ -1,0 +1,55 @@
+// Pace share: how many gatekeepers hold one client.
+//
+// A gatekeeper holds the requests of a client the master holds
+// (DELAY_UNTIL) and releases them one interval apart behind the master's
+// time. G gatekeepers that each pace at the rule's interval fill the same
+// slots within a round trip, G times the rate; the master charges all of it
+// and holds the client as long, and the admitted stream swings around the
+// limit (docs/benchmarks.md, "Weighted traffic": 0.5 s with 1,300 units,
+// then none, at G = 10 and 100 ms). So the interval a DELAY_UNTIL carries
+// is the rule's times the gatekeepers that reported the client within
+// k_window_us: each paces its share, together the rate. The master's time
+// itself is untouched, and so is every decision for a client under its
+// limit: only messages that leave the client held are counted.
+//
+// Gatekeepers are told apart by the name their accounting connections give
+// (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
+// worker. A connection that names none counts as a gatekeeper of its own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/base/string_hash.hpp"
+
+namespace smockron::master {
+
+class pace_share {
+public:
+  /// A gatekeeper that reported none of the client's uses for this long no longer counts.
+  static constexpr std::int64_t k_window_us = 1'000'000;
+  /// Clients counted at most; beyond, a new one is not counted (its gatekeepers pace at the rule's interval).
+  static constexpr std::size_t k_max_clients = 65'536;
+  /// Gatekeepers counted per client at most (the share's divisor).
+  static constexpr std::size_t k_max_gatekeepers = 64;
+
+  /// `gatekeeper` reported a use of (domain, identifier) at `now_us` that
+  /// left the client held: how many gatekeepers did so within k_window_us,
+  /// this one included (1 when the client cannot be counted).
+  std::size_t seen(std::size_t domain, std::string_view identifier, std::uint64_t gatekeeper, std::int64_t now_us);
+  /// Forgets the clients no gatekeeper reported within k_window_us.
+  void sweep(std::int64_t now_us);
+  std::size_t clients() const { return clients_.size(); }
+
+private:
+  struct sighting {
+    std::uint64_t gatekeeper;
+    std::int64_t at_us;
+  };
+  string_map<std::vector<sighting>> clients_;  ///< key: the domain's index (4 bytes), then the identifier
+  std::string key_;                            ///< scratch for the key (no allocation per message)
+};
+
+}  // namespace smockron::master
