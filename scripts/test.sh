@@ -57,12 +57,12 @@ done
 # The HTTP/2 session code (callbacks into nghttp2, streams outliving their
 # connection's turns) under ASan + UBSan, driven by real clients. A report
 # is written to a file and fails the run even when the tests passed.
-echo "== HTTP/2, gRPC, cost, budget, concurrency, exact admission, override API, tier, shared-rate, Envoy, CURVE, DNS discovery, Redis Cluster and trace integration tests against the ASan + UBSan daemons (build-asan/)"
+echo "== HTTP/2, gRPC, cost, budget, concurrency, exact admission, pace share, override API, tier, shared-rate, Envoy, CURVE, DNS discovery, Redis Cluster and trace integration tests against the ASan + UBSan daemons (build-asan/)"
 asan_reports=$(mktemp -d)
 (cd integration && SMOCKRON_BIN_DIR="$PWD/../build-asan/bin" \
   ASAN_OPTIONS="detect_leaks=1:log_path=$asan_reports/asan" UBSAN_OPTIONS="print_stacktrace=1:log_path=$asan_reports/ubsan" \
   timeout 900 python3 -m unittest test_http2 test_http2_abuse test_h2_defects test_protocol_pairs test_grpc test_cost \
-    test_budgets test_concurrency test_exact test_overrides_api test_tiers test_shares test_envoy test_curve test_discovery test_redis_cluster test_traces)
+    test_budgets test_concurrency test_exact test_pace_share test_overrides_api test_tiers test_shares test_envoy test_curve test_discovery test_redis_cluster test_traces)
 if compgen -G "$asan_reports/*" >/dev/null; then
   cat "$asan_reports"/*
   echo "sanitizer reports above" >&2

@@ -2,6 +2,7 @@
 #include "master/engine/ingest.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 namespace smockron::master {
@@ -319,9 +320,9 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->next_ms = ceil_ms(dec.next_us);
     // Each of the gatekeepers holding the client paces its share (pace_share.hpp).
     // (A connection that names no gatekeeper is one: the top bit keeps it apart from the names.)
-    const std::size_t pacers = pacers_.seen(it->second, msg->identifier,
-                                            gatekeeper != 0 ? gatekeeper : peer | (std::uint64_t{1} << 63), now_us);
-    out->interval_ms = std::max<std::int64_t>(1, (dec.interval_us * static_cast<std::int64_t>(pacers) + 500) / 1000);
+    const double pacers = pacers_.seen(it->second, msg->identifier,
+                                       gatekeeper != 0 ? gatekeeper : peer | (std::uint64_t{1} << 63), now_us);
+    out->interval_ms = std::max<std::int64_t>(1, std::llround(static_cast<double>(dec.interval_us) * pacers / 1000));
     out->limit = limit_named(it->second, msg->identifier, dec);
   }
   if (sampled) latency_.observe(std::chrono::duration<double>(clock_.steady_now() - started).count());

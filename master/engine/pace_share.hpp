@@ -7,10 +7,16 @@
 // and holds the client as long, and the admitted stream swings around the
 // limit (docs/benchmarks.md, "Weighted traffic": 0.5 s with 1,300 units,
 // then none, at G = 10 and 100 ms). So the interval a DELAY_UNTIL carries
-// is the rule's times the gatekeepers that reported the client within
-// k_window_us: each paces its share, together the rate. The master's time
-// itself is untouched, and so is every decision for a client under its
-// limit: only messages that leave the client held are counted.
+// is the rule's times the number of gatekeepers holding the client: each
+// paces its share, together the rate. The master's time itself is
+// untouched, and so is every decision for a client under its limit: only
+// messages that leave the client held are counted.
+//
+// The number is an effective one, (sum n)^2 / sum n^2 over the messages n
+// each gatekeeper sent in the last second (a sliding-window count): G for G
+// gatekeepers that see the client alike, near 1 when one sees nearly all of
+// it (90% and 10%: 1.2), so that a client pinned to one gatekeeper with a
+// little spill-over is not paced at half its rate there.
 //
 // Gatekeepers are told apart by the name their accounting connections give
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
@@ -28,25 +34,27 @@ namespace smockron::master {
 
 class pace_share {
 public:
-  /// A gatekeeper that reported none of the client's uses for this long no longer counts.
+  /// The window the messages are counted over.
   static constexpr std::int64_t k_window_us = 1'000'000;
   /// Clients counted at most; beyond, a new one is not counted (its gatekeepers pace at the rule's interval).
   static constexpr std::size_t k_max_clients = 65'536;
-  /// Gatekeepers counted per client at most (the share's divisor).
+  /// Gatekeepers counted per client at most (more are not counted).
   static constexpr std::size_t k_max_gatekeepers = 64;
 
-  /// `gatekeeper` reported a use of (domain, identifier) at `now_us` that
-  /// left the client held: how many gatekeepers did so within k_window_us,
-  /// this one included (1 when the client cannot be counted).
-  std::size_t seen(std::size_t domain, std::string_view identifier, std::uint64_t gatekeeper, std::int64_t now_us);
-  /// Forgets the clients no gatekeeper reported within k_window_us.
+  /// `gatekeeper` sent a message about (domain, identifier) at `now_us`
+  /// that left the client held: the effective number of gatekeepers holding
+  /// it, this message counted (1 when the client cannot be counted).
+  double seen(std::size_t domain, std::string_view identifier, std::uint64_t gatekeeper, std::int64_t now_us);
+  /// Forgets the clients no gatekeeper sent a message about for a window or more.
   void sweep(std::int64_t now_us);
   std::size_t clients() const { return clients_.size(); }
 
 private:
   struct sighting {
     std::uint64_t gatekeeper;
-    std::int64_t at_us;
+    std::int64_t window_us;  ///< the start of the window `current` counts
+    std::uint32_t previous;  ///< messages in the window before it
+    std::uint32_t current;
   };
   string_map<std::vector<sighting>> clients_;  ///< key: the domain's index (4 bytes), then the identifier
   std::string key_;                            ///< scratch for the key (no allocation per message)

@@ -28,10 +28,11 @@ class Ingest : public ::testing::Test {
 protected:
   Ingest() : cfg_(two_domains()), ingest_(cfg_, clock_, registry_) {}
 
-  std::optional<wire::delay_until> handle(std::vector<std::string> frames) {
+  std::optional<wire::delay_until> handle(std::vector<std::string> frames, std::uint64_t peer = 0,
+                                          std::uint64_t gatekeeper = 0) {
     std::vector<std::string_view> v(frames.begin(), frames.end());
     kept_ = std::move(frames);  // the result views into them
-    return ingest_.handle(v, false, clock_.wall_us());
+    return ingest_.handle(v, false, clock_.wall_us(), peer, gatekeeper);
   }
   std::string ms(std::int64_t offset) const { return std::to_string(clock_.wall_ms() + offset); }
 
@@ -52,6 +53,34 @@ TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
   EXPECT_EQ(d->interval_ms, 100);
   EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "other", ms(0), ""})) << "identifiers are apart";
   EXPECT_EQ(ingest_.states().tracked(), 2u);
+}
+
+// Pace share (pace_share.hpp): a held client's DELAY_UNTIL carries the
+// rule's interval times the gatekeepers whose messages left it held (an
+// effective number: (sum n)^2 / sum n^2 of their messages in the last
+// second), told apart by the name their connections give, not by the
+// connections.
+TEST_F(Ingest, AHeldClientsIntervalIsSharedByItsGatekeepers) {
+  const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
+    return handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, peer, gk);
+  };
+  EXPECT_FALSE(use(1, 0xa00));  // the burst (2)
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(use(2, 0xa00)->interval_ms, 100) << "a second connection of the same gatekeeper (another worker)";
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 180) << "a second gatekeeper, 2 messages and 1: (2 + 1)^2 / 5";
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 200) << "alike: each paces half the rate";
+  EXPECT_EQ(use(4, 0)->interval_ms, 278) << "a connection that names none counts as a gatekeeper of its own";
+  EXPECT_EQ(use(5, 0)->interval_ms, 360);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00), std::nullopt);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00)->interval_ms, 100) << "clients are apart";
+  // Gatekeepers silent for two windows no longer count, and the sweep forgets a silent client.
+  clock_.advance(std::chrono::milliseconds(2'500));
+  EXPECT_FALSE(use(1, 0xa00)) << "its debt paid back";
+  ASSERT_TRUE(use(1, 0xa00));
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100);
+  ingest_.sweep(clock_.wall_us());
+  EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 1\n"), std::string::npos)
+      << "the sweep forgot j";
 }
 
 TEST_F(Ingest, RefusalsAreCountedByReason) {

@@ -227,6 +227,21 @@ TEST(GateGuard, HotClientIsBoundedBeforeTheMasterSpeaks) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(g.decide(1, "hot", t0, limits()).v, verdict::accept);
 }
 
+// Pace share: the master's interval is this gatekeeper's share of the pace
+// (the rule's times the gatekeepers holding the client); a request's own
+// units still fit one rule interval each after the master's time.
+TEST(GateGuard, UnitsFitByTheRuleWhileTheQueueGoesAtTheSharedPace) {
+  gate g;
+  set_policy(g, 0, {{1 * ms, 500}}, t0);         // 1000/s burst 500
+  g.update(0, "a", t0 + 100 * ms, 10 * ms, t0);  // held; ten gatekeepers share the pace
+  const auto first = g.decide(0, "a", t0, limits(), 50);
+  ASSERT_EQ(first.v, verdict::delay);
+  EXPECT_EQ(first.release_us, t0 + 149 * ms) << "49 more units, one rule interval each (not 490 ms)";
+  EXPECT_EQ(first.interval_us, 10 * ms);
+  // The next held request: one shared pace after the first, then its own 49 units at that pace.
+  EXPECT_EQ(g.decide(0, "a", t0, limits(), 50).release_us, t0 + 649 * ms);
+}
+
 // A client under its limit is never held by the guard: sends that fit the
 // rules' sliding logs fit their GCRAs. Here both rules are met exactly at
 // their bounds: bursts of 3 every 300 ms (10/s burst 3), and 20 uses then the

@@ -140,6 +140,26 @@ TEST(ZmtpSession, HelloIsGreetingAndReady) {
   EXPECT_EQ(session::hello(session::role::sub), std::string(zmtp::greeting()) + zmtp::ready("SUB"));
 }
 
+// The master reads the gatekeeper a connection names (X-Gatekeeper); a
+// name that is not 16 hex digits, or none, reads as 0 (the connection is
+// then a gatekeeper of its own).
+TEST(ZmtpSession, ThePeerNamesItsGatekeeper) {
+  end pub(session::role::pub), sub(session::role::sub);
+  pub.s.name_gatekeeper("00000000000abc00");
+  pub.s.start(pub.out);
+  sub.receive(pub.out);
+  ASSERT_TRUE(sub.s.ready());
+  EXPECT_EQ(sub.s.peer_gatekeeper(), 0xabc00u);
+  for (const std::string& bytes : {std::string(session::hello(session::role::pub)),
+                                   std::string(zmtp::greeting()) + zmtp::ready("PUB", "not-hex-at-all!!"),
+                                   std::string(zmtp::greeting()) + zmtp::ready("PUB", "abc00")}) {
+    end other(session::role::sub);
+    other.receive(bytes);
+    ASSERT_TRUE(other.s.ready());
+    EXPECT_EQ(other.s.peer_gatekeeper(), 0u);
+  }
+}
+
 TEST(ZmtpSession, OversizedMessagesAreSkippedOnTheirOwnWhenAllowed) {
   end sub(session::role::sub, {.max_message = 100, .max_skip = 10'000});
   sub.receive(std::string(session::hello(session::role::pub)));
@@ -426,6 +446,16 @@ std::pair<std::string, std::string> first_message(curve_pair& c, std::minstd_ran
   zmtp::frame f;
   EXPECT_EQ(zmtp::next_frame(c.pub.out, 1 << 20, f), zmtp::frame_status::ok);
   return {c.pub.out.substr(0, f.size), c.pub.out.substr(f.size)};
+}
+
+TEST(ZmtpCurve, ThePeerNamesItsGatekeeper) {
+  const curve_world w;
+  std::minstd_rand rng(3);
+  curve_pair c(w);
+  c.pub.s.name_gatekeeper("0123456789abcdef");  // before WELCOME: INITIATE's metadata carries it
+  c.exchange(rng);
+  ASSERT_TRUE(c.sub.s.ready()) << c.sub.s.detail();
+  EXPECT_EQ(c.sub.s.peer_gatekeeper(), 0x0123456789abcdefu);
 }
 
 TEST(ZmtpCurve, RefusalsHaveTheirLabels) {

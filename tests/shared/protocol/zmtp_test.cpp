@@ -68,6 +68,21 @@ TEST(ZmtpWire, ReadyCommandRoundTrips) {
   EXPECT_FALSE(zmtp::split_command("\x09PING"));
 }
 
+// A gatekeeper names itself on its accounting connections (X-Gatekeeper, a wire addition).
+TEST(ZmtpWire, ReadyNamesTheGatekeeper) {
+  const std::string r = zmtp::ready("PUB", "00000000000abc00");
+  EXPECT_EQ(r, "\x04\x3a\x05READY\x0bSocket-Type\0\0\0\x03PUB\x0cX-Gatekeeper\0\0\0\x10"s + "00000000000abc00");
+  zmtp::frame f;
+  ASSERT_EQ(zmtp::next_frame(r, 1024, f), zmtp::frame_status::ok);
+  const auto cmd = zmtp::split_command(f.body);
+  ASSERT_TRUE(cmd);
+  EXPECT_EQ(zmtp::ready_socket_type(cmd->second), "PUB");
+  EXPECT_EQ(zmtp::ready_property(cmd->second, "x-gatekeeper"), "00000000000abc00") << "names are case-insensitive";
+  EXPECT_EQ(zmtp::ready("PUB", ""), zmtp::ready("PUB")) << "no name: no property";
+  EXPECT_EQ(zmtp::ready_property(zmtp::ready("PUB").substr(8), zmtp::gatekeeper_property), "") << "absent";
+  EXPECT_FALSE(zmtp::ready_property("\x0cX-Gatekeeper\0\0\0\x10"s + "short", zmtp::gatekeeper_property));
+}
+
 TEST(ZmtpWire, FramesShortAndLong) {
   std::string out;
   zmtp::append_frame(out, zmtp::flag_more, "abc");

@@ -1,0 +1,87 @@
+"""Pace share with the real binaries (docs/architecture.md, "Pace share"):
+the interval a held client's DELAY_UNTIL carries is the rule's times the
+gatekeepers that report the client, so that each paces its share.
+
+- two proxies of two workers each (four accounting connections), a client
+  held at both: the master's DELAY_UNTIL for it says 200 ms (10/s, two
+  gatekeepers), never 300 or 400 (it counts gatekeepers, which name
+  themselves on their connections, not the connections);
+- the same client at one proxy only says 100 ms, the rule's interval.
+
+A pyzmq SUB on the master's control endpoint reads the DELAY_UNTILs.
+
+Run: cd integration && python3 -m unittest -v test_pace_share
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lib.config import WARM_DOMAIN, WARM_ROUTE  # noqa: E402
+from lib.gatekeeper import Gatekeeper  # noqa: E402
+from lib.http1 import fetch  # noqa: E402
+from lib.ports import HOST  # noqa: E402
+from lib.testcase import DaemonTestCase  # noqa: E402
+
+DOMAIN = "paced"
+WAVE = 6  # requests to each proxy at once, each on its own connection (so on either worker)
+
+
+class PaceShareTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        self.master = self.start_master({DOMAIN: {"rules": [("10/s", 2)], "algorithm": "gcra"},
+                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+        self.backend = self.start_backend()
+        routes = [WARM_ROUTE, {"path": "/p/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"],
+                               "max_delay": "3s"}]
+        self.proxies = []
+        for i in range(2):
+            p = self.start_proxy({"app": {"servers": [f"{HOST}:{self.backend.port}"]}}, routes,
+                                 accounting=[self.master.accounting], control=[self.master.control],
+                                 config_name=f"proxy-{i}.toml", threads=2)
+            self.wait_connected(p)
+            self.wait_accounting(p)
+            self.prime(p, key_prefix=f"warm-{i}-")
+            self.proxies.append(p)
+        self.sniffer = Gatekeeper(self.master.accounting, self.master.control, [DOMAIN])
+        self.addCleanup(self.sniffer.close)
+        self.sniffer.handshake()
+
+    def wave(self, key: str, proxies) -> None:
+        """WAVE requests of `key` to each of `proxies` at once; waits for their answers."""
+        threads = [threading.Thread(target=fetch, args=(p.port, "/p/x"), kwargs={"key": key, "timeout": 10})
+                   for p in proxies for _ in range(WAVE)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+
+    def intervals(self, key: str, proxies, want: int, deadline_s: float = 20.0) -> set[int]:
+        """Sends waves until a DELAY_UNTIL for `key` says `want` ms (bounded); every interval seen."""
+        seen: set[int] = set()
+        deadline = time.monotonic() + deadline_s
+        while want not in seen and time.monotonic() < deadline:
+            self.wave(key, proxies)
+            for m in self.sniffer.drain(0.2):
+                if m.command == "DELAY_UNTIL" and m.identifier == key and m.interval_ms is not None:
+                    seen.add(m.interval_ms)
+        return seen
+
+    def test_a_client_held_at_two_gatekeepers_is_paced_at_half_the_rate_at_each(self):
+        seen = self.intervals("both", self.proxies, 200)
+        self.assertIn(200, seen)
+        self.assertLessEqual(max(seen), 200, f"four connections counted as gatekeepers: {sorted(seen)}")
+
+    def test_a_client_held_at_one_gatekeeper_is_paced_at_the_rule(self):
+        seen = self.intervals("one", self.proxies[:1], 100, deadline_s=5.0)
+        self.assertEqual(seen, {100})
+
+
+if __name__ == "__main__":
+    unittest.main()

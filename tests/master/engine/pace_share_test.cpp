@@ -1,0 +1,60 @@
+// Pace share (master/engine/pace_share.hpp): the effective number of
+// gatekeepers holding a client, and the bounds of the table.
+#include "master/engine/pace_share.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using smockron::master::pace_share;
+
+namespace {
+constexpr std::int64_t t = 1'000'000'000;  // the start of a window
+constexpr std::int64_t w = pace_share::k_window_us;
+}  // namespace
+
+TEST(PaceShare, CountsTheGatekeepersThatSeeTheClient) {
+  pace_share p;
+  EXPECT_EQ(p.seen(0, "k", 1, t), 1.0);
+  EXPECT_EQ(p.seen(0, "k", 2, t + 10), 2.0) << "two gatekeepers that see it alike";
+  EXPECT_DOUBLE_EQ(p.seen(0, "k", 1, t + 20), 9.0 / 5) << "(2 + 1)^2 / (4 + 1)";
+  EXPECT_EQ(p.seen(1, "k", 3, t + 20), 1.0) << "another domain's client";
+  EXPECT_EQ(p.seen(0, "j", 2, t + 20), 1.0) << "another client";
+}
+
+// A client pinned to one gatekeeper with a little spill-over is paced near its rate there.
+TEST(PaceShare, OneThatSeesMostOfTheClientCountsMost) {
+  pace_share p;
+  for (int i = 0; i < 9; ++i) p.seen(0, "k", 1, t);
+  EXPECT_DOUBLE_EQ(p.seen(0, "k", 2, t), 100.0 / 82);  // 90% and 10%: 1.22
+}
+
+TEST(PaceShare, TheCountsSlideWithTheWindow) {
+  pace_share p;
+  p.seen(0, "k", 1, t);
+  EXPECT_EQ(p.seen(0, "k", 2, t), 2.0);
+  // Half a window on: each's last window counts half, gatekeeper 1 one message more.
+  EXPECT_DOUBLE_EQ(p.seen(0, "k", 1, t + w + w / 2), 4.0 / (1.5 * 1.5 + 0.5 * 0.5));
+  // Two windows later gatekeeper 2, silent since, counts no more.
+  EXPECT_EQ(p.seen(0, "k", 1, t + 3 * w), 1.0);
+  EXPECT_EQ(p.clients(), 1u);
+  p.sweep(t + 4 * w);
+  EXPECT_EQ(p.clients(), 1u) << "its last window still counts";
+  p.sweep(t + 5 * w);
+  EXPECT_EQ(p.clients(), 0u);
+}
+
+TEST(PaceShare, TheTableIsBounded) {
+  pace_share p;
+  for (std::size_t i = 0; i < pace_share::k_max_clients; ++i) p.seen(0, "c" + std::to_string(i), 1, t);
+  EXPECT_EQ(p.clients(), pace_share::k_max_clients);
+  EXPECT_EQ(p.seen(0, "new", 1, t), 1.0);
+  EXPECT_EQ(p.seen(0, "new", 2, t), 1.0) << "not counted: its gatekeepers pace at the rule's interval";
+  EXPECT_EQ(p.seen(0, "c0", 2, t), 2.0) << "the clients counted still are";
+  for (std::uint64_t g = 2; g < 200; ++g) p.seen(0, "c1", g, t);
+  EXPECT_DOUBLE_EQ(p.seen(0, "c1", 2, t), 65.0 * 65 / (63 + 4)) << "64 gatekeepers at most";
+  p.sweep(t + 2 * w);
+  EXPECT_EQ(p.clients(), 0u);
+  EXPECT_EQ(p.seen(0, "new", 1, t + 2 * w), 1.0);
+  EXPECT_EQ(p.clients(), 1u);
+}
