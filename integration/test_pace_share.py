@@ -3,9 +3,10 @@ the interval a held client's DELAY_UNTIL carries is the rule's times the
 gatekeepers that report the client, so that each paces its share.
 
 - two proxies of two workers each (four accounting connections), a client
-  held at both: the master's DELAY_UNTIL for it says 200 ms (10/s, two
-  gatekeepers), never 300 or 400 (it counts gatekeepers, which name
-  themselves on their connections, not the connections);
+  held at both: the master's DELAY_UNTIL for it says up to 200 ms (10/s,
+  two gatekeepers; a little less while one has reserved more than the
+  other), never more (it counts gatekeepers, which name themselves on their
+  connections, not the connections);
 - the same client at one proxy only says 100 ms, the rule's interval.
 
 A pyzmq SUB on the master's control endpoint reads the DELAY_UNTILs.
@@ -62,11 +63,14 @@ class PaceShareTest(DaemonTestCase):
         for t in threads:
             t.join(15)
 
-    def intervals(self, key: str, proxies, want: int, deadline_s: float = 20.0) -> set[int]:
-        """Sends waves until a DELAY_UNTIL for `key` says `want` ms (bounded); every interval seen."""
+    def intervals(self, key: str, proxies, enough, deadline_s: float = 20.0) -> set[int]:
+        """Sends waves (three at least, so that both workers of a proxy take part) until the
+        intervals of the DELAY_UNTILs for `key` are `enough` (bounded); every interval seen."""
         seen: set[int] = set()
         deadline = time.monotonic() + deadline_s
-        while want not in seen and time.monotonic() < deadline:
+        waves = 0
+        while (not enough(seen) or waves < 3) and time.monotonic() < deadline:
+            waves += 1
             self.wave(key, proxies)
             for m in self.sniffer.drain(0.2):
                 if m.command == "DELAY_UNTIL" and m.identifier == key and m.interval_ms is not None:
@@ -74,12 +78,15 @@ class PaceShareTest(DaemonTestCase):
         return seen
 
     def test_a_client_held_at_two_gatekeepers_is_paced_at_half_the_rate_at_each(self):
-        seen = self.intervals("both", self.proxies, 200)
-        self.assertIn(200, seen)
-        self.assertLessEqual(max(seen), 200, f"four connections counted as gatekeepers: {sorted(seen)}")
+        # The effective number of gatekeepers is 2 when both reserve alike, a
+        # little less when one has reserved more: 150 ms and more is two
+        # gatekeepers counted; over 200 would be their four connections.
+        seen = self.intervals("both", self.proxies, lambda s: any(v > 150 for v in s))
+        self.assertTrue(any(v > 150 for v in seen), f"two gatekeepers not counted: {sorted(seen)}")
+        self.assertLessEqual(max(seen), 200, f"connections counted as gatekeepers: {sorted(seen)}")
 
     def test_a_client_held_at_one_gatekeeper_is_paced_at_the_rule(self):
-        seen = self.intervals("one", self.proxies[:1], 100, deadline_s=5.0)
+        seen = self.intervals("one", self.proxies[:1], lambda s: bool(s), deadline_s=5.0)
         self.assertEqual(seen, {100})
 
 

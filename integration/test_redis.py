@@ -224,14 +224,20 @@ class RedisStoreTest(RedisTestCase):
         t = now_ms()
         for i in range(3):
             pub.send_multipart([b"api\0", b"ACCEPTED", b"held", str(t + i).encode(), b""])
+        # And a BATCH of two (what a gatekeeper sends on a CURVE link), unpacked when it is processed.
+        records = b""
+        for i in range(2):
+            frames = [b"ACCEPTED", b"held-in-a-batch", str(t + i).encode(), b""]
+            records += bytes([len(frames)]) + b"".join(len(f).to_bytes(2, "big") + f for f in frames)
+        pub.send_multipart([b"api\0", b"BATCH", records])
         accepted = {"domain": "api", "status": "ACCEPTED"}
         self.assertEqual(m.metric("smockron_master_accounting_messages_total", accepted) or 0, 0,
                          "the master is still loading its states (Redis stopped, redis_timeout 30s)")
         self.assertNotIn("serving after", m.log(), "the master is still loading its states")
         os.kill(r.proc.pid, signal.SIGCONT)  # Redis answers: the loading completes
-        m.wait_metric("smockron_master_accounting_messages_total", accepted, predicate=lambda v: v == 3, timeout=30)
+        m.wait_metric("smockron_master_accounting_messages_total", accepted, predicate=lambda v: v == 5, timeout=30)
         self.assertEqual(m.metric("smockron_master_accounting_dropped_total"), 0)
-        self.assertIn("3 accounting message(s) held meanwhile", m.log())
+        self.assertIn("4 accounting message(s) held meanwhile", m.log())
 
     def test_a_hung_redis_never_stalls_decisions(self):
         # A decision that waited for Redis would wait redis_timeout (5 s): the bound

@@ -187,6 +187,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   }
   limiter_.reconfigure(compile_all(next), old_index);
   shares_.configure(share_configs(next), old_index);
+  pacers_ = {};  // keyed by domain index: counted afresh (within a second)
   limiter_.set_max_identifiers(next.max_identifiers);
   reservations_.set_max_open(next.max_identifiers);
   reservation_timeout_ = next.reservation_timeout;
@@ -318,10 +319,15 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->domain = d.name;
     out->identifier = msg->identifier;
     out->next_ms = ceil_ms(dec.next_us);
-    // Each of the gatekeepers holding the client paces its share (pace_share.hpp).
-    // (A connection that names no gatekeeper is one: the top bit keeps it apart from the names.)
-    const double pacers = pacers_.seen(it->second, msg->identifier,
-                                       gatekeeper != 0 ? gatekeeper : peer | (std::uint64_t{1} << 63), now_us);
+    // Each of the gatekeepers holding the client paces its share
+    // (pace_share.hpp), counted by its reservations and uses: refusals
+    // follow demand, not pacing, and a correction is not a request. A
+    // connection that names no gatekeeper (a proxy from before pace share,
+    // one connection per worker; a third-party gatekeeper) is not counted:
+    // at worst, the pace is the rule's, as before.
+    const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
+    const double pacers = paces ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
+                                : pacers_.count(it->second, msg->identifier, now_us);
     out->interval_ms = std::max<std::int64_t>(1, std::llround(static_cast<double>(dec.interval_us) * pacers / 1000));
     out->limit = limit_named(it->second, msg->identifier, dec);
   }

@@ -38,14 +38,18 @@ public:
   static constexpr std::int64_t k_window_us = 1'000'000;
   /// Clients counted at most; beyond, a new one is not counted (its gatekeepers pace at the rule's interval).
   static constexpr std::size_t k_max_clients = 65'536;
-  /// Gatekeepers counted per client at most (more are not counted).
-  static constexpr std::size_t k_max_gatekeepers = 64;
+  /// Gatekeepers counted per client at most (more are not counted). With
+  /// k_max_clients, at most ~50 MB of counts (each 24 bytes).
+  static constexpr std::size_t k_max_gatekeepers = 32;
 
   /// `gatekeeper` sent a message about (domain, identifier) at `now_us`
   /// that left the client held: the effective number of gatekeepers holding
   /// it, this message counted (1 when the client cannot be counted).
   double seen(std::size_t domain, std::string_view identifier, std::uint64_t gatekeeper, std::int64_t now_us);
-  /// Forgets the clients no gatekeeper sent a message about for a window or more.
+  /// The effective number as it stands (1 for a client not counted), counting nothing.
+  double count(std::size_t domain, std::string_view identifier, std::int64_t now_us);
+  /// Forgets the clients no gatekeeper sent a message about for a window or
+  /// more (one pass over the table: at most k_max_clients, once a second).
   void sweep(std::int64_t now_us);
   std::size_t clients() const { return clients_.size(); }
 
@@ -56,6 +60,13 @@ private:
     std::uint32_t previous;  ///< messages in the window before it
     std::uint32_t current;
   };
+  /// The key of (domain, identifier), in key_.
+  void make_key(std::size_t domain, std::string_view identifier);
+  /// Rolls each of `seen` to the window starting at `window` and drops the silent ones.
+  static void roll_all(std::vector<sighting>& seen, std::int64_t window);
+  /// The effective number over `seen` (rolled to the window starting at `window`).
+  static double effective(const std::vector<sighting>& seen, std::int64_t window, std::int64_t now_us);
+
   string_map<std::vector<sighting>> clients_;  ///< key: the domain's index (4 bytes), then the identifier
   std::string key_;                            ///< scratch for the key (no allocation per message)
 };

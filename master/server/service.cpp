@@ -79,8 +79,9 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   // Subscribed to exactly the owned domains: topic = name + "\0" makes the
   // prefix match exact, so masters can split domains between them.
   for (const auto& d : ingest_.domains()) accounting_.subscribe(topic(d.name));
-  accounting_.on_message(
-      [this](std::span<const std::string_view> frames, bool truncated) { deliver(frames, truncated); });
+  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
+    deliver(frames, truncated, accounting_.current_peer(), accounting_.current_gatekeeper());
+  });
   // A gatekeeper's reservations die with its connection.
   accounting_.on_peer_closed([this](std::uint64_t peer) { ingest_.peer_closed(peer, clock_.wall_us()); });
   if (cfg.store == config::store_kind::redis) {
@@ -160,9 +161,8 @@ void service::serve_queries() {
   }
 }
 
-void service::deliver(std::span<const std::string_view> frames, bool truncated) {
-  const std::uint64_t peer = accounting_.current_peer();
-  const std::uint64_t gatekeeper = accounting_.current_gatekeeper();
+void service::deliver(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer,
+                      std::uint64_t gatekeeper) {
   // A gatekeeper on a CURVE link packs messages into batches (wire_batch.hpp);
   // a malformed one is handled as the one message it is (and counted as such).
   if (!truncated && wire::is_batch(frames) &&
@@ -258,14 +258,20 @@ void service::run(const std::atomic<bool>& stop) {
 // and processed in order once the states are back.
 void service::restore_from_store(const std::atomic<bool>& stop) {
   const auto since = clock_.steady_now();
-  std::vector<std::pair<std::vector<std::string>, std::uint64_t>> held;  // frames, connection
+  struct held_message {
+    std::vector<std::string> frames;
+    std::uint64_t peer;        ///< the connection it came on
+    std::uint64_t gatekeeper;  ///< the name that connection gave
+  };
+  std::vector<held_message> held;
   accounting_.on_message([&](std::span<const std::string_view> frames, bool truncated) {
     if (held.size() >= static_cast<std::size_t>(cfg_.startup_backlog)) {
       held_dropped_.inc();
     } else if (truncated) {
       handle(frames, true);  // counted as malformed now; needs no state
     } else {
-      held.emplace_back(std::vector<std::string>(frames.begin(), frames.end()), accounting_.current_peer());
+      held.push_back({std::vector<std::string>(frames.begin(), frames.end()), accounting_.current_peer(),
+                      accounting_.current_gatekeeper()});
     }
   });
   while (!store_->settled() && !stop.load(std::memory_order_relaxed)) {
@@ -275,16 +281,17 @@ void service::restore_from_store(const std::atomic<bool>& stop) {
     accounting_.after_turn();
     control_->after_turn();
   }
-  accounting_.on_message(
-      [this](std::span<const std::string_view> frames, bool truncated) { deliver(frames, truncated); });
+  accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
+    deliver(frames, truncated, accounting_.current_peer(), accounting_.current_gatekeeper());
+  });
   pump_store(clock_.steady_now(), false);
   log_->info("store {}: serving after {:.3f}s ({} state(s) in memory, {} accounting message(s) held meanwhile)",
              store_->describe(), std::chrono::duration<double>(clock_.steady_now() - since).count(), tracked(),
              held.size());
-  for (const auto& [m, peer] : held) {
+  for (const auto& m : held) {
     std::array<std::string_view, zmtp_server::k_max_frames> v;
-    for (std::size_t i = 0; i < m.size(); ++i) v[i] = m[i];
-    handle({v.data(), m.size()}, false, peer);
+    for (std::size_t i = 0; i < m.frames.size(); ++i) v[i] = m.frames[i];
+    deliver({v.data(), m.frames.size()}, false, m.peer, m.gatekeeper);  // (a CURVE link's BATCH unpacked)
   }
 }
 

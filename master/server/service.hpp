@@ -119,8 +119,8 @@ public:
   std::uint16_t rls_port() const;
 
 private:
-  /// An accounting message from the connection being read (its peer and gatekeeper).
-  void deliver(std::span<const std::string_view> frames, bool truncated);
+  /// An accounting message (or a BATCH of them) from connection `peer`, named `gatekeeper`.
+  void deliver(std::span<const std::string_view> frames, bool truncated, std::uint64_t peer, std::uint64_t gatekeeper);
   void reconfigure(config::master_config next);
   /// The file's configuration with the API's overrides (runtime_overrides_) in.
   config::master_config effective(const config::master_config& file) const;

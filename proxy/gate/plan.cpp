@@ -18,18 +18,26 @@ void refresh(client_entry& e, const guard_policy& guard, std::int64_t now_us) {
 }
 
 namespace {
-// The master's interval is this gatekeeper's pace: the binding rule's
+// The master's interval is this gatekeeper's pace: the binding limit's
 // interval times the gatekeepers holding the client (the master's pace
 // share, master/engine/pace_share.hpp). A request's own units fit one rule
-// interval each after the master's time: the guard's rule when the gate
-// knows which (a single rule, or the one LIMIT named), else the interval as
-// given (a master without pace share sends the rule's).
-std::int64_t unit_interval(const client_entry& e, const guard_policy& guard) {
-  std::int64_t rule_us = 0;
-  if (guard.count == 1) rule_us = guard.rules[0].interval_us;
-  else if (e.limit == wire::limit_ref::kind::rule && e.limit_index < guard.count)
-    rule_us = guard.rules[e.limit_index].interval_us;
-  return rule_us > 0 && e.interval_us > 0 ? std::min(rule_us, e.interval_us) : e.interval_us;
+// interval each after the master's time. `rule`: the interval is the rule's
+// that set the time (the one LIMIT named, or the only one when LIMIT named
+// none and the interval given is at least its own); otherwise (several rules and none named, a share's or a quota's
+// time) the interval as given: later than the rule's under pace share,
+// never earlier.
+struct unit {
+  std::int64_t us;
+  bool rule;
+};
+unit unit_interval(const client_entry& e, const guard_policy& guard) {
+  if (e.limit == wire::limit_ref::kind::rule && e.limit_index < guard.count)
+    return {guard.rules[e.limit_index].interval_us, true};
+  // LIMIT named none: the only rule's, if the interval given can be it (its
+  // whole milliseconds, times the gatekeepers); a quota's time comes with another.
+  if (e.limit == wire::limit_ref::kind::none && guard.count == 1 && e.interval_us + 999 >= guard.rules[0].interval_us)
+    return {guard.rules[0].interval_us, true};
+  return {e.interval_us, false};
 }
 }  // namespace
 
@@ -41,7 +49,7 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   // The master's next allowed time is when one unit fits; u units fit u - 1
   // of its intervals later (bounded as its times are).
   std::int64_t master_us = e.next_us;
-  const std::int64_t unit_us = unit_interval(e, guard);
+  const std::int64_t unit_us = e.interval_us > 0 ? unit_interval(e, guard).us : 0;
   if (u > 1 && e.next_us != 0 && unit_us > 0)
     master_us += std::min(u - 1, wire::max_policy_span_us / unit_us) * unit_us;
   p.release_us = master_us;
@@ -95,7 +103,7 @@ std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, st
     const std::int64_t owed = std::max<std::int64_t>(e.tat[i] - at_us, 0);
     bound(r.burst - (owed + r.interval_us - 1) / r.interval_us);  // a unit partly paid back is not free
   }
-  const std::int64_t unit_us = unit_interval(e, guard);
+  const std::int64_t unit_us = e.interval_us > 0 ? unit_interval(e, guard).us : 0;
   if (e.next_us != 0 && unit_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / unit_us + 1);
   return most;
 }
@@ -123,17 +131,19 @@ void move_back(std::int64_t& t, std::int64_t interval, std::int64_t units, std::
 
 void refund(client_entry& e, const guard_policy& guard, std::int64_t now_us, std::int64_t units) {
   if (units <= 0) return;
-  bool rate_bound = false;
-  const std::int64_t unit_us = unit_interval(e, guard);
+  // (Several rules and none named: a rule's when the interval given is one of them, unshared.)
+  const unit by = unit_interval(e, guard);
+  bool rate_bound = by.rule;
   for (std::size_t i = 0; i < guard.count; ++i) {
     move_back(e.tat[i], guard.rules[i].interval_us, units, now_us);
-    rate_bound = rate_bound || guard.rules[i].interval_us == unit_us;
+    rate_bound = rate_bound || (e.limit == wire::limit_ref::kind::none && guard.rules[i].interval_us == e.interval_us);
   }
   // The master's next allowed time charged the units too, and it gives
   // them back when the correction reaches it; until its next DELAY_UNTIL
   // (which only moves the time forward here) this gatekeeper does the same.
-  // Only a time one of the rules set (a quota's window end is not paid back).
-  if (rate_bound) move_back(e.next_us, unit_us, units, now_us);
+  // Only a time one of the rules set (a quota's window end is not paid back,
+  // and a share's moves back with the share, at the master).
+  if (rate_bound && e.interval_us > 0) move_back(e.next_us, by.us, units, now_us);
   // This gatekeeper's own queue was planned at the units reserved, a pace
   // each: requests planned from now go as much earlier (those held keep
   // their times; the guard and the master still bound them all). Without

@@ -79,12 +79,16 @@ void append_property(std::string& body, std::string_view name, std::string_view 
 }
 }  // namespace
 
+std::string ready_properties(std::string_view socket_type, std::string_view gatekeeper) {
+  std::string props;
+  append_property(props, "Socket-Type", socket_type);
+  if (!gatekeeper.empty()) append_property(props, gatekeeper_property, gatekeeper);
+  return props;
+}
+
 std::string ready(std::string_view socket_type, std::string_view gatekeeper) {
-  std::string body = "\x05READY";
-  append_property(body, "Socket-Type", socket_type);
-  if (!gatekeeper.empty()) append_property(body, gatekeeper_property, gatekeeper);
   std::string out;
-  append_frame(out, flag_command, body);
+  append_frame(out, flag_command, "\x05READY" + ready_properties(socket_type, gatekeeper));
   return out;
 }
 

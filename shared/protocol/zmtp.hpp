@@ -34,8 +34,10 @@ greeting_status check_greeting(std::string_view bytes, std::string& detail, std:
 /// A peer that does not know the property ignores it, as ZMTP has it.
 inline constexpr std::string_view gatekeeper_property = "X-Gatekeeper";
 
-/// A complete READY command frame announcing `socket_type`, and
+/// READY's properties (its body after the command name): `socket_type`, and
 /// `gatekeeper` as X-Gatekeeper when it is not empty.
+std::string ready_properties(std::string_view socket_type, std::string_view gatekeeper = {});
+/// A complete READY command frame with those properties.
 std::string ready(std::string_view socket_type, std::string_view gatekeeper = {});
 
 /// Appends one frame (short or long form by size).

@@ -221,7 +221,7 @@ bool session::curve_fail(curve::error e, std::string_view during) {
 }
 
 std::string session::own_properties() const {
-  return zmtp::ready(role_ == role::pub ? "PUB" : "SUB", own_gatekeeper_).substr(2 + 6);
+  return ready_properties(role_ == role::pub ? "PUB" : "SUB", own_gatekeeper_);
 }
 
 bool session::peer_type_fits(std::string_view metadata) {

@@ -56,9 +56,9 @@ TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
 }
 
 // Pace share (pace_share.hpp): a held client's DELAY_UNTIL carries the
-// rule's interval times the gatekeepers whose messages left it held (an
-// effective number: (sum n)^2 / sum n^2 of their messages in the last
-// second), told apart by the name their connections give, not by the
+// rule's interval times the gatekeepers whose uses and reservations left it
+// held (an effective number: (sum n)^2 / sum n^2 of their messages in the
+// last second), told apart by the name their connections give, not by the
 // connections.
 TEST_F(Ingest, AHeldClientsIntervalIsSharedByItsGatekeepers) {
   const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
@@ -69,8 +69,17 @@ TEST_F(Ingest, AHeldClientsIntervalIsSharedByItsGatekeepers) {
   EXPECT_EQ(use(2, 0xa00)->interval_ms, 100) << "a second connection of the same gatekeeper (another worker)";
   EXPECT_EQ(use(3, 0xb00)->interval_ms, 180) << "a second gatekeeper, 2 messages and 1: (2 + 1)^2 / 5";
   EXPECT_EQ(use(3, 0xb00)->interval_ms, 200) << "alike: each paces half the rate";
-  EXPECT_EQ(use(4, 0)->interval_ms, 278) << "a connection that names none counts as a gatekeeper of its own";
-  EXPECT_EQ(use(5, 0)->interval_ms, 360);
+  EXPECT_EQ(use(4, 0)->interval_ms, 200) << "a connection that names none (an older proxy's worker) is not counted";
+  // Refusals follow demand, not pacing, and a correction is not a request: neither counts.
+  const auto refused = handle({"api\0"s, "REJECTED", "k", ms(0), ""}, 6, 0xc00);
+  if (refused) {
+    EXPECT_EQ(refused->interval_ms, 200);
+  }
+  const auto corrected = handle({"api\0"s, "REJECTED", "k", ms(0), "", "adjust=1"}, 6, 0xc00);
+  ASSERT_TRUE(corrected);
+  EXPECT_EQ(corrected->interval_ms, 200);
+  EXPECT_EQ(handle({"api\0"s, "DELAYED", "k", ms(0), ms(900), ""}, 6, 0xc00)->interval_ms, 278)
+      << "a reservation counts: (2 + 2 + 1)^2 / 9";
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00), std::nullopt);
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00)->interval_ms, 100) << "clients are apart";
   // Gatekeepers silent for two windows no longer count, and the sweep forgets a silent client.

@@ -29,6 +29,23 @@ TEST(PaceShare, OneThatSeesMostOfTheClientCountsMost) {
   EXPECT_DOUBLE_EQ(p.seen(0, "k", 2, t), 100.0 / 82);  // 90% and 10%: 1.22
 }
 
+TEST(PaceShare, ACountCountsNothing) {
+  pace_share p;
+  EXPECT_EQ(p.count(0, "k", t), 1.0) << "a client not counted";
+  p.seen(0, "k", 1, t);
+  p.seen(0, "k", 2, t);
+  EXPECT_EQ(p.count(0, "k", t), 2.0);
+  EXPECT_EQ(p.count(0, "k", t), 2.0);
+  EXPECT_EQ(p.clients(), 1u);
+}
+
+TEST(PaceShare, AWallClockSteppedBackStartsTheCountAfresh) {
+  pace_share p;
+  p.seen(0, "k", 1, t + 5 * w);
+  p.seen(0, "k", 2, t + 5 * w);
+  EXPECT_EQ(p.seen(0, "k", 1, t), 1.0);
+}
+
 TEST(PaceShare, TheCountsSlideWithTheWindow) {
   pace_share p;
   p.seen(0, "k", 1, t);
@@ -52,7 +69,7 @@ TEST(PaceShare, TheTableIsBounded) {
   EXPECT_EQ(p.seen(0, "new", 2, t), 1.0) << "not counted: its gatekeepers pace at the rule's interval";
   EXPECT_EQ(p.seen(0, "c0", 2, t), 2.0) << "the clients counted still are";
   for (std::uint64_t g = 2; g < 200; ++g) p.seen(0, "c1", g, t);
-  EXPECT_DOUBLE_EQ(p.seen(0, "c1", 2, t), 65.0 * 65 / (63 + 4)) << "64 gatekeepers at most";
+  EXPECT_DOUBLE_EQ(p.seen(0, "c1", 2, t), 33.0 * 33 / (31 + 4)) << "32 gatekeepers at most";
   p.sweep(t + 2 * w);
   EXPECT_EQ(p.clients(), 0u);
   EXPECT_EQ(p.seen(0, "new", 1, t + 2 * w), 1.0);
