@@ -1,6 +1,7 @@
-"""Pace share with the real binaries (docs/architecture.md, "Pace share"):
-the interval a held client's DELAY_UNTIL carries is the rule's times the
-gatekeepers that report the client, so that each paces its share.
+"""Pace share with the real binaries (docs/configuration.md, `pace_share`;
+docs/architecture.md): the interval a held client's DELAY_UNTIL carries is
+the rule's times the gatekeepers that report the client, so that each paces
+its share.
 
 - two proxies of two workers each (four accounting connections), a client
   held at both: the master's DELAY_UNTIL for it says up to 200 ms (10/s,
@@ -37,7 +38,7 @@ class PaceShareTest(DaemonTestCase):
     def setUp(self):
         super().setUp()
         self.master = self.start_master({DOMAIN: {"rules": [("10/s", 2)], "algorithm": "gcra"},
-                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}})
+                                         WARM_DOMAIN: {"rules": [("1/h", 1)]}}, pace_share=True)
         self.backend = self.start_backend()
         routes = [WARM_ROUTE, {"path": "/p/", "domain": DOMAIN, "upstream": "app", "identify": ["header:X-API-Key"],
                                "max_delay": "3s"}]

@@ -130,6 +130,7 @@ ingest::ingest(const config::master_config& cfg, const clock& clk, metrics::regi
   }
   reg.add_callback("smockron_master_tracked_identifiers", "Tracked (domain, identifier) states", "",
                    [this] { return static_cast<double>(limiter_.tracked()); });
+  pace_share_ = cfg.pace_share;
   install(cfg);
 }
 
@@ -188,6 +189,7 @@ ingest::domain_changes ingest::reconfigure(const config::master_config& next) {
   limiter_.reconfigure(compile_all(next), old_index);
   shares_.configure(share_configs(next), old_index);
   pacers_ = {};  // keyed by domain index: counted afresh (within a second)
+  pace_share_ = next.pace_share;
   limiter_.set_max_identifiers(next.max_identifiers);
   reservations_.set_max_open(next.max_identifiers);
   reservation_timeout_ = next.reservation_timeout;
@@ -326,8 +328,9 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // one connection per worker; a third-party gatekeeper) is not counted:
     // at worst, the pace is the rule's, as before.
     const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
-    const double pacers = paces ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
-                                : pacers_.count(it->second, msg->identifier, now_us);
+    const double pacers = !pace_share_ ? 1.0
+                          : paces      ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
+                                       : pacers_.count(it->second, msg->identifier, now_us);
     out->interval_ms = std::max<std::int64_t>(1, std::llround(static_cast<double>(dec.interval_us) * pacers / 1000));
     out->limit = limit_named(it->second, msg->identifier, dec);
   }

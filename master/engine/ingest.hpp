@@ -214,6 +214,7 @@ private:
   shares shares_;
   std::int64_t rebalanced_us_ = 0;  ///< when the shares were last computed
   pace_share pacers_;               ///< the gatekeepers holding each held client
+  bool pace_share_ = false;         ///< `pace_share`: DELAY_UNTIL's interval shared among them
   /// Applies a use to its identifier's share of its domain's shared rate: the later of the two decisions.
   rules::decision share(std::size_t domain, std::string_view identifier, const rules::event& e, rules::decision dec,
                         std::int64_t now_us);

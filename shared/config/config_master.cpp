@@ -427,6 +427,7 @@ master_config detail::read_master(const toml::table& t, sink& s) {
   r.duration("redis_timeout", m.redis_timeout, std::chrono::milliseconds(1));
   r.unsigned_integer("max_identifiers", m.max_identifiers, 1, 1'000'000'000);
   r.unsigned_integer("top_identifiers", m.top_identifiers, 1, 10'000);
+  r.boolean("pace_share", m.pace_share);
   r.duration("max_clock_skew", m.max_clock_skew);
   r.duration("reservation_timeout", m.reservation_timeout, std::chrono::seconds(1));
   r.integer("startup_backlog", m.startup_backlog, 0, 1'000'000'000);

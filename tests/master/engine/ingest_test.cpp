@@ -60,7 +60,21 @@ TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
 // held (an effective number: (sum n)^2 / sum n^2 of their messages in the
 // last second), told apart by the name their connections give, not by the
 // connections.
-TEST_F(Ingest, AHeldClientsIntervalIsSharedByItsGatekeepers) {
+class IngestPaceShare : public Ingest {
+protected:
+  IngestPaceShare() {
+    cfg_.pace_share = true;
+    ingest_.reconfigure(cfg_);
+  }
+};
+
+TEST_F(Ingest, WithoutPaceShareTheIntervalIsTheRules) {
+  handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 3, 0xb00)->interval_ms, 100);
+}
+
+TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByItsGatekeepers) {
   const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
     return handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, peer, gk);
   };
