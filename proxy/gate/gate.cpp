@@ -309,6 +309,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
                            std::string_view tier, bool names_tier) {
   bool tiered = false;
   policy guard = read_policy(domain, now_us, tier, tiered);
+  guard.own = tier.empty() || tiered;
   if (!tiered && over_quota(domain, units, now_us)) {  // (a tier's quotas are the master's to apply)
     gate_decision d;
     d.v = verdict::reject;
@@ -401,6 +402,7 @@ void gate::correct(std::uint32_t domain, std::string_view identifier, std::int64
   if (delta == 0) return;
   bool tiered = false;
   policy guard = read_policy(domain, now_us, tier, tiered);
+  guard.own = tier.empty() || tiered;
   const key_view k{domain, identifier};
   shard& s = shard_for(k);
   std::lock_guard lock(s.mutex);

@@ -31,6 +31,7 @@ struct unit {
   bool rule;
 };
 unit unit_interval(const client_entry& e, const guard_policy& guard) {
+  if (!guard.own) return {e.interval_us, false};
   if (e.limit == wire::limit_ref::kind::rule && e.limit_index < guard.count)
     return {guard.rules[e.limit_index].interval_us, true};
   // LIMIT named none: the only rule's, if the interval given can be it (its

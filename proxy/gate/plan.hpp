@@ -25,6 +25,10 @@ struct guard_policy {
   std::array<guard_rule, k_guard_rules> rules{};
   std::size_t count = 0;
   std::uint32_t seq = 0;  ///< changes when the rules change
+  /// The rules the master judges the client by; false: the request names a
+  /// tier this gatekeeper does not hold, and the domain's stand in (they
+  /// guard, but say nothing of the master's times).
+  bool own = true;
 };
 
 /// What the gate remembers of one client (domain, identifier).

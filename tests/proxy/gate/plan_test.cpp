@@ -228,6 +228,18 @@ TEST(GatePlan, ItsOwnQueueIsPacedWhileTheDomainsPolicyIsFresh) {
       << "no policy: the master is gone, fail open to its own word";
 }
 
+// A request's units after the master's time: one rule interval each when
+// the guard holds the client's own rules; when it names a tier this
+// gatekeeper does not hold (the domain's rules stand in), by the interval
+// the master gave.
+TEST(GatePlan, UnitsAreTimedByTheMastersIntervalWhenTheRulesAreNotTheClients) {
+  guard_policy g = one_rule(10, 1000);               // the domain: 100/s
+  const client_entry e = master_says(100, 0, 1000);  // the master, by the tier's 1/s
+  EXPECT_EQ(plan_request(e, g, 60'000 * ms, 2'000 * ms, now, 3).release_us, now + 120 * ms);
+  g.own = false;
+  EXPECT_EQ(plan_request(e, g, 60'000 * ms, 2'000 * ms, now, 3).release_us, now + 2'100 * ms);
+}
+
 TEST(GatePlan, ARefundMovesTheArrivalTimeBackNeverBeforeNow) {
   const guard_policy g = one_rule(500, 4);
   client_entry e;
