@@ -20,7 +20,8 @@
 //
 // Gatekeepers are told apart by the name their accounting connections give
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
-// worker. A connection that names none counts as a gatekeeper of its own.
+// worker. A connection that names none is not counted (ingest.cpp), and the
+// whole count runs only with the master's `pace_share = true`.
 #pragma once
 
 #include <cstdint>
