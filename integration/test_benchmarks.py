@@ -280,13 +280,19 @@ class BenchmarkSmokeTest(unittest.TestCase):
 
     def test_master_bench(self):
         """Bare ZeroMQ ceiling, the real master's ingest (counted by its /metrics), DELAY_UNTIL
-        received, and the control-loop probes answered; again with CURVE on both links."""
+        received, and the control-loop probes answered; again with CURVE on both links, and with
+        pace_share = true and the publisher named as a gatekeeper."""
         bench = self.bench_binary("smockron-master-bench")
         out = self.run_bench([bench, "--master", binary("smockron-master"), "--messages", "20000", "--identifiers",
-                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000", "--curve"])
+                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000", "--curve", "--pace-share"])
         curve = self.assert_figures(out, r"^master ingest \(curve\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
                                     r"^ratio curve/plaintext:\s+[\d.]+")[0]
         self.assertEqual(int(curve.group(1)), 20000, "every batched message over CURVE was processed")
+        paced, counted = self.assert_figures(
+            out, r"^master ingest \(paced\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
+            r"^paced identifiers:\s+(\d+)$", r"^ratio paced/plain:\s+[\d.]+")[:2]
+        self.assertEqual(int(paced.group(1)), 20000, "every message from a named publisher was processed")
+        self.assertGreater(int(counted.group(1)), 0, "the master counted no gatekeeper for a held client")
         ingest, loop = self.assert_figures(
             out, r"^master ingest \(memory\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
             r"^control-loop latency .*: p50 \d+ us, p99 \d+ us, max \d+ us \((\d+) of \d+ probes answered\)",

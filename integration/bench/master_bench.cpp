@@ -17,6 +17,11 @@
 // here; messages go in BATCHes of 64, as a gatekeeper on a CURVE link packs
 // them) and the ratios to plaintext are printed: rate, and the master's CPU
 // per message.
+// With --pace-share, phases 2 and 3 run again against a master with
+// pace_share = true, the publisher naming itself as a gatekeeper (the ZMTP
+// READY property X-Gatekeeper, as a proxy does), so that every message that
+// leaves a client held is counted for its pace share; the ratio to the
+// plain run is printed.
 // High-water marks are set deliberately (large) so nothing is dropped
 // silently; any shortfall is reported as drops.
 #include <arpa/inet.h>
@@ -60,9 +65,14 @@ struct options {
   double latency_seconds = 5;
   int base_port = 0;
   bool pin = false;
-  bool redis = false;  ///< also measure ingest with store = "redis" (starts its own redis-server)
-  bool curve = false;  ///< also measure with CURVE on both links
+  bool redis = false;       ///< also measure ingest with store = "redis" (starts its own redis-server)
+  bool curve = false;       ///< also measure with CURVE on both links
+  bool pace_share = false;  ///< also measure with pace_share = true and a named publisher
 };
+
+/// libzmq's ZMQ_METADATA (a draft option in the header, in the library
+/// since 4.3): "X-Name:value" properties sent in the handshake's READY.
+constexpr int k_zmq_metadata = 95;
 
 /// CURVE keys for one run: the master's and the publisher's (Z85), and the
 /// master's config lines naming them (files written under /tmp). Empty: plaintext.
@@ -396,8 +406,9 @@ struct control_listener {
 };
 
 // Phases 2 (and 3 when `latency`) against one master; returns its ingest figures.
+// `gatekeeper`: the name the publisher gives itself (X-Gatekeeper); empty: none.
 receiver_figures measure_master(const options& o, const std::string& store_config, const char* label, bool latency,
-                                const curve_setup& curve = {}) {
+                                const curve_setup& curve = {}, const std::string& gatekeeper = {}) {
   master_process master;
   master.start(o, store_config + curve.config);
   zmq::context_t ctx(1);
@@ -405,6 +416,13 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
   control_listener control(ctx, master.control, probes, curve);
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
   curve.client(pub);
+  if (!gatekeeper.empty()) {
+    const std::string property = "X-Gatekeeper:" + gatekeeper;
+    if (zmq_setsockopt(pub.handle(), k_zmq_metadata, property.data(), property.size()) != 0) {
+      std::fprintf(stderr, "this libzmq cannot name a gatekeeper (ZMQ_METADATA): %s\n", zmq_strerror(zmq_errno()));
+      return {};
+    }
+  }
   pub.set(zmq::sockopt::sndhwm, k_hwm);
   pub.set(zmq::sockopt::sndbuf, 4 * 1024 * 1024);
   pub.connect(master.accounting);
@@ -459,6 +477,11 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
               label, static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed,
               o.messages, static_cast<double>(o.messages) - processed, fig.cpu_ns);
   std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
+  if (!gatekeeper.empty()) {
+    // The clients the master counted gatekeepers for: the pace share did its work.
+    std::printf("paced identifiers:      %10.0f\n",
+                metric_sum(http_get(master.admin, "/metrics"), "smockron_master_paced_identifiers"));
+  }
   if (store_config.find("redis") != std::string::npos) {
     const auto written_at = steady_clock::now();
     std::string after = http_get(master.admin, "/metrics");
@@ -533,10 +556,11 @@ int main(int argc, char** argv) {
     else if (a == "--pin") o.pin = true;
     else if (a == "--redis") o.redis = true;
     else if (a == "--curve") o.curve = true;
+    else if (a == "--pace-share") o.pace_share = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
-                   "[--latency-seconds S] [--pin] [--redis] [--curve]\n",
+                   "[--latency-seconds S] [--pin] [--redis] [--curve] [--pace-share]\n",
                    argv[0]);
       return 2;
     }
@@ -562,6 +586,12 @@ int main(int argc, char** argv) {
     std::printf("ratio curve/plaintext:  %10.2f  (goal >= 0.8)\n", cur.rate / memory);
     std::printf("CPU per message, plaintext/curve: %.2f\n", cur.cpu_ns > 0 ? mem.cpu_ns / cur.cpu_ns : 0.0);
     if (cur.rate <= 0) return 1;
+  }
+  if (o.pace_share) {
+    const receiver_figures paced = measure_master(o, "pace_share = true\n", "paced", true, {}, "0123456789abcd00");
+    std::printf("ratio paced/plain:      %10.2f\n", paced.rate / memory);
+    std::printf("CPU per message, plain/paced: %.2f\n", paced.cpu_ns > 0 ? mem.cpu_ns / paced.cpu_ns : 0.0);
+    if (paced.rate <= 0) return 1;
   }
   if (o.redis) {
     redis_process redis;
