@@ -17,7 +17,8 @@ the identifier, refusals as trailers-only responses (RESOURCE_EXHAUSTED by
 default, the route's grpc_status = 14 UNAVAILABLE, grpc-message,
 grpc-retry-pushback-ms; HTTP 200 on the wire), a deadline shorter than the
 hold refused at once, a held call that waits and passes, a held call cancelled
-by the client never forwarded, and the proxy's own answers (no route:
+by the client never forwarded, exact admission (each call asks the master
+first), and the proxy's own answers (no route:
 UNIMPLEMENTED; upstream unavailable: UNAVAILABLE).
 
 Run: cd integration && python3 -m unittest -v test_grpc
@@ -120,12 +121,13 @@ class GrpcCase(DaemonTestCase):
         pushback = int(trailers["grpc-retry-pushback-ms"])
         self.assertGreater(pushback, 0)
         # Not in the gRPC spec, but where the refusal carries the RateLimit fields too, their
-        # t (whole seconds) names the same time as the pushback, as Retry-After and t do
-        # over HTTP/1.1 (test_retry_after, test_operator): one promise, not two.
+        # t (whole seconds until the quota is whole again, docs/cost.md) is no earlier than
+        # the pushback (when the next call fits); for a burst of one they are the same time,
+        # as Retry-After and t are over HTTP/1.1 (test_retry_after, test_operator).
         m = re.search(r";t=(\d+)", trailers.get("ratelimit", ""))
         if m:
-            self.assertLessEqual(abs(int(m.group(1)) - pushback / 1000), 1.0,
-                                 f"RateLimit {trailers['ratelimit']!r} vs grpc-retry-pushback-ms {pushback}")
+            self.assertGreaterEqual(int(m.group(1)), pushback / 1000 - 1.0,
+                                    f"RateLimit {trailers['ratelimit']!r} vs grpc-retry-pushback-ms {pushback}")
         return pushback
 
 
@@ -367,6 +369,27 @@ class GrpcGateTest(GrpcCase):
         self.assertEqual(unary(b"after", metadata=[("x-key", "carol")], timeout=30), b"echo:after")
         self.assertEqual([c["first"] for c in echo.seen(key="carol")], [b"first", b"after"],
                          "the cancelled call reached the server")
+
+    def test_exact_admission_asks_the_master_for_every_call(self):
+        """admission = "exact" over gRPC (HTTP/2 on both sides, an h2c upstream): each call asks
+        the master first (ASK); the burst goes, the next call is refused trailers-only with
+        RESOURCE_EXHAUSTED and a pushback, and every call that went is settled at the master."""
+        echo, master, proxy = self.grpc_stack(
+            {"api": {"rules": [("6/min", 3)], "algorithm": "gcra", "admission": "exact"}}, [self.LIMITED],
+            max_delay="0s")
+        proxy.wait_metric("smockron_proxy_control_exact_total", predicate=lambda v: v >= 1, timeout=10)
+        unary = self.channel(proxy.port).unary_unary(UNARY)
+        for i in range(3):
+            self.assertEqual(unary(b"m%d" % i, metadata=[("x-key", "fay")], timeout=CALL_TIMEOUT), b"echo:m%d" % i)
+        with self.assertRaises(grpc.RpcError) as cm:
+            unary(b"over", metadata=[("x-key", "fay")], timeout=CALL_TIMEOUT)
+        self.assert_refused(cm.exception, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertEqual([c["first"] for c in echo.seen(key="fay")], [b"m0", b"m1", b"m2"])
+        self.assertEqual(master.metric("smockron_master_asks_total", {"verdict": "go"}), 3,
+                         "each call that went asked the master")
+        wait_until(lambda: (master.metric("smockron_master_asks_settled_total") or 0) >= 3, 10,
+                   message="the GOs settled by the calls' accounting")
+        self.assertEqual(metric(proxy.metrics(), REQUESTS, {"domain": "api", "decision": "rejected"}), 1)
 
 
 # =============================================================================== the proxy's own answers
