@@ -13,7 +13,8 @@ docs/architecture.md, "Exact admission"):
   then they go (fail-open), counted;
 - a request the master refuses gives its units back to the gatekeeper's own
   count (the guard), which would otherwise hold the client past the time the
-  master named.
+  master named, and carries the RateLimit fields and the `explain` field as
+  the gate's own refusals do.
 
 Run: cd integration && python3 -m unittest -v test_exact
 """
@@ -158,7 +159,8 @@ class ExactRefusalTest(DaemonTestCase):
         master, backend, proxy = self.gate_stack(
             {"x": {"rules": self.RULES, "algorithm": "gcra", "admission": "exact"}},
             [{"path": "/x/", "domain": "x", "upstream": "app", "identify": ["header:X-API-Key"],
-              "cost": "header:X-Cost", "status": 429, "max_delay": "100ms", "ratelimit_headers": True}])
+              "cost": "header:X-Cost", "status": 429, "max_delay": "100ms", "ratelimit_headers": True,
+              "explain": True}])
         proxy.wait_metric("smockron_proxy_control_exact_total", predicate=lambda v: v >= 1, timeout=10)
 
         def send(cost: int):
@@ -175,8 +177,16 @@ class ExactRefusalTest(DaemonTestCase):
         self.assertEqual((status, left(field)), (200, 10))
         # The guard has room (7 of 12); the master's 1/s rule has none for 1 s,
         # beyond max_delay: refused, and the gate's count of the 5 units given back.
-        self.assertEqual(send(5)[0], 429)
+        r, _ = fetch(proxy.port, "/x/a", key="k", headers=[("X-Cost", "5")], timeout=10)
+        self.assertEqual(r.status, 429)
         self.assertEqual(proxy.metric("smockron_proxy_rejects_total", {"reason": "delay_too_long"}), 1)
+        # The master's refusal tells the client its standing as the gate's own refusals do:
+        # a limit at r=0 until no sooner than Retry-After, and why (explain).
+        retry = int(r.headers.get("retry-after") or "0")
+        self.assertGreaterEqual(retry, 1, r.headers)
+        zeros = [int(t) for t in re.findall(r";r=0;t=(\d+)", r.headers.get("ratelimit") or "")]
+        self.assertTrue(zeros and max(zeros) >= retry, f"RateLimit {r.headers.get('ratelimit')!r}, Retry-After {retry}")
+        self.assertEqual(r.headers.get("smockron-decision"), "rejected;reason=delay_too_long")
         # Once the master's second has passed it lets 1 more go. The guard then
         # has 3 used of 12 (9 left, 10 if a unit came back meanwhile); had it
         # kept the refused 5 it would say 4 or less.
@@ -184,6 +194,37 @@ class ExactRefusalTest(DaemonTestCase):
                                    message="the master never let the third request go")
         self.assertGreaterEqual(left(field), 9, field)
         self.assertEqual(sum(1 for e in backend.log() if e["key"] == "k"), 2)
+    def test_a_refusal_by_the_master_tells_the_client_its_standing_over_both_protocols(self):
+        # The fifth rule, 6 an hour, is the master's alone: with 5 units used the
+        # gatekeeper's own count has room for 2 more and the master does not hold the
+        # client (one unit is left: no DELAY_UNTIL), so only its answer to the ASK refuses.
+        rules = self.RULES[:4] + [("1/h", 6)]
+        master, backend, proxy = self.gate_stack(
+            {"y": {"rules": rules, "algorithm": "gcra", "admission": "exact"}},
+            [{"path": "/y/", "domain": "y", "upstream": "app", "identify": ["header:X-API-Key"],
+              "cost": "header:X-Cost", "status": 429, "max_delay": "1s", "explain": True}])
+        proxy.wait_metric("smockron_proxy_control_exact_total", predicate=lambda v: v >= 1, timeout=10)
+        for key in ("k1", "k2"):  # one client a protocol: a second refusal would be the gate's, from the first
+            r, _ = fetch(proxy.port, "/y/a", key=key, headers=[("X-Cost", "5")], timeout=10)
+            self.assertEqual(r.status, 200)
+
+        def check(status: int, retry: str | None, ratelimit: str | None, decision: str | None):
+            self.assertEqual(status, 429)
+            self.assertGreater(int(retry or "0"), 3000, "an hour's unit, told as Retry-After")
+            zeros = [int(t) for t in re.findall(r";r=0;t=(\d+)", ratelimit or "")]
+            self.assertTrue(zeros and max(zeros) >= int(retry), f"RateLimit {ratelimit!r}, Retry-After {retry}")
+            self.assertEqual(decision, "rejected;reason=delay_too_long")
+
+        r, _ = fetch(proxy.port, "/y/a", key="k1", headers=[("X-Cost", "2")], timeout=10)
+        check(r.status, r.headers.get("retry-after"), r.headers.get("ratelimit"), r.headers.get("smockron-decision"))
+        with H2Client(proxy.port, timeout=10.0) as c:
+            st = c.get("/y/a", headers=[("x-api-key", "k2"), ("x-cost", "2")])
+        check(st.status, st.header("retry-after"), st.header("ratelimit"), st.header("smockron-decision"))
+        self.assertEqual(sorted(e["key"] for e in backend.log() if e["key"] in ("k1", "k2")), ["k1", "k2"],
+                         "a refused request was forwarded")
+        self.assertEqual(master.metric("smockron_master_asks_total", {"verdict": "wait"}), 2,
+                         "both refusals were the master's answer")
+
 
 if __name__ == "__main__":
     unittest.main()

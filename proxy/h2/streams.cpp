@@ -166,7 +166,8 @@ void h2_connection::ask_ended(const std::shared_ptr<h2_stream>& st) {
     exact_refused(env, *st->rt, r, st->adm, never, now_us);
     if (st->entry) note_admission(*st->entry, r, st->adm);  // refused, not what the gate planned
     st->slot.reset();
-    const refusal no = refusal_for_exact(r, never ? -1 : at_us - now_us, st->response_fields);
+    const refusal no =
+        refusal_for_exact(env.g, *st->rt, r, st->adm, never ? -1 : at_us - now_us, now_us, st->response_fields);
     answer(*st, no.status, no.text, no.retry_after_s, r.grpc_status,
            no.retry_after_s > 0 ? no.retry_after_s * 1000 : -1);
     return;

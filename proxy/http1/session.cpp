@@ -306,7 +306,7 @@ private:
         note_held();
         exact_refused(env, rt, r, a, never, now_us);
         if (entry_) note_admission(*entry_, r, a);  // refused, not what the gate planned
-        const refusal no = refusal_for_exact(r, never ? -1 : at_us - now_us, c_.response_fields);
+        const refusal no = refusal_for_exact(env.g, rt, r, a, never ? -1 : at_us - now_us, now_us, c_.response_fields);
         answered(no.status);
         co_return co_await answer(no.status, no.text, no.retry_after_s);
       }

@@ -270,10 +270,21 @@ std::int64_t concurrency_limit(const concurrency_policies& p, const route& r, co
   return p.limit(r.domain, a.who->value, now_us, a.tier);
 }
 
-refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields) {
+refusal refusal_for_exact(gate& g, const runtime& rt, const route& r, const admission& a, std::int64_t wait_us,
+                          std::int64_t now_us, std::string& response_fields) {
   response_fields.clear();
-  if (wait_us < 0) return refusal_for_cost_cut(r);
-  return {r.status, "rate limit exceeded, retry later\n", std::max<std::int64_t>(1, (wait_us + 999'999) / 1'000'000)};
+  const bool never = wait_us < 0;
+  const refusal no = never ? refusal_for_cost_cut(r)
+                           : refusal{r.status, "rate limit exceeded, retry later\n",
+                                     std::max<std::int64_t>(1, (wait_us + 999'999) / 1'000'000)};
+  if (!never && a.who && !r.domain.empty()) {
+    append_ratelimit_fields(response_fields, r.domain,
+                            g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us, a.tier), no.retry_after_s);
+  }
+  if (r.explain)
+    append_decision_field(response_fields, decision::rejected, a.shadow, never ? "cost_over_limit" : "delay_too_long",
+                          0);
+  return no;
 }
 
 refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string& response_fields) {

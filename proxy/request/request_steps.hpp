@@ -101,9 +101,12 @@ refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string&
 /// What a request of an exact domain answers when the master's answer puts
 /// its units past max_delay (`wait_us` from now): the route's status,
 /// Retry-After then; `wait_us` < 0: they never fit (refusal_for_cost_cut).
-/// The rate-limit fields the request was planned with are dropped (they
-/// were the gate's view before the master's word).
-refusal refusal_for_exact(const route& r, std::int64_t wait_us, std::string& response_fields);
+/// The fields the request was planned with (the gate's view before the
+/// master's word) make way for a refusal's, as the gate's own refusals
+/// carry them: the RateLimit fields with the limit at r=0 until Retry-After
+/// at least (none for a cost that never fits), and the route's `explain`.
+refusal refusal_for_exact(gate& g, const runtime& rt, const route& r, const admission& a, std::int64_t wait_us,
+                          std::int64_t now_us, std::string& response_fields);
 
 /// The access-log record of `req`, begun when its head is complete.
 std::unique_ptr<access_entry> begin_entry(const runtime& rt, const http1::request_head& req, const ip_address& peer,
