@@ -50,7 +50,8 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   // The master's next allowed time is when one unit fits; u units fit u - 1
   // of its intervals later (bounded as its times are).
   std::int64_t master_us = e.next_us;
-  const std::int64_t unit_us = e.interval_us > 0 ? unit_interval(e, guard).us : 0;
+  const unit by = e.interval_us > 0 ? unit_interval(e, guard) : unit{0, false};
+  const std::int64_t unit_us = by.us;
   if (u > 1 && e.next_us != 0 && unit_us > 0)
     master_us += std::min(u - 1, wire::max_policy_span_us / unit_us) * unit_us;
   p.release_us = master_us;
@@ -71,10 +72,19 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
     }
   }
   // This gatekeeper's own queue: after the last held request, its u units
-  // take u paces (the first of them counted in local_next_us).
+  // take u paces (the first of them counted in local_next_us). Under pace
+  // share (the pace a share of the rule's interval) they are paced after
+  // it instead: the next held request waits them (record_hold). Paced
+  // before it at the share's pace, a request of many units went well past
+  // the master's theoretical arrival time (next allowed + burst - 1
+  // intervals), and a use there leaves the time between unused for good
+  // (GCRA starts again from the later use): near the master, G gatekeepers
+  // let through 5% less than the limit. The master's time still counts
+  // them before it (master_us above).
+  p.units_after = by.rule && p.pace_us > by.us;
   if ((master_fresh || guard.count != 0) && e.local_next_us != 0) {
     const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
-    const std::int64_t more = pace == 0 ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
+    const std::int64_t more = pace == 0 || p.units_after ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
     p.release_us = std::max(p.release_us, e.local_next_us + more);
   }
   if (p.release_us <= now_us) {
@@ -163,7 +173,8 @@ void record_hold(client_entry& e, const guard_policy& guard, const request_plan&
   // Pace: the next held request of this identifier leaves once this one's
   // cost is paid back (one interval per unit; at most a policy's span).
   const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
-  const std::int64_t n = pace == 0 ? 1 : std::clamp<std::int64_t>(pace_units, 1, wire::max_policy_span_us / pace);
+  const std::int64_t paced = p.units_after ? std::max(pace_units, units) : pace_units;
+  const std::int64_t n = pace == 0 ? 1 : std::clamp<std::int64_t>(paced, 1, wire::max_policy_span_us / pace);
   e.local_next_us = p.release_us + n * pace;
 }
 

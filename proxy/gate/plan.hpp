@@ -73,6 +73,9 @@ struct request_plan {
   bool never = false;           ///< the request costs more than a rule's burst: it can never fit, refuse
   /// A slot a held client gave back, earlier than release_us, this request may take (0: none).
   std::int64_t spare_us = 0;
+  /// Pace share: the request's own units are paced after it (the next held
+  /// request of the client waits them), not before it.
+  bool units_after = false;
 };
 
 /// Brings `e` to `guard` and `now_us`: guard state computed under other rules
@@ -113,7 +116,8 @@ void record_accept(client_entry& e, const guard_policy& guard, std::int64_t now_
 /// The request is held until `p.release_us`: charged then, and the next held
 /// request of the client goes `pace_units` paces later (1: the next one's own
 /// units are added when it is planned; more for a request whose cost is
-/// charged only when it is done, which is paid back before the next leaves).
+/// charged only when it is done, which is paid back before the next leaves);
+/// under pace share (`p.units_after`), at least `units` paces later.
 void record_hold(client_entry& e, const guard_policy& guard, const request_plan& p, std::int64_t units = 1,
                  std::int64_t pace_units = 1);
 /// The request takes the spare slot (already reported to the master).

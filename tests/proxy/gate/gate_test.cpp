@@ -238,7 +238,7 @@ TEST(GateGuard, UnitsFitByTheRuleWhileTheQueueGoesAtTheSharedPace) {
   ASSERT_EQ(first.v, verdict::delay);
   EXPECT_EQ(first.release_us, t0 + 149 * ms) << "49 more units, one rule interval each (not 490 ms)";
   EXPECT_EQ(first.interval_us, 10 * ms);
-  // The next held request: one shared pace after the first, then its own 49 units at that pace.
+  // The next held request: after the first one's 50 units at the shared pace (its own are paced after it).
   EXPECT_EQ(g.decide(0, "a", t0, limits(), 50).release_us, t0 + 649 * ms);
 }
 

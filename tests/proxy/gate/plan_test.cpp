@@ -296,3 +296,31 @@ TEST(GatePlan, ARefundBringsThisGatekeepersQueueForwardForTheRequestsPlannedAfte
   refund(e, g, now, 1'000);
   EXPECT_EQ(e.local_next_us, now) << "never before now";
 }
+
+TEST(GatePlan, UnderPaceShareARequestsUnitsArePacedAfterIt) {
+  // 1000/s burst 500; the master holds the client and ten gatekeepers share
+  // it (its interval 10 ms); this gatekeeper's next slot is 200 ms away.
+  const guard_policy g = one_rule(1, 500);
+  client_entry e = master_says(100, 0, 10);
+  e.policy_seq = g.seq;
+  e.local_next_us = now + 200 * ms;
+  request_plan p = plan_request(e, g, max_delay, fresh, now, 50);
+  ASSERT_FALSE(p.accept);
+  EXPECT_EQ(p.release_us, now + 200 * ms) << "its slot: the 50 units are not paced before it (490 ms more)";
+  record_hold(e, g, p, 50);
+  EXPECT_EQ(e.local_next_us, now + 700 * ms) << "the next waits them: 50 shared paces";
+  // The master's time still counts them first (one rule interval each).
+  client_entry late = e;
+  late.next_us = now + 600 * ms;
+  EXPECT_EQ(plan_request(late, g, max_delay, fresh, now, 50).release_us, now + 700 * ms);
+  late.local_next_us = 0;
+  EXPECT_EQ(plan_request(late, g, max_delay, fresh, now, 50).release_us, now + 649 * ms);
+  // Without pace share (the master's interval is the rule's): paced before it, as always.
+  client_entry plain = master_says(100, 0, 1);
+  plain.policy_seq = g.seq;
+  plain.local_next_us = now + 200 * ms;
+  p = plan_request(plain, g, max_delay, fresh, now, 50);
+  EXPECT_EQ(p.release_us, now + 249 * ms);
+  record_hold(plain, g, p, 50);
+  EXPECT_EQ(plain.local_next_us, now + 250 * ms);
+}
