@@ -207,6 +207,9 @@ class ExactRefusalTest(DaemonTestCase):
         for key in ("k1", "k2"):  # one client a protocol: a second refusal would be the gate's, from the first
             r, _ = fetch(proxy.port, "/y/a", key=key, headers=[("X-Cost", "5")], timeout=10)
             self.assertEqual(r.status, 200)
+        # (An ASK beside a GO still open is told to ask again: the GOs settle first.)
+        wait_until(lambda: (master.metric("smockron_master_asks_settled_total") or 0) >= 2, 10,
+                   message="the GOs settled by their accounting")
 
         def check(status: int, retry: str | None, ratelimit: str | None, decision: str | None):
             self.assertEqual(status, 429)

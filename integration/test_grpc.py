@@ -372,25 +372,33 @@ class GrpcGateTest(GrpcCase):
 
     def test_exact_admission_asks_the_master_for_every_call(self):
         """admission = "exact" over gRPC (HTTP/2 on both sides, an h2c upstream): each call asks
-        the master first (ASK); the burst goes, the next call is refused trailers-only with
-        RESOURCE_EXHAUSTED and a pushback, and every call that went is settled at the master."""
+        the master first (ASK) and goes on its GO; a call only the master refuses (by its fifth
+        rule, which POLICY does not carry to the gatekeeper) is answered trailers-only with
+        RESOURCE_EXHAUSTED, a pushback and the RateLimit fields, and never forwarded."""
+        rules = [("6/min", 12), ("1000/s", 1000), ("1000/s", 1000), ("1000/s", 1000), ("1/h", 3)]
         echo, master, proxy = self.grpc_stack(
-            {"api": {"rules": [("6/min", 3)], "algorithm": "gcra", "admission": "exact"}}, [self.LIMITED],
-            max_delay="0s")
+            {"api": {"rules": rules, "algorithm": "gcra", "admission": "exact"}},
+            [dict(self.LIMITED, cost="header:x-cost")], max_delay="1s")
         proxy.wait_metric("smockron_proxy_control_exact_total", predicate=lambda v: v >= 1, timeout=10)
         unary = self.channel(proxy.port).unary_unary(UNARY)
-        for i in range(3):
-            self.assertEqual(unary(b"m%d" % i, metadata=[("x-key", "fay")], timeout=CALL_TIMEOUT), b"echo:m%d" % i)
-        with self.assertRaises(grpc.RpcError) as cm:
-            unary(b"over", metadata=[("x-key", "fay")], timeout=CALL_TIMEOUT)
-        self.assert_refused(cm.exception, grpc.StatusCode.RESOURCE_EXHAUSTED)
-        self.assertEqual([c["first"] for c in echo.seen(key="fay")], [b"m0", b"m1", b"m2"])
-        self.assertEqual(master.metric("smockron_master_asks_total", {"verdict": "go"}), 3,
-                         "each call that went asked the master")
-        wait_until(lambda: (master.metric("smockron_master_asks_settled_total") or 0) >= 3, 10,
+        for m in (b"m0", b"m1"):
+            self.assertEqual(unary(m, metadata=[("x-key", "fay"), ("x-cost", "1")], timeout=CALL_TIMEOUT),
+                             b"echo:" + m)
+        # Two of the hour's three used: the master does not hold the client (no DELAY_UNTIL),
+        # so only its answer to the next call's ASK can refuse it. (The GOs settled first: an
+        # ASK beside an open GO is told to ask again.)
+        wait_until(lambda: (master.metric("smockron_master_asks_settled_total") or 0) >= 2, 10,
                    message="the GOs settled by the calls' accounting")
+        with self.assertRaises(grpc.RpcError) as cm:
+            unary(b"over", metadata=[("x-key", "fay"), ("x-cost", "2")], timeout=CALL_TIMEOUT)
+        self.assertGreater(self.assert_refused(cm.exception, grpc.StatusCode.RESOURCE_EXHAUSTED), 3_000_000,
+                           "an hour's unit, as the pushback")
+        self.assertIn(";r=0;", dict(cm.exception.trailing_metadata() or ()).get("ratelimit", ""))
+        self.assertEqual([c["first"] for c in echo.seen(key="fay")], [b"m0", b"m1"])
+        self.assertEqual(master.metric("smockron_master_asks_total", {"verdict": "go"}), 2)
+        self.assertEqual(master.metric("smockron_master_asks_total", {"verdict": "wait"}), 1,
+                         "the refusal was the master's answer")
         self.assertEqual(metric(proxy.metrics(), REQUESTS, {"domain": "api", "decision": "rejected"}), 1)
-
 
 # =============================================================================== the proxy's own answers
 

@@ -78,10 +78,13 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   // before it at the share's pace, a request of many units went well past
   // the master's theoretical arrival time (next allowed + burst - 1
   // intervals), and a use there leaves the time between unused for good
-  // (GCRA starts again from the later use): near the master, G gatekeepers
-  // let through 5% less than the limit. The master's time still counts
-  // them before it (master_us above).
-  p.units_after = by.rule && p.pace_us > by.us;
+  // (GCRA starts again from the later use): near the master, ten
+  // gatekeepers let through 7% less than the limit. The master's time
+  // still counts them before it (master_us above).
+  // (The master's interval, whole milliseconds rounded, more than one of
+  // them over the rule's: a share, not the rule's own rounded, nor a guard
+  // rule binding, which counts the units itself.)
+  p.units_after = by.rule && p.pace_us == e.interval_us && e.interval_us > by.us + 999;
   if ((master_fresh || guard.count != 0) && e.local_next_us != 0) {
     const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
     const std::int64_t more = pace == 0 || p.units_after ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
@@ -174,7 +177,8 @@ void record_hold(client_entry& e, const guard_policy& guard, const request_plan&
   // cost is paid back (one interval per unit; at most a policy's span).
   const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
   const std::int64_t paced = p.units_after ? std::max(pace_units, units) : pace_units;
-  const std::int64_t n = pace == 0 ? 1 : std::clamp<std::int64_t>(paced, 1, wire::max_policy_span_us / pace);
+  const std::int64_t n =
+      pace == 0 ? 1 : std::clamp<std::int64_t>(paced, 1, std::max<std::int64_t>(1, wire::max_policy_span_us / pace));
   e.local_next_us = p.release_us + n * pace;
 }
 

@@ -277,9 +277,13 @@ refusal refusal_for_exact(gate& g, const runtime& rt, const route& r, const admi
   const refusal no = never ? refusal_for_cost_cut(r)
                            : refusal{r.status, "rate limit exceeded, retry later\n",
                                      std::max<std::int64_t>(1, (wait_us + 999'999) / 1'000'000)};
-  if (!never && a.who && !r.domain.empty()) {
+  // As append_limit_fields has them for the gate's own refusals: a cost
+  // that never fits says nothing of the client's standing (the fields only
+  // where the route asks for them on every response).
+  if (a.who && !r.domain.empty() && (!never || r.ratelimit_headers)) {
     append_ratelimit_fields(response_fields, r.domain,
-                            g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us, a.tier), no.retry_after_s);
+                            g.quota(rt.gate_domain[r.domain_index], a.who->value, now_us, a.tier),
+                            never ? 0 : no.retry_after_s);
   }
   if (r.explain)
     append_decision_field(response_fields, decision::rejected, a.shadow, never ? "cost_over_limit" : "delay_too_long",

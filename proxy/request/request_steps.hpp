@@ -104,7 +104,8 @@ refusal refusal_for_concurrency(const route& r, std::int64_t limit, std::string&
 /// The fields the request was planned with (the gate's view before the
 /// master's word) make way for a refusal's, as the gate's own refusals
 /// carry them: the RateLimit fields with the limit at r=0 until Retry-After
-/// at least (none for a cost that never fits), and the route's `explain`.
+/// at least (for a cost that never fits, only on a route with
+/// `ratelimit_headers`, as they stand), and the route's `explain`.
 refusal refusal_for_exact(gate& g, const runtime& rt, const route& r, const admission& a, std::int64_t wait_us,
                           std::int64_t now_us, std::string& response_fields);
 

@@ -320,7 +320,26 @@ TEST(GatePlan, UnderPaceShareARequestsUnitsArePacedAfterIt) {
   plain.policy_seq = g.seq;
   plain.local_next_us = now + 200 * ms;
   p = plan_request(plain, g, max_delay, fresh, now, 50);
+  EXPECT_FALSE(p.units_after);
   EXPECT_EQ(p.release_us, now + 249 * ms);
   record_hold(plain, g, p, 50);
   EXPECT_EQ(plain.local_next_us, now + 250 * ms);
+  // Nor for a rule whose interval the master rounds up to whole milliseconds (7/s: 143 ms).
+  guard_policy seven;
+  seven.rules[0] = {142'857, 10};
+  seven.count = 1;
+  seven.seq = 2;
+  client_entry r7 = master_says(100, 0, 143);
+  r7.policy_seq = seven.seq;
+  r7.local_next_us = now + 200 * ms;
+  p = plan_request(r7, seven, max_delay, fresh, now, 3);
+  EXPECT_FALSE(p.units_after);
+  EXPECT_EQ(p.release_us, now + (200 + 2 * 143) * ms);
+  // Nor when the guard binds (its own rule's pace): it counts the units itself.
+  client_entry bound = master_says(100, 0, 10);
+  bound.policy_seq = g.seq;
+  bound.tat[0] = now + 2'000 * ms;
+  p = plan_request(bound, g, max_delay, fresh, now, 50);
+  EXPECT_FALSE(p.units_after);
+  EXPECT_EQ(p.pace_us, 1 * ms);
 }
