@@ -948,7 +948,7 @@ class Box:
         domains[PROBE] = {"rules": [("1/h", 1)]}
         mconf = os.path.join(tmp, f"master-g{self.g}.toml")
         with open(mconf, "w") as f:
-            extra = {"pace_share": True} if self.args.pace_share else {}
+            extra = {"pace_share": self.args.pace_share == "on"}
             f.write(master_toml(self.acc, self.ctl, self.madmin, domains, probe=False, **extra))
         self.master = Daemon("smockron-master", mconf, tmp, args=["--log-level", "warn"], admin_port=self.madmin)
         self.procs.append(self.master)
@@ -1671,8 +1671,9 @@ def main():
                     help="response-charged scenarios: the route's cost_default, which paces their held requests "
                          "until the cost is known (default: the mean cost, 50 for 1..100)")
     ap.add_argument("--max-delay", type=float, default=2.0, help="proxy max_delay in seconds (default 2)")
-    ap.add_argument("--pace-share", action="store_true",
-                    help="the master's pace_share = true (each gatekeeper paces its share of a held client's rate)")
+    ap.add_argument("--pace-share", nargs="?", const="on", default="on", choices=("on", "off"),
+                    help="the master's pace_share (each gatekeeper paces its share of a held client's rate): "
+                         "on (the default; the flag alone) or off")
     ap.add_argument("--admission", choices=("local", "exact"), default="local",
                     help="the domains' admission (exact: each request asks the master first; default local)")
     ap.add_argument("--hot-factor", default=None,
@@ -1763,7 +1764,7 @@ def main():
           f"delays {','.join(f'{d:g}' + (f'+-{j * 100:g}%' if j else '') for d, j in args.delays)} ms one way; "
           f"hot {','.join(f'{h:g}' for h in args.hot_factor)}x ({','.join(args.hot_arrivals)}), {args.near} near {args.near_factor:g}x, {args.under} under {args.under_factor:g}x "
           f"the long-run rate; max_delay {args.max_delay:g} s; admission {args.admission}; "
-          f"pace_share {'on' if args.pace_share else 'off'}; "
+          f"pace_share {args.pace_share}; "
           f"load {os.getloadavg()[0]:.2f}"
           + (f"; weighted: {args.unit_rate}/s burst {args.unit_burst} in units, costs 1..{args.cost_max}"
              if any(sc.weighted for sc in scenarios) else ""))

@@ -328,9 +328,11 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // one connection per worker; a third-party gatekeeper) is not counted:
     // at worst, the pace is the rule's, as before.
     const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
-    const double pacers = !pace_share_ ? 1.0
-                          : paces      ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
-                                       : pacers_.count(it->second, msg->identifier, now_us);
+    // (No gatekeeper has named itself: nothing to look up.)
+    const double pacers = !pace_share_            ? 1.0
+                          : paces                 ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
+                          : pacers_.clients() > 0 ? pacers_.count(it->second, msg->identifier, now_us)
+                                                  : 1.0;
     out->interval_ms = std::max<std::int64_t>(1, std::llround(static_cast<double>(dec.interval_us) * pacers / 1000));
     out->limit = limit_named(it->second, msg->identifier, dec);
   }

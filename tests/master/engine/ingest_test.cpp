@@ -69,6 +69,8 @@ protected:
 };
 
 TEST_F(Ingest, WithoutPaceShareTheIntervalIsTheRules) {
+  cfg_.pace_share = false;
+  ingest_.reconfigure(cfg_);
   handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00);
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00)->interval_ms, 100);
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 3, 0xb00)->interval_ms, 100);
