@@ -18,10 +18,11 @@
 // them) and the ratios to plaintext are printed: rate, and the master's CPU
 // per message.
 // With --pace-share, phases 2 and 3 run again against a master with
-// pace_share = true, the publisher naming itself as a gatekeeper (the ZMTP
-// READY property X-Gatekeeper, as a proxy does), so that every message that
-// leaves a client held is counted for its pace share; the ratio to the
-// plain run is printed.
+// pace_share = true (the default), the publisher naming itself as a
+// gatekeeper (the ZMTP READY property X-Gatekeeper, as a proxy does), so
+// that every message that leaves a client held is counted for its pace
+// share; the ratio to the plain run is printed. (In the plain run the
+// publisher names none: nothing is counted, as with pace_share = false.)
 // High-water marks are set deliberately (large) so nothing is dropped
 // silently; any shortfall is reported as drops.
 #include <arpa/inet.h>

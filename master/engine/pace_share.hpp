@@ -20,8 +20,8 @@
 //
 // Gatekeepers are told apart by the name their accounting connections give
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
-// worker. A connection that names none is not counted (ingest.cpp), and the
-// whole count runs only with the master's `pace_share = true`.
+// worker. A connection that names none is not counted (ingest.cpp), and
+// nothing is counted with the master's `pace_share = false` (on by default).
 #pragma once
 
 #include <cstdint>
