@@ -281,7 +281,7 @@ class BenchmarkSmokeTest(unittest.TestCase):
     def test_master_bench(self):
         """Bare ZeroMQ ceiling, the real master's ingest (counted by its /metrics), DELAY_UNTIL
         received, and the control-loop probes answered; again with CURVE on both links, and with
-        pace_share = true (the default) and the publisher named as a gatekeeper."""
+        pace_share = true and the publisher named as a gatekeeper."""
         bench = self.bench_binary("smockron-master-bench")
         out = self.run_bench([bench, "--master", binary("smockron-master"), "--messages", "20000", "--identifiers",
                               "1000", "--latency-seconds", "0.3", "--latency-rate", "10000", "--curve", "--pace-share"])

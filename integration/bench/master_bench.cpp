@@ -18,7 +18,7 @@
 // them) and the ratios to plaintext are printed: rate, and the master's CPU
 // per message.
 // With --pace-share, phases 2 and 3 run again against a master with
-// pace_share = true (the default), the publisher naming itself as a
+// pace_share = true, the publisher naming itself as a
 // gatekeeper (the ZMTP READY property X-Gatekeeper, as a proxy does), so
 // that every message that leaves a client held is counted for its pace
 // share; the ratio to the plain run is printed. (In the plain run the

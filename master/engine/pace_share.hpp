@@ -21,7 +21,7 @@
 // Gatekeepers are told apart by the name their accounting connections give
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
 // worker. A connection that names none is not counted (ingest.cpp), and
-// nothing is counted with the master's `pace_share = false` (on by default).
+// nothing is counted without the master's `pace_share = true` (off by default).
 #pragma once
 
 #include <cstdint>
