@@ -328,7 +328,7 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // one connection per worker; a third-party gatekeeper) is not counted:
     // at worst, the pace is the rule's, as before.
     const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
-    // (No gatekeeper has named itself: nothing to look up.)
+    // (An empty table: count() would find nothing; no lookup.)
     const double pacers = !pace_share_            ? 1.0
                           : paces                 ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
                           : pacers_.clients() > 0 ? pacers_.count(it->second, msg->identifier, now_us)
