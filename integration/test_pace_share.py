@@ -8,7 +8,10 @@ its share.
   two gatekeepers; a little less while one has reserved more than the
   other), never more (it counts gatekeepers, which name themselves on their
   connections, not the connections);
-- the same client at one proxy only says 100 ms, the rule's interval.
+- the same client at one proxy only says 100 ms, the rule's interval;
+- once a proxy is killed (its connections close), the DELAY_UNTILs for a
+  client the two held say 100 ms again at once, not after the two windows
+  the dead proxy's messages would take to age out of the count.
 
 A pyzmq SUB on the master's control endpoint reads the DELAY_UNTILs.
 
@@ -85,6 +88,28 @@ class PaceShareTest(DaemonTestCase):
         seen = self.intervals("both", self.proxies, lambda s: any(v > 150 for v in s))
         self.assertTrue(any(v > 150 for v in seen), f"two gatekeepers not counted: {sorted(seen)}")
         self.assertLessEqual(max(seen), 200, f"connections counted as gatekeepers: {sorted(seen)}")
+
+    def test_a_gatekeeper_killed_no_longer_counts_once_its_connections_close(self):
+        seen = self.intervals("both", self.proxies, lambda s: any(v > 150 for v in s))
+        self.assertTrue(any(v > 150 for v in seen), f"two gatekeepers not counted: {sorted(seen)}")
+        peers = self.master.metric("smockron_master_accounting_peers")
+        self.proxies[1].kill()
+        self.master.wait_metric("smockron_master_accounting_peers", predicate=lambda v: v <= peers - 2, timeout=10)
+        # The master has taken the closes in: a DELAY_UNTIL it publishes from
+        # now on counts proxy 0 alone. A marker of the sniffer's own, held
+        # (burst 2), orders the control stream: what follows its DELAY_UNTIL
+        # was published after the closes, whatever was still on the way.
+        deadline = time.monotonic() + 10
+        marked = False
+        n = 0
+        while not marked and time.monotonic() < deadline:
+            n += 1
+            self.sniffer.accepted(DOMAIN, "marker", int(time.time() * 1000))
+            for m in self.sniffer.drain(0.05 if n > 2 else 0):
+                marked = marked or (m.command == "DELAY_UNTIL" and m.identifier == "marker")
+        self.assertTrue(marked, "no DELAY_UNTIL for the marker")
+        after = self.intervals("both", self.proxies[:1], lambda s: bool(s), deadline_s=5.0)
+        self.assertEqual(after, {100}, "the killed gatekeeper still counted")
 
     def test_a_client_held_at_one_gatekeeper_is_paced_at_the_rule(self):
         seen = self.intervals("one", self.proxies[:1], lambda s: bool(s), deadline_s=5.0)

@@ -397,7 +397,8 @@ ingest::query_result ingest::answer(const query::request& r, std::int64_t now_us
   return result;
 }
 
-std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us) {
+std::size_t ingest::peer_closed(std::uint64_t peer, std::int64_t now_us, std::uint64_t gatekeeper_gone) {
+  if (gatekeeper_gone != 0 && pacers_.clients() > 0) pacers_.forget(gatekeeper_gone);
   const auto gone = reservations_.take_peer(peer);
   release(gone, released_gone_, now_us);
   lease_slots_released_.inc(static_cast<std::uint64_t>(leases_.peer_closed(peer, now_us)));

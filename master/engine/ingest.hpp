@@ -71,8 +71,10 @@ public:
 
   /// The accounting connection `peer` closed: its gatekeeper's open
   /// reservations are given back (their units refunded), and its
-  /// concurrency slots freed. Returns how many reservations.
-  std::size_t peer_closed(std::uint64_t peer, std::int64_t now_us);
+  /// concurrency slots freed. `gatekeeper_gone`: the gatekeeper whose last
+  /// connection this was (0: none), no longer counted as holding a client
+  /// (pace_share.hpp). Returns how many reservations.
+  std::size_t peer_closed(std::uint64_t peer, std::int64_t now_us, std::uint64_t gatekeeper_gone = 0);
   /// Reservations held open now.
   std::size_t open_reservations() const { return reservations_.size(); }
   const reservations& reservation_book() const { return reservations_; }

@@ -71,4 +71,11 @@ void pace_share::sweep(std::int64_t now_us) {
   }
 }
 
+void pace_share::forget(std::uint64_t gatekeeper) {
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    std::erase_if(it->second, [&](const sighting& s) { return s.gatekeeper == gatekeeper; });
+    it = it->second.empty() ? clients_.erase(it) : std::next(it);
+  }
+}
+
 }  // namespace smockron::master

@@ -21,7 +21,8 @@
 // Gatekeepers are told apart by the name their accounting connections give
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
 // worker. A connection that names none is not counted (ingest.cpp), and
-// nothing is counted without the master's `pace_share = true` (off by default).
+// nothing is counted without the master's `pace_share = true`. A gatekeeper
+// whose last connection closes is forgotten at once (forget()).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,11 @@ public:
   /// Forgets the clients no gatekeeper sent a message about for a window or
   /// more (one pass over the table: at most k_max_clients, once a second).
   void sweep(std::int64_t now_us);
+  /// Forgets what `gatekeeper` sent (every connection it had closed: a
+  /// proxy that exited, or was killed, is gone at once rather than counted
+  /// for up to two windows while the others pace at their old share). One
+  /// pass over the table, as a sweep.
+  void forget(std::uint64_t gatekeeper);
   std::size_t clients() const { return clients_.size(); }
 
 private:

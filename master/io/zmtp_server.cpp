@@ -462,7 +462,16 @@ void zmtp_server::close(peer& p) {
   loop_.remove(p.fd);
   ::close(p.fd);
   p.closed = true;
-  if (on_closed_) on_closed_(p.id);
+  if (!on_closed_) return;
+  // Its gatekeeper is gone when no other open connection names it (a scan of
+  // at most max_peers, on a close only).
+  std::uint64_t gone = p.session.peer_gatekeeper();
+  if (gone != 0) {
+    for (const auto& q : peers_) {
+      if (!q->closed && q->session.peer_gatekeeper() == gone) gone = 0;
+    }
+  }
+  on_closed_(p.id, gone);
 }
 
 void zmtp_server::expire_handshakes() {

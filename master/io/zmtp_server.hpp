@@ -120,8 +120,12 @@ public:
   /// The gatekeeper that peer named in its READY (X-Gatekeeper, zmtp.hpp); 0: none.
   std::uint64_t current_gatekeeper() const { return current_gatekeeper_; }
   /// Who is told, with its id, when a connection closes (its gatekeeper left,
-  /// or broke a bound): what it had open dies with it.
-  void on_peer_closed(std::function<void(std::uint64_t)> f) { on_closed_ = std::move(f); }
+  /// or broke a bound): what it had open dies with it. The second argument
+  /// is the gatekeeper it named when no other open connection names it (the
+  /// gatekeeper is gone: a proxy has one connection per worker), else 0.
+  void on_peer_closed(std::function<void(std::uint64_t peer, std::uint64_t gatekeeper_gone)> f) {
+    on_closed_ = std::move(f);
+  }
   // ---- role pub (control) ----
 
   /// What became of one published message.
@@ -192,7 +196,7 @@ private:
   std::function<void(std::string_view)> on_subscription_;
   std::string message_;        ///< role pub: the message being published, framed
   std::vector<peer*> unsent_;  ///< role pub: peers with queued messages not yet flushed
-  std::function<void(std::uint64_t)> on_closed_;
+  std::function<void(std::uint64_t, std::uint64_t)> on_closed_;
   std::size_t delivered_ = 0;
   std::uint64_t current_peer_ = 0;
   std::uint64_t current_gatekeeper_ = 0;

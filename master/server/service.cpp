@@ -82,8 +82,10 @@ service::service(const config::master_config& cfg, const clock& clk, metrics::re
   accounting_.on_message([this](std::span<const std::string_view> frames, bool truncated) {
     deliver(frames, truncated, accounting_.current_peer(), accounting_.current_gatekeeper());
   });
-  // A gatekeeper's reservations die with its connection.
-  accounting_.on_peer_closed([this](std::uint64_t peer) { ingest_.peer_closed(peer, clock_.wall_us()); });
+  // A gatekeeper's reservations die with its connection, its pace count with its last one.
+  accounting_.on_peer_closed([this](std::uint64_t peer, std::uint64_t gatekeeper_gone) {
+    ingest_.peer_closed(peer, clock_.wall_us(), gatekeeper_gone);
+  });
   if (cfg.store == config::store_kind::redis) {
     redis_store::options o;
     o.url = cfg.redis_target;

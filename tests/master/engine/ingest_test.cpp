@@ -108,6 +108,26 @@ TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByItsGatekeepers) {
       << "the sweep forgot j";
 }
 
+// A gatekeeper whose last connection closed (a proxy killed or restarted:
+// it comes back under a new name) no longer counts at once, not after the
+// two windows its messages would take to age out: the others pace at the
+// whole rate again.
+TEST_F(IngestPaceShare, AGatekeeperGoneWithItsLastConnectionNoLongerCounts) {
+  const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
+    return handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, peer, gk);
+  };
+  EXPECT_FALSE(use(1, 0xa00));  // the burst (2)
+  ASSERT_TRUE(use(1, 0xa00));
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 200);
+  ingest_.peer_closed(2, clock_.wall_us());  // another connection, no gatekeeper gone
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 180) << "2 messages and 1: (2 + 1)^2 / 5";
+  ingest_.peer_closed(3, clock_.wall_us(), 0xb00);
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100) << "b is gone: a alone holds k";
+  ingest_.peer_closed(1, clock_.wall_us(), 0xa00);
+  EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 0\n"), std::string::npos)
+      << "no gatekeeper holds k";
+}
+
 TEST_F(Ingest, RefusalsAreCountedByReason) {
   EXPECT_FALSE(handle({"api\0"s, "ACCEPTED", "k", "soon", ""}));
   EXPECT_FALSE(handle({"nobody\0"s, "ACCEPTED", "k", ms(0), ""}));

@@ -61,6 +61,22 @@ TEST(PaceShare, TheCountsSlideWithTheWindow) {
   EXPECT_EQ(p.clients(), 0u);
 }
 
+// A gatekeeper gone (its last connection closed) counts no more at once,
+// for every client it held; a client only it held is forgotten.
+TEST(PaceShare, AGatekeeperForgottenCountsNoMore) {
+  pace_share p;
+  p.seen(0, "k", 1, t);
+  p.seen(0, "k", 2, t);
+  p.seen(0, "j", 2, t);
+  p.seen(1, "k", 2, t);
+  p.forget(2);
+  EXPECT_EQ(p.clients(), 1u) << "j and the other domain's k were held by 2 alone";
+  EXPECT_EQ(p.count(0, "k", t), 1.0);
+  EXPECT_EQ(p.seen(0, "k", 3, t + 10), 2.0) << "the others still count";
+  p.forget(99);  // one never seen: nothing changes
+  EXPECT_EQ(p.count(0, "k", t + 10), 2.0);
+}
+
 TEST(PaceShare, TheTableIsBounded) {
   pace_share p;
   for (std::size_t i = 0; i < pace_share::k_max_clients; ++i) p.seen(0, "c" + std::to_string(i), 1, t);

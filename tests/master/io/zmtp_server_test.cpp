@@ -15,6 +15,7 @@
 
 #include "master/io/zmtp_server.hpp"
 #include "shared/daemon/zmq_util.hpp"
+#include "shared/protocol/zmtp.hpp"
 
 using namespace smockron;
 using namespace std::string_literals;
@@ -446,6 +447,34 @@ TEST_F(Zmtp, ProtocolBreakersAreDisconnectedAndCounted) {
   const int ok = raw_publisher();
   write_all(ok, frame(0, "fine"));
   EXPECT_TRUE(pump([&] { return got_.size() == 1; }));
+}
+
+// A proxy has one accounting connection per worker, each naming its
+// gatekeeper: the master is told the gatekeeper is gone when the last of
+// them closes, not before (its pace counts go then, pace_share.hpp).
+TEST_F(Zmtp, AGatekeeperIsGoneWithItsLastConnection) {
+  std::vector<std::uint64_t> gone;
+  sub_.on_peer_closed([&](std::uint64_t, std::uint64_t gatekeeper) { gone.push_back(gatekeeper); });
+  const auto named = [&](std::string_view gatekeeper) {
+    const int fd = raw_connect();
+    write_all(fd, greeting() + zmtp::ready("PUB", gatekeeper));
+    EXPECT_EQ(raw_read(fd, 64 + 27).size(), 64u + 27u);
+    return fd;
+  };
+  const int w1 = named("00000000000abc00"), w2 = named("00000000000abc00"), other = named("0000000000000def"),
+            unnamed = named("");
+  ASSERT_TRUE(pump([&] { return sub_.peers() == 4; }));
+  const auto close_one = [&](int fd) {
+    std::erase(fds_, fd);
+    ::close(fd);
+    const std::size_t before = gone.size();
+    EXPECT_TRUE(pump([&] { return gone.size() == before + 1; }));
+    return gone.empty() ? ~0ull : gone.back();
+  };
+  EXPECT_EQ(close_one(w1), 0u) << "its other worker's connection still names it";
+  EXPECT_EQ(close_one(unnamed), 0u);
+  EXPECT_EQ(close_one(w2), 0xabc00u);
+  EXPECT_EQ(close_one(other), 0xdefu);
 }
 
 // A message over the bound is skipped on its own, consumed by length, and
