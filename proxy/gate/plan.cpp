@@ -29,15 +29,16 @@ namespace {
 struct unit {
   std::int64_t us;
   bool rule;
+  std::int64_t burst = 0;  ///< the rule's (`rule` only)
 };
 unit unit_interval(const client_entry& e, const guard_policy& guard) {
   if (!guard.own) return {e.interval_us, false};
   if (e.limit == wire::limit_ref::kind::rule && e.limit_index < guard.count)
-    return {guard.rules[e.limit_index].interval_us, true};
+    return {guard.rules[e.limit_index].interval_us, true, guard.rules[e.limit_index].burst};
   // LIMIT named none: the only rule's, if the interval given can be it (its
   // whole milliseconds, times the gatekeepers); a quota's time comes with another.
   if (e.limit == wire::limit_ref::kind::none && guard.count == 1 && e.interval_us + 999 >= guard.rules[0].interval_us)
-    return {guard.rules[0].interval_us, true};
+    return {guard.rules[0].interval_us, true, guard.rules[0].burst};
   return {e.interval_us, false};
 }
 }  // namespace
@@ -84,11 +85,24 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   // (The master's interval, whole milliseconds rounded, more than one of
   // them over the rule's: a share, not the rule's own rounded, nor a guard
   // rule binding, which counts the units itself.)
-  p.units_after = by.rule && p.pace_us == e.interval_us && e.interval_us > by.us + 999;
+  const bool shared = by.rule && e.interval_us > by.us + 999;
+  p.units_after = shared && p.pace_us == e.interval_us;
   if ((master_fresh || guard.count != 0) && e.local_next_us != 0) {
     const std::int64_t pace = std::max<std::int64_t>(p.pace_us, 0);
     const std::int64_t more = pace == 0 || p.units_after ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
-    p.release_us = std::max(p.release_us, e.local_next_us + more);
+    std::int64_t paced = e.local_next_us + more;
+    // A share's slot is no later than the master's theoretical arrival time
+    // as last told (its next allowed time, burst - 1 of the rule's intervals
+    // on): the time the client's bucket is whole again. A use after it
+    // leaves the time between unused for good, which is what a share costs
+    // when the other gatekeepers leave theirs unused (one gone, idle, or
+    // refusing at its max_delay): the client's units then go at the rule's
+    // pace here rather than be lost.
+    // While every gatekeeper takes its share, the master's time runs ahead
+    // of each one's slots and this changes nothing. (Also when the guard is
+    // later than the master's time: it still is no later than this.)
+    if (shared && e.next_us != 0) paced = std::min(paced, std::max(master_us, e.next_us + (by.burst - 1) * by.us));
+    p.release_us = std::max(p.release_us, paced);
   }
   if (p.release_us <= now_us) {
     p.accept = true;

@@ -232,7 +232,7 @@ TEST(GateGuard, HotClientIsBoundedBeforeTheMasterSpeaks) {
 // units still fit one rule interval each after the master's time.
 TEST(GateGuard, UnitsFitByTheRuleWhileTheQueueGoesAtTheSharedPace) {
   gate g;
-  set_policy(g, 0, {{1 * ms, 500}}, t0);         // 1000/s burst 500
+  set_policy(g, 0, {{1 * ms, 1000}}, t0);        // 1000/s burst 1000
   g.update(0, "a", t0 + 100 * ms, 10 * ms, t0);  // held; ten gatekeepers share the pace
   const auto first = g.decide(0, "a", t0, limits(), 50);
   ASSERT_EQ(first.v, verdict::delay);
@@ -240,6 +240,13 @@ TEST(GateGuard, UnitsFitByTheRuleWhileTheQueueGoesAtTheSharedPace) {
   EXPECT_EQ(first.interval_us, 10 * ms);
   // The next held request: after the first one's 50 units at the shared pace (its own are paced after it).
   EXPECT_EQ(g.decide(0, "a", t0, limits(), 50).release_us, t0 + 649 * ms);
+  // With a burst of 500 the client's bucket is whole at 599 ms as the master
+  // last told (plan.cpp): the share's slot is no later than that.
+  gate small;
+  set_policy(small, 0, {{1 * ms, 500}}, t0);
+  small.update(0, "a", t0 + 100 * ms, 10 * ms, t0);
+  small.decide(0, "a", t0, limits(), 50);
+  EXPECT_EQ(small.decide(0, "a", t0, limits(), 50).release_us, t0 + 599 * ms);
 }
 
 // A client under its limit is never held by the guard: sends that fit the

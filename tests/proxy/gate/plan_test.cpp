@@ -297,6 +297,36 @@ TEST(GatePlan, ARefundBringsThisGatekeepersQueueForwardForTheRequestsPlannedAfte
   EXPECT_EQ(e.local_next_us, now) << "never before now";
 }
 
+// Under pace share a slot of this gatekeeper's share is no later than the
+// master's theoretical arrival time as last told (next allowed + burst - 1
+// intervals): after it the client's bucket is whole, and the time between
+// would go unused for good when the other gatekeepers do not take theirs.
+TEST(GatePlan, UnderPaceShareASlotIsNoLaterThanTheBucketIsWhole) {
+  // 10/s burst 5; two gatekeepers share the client (the master's interval
+  // 200 ms), its next allowed time 100 ms away: whole at 500 ms.
+  const guard_policy g = one_rule(100, 5);
+  client_entry e = master_says(100, 0, 200);
+  e.local_next_us = now + 700 * ms;  // the other gatekeeper left its slots unused
+  request_plan p = plan_request(e, g, max_delay, fresh, now);
+  EXPECT_TRUE(p.units_after);
+  EXPECT_EQ(p.release_us, now + 500 * ms);
+  e.local_next_us = now + 300 * ms;  // within it: the share's slot
+  EXPECT_EQ(plan_request(e, g, max_delay, fresh, now).release_us, now + 300 * ms);
+  e.local_next_us = now + 700 * ms;
+  e.tat[0] = now + 800 * ms;  // the guard later than the master's time (400 ms), earlier than whole
+  EXPECT_EQ(plan_request(e, g, max_delay, fresh, now).release_us, now + 500 * ms);
+  e.tat[0] = now + 1'100 * ms;  // the guard (this gatekeeper's own uses) still binds
+  EXPECT_EQ(plan_request(e, g, max_delay, fresh, now).release_us, now + 700 * ms);
+  // The master's word long past (it no longer holds the client): its bucket is whole, go.
+  client_entry old = master_says(-1'000, 1'100, 200);
+  old.local_next_us = now + 100 * ms;
+  EXPECT_TRUE(plan_request(old, g, max_delay, fresh, now).accept);
+  // Without pace share (the rule's own interval) the queue's slot stands.
+  client_entry plain = master_says(100, 0, 100);
+  plain.local_next_us = now + 700 * ms;
+  EXPECT_EQ(plan_request(plain, g, max_delay, fresh, now).release_us, now + 700 * ms);
+}
+
 TEST(GatePlan, UnderPaceShareARequestsUnitsArePacedAfterIt) {
   // 1000/s burst 500; the master holds the client and ten gatekeepers share
   // it (its interval 10 ms); this gatekeeper's next slot is 200 ms away.
