@@ -322,16 +322,12 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     out->identifier = msg->identifier;
     out->next_ms = ceil_ms(dec.next_us);
     // Each of the gatekeepers holding the client paces its share
-    // (pace_share.hpp), counted by the holds it reports (DELAYED: a
-    // gatekeeper reports a hold when it starts). A use admitted at once
-    // (ACCEPTED) is a gatekeeper that does not hold the client: it did not
-    // know it held yet (a round trip away), or it admitted while unlinked
-    // (just restarted), and it may hold nothing after. Refusals
+    // (pace_share.hpp), counted by its reservations and uses: refusals
     // follow demand, not pacing, and a correction is not a request. A
     // connection that names no gatekeeper (a proxy from before pace share,
     // one connection per worker; a third-party gatekeeper) is not counted:
     // at worst, the pace is the rule's, as before.
-    const bool paces = gatekeeper != 0 && msg->state == wire::status::delayed && !msg->adjust;
+    const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
     // (An empty table: count() would find nothing; no lookup.)
     const double pacers = !pace_share_            ? 1.0
                           : paces                 ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)

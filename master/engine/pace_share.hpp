@@ -10,11 +10,10 @@
 // is the rule's times the number of gatekeepers holding the client: each
 // paces its share, together the rate. The master's time itself is
 // untouched, and so is every decision for a client under its limit: only
-// the holds gatekeepers report (DELAYED) that leave the client held are
-// counted (ingest.cpp says why not the uses admitted at once).
+// messages that leave the client held are counted.
 //
-// The number is an effective one, (sum n)^2 / sum n^2 over the holds n
-// each gatekeeper reported in the last second (a sliding-window count): G for G
+// The number is an effective one, (sum n)^2 / sum n^2 over the messages n
+// each gatekeeper sent in the last second (a sliding-window count): G for G
 // gatekeepers that see the client alike, near 1 when one sees nearly all of
 // it (90% and 10%: 1.2), so that a client pinned to one gatekeeper with a
 // little spill-over is not paced at half its rate there.
@@ -45,9 +44,9 @@ public:
   /// k_max_clients, at most ~50 MB of counts (each 24 bytes).
   static constexpr std::size_t k_max_gatekeepers = 32;
 
-  /// `gatekeeper` reported a hold of (domain, identifier) at `now_us` that
-  /// left the client held: the effective number of gatekeepers holding it,
-  /// this hold counted (1 when the client cannot be counted).
+  /// `gatekeeper` sent a message about (domain, identifier) at `now_us`
+  /// that left the client held: the effective number of gatekeepers holding
+  /// it, this message counted (1 when the client cannot be counted).
   double seen(std::size_t domain, std::string_view identifier, std::uint64_t gatekeeper, std::int64_t now_us);
   /// The effective number as it stands (1 for a client not counted), counting nothing.
   double count(std::size_t domain, std::string_view identifier, std::int64_t now_us);

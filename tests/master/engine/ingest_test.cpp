@@ -56,8 +56,8 @@ TEST_F(Ingest, ThrottledClientsGetDelayUntilOthersNothing) {
 }
 
 // Pace share (pace_share.hpp): a held client's DELAY_UNTIL carries the
-// rule's interval times the gatekeepers that hold it, by the holds they
-// report (DELAYED; an effective number: (sum n)^2 / sum n^2 of them in the
+// rule's interval times the gatekeepers whose uses and reservations left it
+// held (an effective number: (sum n)^2 / sum n^2 of their messages in the
 // last second), told apart by the name their connections give, not by the
 // connections.
 class IngestPaceShare : public Ingest {
@@ -66,32 +66,26 @@ protected:
     cfg_.pace_share = true;
     ingest_.reconfigure(cfg_);
   }
-  // A use of k admitted at once, and one held (its hold reported as it starts).
-  std::optional<wire::delay_until> use(std::uint64_t peer, std::uint64_t gatekeeper, std::string id = "k") {
-    return handle({"api\0"s, "ACCEPTED", id, ms(0), ""}, peer, gatekeeper);
-  }
-  std::optional<wire::delay_until> held(std::uint64_t peer, std::uint64_t gatekeeper, std::string id = "k") {
-    return handle({"api\0"s, "DELAYED", id, ms(0), ms(0), ""}, peer, gatekeeper);
-  }
 };
 
 TEST_F(Ingest, WithoutPaceShareTheIntervalIsTheRules) {
   cfg_.pace_share = false;
   ingest_.reconfigure(cfg_);
-  handle({"api\0"s, "DELAYED", "k", ms(0), ms(0), ""}, 1, 0xa00);
-  EXPECT_EQ(handle({"api\0"s, "DELAYED", "k", ms(0), ms(0), ""}, 1, 0xa00)->interval_ms, 100);
-  EXPECT_EQ(handle({"api\0"s, "DELAYED", "k", ms(0), ms(0), ""}, 3, 0xb00)->interval_ms, 100);
+  handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 3, 0xb00)->interval_ms, 100);
 }
 
-TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByTheGatekeepersHoldingIt) {
+TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByItsGatekeepers) {
+  const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
+    return handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, peer, gk);
+  };
   EXPECT_FALSE(use(1, 0xa00));  // the burst (2)
-  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100) << "admitted at once: a gatekeeper that does not hold the client";
-  EXPECT_EQ(held(1, 0xa00)->interval_ms, 100);
-  EXPECT_EQ(held(2, 0xa00)->interval_ms, 100) << "a second connection of the same gatekeeper (another worker)";
-  EXPECT_EQ(use(3, 0xb00)->interval_ms, 100) << "b admitted at once: it did not know k held (a round trip away)";
-  EXPECT_EQ(held(3, 0xb00)->interval_ms, 180) << "b holds k too, 2 holds and 1: (2 + 1)^2 / 5";
-  EXPECT_EQ(held(3, 0xb00)->interval_ms, 200) << "alike: each paces half the rate";
-  EXPECT_EQ(held(4, 0)->interval_ms, 200) << "a connection that names none (an older proxy's worker) is not counted";
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(use(2, 0xa00)->interval_ms, 100) << "a second connection of the same gatekeeper (another worker)";
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 180) << "a second gatekeeper, 2 messages and 1: (2 + 1)^2 / 5";
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 200) << "alike: each paces half the rate";
+  EXPECT_EQ(use(4, 0)->interval_ms, 200) << "a connection that names none (an older proxy's worker) is not counted";
   // Refusals follow demand, not pacing, and a correction is not a request: neither counts.
   const auto refused = handle({"api\0"s, "REJECTED", "k", ms(0), ""}, 6, 0xc00);
   if (refused) {
@@ -101,14 +95,14 @@ TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByTheGatekeepersHoldingIt) {
   ASSERT_TRUE(corrected);
   EXPECT_EQ(corrected->interval_ms, 200);
   EXPECT_EQ(handle({"api\0"s, "DELAYED", "k", ms(0), ms(900), ""}, 6, 0xc00)->interval_ms, 278)
-      << "a hold that starts later counts as well: (2 + 2 + 1)^2 / 9";
-  EXPECT_EQ(held(3, 0xb00, "j"), std::nullopt);
-  EXPECT_EQ(held(3, 0xb00, "j")->interval_ms, 100) << "clients are apart";
+      << "a reservation counts: (2 + 2 + 1)^2 / 9";
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00), std::nullopt);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "j", ms(0), ""}, 3, 0xb00)->interval_ms, 100) << "clients are apart";
   // Gatekeepers silent for two windows no longer count, and the sweep forgets a silent client.
   clock_.advance(std::chrono::milliseconds(2'500));
   EXPECT_FALSE(use(1, 0xa00)) << "its debt paid back";
   ASSERT_TRUE(use(1, 0xa00));
-  EXPECT_EQ(held(1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100);
   ingest_.sweep(clock_.wall_us());
   EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 1\n"), std::string::npos)
       << "the sweep forgot j";
@@ -116,16 +110,19 @@ TEST_F(IngestPaceShare, AHeldClientsIntervalIsSharedByTheGatekeepersHoldingIt) {
 
 // A gatekeeper whose last connection closed (a proxy killed or restarted:
 // it comes back under a new name) no longer counts at once, not after the
-// two windows its holds would take to age out: the others pace at the
+// two windows its messages would take to age out: the others pace at the
 // whole rate again.
 TEST_F(IngestPaceShare, AGatekeeperGoneWithItsLastConnectionNoLongerCounts) {
-  EXPECT_FALSE(held(1, 0xa00));  // the burst (2)
-  ASSERT_TRUE(held(1, 0xa00));
-  EXPECT_EQ(held(3, 0xb00)->interval_ms, 200);
+  const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
+    return handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, peer, gk);
+  };
+  EXPECT_FALSE(use(1, 0xa00));  // the burst (2)
+  ASSERT_TRUE(use(1, 0xa00));
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 200);
   ingest_.peer_closed(2, clock_.wall_us());  // another connection, no gatekeeper gone
-  EXPECT_EQ(held(1, 0xa00)->interval_ms, 180) << "2 holds and 1: (2 + 1)^2 / 5";
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 180) << "2 messages and 1: (2 + 1)^2 / 5";
   ingest_.peer_closed(3, clock_.wall_us(), 0xb00);
-  EXPECT_EQ(held(1, 0xa00)->interval_ms, 100) << "b is gone: a alone holds k";
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100) << "b is gone: a alone holds k";
   ingest_.peer_closed(1, clock_.wall_us(), 0xa00);
   EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 0\n"), std::string::npos)
       << "no gatekeeper holds k";
