@@ -63,9 +63,8 @@ public:
   /// `peer`: the accounting connection it came on (0: none known): a
   /// reservation ("reserve=N") is held open for that connection until its
   /// correction ("adjust=N") arrives on it. `gatekeeper`: the name that
-  /// connection gave (0: none; the connection is then a gatekeeper of its
-  /// own): a DELAY_UNTIL's interval is the rule's times the gatekeepers
-  /// holding the client (pace_share.hpp).
+  /// connection gave (0: none; not counted): a DELAY_UNTIL's interval is
+  /// the rule's times the gatekeepers holding the client (pace_share.hpp).
   std::optional<wire::delay_until> handle(std::span<const std::string_view> frames, bool truncated, std::int64_t now_us,
                                           std::uint64_t peer = 0, std::uint64_t gatekeeper = 0);
 

@@ -55,8 +55,10 @@ public:
   void sweep(std::int64_t now_us);
   /// Forgets what `gatekeeper` sent (every connection it had closed: a
   /// proxy that exited, or was killed, is gone at once rather than counted
-  /// for up to two windows while the others pace at their old share). One
-  /// pass over the table, as a sweep.
+  /// for up to two windows while the others pace at their old share; one
+  /// whose connections all dropped and come back under the same name starts
+  /// its count afresh, which moves only the pace). One pass over the
+  /// table, as a sweep.
   void forget(std::uint64_t gatekeeper);
   std::size_t clients() const { return clients_.size(); }
 

@@ -92,8 +92,10 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
     const std::int64_t more = pace == 0 || p.units_after ? 0 : std::min(u - 1, wire::max_policy_span_us / pace) * pace;
     std::int64_t paced = e.local_next_us + more;
     // A share's slot is no later than the master's theoretical arrival time
-    // as last told (its next allowed time, burst - 1 of the rule's intervals
-    // on): the time the client's bucket is whole again. A use after it
+    // for the rule as last told (its next allowed time, burst - 1 of the
+    // rule's intervals on): the time that rule's bucket is whole again
+    // (another rule may still be owed: the guard and the master's time
+    // still bound the release, above). A use after it
     // leaves the time between unused for good, which is what a share costs
     // when the other gatekeepers leave theirs unused (one gone, idle, or
     // refusing at its max_delay): the client's units then go at the rule's

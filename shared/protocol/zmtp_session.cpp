@@ -227,7 +227,7 @@ std::string session::own_properties() const {
 bool session::peer_type_fits(std::string_view metadata) {
   const auto type = ready_socket_type(metadata);
   if (!type) return fail(fault::handshake, "malformed READY properties");
-  // (Any other value is no name: the master then counts the connection as its own gatekeeper.)
+  // (Any other value is no name: the master then does not count the connection for pace share.)
   const auto gk = ready_property(metadata, gatekeeper_property).value_or("");
   std::uint64_t id = 0;
   if (gk.size() == 16 && std::from_chars(gk.data(), gk.data() + gk.size(), id, 16).ptr == gk.data() + gk.size())
