@@ -93,16 +93,14 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
     std::int64_t paced = e.local_next_us + more;
     // A share's slot is no later than the master's theoretical arrival time
     // for the rule as last told (its next allowed time, burst - 1 of the
-    // rule's intervals on): the time that rule's bucket is whole again
-    // (another rule may still be owed: the guard and the master's time
-    // still bound the release, above). A use after it
-    // leaves the time between unused for good, which is what a share costs
-    // when the other gatekeepers leave theirs unused (one gone, idle, or
-    // refusing at its max_delay): the client's units then go at the rule's
-    // pace here rather than be lost.
-    // While every gatekeeper takes its share, the master's time runs ahead
-    // of each one's slots and this changes nothing. (Also when the guard is
-    // later than the master's time: it still is no later than this.)
+    // rule's intervals on): the time that rule's bucket is whole again. A
+    // use after it leaves the time between unused for good, which is what
+    // a share costs when the other gatekeepers leave theirs unused (one
+    // gone, idle, or refusing at its max_delay); here the units go at the
+    // rule's pace instead. While every gatekeeper takes its share, the
+    // master's time runs ahead of each one's slots and this changes
+    // nothing. The master's time and the guard still bound the release
+    // (above), also when the guard is the later and for any other rule.
     if (shared && e.next_us != 0) paced = std::min(paced, std::max(master_us, e.next_us + (by.burst - 1) * by.us));
     p.release_us = std::max(p.release_us, paced);
   }
