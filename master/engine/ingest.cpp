@@ -326,10 +326,17 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // follow demand, not pacing, and a correction is not a request. A
     // connection that names no gatekeeper (a proxy from before pace share,
     // one connection per worker; a third-party gatekeeper) is not counted:
-    // at worst, the pace is the rule's, as before.
+    // at worst, the pace is the rule's, as before. GCRA domains only: there
+    // the gate keeps a share's slot no later than the theoretical arrival
+    // time as last told (proxy/gate/plan.cpp), so a slot the others leave
+    // free is used late, not lost. A sliding log's next allowed time is one
+    // interval after its last use and never goes back to a gap before it:
+    // a share there loses every slot no other gatekeeper fills in time (two
+    // gatekeepers with three closed-loop connections each got 0.75 of the
+    // rate in half the runs; docs/benchmarks.md, "Weighted traffic").
     const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
     // (An empty table: count() would find nothing; no lookup.)
-    const double pacers = !pace_share_            ? 1.0
+    const double pacers = !pace_share_ || d.limits.algo != rules::algorithm::gcra ? 1.0
                           : paces                 ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
                           : pacers_.clients() > 0 ? pacers_.count(it->second, msg->identifier, now_us)
                                                   : 1.0;

@@ -64,9 +64,21 @@ class IngestPaceShare : public Ingest {
 protected:
   IngestPaceShare() {
     cfg_.pace_share = true;
+    for (auto& d : cfg_.domains) d.algorithm = config::algorithm_kind::gcra;
     ingest_.reconfigure(cfg_);
   }
 };
+
+// A sliding log's next allowed time never goes back to a slot a share left
+// free (ingest.cpp): its gatekeepers pace at the rule's interval.
+TEST_F(Ingest, ASlidingLogIsNotShared) {
+  cfg_.pace_share = true;
+  ingest_.reconfigure(cfg_);
+  handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 3, 0xb00)->interval_ms, 100);
+  EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 0\n"), std::string::npos);
+}
 
 TEST_F(Ingest, WithoutPaceShareTheIntervalIsTheRules) {
   cfg_.pace_share = false;

@@ -191,8 +191,8 @@ TEST(Config, DefaultsWhenTablesAreEmpty) {
   EXPECT_EQ(r.cfg->master->admin, (host_port{"127.0.0.1", 9105}));
   EXPECT_EQ(r.cfg->master->store, store_kind::memory);
   EXPECT_EQ(r.cfg->master->max_identifiers, 1'000'000u);
-  EXPECT_FALSE(r.cfg->master->pace_share);
-  EXPECT_TRUE(load("[master]\npace_share = true\n").cfg->master->pace_share);
+  EXPECT_TRUE(r.cfg->master->pace_share);
+  EXPECT_FALSE(load("[master]\npace_share = false\n").cfg->master->pace_share);
   EXPECT_EQ(r.cfg->proxy->listen, (host_port{"0.0.0.0", 8080}));
   EXPECT_EQ(r.cfg->proxy->max_delay, seconds(5));
   EXPECT_EQ(r.cfg->proxy->max_held, 10'000);
