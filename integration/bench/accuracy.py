@@ -1672,8 +1672,8 @@ def main():
                          "until the cost is known (default: the mean cost, 50 for 1..100)")
     ap.add_argument("--max-delay", type=float, default=2.0, help="proxy max_delay in seconds (default 2)")
     ap.add_argument("--pace-share", nargs="?", const="on", default="on", choices=("on", "off"),
-                    help="the master's pace_share (each gatekeeper paces its share of a held client's rate, GCRA "
-                         "domains only): on (the default, as the master's; also the flag alone) or off")
+                    help="the master's pace_share (each gatekeeper paces its share of a held client's rate; not "
+                         "under an exactly logged rule): on (the default, as the master's; also the flag alone) or off")
     ap.add_argument("--admission", choices=("local", "exact"), default="local",
                     help="the domains' admission (exact: each request asks the master first; default local)")
     ap.add_argument("--hot-factor", default=None,

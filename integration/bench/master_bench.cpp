@@ -18,8 +18,8 @@
 // them) and the ratios to plaintext are printed: rate, and the master's CPU
 // per message.
 // With --pace-share, phases 2 and 3 run again against a master with
-// pace_share = true and the bench domain under GCRA (a sliding log is not
-// shared), the publisher naming itself as a
+// pace_share = true and the bench domain under GCRA (its sliding log of
+// burst 20 is exactly logged, which is not shared), the publisher naming itself as a
 // gatekeeper (the ZMTP READY property X-Gatekeeper, as a proxy does), so
 // that every message that leaves a client held is counted for its pace
 // share; the ratio to the plain run is printed. (In the plain run the

@@ -326,20 +326,15 @@ std::optional<wire::delay_until> ingest::handle(std::span<const std::string_view
     // follow demand, not pacing, and a correction is not a request. A
     // connection that names no gatekeeper (a proxy from before pace share,
     // one connection per worker; a third-party gatekeeper) is not counted:
-    // at worst, the pace is the rule's, as before. GCRA domains only: there
-    // the gate keeps a share's slot no later than the theoretical arrival
-    // time as last told (proxy/gate/plan.cpp), so a slot the others leave
-    // free is used late, not lost. A sliding log's next allowed time is one
-    // interval after its last use and never goes back to a gap before it:
-    // a share there loses every slot no other gatekeeper fills in time (two
-    // gatekeepers with three closed-loop connections each got 0.75 of the
-    // rate in half the runs; docs/benchmarks.md, "Weighted traffic").
+    // at worst, the pace is the rule's, as before. Nor is a time an exactly
+    // logged rule set (pace_shareable()).
     const bool paces = gatekeeper != 0 && msg->state != wire::status::rejected && !msg->adjust;
     // (An empty table: count() would find nothing; no lookup.)
-    const double pacers = !pace_share_ || d.limits.algo != rules::algorithm::gcra ? 1.0
-                          : paces                 ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
-                          : pacers_.clients() > 0 ? pacers_.count(it->second, msg->identifier, now_us)
-                                                  : 1.0;
+    const bool shared =
+        pace_share_ && (paces || pacers_.clients() > 0) && pace_shareable(it->second, msg->identifier, dec);
+    const double pacers = !shared ? 1.0
+                          : paces ? pacers_.seen(it->second, msg->identifier, gatekeeper, now_us)
+                                  : pacers_.count(it->second, msg->identifier, now_us);
     out->interval_ms = std::max<std::int64_t>(1, std::llround(static_cast<double>(dec.interval_us) * pacers / 1000));
     out->limit = limit_named(it->second, msg->identifier, dec);
   }
@@ -429,6 +424,24 @@ void ingest::release(const std::vector<reservations::reservation>& gone, metrics
     domains_[*i].refunded->inc(static_cast<std::uint64_t>(r.units));
     limiter_.apply(*i, r.identifier, {rules::event_kind::adjust, r.at_ms * 1000, -r.units}, now_us);
   }
+}
+
+bool ingest::pace_shareable(std::size_t domain, std::string_view identifier, const rules::decision& dec) const {
+  // A time with an arrival time behind it (GCRA, a counted rule's) can be
+  // shared: the gate keeps a share's slot no later than that arrival time
+  // as last told (proxy/gate/plan.cpp), so a slot the other gatekeepers
+  // leave free is used late, not lost. An exactly logged rule's next
+  // allowed time is one interval after its last use and never goes back to
+  // a gap before it: a share there loses every slot no other gatekeeper
+  // fills in time (two gatekeepers with three closed-loop connections each
+  // got 0.75 of the rate in half the runs; docs/benchmarks.md, "Pace
+  // share").
+  if (dec.by != rules::limit_kind::rule) return true;
+  const domain_limits& all = limiter_.limits(domain);
+  if (all.base.algo == rules::algorithm::gcra) return true;  // (overrides and tiers: the domain's algorithm)
+  const rules::limits& l =
+      all.overrides.empty() && all.tiers.empty() ? all.base : limiter_.current_limits(domain, identifier);
+  return dec.index < l.rules.size() && l.counted(l.rules[dec.index]);
 }
 
 wire::limit_ref ingest::limit_named(std::size_t domain, std::string_view identifier, const rules::decision& dec) const {

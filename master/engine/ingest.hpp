@@ -219,6 +219,10 @@ private:
   /// Applies a use to its identifier's share of its domain's shared rate: the later of the two decisions.
   rules::decision share(std::size_t domain, std::string_view identifier, const rules::event& e, rules::decision dec,
                         std::int64_t now_us);
+  /// False when the time `dec` carries is an exactly logged rule's (a
+  /// sliding log, burst up to k_exact_burst): its gatekeepers do not share
+  /// its pace (ingest.cpp says why).
+  bool pace_shareable(std::size_t domain, std::string_view identifier, const rules::decision& dec) const;
   /// The limit that set `dec` as gatekeepers know the client's limits (LIMIT,
   /// wire_limit.hpp); kind none when it has only one, or the limit is not
   /// published to them.

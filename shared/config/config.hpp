@@ -148,9 +148,9 @@ struct master_config {
   /// identifiers limited most): its memory bound, and the most /top lists.
   std::uint64_t top_identifiers = 100;
   /// `pace_share = true` (the default): a held client's DELAY_UNTIL interval
-  /// in a GCRA domain is its rule's times the gatekeepers holding it
-  /// (master/engine/pace_share.hpp); false, or a sliding-log domain: the
-  /// rule's, as the protocol has it.
+  /// is its rule's times the gatekeepers holding it
+  /// (master/engine/pace_share.hpp); false, or the time an exactly logged
+  /// rule's (master/engine/ingest.cpp): the rule's, as the protocol has it.
   bool pace_share = true;
   microseconds max_clock_skew = std::chrono::seconds(60);
   /// A reservation (a use reported at an estimate) not corrected by its

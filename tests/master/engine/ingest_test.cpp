@@ -69,15 +69,26 @@ protected:
   }
 };
 
-// A sliding log's next allowed time never goes back to a slot a share left
-// free (ingest.cpp): its gatekeepers pace at the rule's interval.
-TEST_F(Ingest, ASlidingLogIsNotShared) {
+// An exactly logged rule's next allowed time never goes back to a slot a
+// share left free (ingest.cpp): its gatekeepers pace at the rule's
+// interval. A counted one (a burst over k_exact_burst) has an arrival time,
+// as GCRA: shared.
+TEST_F(Ingest, AnExactlyLoggedRuleIsNotShared) {
   cfg_.pace_share = true;
   ingest_.reconfigure(cfg_);
   handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00);
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 1, 0xa00)->interval_ms, 100);
   EXPECT_EQ(handle({"api\0"s, "ACCEPTED", "k", ms(0), ""}, 3, 0xb00)->interval_ms, 100);
   EXPECT_NE(registry_.render().find("smockron_master_paced_identifiers 0\n"), std::string::npos);
+
+  cfg_.domains[0].rules[0].burst = rules::k_exact_burst + 1;
+  ingest_.reconfigure(cfg_);
+  const auto use = [&](std::uint64_t peer, std::uint64_t gk) {
+    return handle({"api\0"s, "ACCEPTED", "c", ms(0), "", "cost=" + std::to_string(rules::k_exact_burst)}, peer, gk);
+  };
+  EXPECT_FALSE(use(1, 0xa00));
+  EXPECT_EQ(use(1, 0xa00)->interval_ms, 100);
+  EXPECT_EQ(use(3, 0xb00)->interval_ms, 200) << "two gatekeepers alike: each paces half the rate";
 }
 
 TEST_F(Ingest, WithoutPaceShareTheIntervalIsTheRules) {
