@@ -163,16 +163,23 @@ class ClosedLoopTest(DaemonTestCase):
             self.prime(p, key_prefix=f"warm-{i}-")
             proxies.append(p)
         stop = threading.Event()
+        self.addCleanup(stop.set)  # (also when this test fails before it stops them)
+        lock = threading.Lock()
+        answered = set()  # the targets answered 200
 
         def connection(port: int, name: str):
             n = 0
             while not stop.is_set():
                 n += 1
+                target = f"/p/{name}/{n}"
                 try:
-                    status = fetch(port, f"/p/{name}/{n}", key="hot", timeout=5)[0].status
+                    status = fetch(port, target, key="hot", timeout=5)[0].status
                 except OSError:
                     status = 0
-                if status != 200:
+                if status == 200:
+                    with lock:
+                        answered.add(target)
+                else:
                     time.sleep(0.02)
 
         threads = [threading.Thread(target=connection, args=(p.port, f"{i}-{c}"), daemon=True)
@@ -187,7 +194,12 @@ class ClosedLoopTest(DaemonTestCase):
             t.join(10)
         self.assertFalse(any(t.is_alive() for t in threads), "a connection hangs")
         w0, w1 = t0 + self.WARMUP, t0 + self.WARMUP + self.WINDOW
-        lines = wait_until(lambda: (lg := read_access_log(log)) and lg, 5, message="the access log")
+
+        def logged():
+            lg = read_access_log(log)
+            return answered <= {e["target"] for e in lg} and lg
+
+        lines = wait_until(logged, 5, message="a log line for every request answered")
         forwarded = [e for e in lines if e["target"].startswith("/p/") and e["forwarded"] and w0 < e["t_out"] <= w1]
         return len(forwarded), w1 - w0
 
