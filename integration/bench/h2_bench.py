@@ -64,6 +64,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 # proxy_bench also puts integration/ on the path and re-exports lib.config.one_box_toml.
 from proxy_bench import (ROOT, children, cpu_seconds, free_port, metric_total, nginx_conf, one_box_toml,
@@ -259,6 +261,27 @@ def warm_up(args, contenders):
                   flush=True)
 
 
+def wait_linked(admins, deadline_s=20.0):
+    """Waits until every smockron proxy says its master is connected (/readyz), so that the
+    accounting the rounds publish has somewhere to go; False at the deadline."""
+    def linked(port):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                body = r.read().decode()
+        except urllib.error.HTTPError as e:  # not ready: its body says why
+            body = e.read().decode()
+        except OSError:
+            return False
+        return "masters connected: 1/1" in body
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if all(linked(a) for a in admins):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def accounting(admins, madmin):
     """(published, dropped, unsent, HTTP/2 requests) summed over the smockron proxies, and processed
     by the master, so far."""
@@ -376,6 +399,8 @@ def main():
         if len(set(negotiated.values())) > 1:
             print("warning: the contenders negotiate different protocols or ciphers with OpenSSL's defaults")
 
+        if admins and not wait_linked(admins):
+            problems.append("the smockron proxies' links to the master did not come up within 20 s")
         results = {}
         if not problems:
             warm_up(args, contenders)

@@ -22,8 +22,8 @@
 // (X-Gatekeeper, shared/protocol/zmtp.hpp): a proxy has one connection per
 // worker. A connection that names none is not counted (ingest.cpp), and
 // nothing is counted without the master's `pace_share = true`, nor for a
-// time an exactly logged rule set (ingest::pace_shareable() says why). A gatekeeper whose last
-// connection closes is forgotten at once (forget()).
+// time an exactly logged rule set (ingest::pace_shareable() says why). A
+// gatekeeper whose last connection closes is forgotten at once (forget()).
 #pragma once
 
 #include <cstdint>
