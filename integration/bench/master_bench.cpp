@@ -595,7 +595,8 @@ int main(int argc, char** argv) {
     // Both under GCRA: the ratios are the pace share's cost, not the algorithms'.
     const std::string gcra = "algorithm = \"gcra\"\n";
     const receiver_figures plain = measure_master(o, "pace_share = true\n", "gcra", true, {}, {}, gcra);
-    const receiver_figures paced = measure_master(o, "pace_share = true\n", "paced", true, {}, "0123456789abcd00", gcra);
+    const receiver_figures paced =
+        measure_master(o, "pace_share = true\n", "paced", true, {}, "0123456789abcd00", gcra);
     std::printf("ratio paced/plain:      %10.2f  (both GCRA)\n", plain.rate > 0 ? paced.rate / plain.rate : 0.0);
     std::printf("CPU per message, plain/paced: %.2f\n", paced.cpu_ns > 0 ? plain.cpu_ns / paced.cpu_ns : 0.0);
     if (paced.rate <= 0 || plain.rate <= 0) return 1;
