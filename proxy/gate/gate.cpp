@@ -310,17 +310,22 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   bool tiered = false;
   policy guard = read_policy(domain, now_us, tier, tiered);
   guard.own = tier.empty() || tiered;
-  if (!tiered && over_quota(domain, units, now_us)) {  // (a tier's quotas are the master's to apply)
+  // A tier's quotas are the master's to apply; so are an override's, which
+  // replace the domain's (known once the override is looked up, below: the
+  // quotas' lock is not taken under a shard's).
+  const bool over = !tiered && over_quota(domain, units, now_us);
+  const key_view k{domain, identifier};
+  shard& s = shard_for(k);
+  std::lock_guard lock(s.mutex);
+  const std::uint32_t domain_seq = guard.seq;
+  guard = policy_for(s, k, guard, now_us);
+  if (over && guard.seq == domain_seq) {  // (an override's sequence is odd, the domain's even)
     gate_decision d;
     d.v = verdict::reject;
     d.reason = reject_reason::cost_over_limit;
     d.units = units;
     return d;
   }
-  const key_view k{domain, identifier};
-  shard& s = shard_for(k);
-  std::lock_guard lock(s.mutex);
-  guard = policy_for(s, k, guard, now_us);
   auto it = s.map.find(k);
   if (it == s.map.end()) {
     if (guard.count == 0) return {};

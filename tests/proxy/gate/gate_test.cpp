@@ -586,6 +586,33 @@ TEST(GateGuard, QuotasAreDescribedAndKnownExhaustedOnly) {
   EXPECT_FALSE(g.set_quotas(gate::k_policy_domains, quotas, t0));
 }
 
+// A cost over one of the domain's quotas can never fit: refused at once, the
+// client's standing untouched. An overridden identifier's quotas are its
+// override's, which replace the domain's (the master applies them), and a
+// tier's are the master's too: neither is refused by the domain's.
+TEST(GateGuard, ACostOverADomainQuotaIsRefusedUnlessAnOverrideReplacesIt) {
+  gate g;
+  set_policy(g, 0, {{1 * ms, 1'000}}, t0);
+  using item = smockron::wire::quota_policy::item;
+  ASSERT_TRUE(g.set_quotas(0, std::vector<item>{{100, smockron::calendar::period::day, 0, 0}}, t0));
+  auto d = g.decide(0, "c", t0, limits(), 101);
+  EXPECT_EQ(d.v, verdict::reject);
+  EXPECT_EQ(d.reason, reject_reason::cost_over_limit);
+  EXPECT_EQ(d.units, 101);
+  EXPECT_EQ(g.quota(0, "c", t0).items[0].remaining, 1'000) << "nothing charged";
+  EXPECT_EQ(g.decide(0, "c", t0, limits(), 100).v, verdict::accept) << "the quota's whole limit fits";
+  ASSERT_TRUE(g.set_override(0, "internal", std::vector<guard_rule>{}, t0));
+  EXPECT_EQ(g.decide(0, "internal", t0, limits(), 101).v, verdict::accept);
+  ASSERT_TRUE(g.set_override(0, "vip", std::vector<guard_rule>{{1 * ms, 1'000}}, t0));
+  EXPECT_EQ(g.decide(0, "vip", t0, limits(), 101).v, verdict::accept);
+  ASSERT_TRUE(g.set_tier(0, "pro", std::vector<guard_rule>{{1 * ms, 1'000}}, t0));
+  EXPECT_EQ(g.decide(0, "t", t0, limits(), 101, 0, "pro").v, verdict::accept);
+  // Not refreshed: the quota is no longer known here, and the master judges.
+  const std::int64_t later = t0 + (smockron::wire::policy_fresh_ms + 100) * ms;
+  set_policy(g, 0, {{1 * ms, 1'000}}, later);
+  EXPECT_EQ(g.decide(0, "d", later, limits(), 101).v, verdict::accept);
+}
+
 // LIMIT names what holds a client: only that item is at zero in RateLimit,
 // the others show what they have left; a share is a policy of its own. The
 // name goes with the DELAY_UNTIL it came with: a later one forgets it.
