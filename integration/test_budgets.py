@@ -5,8 +5,10 @@
   it must fit: a second request whose units do not fit yet is refused (429)
   with a Retry-After at the time they will, and never reaches the backend;
 - a cost that can never fit (over the rule's burst: a request field, or a
-  request body's Content-Length) is refused at once (cost_over_limit), with
-  no Retry-After, charging nothing: the client's standing is untouched;
+  request body's Content-Length; over a quota's limit) is refused at once
+  (cost_over_limit), with no Retry-After, charging nothing: the client's
+  standing is untouched;
+- a known cost refused for now is admitted at its Retry-After (a promise);
 - a body without a length (chunked, or HTTP/2 without content-length) whose
   size is the cost is cut off once it grows past what fits: never forwarded
   whole, refused (or its HTTP/2 stream reset), charged all that fit
@@ -18,7 +20,11 @@
   read from the JSON request body ("json:max_tokens") over HTTP/1.1 and
   HTTP/2, the body then forwarded whole;
 - an open reservation dies with its gatekeeper: a proxy killed while the
-  request is at the backend has its reservation given back by the master.
+  request is at the backend has its reservation given back by the master;
+- a reservation whose request is never forwarded is closed at once, at its
+  estimate (as a known cost stays charged): a held client that leaves, and
+  a request refused for a concurrency slot over HTTP/1.1 and HTTP/2, never
+  leave it open until reservation_timeout.
 
 Everything asserted is read from responses, the backend's log, the master's
 /status/DOMAIN/IDENTIFIER and both daemons' metrics, polled with deadlines.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -149,6 +156,41 @@ class KnownCostTest(BudgetTestCase):
         self.assertEqual(len(self.backend.requests(key="bob")), 1)
         wait_until(lambda: self.units()[0] >= self.BURST, 10, message="the burst's units charged")
         self.assertEqual(self.units(), (self.BURST, 0), "the refused cost charged nothing")
+
+
+class QuotaCostTest(BudgetTestCase):
+    def test_a_cost_over_a_quota_is_refused_at_once_and_charges_nothing(self):
+        if 86400 - time.time() % 86400 < 120:
+            self.skipTest("the UTC day ends within 2 minutes: the quota's reset would race the test")
+        self.stack([("1000/min", 1000), {"quota": 100, "per": "day"}], cost="header:X-Cost")
+        self.wait_policy("/x", [("X-Cost", "0")])
+        # The domain's QUOTA has reached the proxy too (it describes the quota).
+        wait_until(lambda: "q=100;" in self.call("probe", "/x", [("X-Cost", "0")]).headers.get("ratelimit-policy", ""),
+                   10, interval=0.05, message="the quota in RateLimit-Policy")
+        no = self.call("joe", "/x", [("X-Cost", "101")])
+        self.assert_never_fits(no, "joe")
+        self.assertEqual(self.over_limit_rejects(), 1)
+        self.assertEqual(self.status("joe")["quotas"][0]["used"], 0, "the standing untouched")
+        ok = self.call("joe", "/x", [("X-Cost", "100")])
+        self.assertEqual(ok.status, 200, ok)
+        wait_until(lambda: self.status("joe")["quotas"][0]["used"] == 100, 10, message="the whole quota used")
+
+
+class RetryAfterPromiseTest(BudgetTestCase):
+    def test_a_known_cost_refused_is_admitted_at_its_retry_after(self):
+        # 50 units/s, burst 100, max_delay 0.5 s: a second 100 waits up to 2 s for its units (less the
+        # time between the two calls), beyond max_delay unless 1.5 s passed between them.
+        self.stack([("50/s", 100)], cost="header:X-Cost", max_delay="500ms")
+        self.wait_policy("/x", [("X-Cost", "0")])
+        self.assertEqual(self.call("ida", "/x", [("X-Cost", "100")]).status, 200)
+        no = self.call("ida", "/x", [("X-Cost", "100")])
+        self.assertEqual(no.status, 429, no)
+        retry_after = int(no.headers["retry-after"])
+        self.assertIn(retry_after, (1, 2), "100 units at 50 a second, in whole seconds rounded up")
+        time.sleep(retry_after)  # the promise: admitted then (the only wait here is the one checked)
+        ok = self.call("ida", "/x", [("X-Cost", "100")])
+        self.assertEqual(ok.status, 200, ok)
+        self.assertEqual(len(self.backend.requests(key="ida")), 2)
 
 
 class RequestBytesTest(BudgetTestCase):
@@ -382,3 +424,79 @@ class ReservationDiesWithItsGatekeeperTest(BudgetTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NeverForwardedTest(BudgetTestCase):
+    """A reservation whose request does not go: closed at its estimate, never left to the timeout."""
+
+    def closed_at_estimate(self, charged: int) -> None:
+        """Every reservation closed, none by the timeout, `charged` units charged and none given back."""
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 0, timeout=10)
+        net = wait_until(lambda: (n := self.units()[0] - self.units()[1]) >= charged and n, 10,
+                         message=f"{charged} units charged (the probes' estimates given back)")
+        self.assertEqual(net, charged)
+        self.assertEqual(self.master_metric("smockron_master_reservations_released_total", reason="timeout"), 0)
+
+    def test_a_held_client_that_leaves_is_charged_its_estimate(self):
+        # 10 units/s, burst 100, estimate 100. The first call reports 150: 50 over, so the master
+        # speaks about gil (a gate holds only that far on the master's word); the second call's 100
+        # units then wait about 15 s, within max_delay.
+        self.stack([("10/s", 100)], cost="response_header:X-Tokens-Used", cost_estimate=100, max_delay="30s")
+        self.wait_policy("/tokens?n=0")
+        self.assertEqual(self.call("gil", "/tokens?n=150").status, 200)
+        held = RawConn(self.proxy.port, timeout=10)
+        self.addCleanup(held.close)
+
+        def holds() -> bool:
+            """Sends the second call: held (True), or refused until the master's word is in (False,
+            nothing charged: it is sent again)."""
+            nonlocal held
+            held.send(request_bytes("GET", "/tokens?n=100", [("X-API-Key", "gil")]))
+            wait_until(lambda: self.proxy.metric("smockron_proxy_held_requests") == 1
+                       or select.select([held.sock], [], [], 0)[0], 10, interval=0.02,
+                       message="the call held or refused")
+            if self.proxy.metric("smockron_proxy_held_requests") == 1:
+                return True
+            self.assertEqual(held.read_response().status, 429)
+            held.close()
+            held = RawConn(self.proxy.port, timeout=10)
+            return False
+
+        wait_until(holds, 20, interval=0.05, message="the second call held")
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 1, timeout=10)
+        held.close()
+        self.proxy.wait_metric("smockron_proxy_held_client_disconnects_total", predicate=lambda v: v == 1,
+                               timeout=10)
+        self.closed_at_estimate(250)
+        self.assertEqual(len(self.backend.requests(key="gil")), 1, "the held call never went")
+
+    def refused_for_a_slot(self, refused) -> None:
+        """One slot, max_delay 1 s: while a slow call of hal's holds the slot, `refused()` (the
+        status of another call of hal's) waits for it in vain; its reservation is closed at once."""
+        self.stack([("1000/min", 1000), {"concurrency": 1}], cost="response_header:X-Tokens-Used",
+                   cost_estimate=100, max_delay="1s")
+        self.proxy.wait_metric("smockron_proxy_control_policies_total", timeout=10)
+        self.wait_policy("/tokens?n=0")
+        slow = threading.Thread(target=self.call, args=("hal", "/slow?s=4"), kwargs={"timeout": 30}, daemon=True)
+        slow.start()
+        self.addCleanup(slow.join, 30)
+        wait_until(lambda: self.backend.inflight()["now"].get("hal") == 1, 10, message="the slow call at the backend")
+        self.assertEqual(refused(), 429)
+        self.assertEqual(self.proxy.metric("smockron_proxy_rejects_total", {"reason": "concurrency"}), 1)
+        # Only the slow call's reservation is open (the refused one's closed, not left to the timeout).
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 1, timeout=10)
+        slow.join(30)
+        self.closed_at_estimate(200)  # the slow call reports no cost: it keeps its estimate too
+        self.assertEqual(len(self.backend.requests(key="hal")), 1)
+
+    def test_a_request_refused_for_a_concurrency_slot_over_http1(self):
+        self.refused_for_a_slot(lambda: self.call("hal", "/tokens?n=1").status)
+
+    def test_a_stream_refused_for_a_concurrency_slot_over_http2(self):
+        def refused():
+            with H2Client(self.proxy.port) as h2:
+                st = h2.response(h2.request("/tokens?n=1", headers=[("x-api-key", "hal")]), timeout=10)
+                h2.wait(lambda: st.ended, 10, "the refusal ends")
+                return int(st.status)
+
+        self.refused_for_a_slot(refused)

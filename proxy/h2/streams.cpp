@@ -260,6 +260,12 @@ void h2_connection::close_stream(h2_stream& st, std::uint32_t) {
     if (st.entry)
       st.entry->held_ms = std::chrono::duration<double, std::milli>(s_.clk.steady_now() - st.held_from).count();
   }
+  if (st.adm.charge_when_done && st.r != nullptr) {
+    // Admitted and never forwarded (its client left while it waited for a
+    // concurrency slot, or none came): a reservation it holds is closed at its estimate.
+    admission_env env = admission_env_of(s_, w_);
+    close_reservation(env, *st.rt, *st.r, st.adm);
+  }
   if (st.timer) st.timer->cancel();
   // Its question to the master is left (a GO that comes is settled with no units).
   if (st.adm.exact && st.r != nullptr && (st.asking || st.ask_held || st.go_held)) {

@@ -326,7 +326,7 @@ private:
   // Takes a concurrency slot for the request, waiting for one until
   // max_delay from its admission (`admitted_us`). Nothing: it holds `slot`
   // and goes; else the connection's next step (refused, or the client left).
-  awaitable<std::optional<connection_next>> take_slot(const runtime& rt, const route& r, const admission& a,
+  awaitable<std::optional<connection_next>> take_slot(const runtime& rt, const route& r, admission& a,
                                                       std::int64_t admitted_us, held_slot& slot) {
     slot_wait queue;  // left if this frame is destroyed while it waits
     queue.table = &w_.slots;
@@ -349,6 +349,11 @@ private:
     if (entry_) entry_->held_ms += ms_since(held_from);
     if (w.granted) slot = held_slot(w_.slots, w.granted);
     else w_.slots.cancel(w, s_.clk.wall_us());
+    if (end == hold_end::client_left || !slot) {
+      // Not forwarded: a reservation it holds is closed at its estimate.
+      admission_env env = admission_env_of(s_, w_);
+      close_reservation(env, rt, r, a);
+    }
     if (end == hold_end::client_left) {
       answered(0);  // the client left while waiting (its slot, if one came, is given back)
       co_return connection_next::ends;

@@ -279,10 +279,12 @@ void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admi
   rt.decisions[r.domain_index][a.outcome]->inc();
 }
 
-void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a) {
+void close_reservation(admission_env& env, const runtime& rt, const route& r, admission& a) {
   // (An exact request not yet gone has accounted nothing: there is nothing to close.)
   if (a.reserved < 0 || !a.who || a.gate.prepaid || a.exact) return;
   adjust(env, rt, r, a.who->value, a.reserved_at_ms, 0);
+  a.reserved = -1;
+  a.charge_when_done = false;
 }
 
 }  // namespace smockron::proxy

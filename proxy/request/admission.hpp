@@ -126,9 +126,12 @@ void exact_refused(admission_env& env, const runtime& rt, const route& r, admiss
 void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admission& a, std::int64_t now_us,
                      std::int64_t ask = -1);
 
-/// A held request that reserved an estimate is dropped (its client left):
-/// the reservation is closed at its estimate (the client is charged it, as
-/// the slot it held was; a prepaid slot's reservation was closed by its own).
-void close_reservation(admission_env& env, const runtime& rt, const route& r, const admission& a);
+/// An admitted request that reserved an estimate will not be forwarded (its
+/// client left while it was held or waited for a concurrency slot, or no slot
+/// came): the reservation is closed at its estimate, as a known cost stays
+/// charged (the client is charged it, as the slot it held was; a prepaid
+/// slot's reservation was closed by its own), once: `a` holds it no more, and
+/// nothing is charged when the exchange ends.
+void close_reservation(admission_env& env, const runtime& rt, const route& r, admission& a);
 
 }  // namespace smockron::proxy

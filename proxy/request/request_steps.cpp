@@ -214,8 +214,7 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
   }
 }
 
-void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
-              std::int64_t now_us) {
+void end_hold(admission_env& env, const runtime& rt, const route& r, admission& a, hold_end end, std::int64_t now_us) {
   env.g.release_held(rt.route_limits[r.index]);
   if (env.tracer && a.trace) {
     tracing::span s = limit_span(rt, r, a, "smockron.hold", a.trace->trace, a.trace->parent, a.trace->since_us, now_us);

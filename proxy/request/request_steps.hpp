@@ -83,8 +83,7 @@ steps_decision plan_request(admission_env& env, const runtime& rt, http1::reques
 
 /// A hold ended: its place among the held is free; a client that left gives
 /// its slot back to the gate (and is counted), and its reservation is closed.
-void end_hold(admission_env& env, const runtime& rt, const route& r, const admission& a, hold_end end,
-              std::int64_t now_us);
+void end_hold(admission_env& env, const runtime& rt, const route& r, admission& a, hold_end end, std::int64_t now_us);
 
 /// The concurrency limit of the admitted request's identifier (0: none, or
 /// the request is not limited: unidentified, exempt, a shadow route). A
