@@ -301,6 +301,23 @@ class BenchmarkSmokeTest(unittest.TestCase):
         self.assertGreater(int(ingest.group(1)), 0, "the master processed nothing")
         self.assertGreater(int(loop.group(1)), 0, "no control-loop probe was answered")
 
+    def test_master_bench_with_costs(self):
+        """The same with a token budget's mix: known costs, reservations and their corrections, which
+        the master charges, opens and closes."""
+        bench = self.bench_binary("smockron-master-bench")
+        out = self.run_bench([bench, "--master", binary("smockron-master"), "--messages", "20000", "--identifiers",
+                              "1000", "--latency-seconds", "0.3", "--latency-rate", "10000", "--costs"])
+        ingest, costs = self.assert_figures(
+            out, r"^master ingest \(memory\):\s+[\d.]+ msg/s\s+\((\d+) of 20000 processed",
+            r"^costs: (\d+) units charged, (\d+) given back, (\d+) reservations opened, (\d+) open$",
+            r"^zeromq bare PUB->SUB:\s+[\d.]+ msg/s", r"^ratio master/zeromq:\s+[\d.]+")[:2]
+        self.assertEqual(int(ingest.group(1)), 20000, "every message of the cost mix was processed")
+        charged, given_back, opened, still_open = (int(g) for g in costs.groups())
+        self.assertEqual(opened, 2000, "one message in ten reserves")
+        self.assertEqual(still_open, 0, "each reservation was closed by its correction")
+        self.assertGreater(charged, 20000, "known costs of up to 100 units were charged")
+        self.assertGreater(given_back, 0, "negative corrections gave units back")
+
     def test_query_bench(self):
         """The echo server and the real master both answer UDP queries, closed and open loop."""
         bench = self.bench_binary("smockron-query-bench")

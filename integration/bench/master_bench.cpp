@@ -24,6 +24,13 @@
 // gatekeeper (the ZMTP READY property X-Gatekeeper, as a proxy does), so
 // that every message that leaves a client held is counted for its pace
 // share; the ratio of the two is printed.
+// With --costs, every phase's mix is a token budget's (see load_mix): known
+// costs, reservations and their corrections, bare ZeroMQ included; the bench
+// domain's rule is then scaled by the mean cost (500 units/s, burst 1,000, a
+// sliding-window counter), so that about as many messages throttle as with
+// unit costs against 10/s burst 20. (Against 10/s burst 20, every message
+// would throttle, and costs over the burst are ones a gatekeeper refuses
+// before they reach the master.)
 // High-water marks are set deliberately (large) so nothing is dropped
 // silently; any shortfall is reported as drops.
 #include <arpa/inet.h>
@@ -37,6 +44,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +78,7 @@ struct options {
   bool redis = false;       ///< also measure ingest with store = "redis" (starts its own redis-server)
   bool curve = false;       ///< also measure with CURVE on both links
   bool pace_share = false;  ///< also measure with pace_share = true and a named publisher
+  bool costs = false;       ///< every phase's mix carries costs, reservations and their corrections
 };
 
 /// libzmq's ZMQ_METADATA (a draft option in the header, in the library
@@ -122,28 +131,51 @@ const std::string k_bench_domain = "bench\0"s;
 const std::string k_lat_domain = "lat\0"s;
 
 // One accounting message of the load mix: identifiers drawn with a hot set
-// (1% of identifiers get 20% of traffic); 20% DELAYED.
+// (1% of identifiers get 20% of traffic); 20% DELAYED. With `costs`, as
+// gatekeepers of a token budget send them: 8 in 10 carry a known cost
+// (`cost=N`, N from 1 to 100), one reserves an estimate (`reserve=50`, an
+// ACCEPTED use) and the next corrects it (a REJECTED `adjust=D`, D from -50
+// to +50, naming the reservation's identifier and time), so the master
+// charges units, opens and closes reservations.
 struct load_mix {
-  explicit load_mix(long identifiers) : ids(static_cast<std::size_t>(identifiers)) {
+  explicit load_mix(long identifiers, bool with_costs = false)
+      : ids(static_cast<std::size_t>(identifiers)), costs(with_costs) {
     for (long i = 0; i < identifiers; ++i) ids[static_cast<std::size_t>(i)] = "client-" + std::to_string(i);
+    for (int c = 0; c <= 100; ++c) cost_info[static_cast<std::size_t>(c)] = "cost=" + std::to_string(c);
+    for (int d = -50; d <= 50; ++d) adjust_info[static_cast<std::size_t>(d + 50)] = "adjust=" + std::to_string(d);
   }
   void send(zmq::socket_t& s, long i, std::int64_t now_ms) {
     const std::size_t n = ids.size();
     const std::size_t hot = std::max<std::size_t>(1, n / 100);
     const std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL;
-    const std::size_t id = (h >> 61) == 0 ? (h >> 20) % hot : (h >> 20) % n;
+    std::size_t id = (h >> 61) == 0 ? (h >> 20) % hot : (h >> 20) % n;
     const bool delayed = (i % 5) == 4;
     if (now_ms != cached_ms) {  // timestamps change once per millisecond
       cached_ms = now_ms;
       received = std::to_string(now_ms);
       later = std::to_string(now_ms + 50);
     }
-    const std::string_view f[6] = {k_bench_domain,
-                                   delayed ? "DELAYED" : "ACCEPTED",
-                                   ids[id],
-                                   received,
-                                   delayed ? std::string_view(later) : std::string_view(),
-                                   "bench-loadgen"};
+    std::string_view status = delayed ? "DELAYED" : "ACCEPTED";
+    std::string_view at = received;
+    std::string_view info = "bench-loadgen";
+    if (costs) {
+      switch (i % 10) {
+        case 8:  // (8 % 5: ACCEPTED) a reservation, corrected by the next message
+          info = "reserve=50";
+          reserved_id = id;
+          reserved_at = received;
+          break;
+        case 9:  // (9 % 5: DELAYED, made a correction)
+          status = "REJECTED";
+          id = reserved_id;
+          at = reserved_at;
+          info = adjust_info[(h >> 8) % adjust_info.size()];
+          break;
+        default: info = cost_info[1 + (h >> 8) % 100];
+      }
+    }
+    const std::string_view f[6] = {
+        k_bench_domain, status, ids[id], at, status == "DELAYED" ? std::string_view(later) : std::string_view(), info};
     if (!batched) return send_frames(s, f, 6);
     // As a gatekeeper on a CURVE link sends them: BATCHes of what leaves together.
     smockron::wire::append_batch_record(records, std::span<const std::string_view>(f + 1, 5));
@@ -159,6 +191,11 @@ struct load_mix {
   }
   static constexpr int k_batch = 64;  ///< a proxy's flush at ~30k requests/s per worker (2 ms)
   std::vector<std::string> ids;
+  bool costs = false;
+  std::array<std::string, 101> cost_info;    ///< "cost=0" .. "cost=100"
+  std::array<std::string, 101> adjust_info;  ///< "adjust=-50" .. "adjust=50"
+  std::size_t reserved_id = 0;               ///< the last reservation's identifier
+  std::string reserved_at;                   ///< and its time
   std::int64_t cached_ms = -1;
   std::string received, later;
   bool batched = false;
@@ -270,7 +307,7 @@ receiver_figures zmq_ceiling(const options& o) {
     std::fprintf(stderr, "bare subscriber never became ready\n");
     return {};
   }
-  load_mix mix(o.identifiers);
+  load_mix mix(o.identifiers, o.costs);
   const std::int64_t t = wall_ms();
   for (long i = 0; i < o.messages; ++i) mix.send(pub, i, t + i / 500'000);
   char buf[128] = {};
@@ -304,8 +341,8 @@ struct master_process {
     std::ofstream(config_path) << "[master]\naccounting = \"" << accounting << "\"\ncontrol = \"" << control
                                << "\"\nadmin = \"127.0.0.1:" << admin
                                << "\"\ncontrol_hwm = 10000000\nmax_identifiers = 2000000\n"
-                               << store_config
-                               << "[master.domains.bench]\nrules = [ { rate = \"10/s\", burst = 20 } ]\n"
+                               << store_config << "[master.domains.bench]\nrules = [ { rate = \""
+                               << (o.costs ? "500/s" : "10/s") << "\", burst = " << (o.costs ? 1000 : 20) << " } ]\n"
                                << bench_domain << "[master.domains.lat]\nrules = [ { rate = \"1/h\", burst = 1 } ]\n";
     pid = ::fork();
     if (pid == 0) {
@@ -317,7 +354,10 @@ struct master_process {
     for (int i = 0; i < 500 && http_get(admin, "/readyz").empty(); ++i) std::this_thread::sleep_for(10ms);
   }
   double processed() const {
-    return metric_sum(http_get(admin, "/metrics"), "smockron_master_accounting_messages_total");
+    // (A correction, REJECTED with adjust=, is counted as an adjustment.)
+    const std::string m = http_get(admin, "/metrics");
+    return metric_sum(m, "smockron_master_accounting_messages_total") +
+           metric_sum(m, "smockron_master_adjustments_total");
   }
   ~master_process() {
     if (pid > 0) {
@@ -448,7 +488,7 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
   const double cpu_before = process_cpu_seconds(master.pid);
 
   // Phase 2: ingest as fast as the publisher can send.
-  load_mix mix(o.identifiers);
+  load_mix mix(o.identifiers, o.costs);
   mix.batched = curve.on();
   const auto start = steady_clock::now();
   // Timestamps follow the wall clock (read every 1024 messages) so that states
@@ -481,6 +521,14 @@ receiver_figures measure_master(const options& o, const std::string& store_confi
               label, static_cast<int>(std::max<std::size_t>(1, 8 - std::strlen(label))), "", ingest, processed,
               o.messages, static_cast<double>(o.messages) - processed, fig.cpu_ns);
   std::printf("control messages:       %10.0f msg/s  (%ld DELAY_UNTIL received)\n", control_msgs / secs, control_msgs);
+  if (o.costs) {
+    // The mix's units and reservations went through the master's books.
+    const std::string m = http_get(master.admin, "/metrics");
+    std::printf("costs: %.0f units charged, %.0f given back, %.0f reservations opened, %.0f open\n",
+                metric_sum(m, "smockron_master_units_total"), metric_sum(m, "smockron_master_units_refunded_total"),
+                metric_sum(m, "smockron_master_reservations_total"),
+                metric_sum(m, "smockron_master_reservations_open"));
+  }
   if (!gatekeeper.empty()) {
     // The clients the master counted gatekeepers for: the pace share did its work.
     std::printf("paced identifiers:      %10.0f\n",
@@ -561,17 +609,19 @@ int main(int argc, char** argv) {
     else if (a == "--redis") o.redis = true;
     else if (a == "--curve") o.curve = true;
     else if (a == "--pace-share") o.pace_share = true;
+    else if (a == "--costs") o.costs = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--master PATH] [--messages N] [--identifiers N] [--latency-rate N/s] "
-                   "[--latency-seconds S] [--pin] [--redis] [--curve] [--pace-share]\n",
+                   "[--latency-seconds S] [--pin] [--redis] [--curve] [--pace-share] [--costs]\n",
                    argv[0]);
       return 2;
     }
   }
   if (o.pin) pin_to(0);
-  std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s\n", o.messages, o.identifiers,
-              o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned");
+  std::printf("smockron master benchmark: %ld messages, %ld identifiers, %s%s\n", o.messages, o.identifiers,
+              o.pin ? "publisher on cpu 0, subscriber/master on cpu 1" : "unpinned",
+              o.costs ? "; costs: 80% cost=1..100, 10% reserve=50, 10% adjust=-50..50" : "");
 
   const receiver_figures ceiling = zmq_ceiling(o);
 
