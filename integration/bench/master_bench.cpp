@@ -135,8 +135,9 @@ const std::string k_lat_domain = "lat\0"s;
 // gatekeepers of a token budget send them: 8 in 10 carry a known cost
 // (`cost=N`, N from 1 to 100), one reserves an estimate (`reserve=50`, an
 // ACCEPTED use) and the next corrects it (a REJECTED `adjust=D`, D from -50
-// to +50, naming the reservation's identifier and time), so the master
-// charges units, opens and closes reservations.
+// to +50, naming the reservation's identifier and time; it takes a DELAYED
+// one's place, so 10% are DELAYED), so the master charges units, opens and
+// closes reservations.
 struct load_mix {
   explicit load_mix(long identifiers, bool with_costs = false)
       : ids(static_cast<std::size_t>(identifiers)), costs(with_costs) {
