@@ -13,6 +13,9 @@
   size is the cost is cut off once it grows past what fits: never forwarded
   whole, refused (or its HTTP/2 stream reset), charged all that fit
   (HTTP/1.1 to an HTTP/1.1 or an h2c upstream, HTTP/2 to HTTP/1.1);
+- a body without a length on a route with cost_estimate reserves the estimate
+  at admission, open at the master while the body streams, and is corrected
+  to its size when done;
 - a cost known only from the response is charged in full, however far ahead
   that puts the client (no cap by the rule's window);
 - an estimate (cost_estimate) is reserved at admission (the RateLimit field
@@ -277,6 +280,31 @@ class ChunkedBodyTest(BudgetTestCase):
         self.assert_cut_off("erin", self.backend_complete)
 
 
+class ChunkedEstimateTest(BudgetTestCase):
+    """cost = "request_bytes" with cost_estimate: a body without a length reserves the estimate at
+    admission (the master holds it open while the body streams: the other gatekeepers see it),
+    and the difference to its size is corrected when it is done."""
+
+    def test_a_chunked_body_reserves_the_estimate_until_it_is_done(self):
+        self.stack([("1000/min", 1000)], cost="request_bytes", cost_estimate=500)
+        self.wait_policy("/up")  # probes without a body: a cost of 0, no reservation
+        chunk = b"64\r\n" + b"x" * 100 + b"\r\n"  # 100 bytes
+        with RawConn(self.proxy.port, timeout=10) as c:
+            c.send(request_bytes("POST", "/up", [("X-API-Key", "kim"), ("Transfer-Encoding", "chunked")]))
+            c.send(chunk)
+            # The body is not done: 500 reserved and open at the master.
+            self.master.wait_metric(OPEN, predicate=lambda v: v == 1, timeout=10)
+            wait_until(lambda: self.units()[0] == 500, 10, message="the estimate of 500 charged")
+            c.send(chunk * 2 + b"0\r\n\r\n")  # 300 bytes in all
+            r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 0, timeout=10)
+        wait_until(lambda: self.units()[1] >= 200, 10, message="the 200 not used given back")
+        self.assertEqual(self.units(), (500, 200))
+        seen = self.backend.requests(key="kim")
+        self.assertEqual([e["body_bytes"] for e in seen], [300], "the body forwarded whole")
+
+
 class LateCostTest(BudgetTestCase):
     def test_a_response_cost_is_charged_in_full(self):
         # 100 units/min (0.6 s each), burst 100; the call reserves cost_default
@@ -422,10 +450,6 @@ class ReservationDiesWithItsGatekeeperTest(BudgetTestCase):
         self.assertNotIn("r", box, "no response came from a killed proxy")
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class NeverForwardedTest(BudgetTestCase):
     """A reservation whose request does not go: closed at its estimate, never left to the timeout."""
 
@@ -477,7 +501,8 @@ class NeverForwardedTest(BudgetTestCase):
                    cost_estimate=100, max_delay="1s")
         self.proxy.wait_metric("smockron_proxy_control_policies_total", timeout=10)
         self.wait_policy("/tokens?n=0")
-        slow = threading.Thread(target=self.call, args=("hal", "/slow?s=4"), kwargs={"timeout": 30}, daemon=True)
+        # (8 s: its reservation stays open well past the refusal, which comes 1 s after it)
+        slow = threading.Thread(target=self.call, args=("hal", "/slow?s=8"), kwargs={"timeout": 30}, daemon=True)
         slow.start()
         self.addCleanup(slow.join, 30)
         wait_until(lambda: self.backend.inflight()["now"].get("hal") == 1, 10, message="the slow call at the backend")
@@ -500,3 +525,7 @@ class NeverForwardedTest(BudgetTestCase):
                 return int(st.status)
 
         self.refused_for_a_slot(refused)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -361,7 +361,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   }
   if (p.accept) {
     record_accept(e, guard, now_us, units);
-    if (units == 0) d.fit_units = units_that_fit(e, guard, now_us);
+    if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, now_us);
     return d;
   }
   if (p.spare_us != 0 && units == 1 && take_held(limits)) {
@@ -388,7 +388,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   d.v = verdict::delay;
   d.interval_us = p.pace_us;
   record_hold(e, guard, p, units, pace_units > 0 ? pace_units : 1);
-  if (units == 0) d.fit_units = units_that_fit(e, guard, p.release_us);
+  if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, p.release_us);
   return d;
 }
 

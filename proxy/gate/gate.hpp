@@ -56,8 +56,9 @@ struct gate_decision {
   /// a request of one unit takes a given-back slot: a slot reported for one
   /// cost must not carry another.
   std::int64_t units = 1;
-  /// A request of unknown cost (units 0) let through or held: the most units
-  /// that fit when it goes (units_that_fit); -1: no bound known.
+  /// A request of unknown cost (units 0), or any under gate_limits::fit_after,
+  /// let through or held: the most units that fit when it goes, after its
+  /// own (units_that_fit); -1: no bound known.
   std::int64_t fit_units = -1;
 };
 
@@ -72,6 +73,10 @@ struct gate_limits {
   /// shared by the workers, and the cap. nullptr: no cap of its own.
   std::atomic<std::int64_t>* route_held = nullptr;
   std::int64_t route_max_held = 0;
+  /// The decision also says how many units fit after the request's own
+  /// (fit_units), as for a request of unknown cost: a route whose body
+  /// without a length reserves an estimate and is cut off past what fits.
+  bool fit_after = false;
 };
 
 class gate {

@@ -163,7 +163,7 @@ void record_verdict(admission& a, admission_env& env, const runtime& rt, const r
       // the master then knows every gatekeeper's reservations within a round
       // trip, which is what holds one limit across gatekeepers. A prepaid
       // slot (given back by a held client that left) was reported already.
-      // (A body without a length is accounted when the request is done.)
+      // (A body without a length and no estimate is accounted when the request is done.)
       if (!a.gate.prepaid && charged) {
         account(env, rt, r, wire::status::delayed, id, a.tier, now_us, (a.gate.release_us + 999) / 1000, units,
                 a.reserved >= 0);
@@ -195,8 +195,9 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   const bool deadline_binds = deadline_us >= 0 && deadline_us < limits.max_delay_us;
   if (deadline_binds) limits.max_delay_us = deadline_us;
   // The cost, when it is known now; else the estimate a response-charged
-  // request reserves: either is charged before admission (it must fit). A
-  // body without a length is charged only when it is done.
+  // request (or a body without a length, on a route that gives one)
+  // reserves: either is charged before admission (it must fit). A body
+  // without a length and no estimate is charged only when it is done.
   const std::optional<cost_charge> cost = cost_at_admission(r, req);
   if (cost) count_fallback(env.metrics, cost->why);
   const std::optional<cost_charge> charged = cost ? cost : estimate_at_admission(r, req, body_prefix);
@@ -213,14 +214,16 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   }
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
   // Exact admission: a request whose units are known now (its cost or its
-  // estimate) asks the master before it goes. (A body without a length has
-  // no units to ask for: it is accounted when it is done, as elsewhere.)
+  // estimate) asks the master before it goes. (A body without a length nor
+  // an estimate has no units to ask for: it is accounted when it is done, as elsewhere.)
   a.exact = charged && a.gate.v != verdict::reject && env.exact != nullptr && env.exact->any() &&
             env.exact->exact(r.domain, now_us) && env.accounting.delivers(r.domain);
   a.exact_units = units;
   a.max_delay_us = limits.max_delay_us;
-  if (a.charge_when_done && !charged && r.cost.type == config::route_config::cost_source::kind::request_bytes)
-    a.body_limit = a.gate.fit_units;
+  // A body without a length is cut off past what fits: what fits now, or
+  // after the estimate it reserves (-1: no bound known).
+  if (a.charge_when_done && r.cost.type == config::route_config::cost_source::kind::request_bytes)
+    a.body_limit = !charged || a.gate.fit_units < 0 ? a.gate.fit_units : units + a.gate.fit_units;
   if (a.charge_when_done && charged) {
     a.reserved = units;
     a.reserved_at_ms = a.gate.v == verdict::delay ? (a.gate.release_us + 999) / 1000 : now_us / 1000;

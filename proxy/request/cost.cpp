@@ -58,6 +58,11 @@ std::optional<cost_charge> cost_at_admission(const route& r, const http1::reques
 std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req,
                                                  std::string_view body_prefix) {
   using kind = config::route_config::cost_source::kind;
+  if (r.cost.type == kind::request_bytes) {
+    // A body without a length (its size is the cost, known once relayed): the route's estimate, if any.
+    if (!r.cost_estimate || req.body != http1::framing::chunked) return std::nullopt;
+    return cost_charge{r.cost_estimate->units, cost_fallback::none};
+  }
   if (!r.cost.after_response()) return std::nullopt;
   if (!r.cost_estimate) return cost_charge{r.cost_default, cost_fallback::none};
   switch (r.cost_estimate->type) {

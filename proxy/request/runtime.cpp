@@ -71,6 +71,7 @@ runtime::runtime(const config::proxy_config& c, domain_registry& domains, proxy_
     const auto& rc = cfg.routes[i];
     gate_limits l = limits;
     if (rc.max_delay) l.max_delay_us = rc.max_delay->count();
+    l.fit_after = rc.cost.type == config::route_config::cost_source::kind::request_bytes && rc.cost_estimate;
     if (rc.max_held) {
       l.route_held = &route_held[i];
       l.route_max_held = *rc.max_held;

@@ -291,7 +291,9 @@ struct route_config {
   /// What a response_header cost reserves at admission (`cost_estimate`): a
   /// constant, a request field or a number in the JSON request body (kind
   /// constant, header or json_body); nothing: cost_default. Charged as a
-  /// known cost, corrected when the real one is known.
+  /// known cost, corrected when the real one is known. A request_bytes
+  /// cost's: a constant, what a body without a length reserves (nothing: it
+  /// reserves none, and is accounted when relayed).
   std::optional<cost_source> cost_estimate;
   std::int64_t cost_max = 1'000'000;  ///< a larger cost is charged as this (counted)
   std::int64_t cost_default = 1;      ///< the charge of a cost that is missing or malformed (counted)

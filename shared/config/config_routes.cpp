@@ -138,16 +138,24 @@ void read_cost(reader& rr, const std::string& path, route_config& route) {
   }
 }
 
-// A response_header cost's `cost_estimate`: an integer, "header:NAME" or "json:FIELD", at most cost_max.
+// A response_header cost's `cost_estimate`: an integer, "header:NAME" or
+// "json:FIELD", at most cost_max; a request_bytes cost's: an integer (what a
+// body without a length reserves).
 void read_cost_estimate(reader& rr, const std::string& path, route_config& route) {
   using kind = route_config::cost_source::kind;
   const toml::node* n = rr.get("cost_estimate");
   if (n == nullptr) return;
   const std::string key = path + ".cost_estimate";
-  if (route.cost.type != kind::response_header) {
-    rr.errors().add(
-        *n, key,
-        "has no effect unless cost is \"response_header:NAME\" (a cost known at admission is charged as it is)");
+  if (route.cost.type != kind::response_header && route.cost.type != kind::request_bytes) {
+    rr.errors().add(*n, key,
+                    "has no effect unless cost is \"response_header:NAME\" or \"request_bytes\" (a cost known at "
+                    "admission is charged as it is)");
+    return;
+  }
+  if (route.cost.type == kind::request_bytes && n->as_integer() == nullptr) {
+    rr.errors().add(*n, key,
+                    "with request_bytes, expected an integer: the bytes a body without a length reserves (the "
+                    "body itself is its cost)");
     return;
   }
   route_config::cost_source e;

@@ -261,3 +261,38 @@ TEST_P(BodyCost, ABodyWithoutALengthMayGrowToWhatFitsWhenItGoes) {
   // A length known at admission is charged then, and bounds nothing later.
   EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nContent-Length: 5\r\n\r\n").body_limit, -1);
 }
+
+class BodyEstimate : public CostAdmission {};
+INSTANTIATE_TEST_SUITE_P(RequestBytes, BodyEstimate, ::testing::Values("\"request_bytes\"\ncost_estimate = 300"));
+
+// A body without a length on a route with an estimate: the estimate is
+// reserved at admission (it must fit, and every gatekeeper sees it), the
+// body may grow to it and what fits beyond, and the difference to its size
+// is corrected when it is done. A body with a length is its own cost.
+TEST_P(BodyEstimate, ABodyWithoutALengthReservesTheEstimate) {
+  const std::string chunked = "POST / HTTP/1.1\r\nHost: x\r\nX-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const route& r = *rt_.routes.match("x", "/");
+  const std::vector<guard_rule> rules{{60'000, 1000}};  // 1000/min burst 1000
+  gate_.set_policy(rt_.gate_domain[0], rules, clock_.wall_us());
+  const auto a = admit_with(chunked);
+  ASSERT_EQ(a.outcome, decision::accepted);
+  EXPECT_TRUE(a.charge_when_done);
+  EXPECT_EQ(a.reserved, 300);
+  EXPECT_EQ(a.body_limit, 1000) << "the estimate and the 700 that fit after it";
+  EXPECT_EQ(metric("smockron_proxy_cost_units_total"), 300);
+  request_outcome o;
+  o.bytes_in = 120;
+  charge_done(env_, rt_, r, a, cost_when_done(r, o), clock_.wall_us());
+  EXPECT_EQ(metric("smockron_proxy_cost_refunded_units_total"), 180);
+  EXPECT_EQ(admit_with(chunked).body_limit, 880) << "120 used: 300 reserved and 580 more";
+  // 720 used: the next 300 do not fit, and wait (here refused: the master
+  // has not spoken about the client), as a known cost would.
+  EXPECT_EQ(admit_with(chunked).outcome, decision::accepted);
+  const auto over = admit_with(chunked);
+  EXPECT_EQ(over.outcome, decision::rejected);
+  EXPECT_EQ(over.gate.reason, reject_reason::delay_too_long);
+  const auto known = admit_with("POST / HTTP/1.1\r\nHost: y\r\nX-Key: other\r\nContent-Length: 5\r\n\r\n");
+  EXPECT_EQ(known.reserved, -1);
+  EXPECT_FALSE(known.charge_when_done);
+  EXPECT_EQ(known.body_limit, -1);
+}

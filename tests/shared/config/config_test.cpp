@@ -898,6 +898,16 @@ TEST(Config, RouteCost) {
             std::string::npos);
   EXPECT_NE(one_error(route_with("cost = \"header:X\"\ncost_estimate = 3")).find("cost_estimate: has no effect unless"),
             std::string::npos);
+  // A body's size as the cost: an integer, what a body without a length reserves.
+  const auto body = parsed("cost = \"request_bytes\"\ncost_max = 5000\ncost_estimate = 4096");
+  ASSERT_TRUE(body.cost_estimate);
+  EXPECT_EQ(body.cost_estimate->units, 4096);
+  EXPECT_NE(one_error(route_with("cost = \"request_bytes\"\ncost_estimate = \"header:X-Size\""))
+                .find("with request_bytes, expected an integer"),
+            std::string::npos);
+  EXPECT_NE(one_error(route_with("cost = \"request_bytes\"\ncost_max = 10\ncost_estimate = 11"))
+                .find("must be between 0 and cost_max (10)"),
+            std::string::npos);
   EXPECT_NE(one_error(route_with("cost_estimate = 3")).find("cost_estimate: has no effect unless"), std::string::npos);
   // A route without a domain is not limited: a cost would do nothing.
   EXPECT_NE(one_error("[proxy.upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[[proxy.routes]]\nupstream = \"app\"\n"
