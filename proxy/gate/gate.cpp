@@ -361,10 +361,11 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   }
   if (p.accept) {
     record_accept(e, guard, now_us, units);
-    if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, now_us);
+    if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, now_us, units);
     return d;
   }
-  if (p.spare_us != 0 && units == 1 && take_held(limits)) {
+  // (Not for a request whose body is bounded by what fits after it: a slot says nothing of that.)
+  if (p.spare_us != 0 && units == 1 && !limits.fit_after && take_held(limits)) {
     record_spare(e);
     d.v = verdict::delay;
     d.release_us = p.spare_us;
@@ -388,7 +389,7 @@ gate_decision gate::decide(std::uint32_t domain, std::string_view identifier, st
   d.v = verdict::delay;
   d.interval_us = p.pace_us;
   record_hold(e, guard, p, units, pace_units > 0 ? pace_units : 1);
-  if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, p.release_us);
+  if (units == 0 || limits.fit_after) d.fit_units = units_that_fit(e, guard, p.release_us, units);
   return d;
 }
 

@@ -120,7 +120,7 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
   return p;
 }
 
-std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us) {
+std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us, std::int64_t own) {
   std::int64_t most = -1;
   const auto bound = [&most](std::int64_t n) {
     n = std::max<std::int64_t>(n, 0);
@@ -132,7 +132,8 @@ std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, st
     bound(r.burst - (owed + r.interval_us - 1) / r.interval_us);  // a unit partly paid back is not free
   }
   const std::int64_t unit_us = e.interval_us > 0 ? unit_interval(e, guard).us : 0;
-  if (e.next_us != 0 && unit_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / unit_us + 1);
+  // (The master's time does not count the request's own units yet; the rules' times do.)
+  if (e.next_us != 0 && unit_us > 0) bound(e.next_us > at_us ? 0 : (at_us - e.next_us) / unit_us + 1 - own);
   return most;
 }
 

@@ -98,8 +98,11 @@ request_plan plan_request(const client_entry& e, const guard_policy& guard, std:
 /// rule the entry knows (each guard rule's burst left; the master's next
 /// allowed time, one unit per interval after it): what a request whose size
 /// is counted as it streams (a body without a length) may grow to. -1: no
-/// bound known (no policy, no word from the master).
-std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us);
+/// bound known (no policy, no word from the master). `own`: units of the
+/// request itself, recorded in the guard already (record_accept,
+/// record_hold) but not in the master's time: the master's allowance is
+/// what is left after them.
+std::int64_t units_that_fit(const client_entry& e, const guard_policy& guard, std::int64_t at_us, std::int64_t own = 0);
 /// The guard charges `units` used at `at` (a request's cost): each rule's
 /// arrival time moves out by units x interval, so a refusal's Retry-After
 /// names when the cost is paid back, as the master's DELAY_UNTIL will. Every

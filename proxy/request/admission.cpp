@@ -214,9 +214,12 @@ admission admit(admission_env& env, const runtime& rt, const route& r, const htt
   }
   a.charge_when_done = !cost && a.gate.v != verdict::reject;
   // Exact admission: a request whose units are known now (its cost or its
-  // estimate) asks the master before it goes. (A body without a length nor
-  // an estimate has no units to ask for: it is accounted when it is done, as elsewhere.)
-  a.exact = charged && a.gate.v != verdict::reject && env.exact != nullptr && env.exact->any() &&
+  // estimate) asks the master before it goes. (A body without a length does
+  // not: its size is counted as it streams, its bound what fits here when it
+  // goes, and a cut may come before it goes; with an estimate, that is
+  // reserved at admission, as elsewhere.)
+  const bool streamed_cost = !cost && r.cost.type == config::route_config::cost_source::kind::request_bytes;
+  a.exact = charged && !streamed_cost && a.gate.v != verdict::reject && env.exact != nullptr && env.exact->any() &&
             env.exact->exact(r.domain, now_us) && env.accounting.delivers(r.domain);
   a.exact_units = units;
   a.max_delay_us = limits.max_delay_us;
@@ -283,8 +286,9 @@ void exact_abandoned(admission_env& env, const runtime& rt, const route& r, admi
 }
 
 void close_reservation(admission_env& env, const runtime& rt, const route& r, admission& a) {
-  // (An exact request not yet gone has accounted nothing: there is nothing to close.)
-  if (a.reserved < 0 || !a.who || a.gate.prepaid || a.exact) return;
+  // (An exact request not yet gone has accounted nothing: there is nothing
+  // to close; one whose cost was charged when done, its correction sent, neither.)
+  if (a.reserved < 0 || !a.who || a.gate.prepaid || a.exact || !a.charge_when_done) return;
   adjust(env, rt, r, a.who->value, a.reserved_at_ms, 0);
   a.reserved = -1;
   a.charge_when_done = false;

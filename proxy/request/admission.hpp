@@ -38,14 +38,16 @@ struct admission {
   /// response field, or the size of a body without a length): charge_done()
   /// accounts it with its cost.
   bool charge_when_done = false;
-  /// A response-charged request: the units of the estimate reserved (charged
-  /// and accounted) at admission, which charge_done() corrects; -1: none (a
-  /// body without a length, whose use is accounted only when it is done).
+  /// A response-charged request, or a body without a length on a route with
+  /// an estimate: the units of the estimate reserved (charged and accounted)
+  /// at admission, which charge_done() corrects; -1: none (a body without a
+  /// length and no estimate, whose use is accounted only when it is done).
   std::int64_t reserved = -1;
   std::int64_t reserved_at_ms = 0;  ///< the time the reservation was accounted at (its use's time)
   /// A route whose cost is the request body's size, and a body without a
-  /// length: the bytes that fit when the request goes (the gate's
-  /// fit_units); a body growing past them is cut off. -1: no bound.
+  /// length: the bytes that fit when the request goes (its estimate, if it
+  /// reserved one, and the gate's fit_units after it); a body growing past
+  /// them is cut off. -1: no bound.
   std::int64_t body_limit = -1;
   /// A held request whose span is recorded (trace_endpoint, sampled): its
   /// trace (the request's traceparent, if it had one) and when the hold began.

@@ -40,7 +40,8 @@ std::optional<cost_charge> cost_at_admission(const route& r, const http1::reques
 /// admission: the route's cost_estimate (a constant; a request field read as
 /// a cost is; a number in the JSON body, of which `body_prefix` holds the
 /// start: at most cost_max, not found or not a count: cost_default, counted),
-/// else cost_default. Nothing for any other cost.
+/// else cost_default. A request_bytes route's body without a length: its
+/// cost_estimate, if it has one. Nothing for any other cost.
 std::optional<cost_charge> estimate_at_admission(const route& r, const http1::request_head& req,
                                                  std::string_view body_prefix = {});
 

@@ -275,6 +275,9 @@ TEST(GatePlan, WhatFitsIsTheBurstLeftUnderEveryRuleAndTheMaster) {
   EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 300 * ms), 1);
   EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 750 * ms), 5);
   EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now), 0) << "not yet";
+  // After a request's own units (an estimate reserved): the master's allowance is what is left.
+  EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 750 * ms, 2), 3);
+  EXPECT_EQ(units_that_fit(master_says(300, 0, 100), no_guard(), now + 750 * ms, 5), 0);
   client_entry both = master_says(0, 0, 500);
   both.tat[0] = now + 9 * 500 * ms;
   EXPECT_EQ(units_that_fit(both, g, now), 1) << "the tighter of the two";

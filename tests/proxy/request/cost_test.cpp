@@ -291,6 +291,12 @@ TEST_P(BodyEstimate, ABodyWithoutALengthReservesTheEstimate) {
   const auto over = admit_with(chunked);
   EXPECT_EQ(over.outcome, decision::rejected);
   EXPECT_EQ(over.gate.reason, reject_reason::delay_too_long);
+  // The master's word binds: 501 units fit by its time (500 intervals after
+  // its next allowed one), the estimate's 300 among them, so 201 more.
+  const std::int64_t t0 = clock_.wall_us();
+  gate_.update(rt_.gate_domain[0], "m", t0 + 1'000, 60'000, t0);
+  clock_.advance(std::chrono::microseconds(1'000 + 500 * 60'000));
+  EXPECT_EQ(admit_with("POST / HTTP/1.1\r\nHost: x\r\nX-Key: m\r\nTransfer-Encoding: chunked\r\n\r\n").body_limit, 501);
   const auto known = admit_with("POST / HTTP/1.1\r\nHost: y\r\nX-Key: other\r\nContent-Length: 5\r\n\r\n");
   EXPECT_EQ(known.reserved, -1);
   EXPECT_FALSE(known.charge_when_done);
