@@ -304,6 +304,20 @@ class ChunkedEstimateTest(BudgetTestCase):
         seen = self.backend.requests(key="kim")
         self.assertEqual([e["body_bytes"] for e in seen], [300], "the body forwarded whole")
 
+    def test_over_http2_a_body_without_content_length_reserves_the_estimate(self):
+        self.stack([("1000/min", 1000)], cost="request_bytes", cost_estimate=500)
+        self.wait_policy("/up")
+        h2 = self.closing(H2Client(self.proxy.port))
+        sid = h2.request("/up", "POST", [("x-api-key", "lee")], body=b"x" * 100, end_stream=False)
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 1, timeout=10)
+        wait_until(lambda: self.units()[0] == 500, 10, message="the estimate of 500 charged")
+        h2.send_data(sid, b"x" * 200, end_stream=True)
+        st = h2.response(sid)
+        self.assertEqual(st.status, 200, st)
+        self.master.wait_metric(OPEN, predicate=lambda v: v == 0, timeout=10)
+        wait_until(lambda: self.units()[1] >= 200, 10, message="the 200 not used given back")
+        self.assertEqual(self.units(), (500, 200))
+
 
 class LateCostTest(BudgetTestCase):
     def test_a_response_cost_is_charged_in_full(self):
